@@ -1,0 +1,11 @@
+//! `common`: everything the four GPT-2 training stages share. Read bottom-up:
+//! `backend` (the hardware boundary), `autograd` (tensors on a tape), `model` (GPT-2),
+//! then the training pieces (`tokenizer`, `data`, `optim`, `checkpoint`, `generate`),
+//! `comm` (single process, MPI, NCCL) and finally `train`, the one loop for all stages.
+
+pub mod backend;
+pub mod cli;
+pub mod error;
+pub mod model;
+
+pub use error::{Error, Result};
