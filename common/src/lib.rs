@@ -3,9 +3,13 @@
 //! then the training pieces (`tokenizer`, `data`, `optim`, `checkpoint`, `generate`),
 //! `comm` (single process, MPI, NCCL) and finally `train`, the one loop for all stages.
 
+pub mod autograd;
 pub mod backend;
 pub mod cli;
+pub mod comm;
 pub mod error;
+pub mod generate;
 pub mod model;
+pub mod optim;
 
 pub use error::{Error, Result};
