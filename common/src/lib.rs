@@ -5,7 +5,9 @@
 
 pub mod backend;
 pub mod cli;
+pub mod data;
 pub mod error;
 pub mod model;
+pub mod tokenizer;
 
 pub use error::{Error, Result};
