@@ -5,11 +5,15 @@
 
 pub mod autograd;
 pub mod backend;
+pub mod checkpoint;
 pub mod cli;
 pub mod comm;
+pub mod data;
 pub mod error;
 pub mod generate;
 pub mod model;
 pub mod optim;
+pub mod tokenizer;
+pub mod train;
 
 pub use error::{Error, Result};
