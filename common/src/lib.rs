@@ -4,6 +4,7 @@
 //! `comm` (single process, MPI, NCCL) and finally `train`, the one loop for all stages.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod cli;
 pub mod error;
 pub mod model;
