@@ -82,7 +82,7 @@ impl<B: Backend> Gpt2<B> {
         let (c, nh) = (cfg.n_embd, cfg.n_head);
         let (pp, gp) = (self.params.ptr(), self.grads.ptr());
         let training = targets.is_some() && !last_only;
-        let mut p = |g: &mut Graph<B>, off: usize, shape: [usize; 2]| {
+        let p = |g: &mut Graph<B>, off: usize, shape: [usize; 2]| {
             let grad = training.then(|| gp.add(off));
             g.param(pp.add(off), grad, shape)
         };
