@@ -67,6 +67,11 @@ enum Op {
         targets: DevPtr,
         v: usize,
     },
+    /// Not an op: a label the forward pass left on the tape (e.g. "block l starts here").
+    /// Reached in reverse, it means every op recorded after it has run its backward.
+    Mark {
+        label: usize,
+    },
 }
 
 struct Node {
