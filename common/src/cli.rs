@@ -1,4 +1,10 @@
-//! The command line shared by all four stages (clap): `train`, `generate`, `tokenize`, `bench`.
+//! The command line shared by all four stages (clap): `train`, `generate`, `tokenize`,
+//! `bench`. Each stage binary parses this and runs it on its own backend and comm.
+
+use crate::model::{ConfigOverrides, ModelConfig};
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
 
 /// Arithmetic precision of the GPU backend's matrix products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -7,4 +13,219 @@ pub enum Precision {
     Fp32,
     /// fp32 storage, TF32 tensor-core matrix products.
     Tf32,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Train, sample and benchmark GPT-2 (one model, four execution stages).",
+    long_about = "Train, sample and benchmark GPT-2.\n\n\
+        The four binaries share this command line and differ only in how they execute:\n  \
+        stage0_serial    CPU, one process (the reference)\n  \
+        stage1_mpi       CPU data parallelism over MPI: mpirun -n 2 ./stage1_mpi train ...\n  \
+        stage2_cuda      one GPU\n  \
+        stage3_mpi_cuda  one rank per GPU: mpirun -n 8 -f hostfile ./stage3_mpi_cuda train ...\n\n\
+        Quick start: stage0_serial train --data data/tinyshakespeare.txt --out runs/char"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a model; writes OUT/loss.tsv, OUT/model.ckpt and prints the loss table.
+    Train(TrainArgs),
+    /// Generate text from a checkpoint.
+    Generate(GenerateArgs),
+    /// Tokenize a text file into llm.c's .bin format (uint16 tokens).
+    Tokenize(TokenizeArgs),
+    /// Time training steps on random tokens; prints one JSON line last.
+    Bench(BenchArgs),
+}
+
+/// Model shape: a preset with optional overrides.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model preset: tiny (tests), char (CPU default), gpt2 (124M), gpt2-medium, gpt2-large.
+    /// [default: char; when resuming, the checkpoint's]
+    #[arg(long = "model")]
+    pub preset: Option<String>,
+    /// Override the number of transformer blocks.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Override the number of attention heads (must divide --width).
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Override the embedding width.
+    #[arg(long)]
+    pub width: Option<usize>,
+    /// Override the longest sequence the position embedding covers.
+    #[arg(long)]
+    pub max_seq_len: Option<usize>,
+}
+
+impl ModelArgs {
+    pub fn config(&self, vocab_size: usize) -> crate::Result<ModelConfig> {
+        let ov = ConfigOverrides {
+            n_layer: self.layers,
+            n_head: self.heads,
+            n_embd: self.width,
+            max_seq_len: self.max_seq_len,
+        };
+        ModelConfig::from_preset(self.preset.as_deref().unwrap_or("char"), vocab_size, ov)
+    }
+
+    /// Was any model flag given explicitly?
+    pub fn given(&self) -> bool {
+        self.preset.is_some()
+            || self.layers.is_some()
+            || self.heads.is_some()
+            || self.width.is_some()
+            || self.max_seq_len.is_some()
+    }
+}
+
+/// How the stage executes (ignored where it does not apply).
+#[derive(Args, Debug, Clone)]
+pub struct ExecArgs {
+    /// CPU worker threads per process (0: cores / ranks on this host).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// GPU matmul precision.
+    #[arg(long, value_enum, default_value_t = Precision::Tf32)]
+    pub precision: Precision,
+    /// Stage 1: allreduce per-layer gradient buckets with nonblocking MPI while the
+    /// backward pass goes on.
+    #[arg(long)]
+    pub overlap: bool,
+    /// Stage 1: local SGD, average parameters every K steps instead of gradients every step.
+    #[arg(long, value_name = "K")]
+    pub sync_every: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// Training corpus: a UTF-8 text file, or a .bin of tokens (see `tokenize`).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Output directory for loss.tsv and checkpoints (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Tokenizer for text input: byte (256 symbols) or gpt2 (BPE, 50257).
+    #[arg(long, value_enum, default_value_t = crate::tokenizer::TokenizerKind::Byte)]
+    pub tokenizer: crate::tokenizer::TokenizerKind,
+    /// Optimizer steps to run (default: 2 epochs' worth).
+    #[arg(long, conflicts_with = "epochs")]
+    pub steps: Option<u64>,
+    /// Passes over the training windows (an epoch visits each window once).
+    #[arg(long)]
+    pub epochs: Option<f64>,
+    /// Global batch size, in sequences (split over ranks).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Sequence length T (at most the model's max sequence length).
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f32,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 50)]
+    pub warmup: u64,
+    /// The cosine schedule ends at lr × this.
+    #[arg(long, default_value_t = 0.1)]
+    pub min_lr_frac: f32,
+    /// AdamW decoupled weight decay (matrices and embeddings only).
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f32,
+    /// Clip the global gradient norm to this (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f32,
+    /// Seed for initialisation and data order.
+    #[arg(long, default_value_t = 1337)]
+    pub seed: u64,
+    /// Evaluate and write a loss.tsv row every N steps (default: once per epoch).
+    #[arg(long)]
+    pub eval_every: Option<u64>,
+    /// Validation batches per evaluation (at most).
+    #[arg(long, default_value_t = 20)]
+    pub eval_batches: usize,
+    /// Fraction of the corpus held out for validation (taken from the end).
+    #[arg(long, default_value_t = 0.1)]
+    pub val_fraction: f32,
+    /// Save OUT/model.ckpt every N steps as well as at the end (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Continue the run saved in this checkpoint.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Length of the sample printed after training (0: none).
+    #[arg(long, default_value_t = 400)]
+    pub sample_len: usize,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GenerateArgs {
+    /// Checkpoint written by `train`.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Text to continue.
+    #[arg(long, default_value = "\n")]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 300)]
+    pub max_new_tokens: usize,
+    /// Pick the most likely token each time (deterministic).
+    #[arg(long)]
+    pub greedy: bool,
+    /// Softmax temperature for sampling.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Sample among the K most likely tokens only (0: all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TokenizeArgs {
+    /// UTF-8 text file.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output .bin (llm.c layout: 256 int32 header, then uint16 tokens).
+    #[arg(long)]
+    pub output: PathBuf,
+    #[arg(long, value_enum, default_value_t = crate::tokenizer::TokenizerKind::Gpt2)]
+    pub tokenizer: crate::tokenizer::TokenizerKind,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Vocabulary size of the random tokens (50257 = GPT-2's).
+    #[arg(long, default_value_t = 50257)]
+    pub vocab: usize,
+    /// Batch size per process.
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 64)]
+    pub seq_len: usize,
+    /// Timed steps.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u64,
+    #[command(flatten)]
+    pub exec: ExecArgs,
 }

@@ -3,9 +3,17 @@
 //! then the training pieces (`tokenizer`, `data`, `optim`, `checkpoint`, `generate`),
 //! `comm` (single process, MPI, NCCL) and finally `train`, the one loop for all stages.
 
+pub mod autograd;
 pub mod backend;
+pub mod checkpoint;
 pub mod cli;
+pub mod comm;
+pub mod data;
 pub mod error;
+pub mod generate;
 pub mod model;
+pub mod optim;
+pub mod tokenizer;
+pub mod train;
 
 pub use error::{Error, Result};

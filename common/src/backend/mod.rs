@@ -23,6 +23,7 @@ pub struct DevPtr(pub u64);
 
 impl DevPtr {
     /// The pointer `words` 4-byte words further on.
+    #[allow(clippy::should_implement_trait)]
     pub fn add(self, words: usize) -> DevPtr {
         DevPtr(self.0 + 4 * words as u64)
     }
@@ -68,6 +69,8 @@ pub trait Backend {
     fn zero(&self, dst: DevPtr, n: usize);
     /// `dst += src`, elementwise over `n` values.
     fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize);
+    /// `dst *= s`, elementwise over `n` values.
+    fn scale(&self, dst: DevPtr, n: usize, s: f32);
     /// Wait until all queued work is done (a no-op on the CPU).
     fn synchronize(&self) -> Result<()>;
     /// Highest memory in use so far, in bytes (device memory on a GPU, RSS on the CPU).
@@ -99,7 +102,17 @@ pub trait Backend {
 
     /// out = (inp - mean) · rstd · w + b per row; saves mean (BT) and rstd (BT).
     #[allow(clippy::too_many_arguments)]
-    fn layernorm_forward(&self, out: DevPtr, mean: DevPtr, rstd: DevPtr, inp: DevPtr, w: DevPtr, b: DevPtr, bt: usize, c: usize);
+    fn layernorm_forward(
+        &self,
+        out: DevPtr,
+        mean: DevPtr,
+        rstd: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        b: DevPtr,
+        bt: usize,
+        c: usize,
+    );
     #[allow(clippy::too_many_arguments)]
     fn layernorm_backward(
         &self,
@@ -143,7 +156,16 @@ pub trait Backend {
     fn crossentropy_forward(&self, losses: DevPtr, logits: DevPtr, targets: DevPtr, bt: usize, v: usize, vp: usize);
     /// dlogits += (softmax(logits) - onehot(target)) · dloss, with dloss a scalar per row.
     #[allow(clippy::too_many_arguments)]
-    fn crossentropy_backward(&self, dlogits: DevPtr, logits: DevPtr, targets: DevPtr, dloss: f32, bt: usize, v: usize, vp: usize);
+    fn crossentropy_backward(
+        &self,
+        dlogits: DevPtr,
+        logits: DevPtr,
+        targets: DevPtr,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    );
 
     // ---- reductions and the optimiser ---------------------------------------------
     /// out[0] = mean of `inp[0..n]` (a fixed reduction order on the CPU).

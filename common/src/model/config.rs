@@ -60,7 +60,14 @@ impl ModelConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let ModelConfig { vocab_size, padded_vocab_size, n_layer, n_head, n_embd, max_seq_len } = *self;
+        let ModelConfig {
+            vocab_size,
+            padded_vocab_size,
+            n_layer,
+            n_head,
+            n_embd,
+            max_seq_len,
+        } = *self;
         if vocab_size == 0 || n_layer == 0 || n_head == 0 || n_embd == 0 || max_seq_len == 0 {
             crate::bail_input!("model dimensions must be positive (layers {n_layer}, heads {n_head}, width {n_embd}, max seq-len {max_seq_len}, vocab {vocab_size})");
         }
@@ -68,7 +75,9 @@ impl ModelConfig {
             crate::bail_input!("--heads {n_head} does not divide --width {n_embd}");
         }
         if padded_vocab_size < vocab_size || padded_vocab_size % 128 != 0 {
-            crate::bail_input!("padded vocabulary {padded_vocab_size} must be a multiple of 128 and at least {vocab_size}");
+            crate::bail_input!(
+                "padded vocabulary {padded_vocab_size} must be a multiple of 128 and at least {vocab_size}"
+            );
         }
         Ok(())
     }

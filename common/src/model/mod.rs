@@ -6,3 +6,5 @@ mod params;
 
 pub use config::{round_up, ConfigOverrides, ModelConfig, PRESETS};
 pub use params::{LayerParams, ParamLayout};
+mod gpt2;
+pub use gpt2::{Forward, Gpt2};

@@ -86,7 +86,14 @@ impl ParamLayout {
         for (l, w) in layers.iter_mut().zip(starts.windows(2)) {
             l.range = w[0]..w[1];
         }
-        ParamLayout { wte, wpe, layers, lnfw, lnfb, total }
+        ParamLayout {
+            wte,
+            wpe,
+            layers,
+            lnfw,
+            lnfb,
+            total,
+        }
     }
 
     /// Contiguous ranges with their weight-decay flag: matrices and embeddings decay,

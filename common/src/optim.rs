@@ -1,0 +1,108 @@
+//! AdamW with decoupled weight decay, global-norm gradient clipping, and the learning
+//! rate schedule (linear warmup, then cosine decay to a floor). Runs on the backend, so
+//! moments stay where the parameters are and clipping needs no host round trip.
+
+use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
+use crate::error::Result;
+use crate::model::ParamLayout;
+use std::ops::Range;
+
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OptimConfig {
+    pub lr: f32,
+    /// The cosine decays to `lr · min_lr_frac`.
+    pub min_lr_frac: f32,
+    pub warmup_steps: u64,
+    pub total_steps: u64,
+    pub weight_decay: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// Global gradient-norm ceiling; 0 disables clipping.
+    pub grad_clip: f32,
+}
+
+impl OptimConfig {
+    /// Learning rate for 0-based `step`: linear warmup to `lr`, then cosine to the floor.
+    pub fn lr_at(&self, step: u64) -> f32 {
+        if step < self.warmup_steps {
+            return self.lr * (step + 1) as f32 / self.warmup_steps as f32;
+        }
+        let span = self.total_steps.saturating_sub(self.warmup_steps).max(1);
+        let progress = ((step - self.warmup_steps) as f32 / span as f32).min(1.0);
+        let min_lr = self.lr * self.min_lr_frac;
+        min_lr + 0.5 * (1.0 + (std::f32::consts::PI * progress).cos()) * (self.lr - min_lr)
+    }
+}
+
+/// Words of the optimiser's small device scratch: Σg², then [norm, clip factor, loss].
+const SCRATCH: usize = 4;
+
+pub struct AdamW<B: Backend> {
+    pub config: OptimConfig,
+    /// First and second moments, in the parameter layout.
+    pub m: B::Buffer,
+    pub v: B::Buffer,
+    scratch: B::Buffer,
+    segments: Vec<(Range<usize>, bool)>,
+}
+
+/// What one step reports (read back in one small copy).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepStats {
+    pub loss: f32,
+    pub grad_norm: f32,
+    pub lr: f32,
+}
+
+impl<B: Backend> AdamW<B> {
+    pub fn new(be: &B, layout: &ParamLayout, config: OptimConfig) -> Result<Self> {
+        Ok(AdamW {
+            config,
+            m: be.alloc(layout.total)?,
+            v: be.alloc(layout.total)?,
+            scratch: be.alloc(SCRATCH)?,
+            segments: layout.decay_segments(),
+        })
+    }
+
+    /// Clips and applies one update for 0-based `step`, then reads back the loss (from
+    /// `loss_ptr`) together with the gradient norm: the step's only host copy.
+    pub fn step(&mut self, be: &B, params: DevPtr, grads: DevPtr, loss_ptr: DevPtr, step: u64) -> Result<StepStats> {
+        let c = &self.config;
+        let n = self.segments.last().map_or(0, |s| s.0.end);
+        let s = self.scratch.ptr();
+        be.zero(s, SCRATCH);
+        be.sum_squares(s, grads, n);
+        be.clip_factor(s.add(1), s, c.grad_clip);
+        let lr = c.lr_at(step);
+        for (range, decay) in &self.segments {
+            let hp = AdamWStep {
+                lr,
+                beta1: c.beta1,
+                beta2: c.beta2,
+                eps: c.eps,
+                weight_decay: if *decay { c.weight_decay } else { 0.0 },
+                t: step + 1,
+            };
+            let (o, len) = (range.start, range.len());
+            be.adamw(
+                params.add(o),
+                grads.add(o),
+                self.m.ptr().add(o),
+                self.v.ptr().add(o),
+                len,
+                s.add(2),
+                hp,
+            );
+        }
+        be.accumulate(s.add(3), loss_ptr, 1);
+        let mut host = [0.0f32; 3];
+        be.download_f32(s.add(1), &mut host)?;
+        Ok(StepStats {
+            loss: host[2],
+            grad_norm: host[0],
+            lr,
+        })
+    }
+}

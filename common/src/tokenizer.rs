@@ -1,0 +1,99 @@
+//! Text ↔ token ids. Two vocabularies: raw UTF-8 bytes (256 ids, nothing to download) and
+//! GPT-2's 50,257-id BPE (tiktoken's `r50k_base`, whose ranks are embedded in the crate).
+
+use std::sync::Arc;
+
+use tiktoken_rs::CoreBPE;
+
+use crate::error::{Error, Result};
+
+/// Which vocabulary to use; chosen on the command line and saved in checkpoints.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+pub enum TokenizerKind {
+    /// One token per UTF-8 byte (vocabulary 256).
+    Byte,
+    /// GPT-2's byte-level BPE (vocabulary 50257).
+    Gpt2,
+}
+
+/// A ready tokenizer. Cloning is cheap: the BPE tables are shared, since building them takes
+/// a noticeable fraction of a second.
+#[derive(Clone)]
+pub struct Tokenizer {
+    kind: TokenizerKind,
+    bpe: Option<Arc<CoreBPE>>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    pub fn new(kind: TokenizerKind) -> Result<Tokenizer> {
+        let bpe = match kind {
+            TokenizerKind::Byte => None,
+            TokenizerKind::Gpt2 => {
+                let bpe = tiktoken_rs::r50k_base()
+                    .map_err(|e| Error::Input(format!("cannot build the GPT-2 tokenizer: {e}")))?;
+                Some(Arc::new(bpe))
+            }
+        };
+        Ok(Tokenizer { kind, bpe })
+    }
+
+    pub fn kind(&self) -> TokenizerKind {
+        self.kind
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match self.kind {
+            TokenizerKind::Byte => 256,
+            TokenizerKind::Gpt2 => 50257,
+        }
+    }
+
+    /// Byte: the UTF-8 bytes. GPT-2: BPE, with `<|endoftext|>` in the text read as the special
+    /// token 50256 (how GPT-2 corpora separate documents) rather than as seven ordinary pieces.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        match &self.bpe {
+            None => text.bytes().map(u32::from).collect(),
+            Some(bpe) => bpe.encode_with_special_tokens(text),
+        }
+    }
+
+    /// Lossy: a sample may end inside a multi-byte character, and a model may emit ids outside
+    /// the vocabulary (padded logits); both become U+FFFD instead of an error.
+    pub fn decode(&self, tokens: &[u32]) -> String {
+        const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
+        let mut bytes = Vec::with_capacity(tokens.len() * 2);
+        match &self.bpe {
+            None => {
+                for &t in tokens {
+                    match u8::try_from(t) {
+                        Ok(b) => bytes.push(b),
+                        Err(_) => bytes.extend_from_slice(REPLACEMENT),
+                    }
+                }
+            }
+            Some(bpe) => match bpe.decode_bytes(tokens) {
+                Ok(all) => bytes = all,
+                // Rare path: decode token by token so only the unknown ids are replaced.
+                Err(_) => {
+                    for &t in tokens {
+                        match bpe.decode_bytes(&[t]) {
+                            Ok(piece) => bytes.extend_from_slice(&piece),
+                            Err(_) => bytes.extend_from_slice(REPLACEMENT),
+                        }
+                    }
+                }
+            },
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}

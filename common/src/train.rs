@@ -1,0 +1,451 @@
+//! The one training loop for all four stages, generic over the backend (CPU or GPU) and
+//! the communicator (one process, MPI, NCCL). Rank 0 alone reads the corpus, logs,
+//! evaluates, samples and writes checkpoints; every rank runs the same optimiser step.
+
+use crate::autograd::{Graph, Pool};
+use crate::backend::{Backend, DeviceBuffer};
+use crate::checkpoint::{self, CheckpointMeta};
+use crate::cli::{ExecArgs, TrainArgs};
+use crate::comm::{broadcast_f32, Comm};
+use crate::data::{self, Batch, DataCursor, Loader};
+use crate::error::{io_err, Error, Result};
+use crate::generate::{self, SampleOptions};
+use crate::model::{Gpt2, ModelConfig};
+use crate::optim::{AdamW, OptimConfig, StepStats};
+use crate::tokenizer::Tokenizer;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Model + optimiser + the memory pool, on one backend and one communicator.
+pub struct Trainer<'a, B: Backend> {
+    pub be: &'a B,
+    pub comm: &'a dyn Comm,
+    pub model: Gpt2<B>,
+    pub opt: AdamW<B>,
+    pool: Pool<B>,
+    exec: ExecArgs,
+}
+
+/// One step's report; times in seconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepReport {
+    pub stats: StepStats,
+    pub compute_s: f64,
+    pub comm_s: f64,
+}
+
+impl<'a, B: Backend> Trainer<'a, B> {
+    pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, optim: OptimConfig, exec: ExecArgs) -> Result<Self> {
+        let model = Gpt2::new(be, config)?;
+        let opt = AdamW::new(be, &model.layout, optim)?;
+        Ok(Trainer { be, comm, model, opt, pool: Pool::default(), exec })
+    }
+
+    /// Rank 0 initialises the parameters and every rank receives them.
+    pub fn init_weights(&mut self, seed: u64) -> Result<()> {
+        if self.comm.is_root() {
+            self.model.init_weights(self.be, seed)?;
+        }
+        self.broadcast_params()
+    }
+
+    fn broadcast_params(&mut self) -> Result<()> {
+        if self.comm.size() == 1 {
+            return Ok(());
+        }
+        let mut host = vec![0.0f32; self.model.num_params()];
+        self.be.download_f32(self.model.params.ptr(), &mut host)?;
+        broadcast_f32(self.comm, &mut host)?;
+        self.be.upload_f32(self.model.params.ptr(), &host)
+    }
+
+    /// forward → zero grads → backward → allreduce → clip + AdamW. `batch` is this
+    /// rank's shard; `step` is 0-based. Gradients are averaged over ranks by seeding the
+    /// backward pass with 1/world, so the allreduce is a plain sum.
+    pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
+        let (be, world) = (self.be, self.comm.size());
+        let (params, grads, n) = (self.model.params.ptr(), self.model.grads.ptr(), self.model.num_params());
+        let started = Instant::now();
+        be.zero(grads, n);
+        let mut g = Graph::new(be, &mut self.pool, true);
+        let fwd = self.model.forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
+        let loss = fwd.loss.expect("targets given");
+        g.backward(loss, 1.0 / world as f32)?;
+        let mut comm_s = 0.0;
+        let local_sgd = self.exec.sync_every.is_some_and(|k| k > 0);
+        if world > 1 && !local_sgd {
+            be.synchronize()?;
+            let c = Instant::now();
+            self.comm.all_reduce_sum(grads, n)?;
+            comm_s += c.elapsed().as_secs_f64();
+        }
+        let mut stats = self.opt.step(be, params, grads, g.ptr(loss), step)?;
+        drop(g);
+        if world > 1 {
+            let c = Instant::now();
+            if let Some(k) = self.exec.sync_every.filter(|&k| k > 0) {
+                // Local SGD: each rank stepped on its own gradient (scaled by 1/world,
+                // hence the ×world here); average the parameters every k steps.
+                if (step + 1) % k == 0 {
+                    self.comm.all_reduce_sum(params, n)?;
+                    be.scale(params, n, 1.0 / world as f32);
+                }
+            }
+            let mut v = [stats.loss];
+            self.comm.all_reduce_sum_host(&mut v)?;
+            stats.loss = v[0] / world as f32;
+            comm_s += c.elapsed().as_secs_f64();
+        }
+        let total = started.elapsed().as_secs_f64();
+        Ok(StepReport { stats, compute_s: total - comm_s, comm_s })
+    }
+
+    /// Mean loss over evaluation batches (forward only).
+    pub fn evaluate(&mut self, batches: &[Batch], t: usize) -> Result<f32> {
+        let mut sum = 0.0f64;
+        for batch in batches {
+            let b = batch.inputs.len() / t;
+            let mut g = Graph::new(self.be, &mut self.pool, false);
+            let fwd = self.model.forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
+            let mut loss = [0.0f32];
+            self.be.download_f32(g.ptr(fwd.loss.expect("targets given")), &mut loss)?;
+            sum += loss[0] as f64;
+        }
+        Ok((sum / batches.len().max(1) as f64) as f32)
+    }
+
+    /// Writes parameters, moments and progress atomically (rank 0 only).
+    pub fn save(&self, path: &Path, meta: &CheckpointMeta) -> Result<()> {
+        let n = self.model.num_params();
+        let fetch = |buf: &B::Buffer| -> Result<Vec<f32>> {
+            let mut host = vec![0.0f32; n];
+            self.be.download_f32(buf.ptr(), &mut host)?;
+            Ok(host)
+        };
+        let (p, m, v) = (fetch(&self.model.params)?, fetch(&self.opt.m)?, fetch(&self.opt.v)?);
+        checkpoint::save(path, meta, &p, &m, &v)
+    }
+
+    /// Loads parameters and moments (from rank 0's copy) into every rank.
+    fn restore(&mut self, ckpt: Option<checkpoint::Checkpoint>) -> Result<()> {
+        let n = self.model.num_params();
+        let (mut p, mut m, mut v) = match ckpt {
+            Some(c) => (c.params, c.m, c.v),
+            None => (vec![0.0; n], vec![0.0; n], vec![0.0; n]),
+        };
+        for (host, dst) in [(&mut p, self.model.params.ptr()), (&mut m, self.opt.m.ptr()), (&mut v, self.opt.v.ptr())] {
+            broadcast_f32(self.comm, host)?;
+            self.be.upload_f32(dst, host)?;
+        }
+        Ok(())
+    }
+
+    pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<String> {
+        let ids = tok.encode(prompt);
+        let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {})?;
+        Ok(tok.decode(&out))
+    }
+}
+
+/// Set by Ctrl-C; the loop saves a checkpoint and stops at the end of the current step.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+fn install_interrupt_handler() {
+    // A second handler is refused; one is enough (tests train several times in a process).
+    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
+}
+
+/// Rank 0 runs `f`; its result (bytes or an error message) reaches every rank, so a bad
+/// input on rank 0 fails all ranks instead of leaving them waiting.
+fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec<u8>> {
+    let mut msg = if comm.is_root() {
+        match f() {
+            Ok(mut bytes) => {
+                bytes.push(0);
+                bytes
+            }
+            Err(e) => {
+                let mut m = e.to_string().into_bytes();
+                m.push(1);
+                m
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    comm.broadcast_bytes(&mut msg)?;
+    match msg.pop() {
+        Some(0) => Ok(msg),
+        _ if comm.is_root() => Err(Error::Input(String::from_utf8_lossy(&msg).into_owned())),
+        _ => Err(Error::Input(format!("rank 0 failed: {}", String::from_utf8_lossy(&msg)))),
+    }
+}
+
+/// Every rank must run the same configuration and binary: compare a hash of both.
+fn check_same_everywhere(comm: &dyn Comm, fingerprint: &str) -> Result<()> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let mine = fnv1a(fingerprint.as_bytes()).to_le_bytes().to_vec();
+    let mut root = mine.clone();
+    comm.broadcast_bytes(&mut root)?;
+    let mut differ = [(root != mine) as u8 as f32];
+    comm.all_reduce_sum_host(&mut differ)?;
+    if differ[0] > 0.0 {
+        return Err(Error::Input(format!(
+            "{}: {} rank(s) run a different binary or configuration than rank 0 (same executable and flags needed on every host)",
+            comm.describe(),
+            differ[0] as usize
+        )));
+    }
+    Ok(())
+}
+
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+/// The `train` subcommand.
+pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()> {
+    install_interrupt_handler();
+    let root = comm.is_root();
+    let world = comm.size();
+
+    // Run settings: from the flags, or from the checkpoint when resuming.
+    let resumed = match &args.resume {
+        Some(path) => Some(checkpoint::load_meta(path)?),
+        None => None,
+    };
+    let tok_kind = resumed.as_ref().map_or(Ok(args.tokenizer), |m| tokenizer_kind(&m.tokenizer))?;
+    let tok = Tokenizer::new(tok_kind)?;
+    let config = match &resumed {
+        Some(meta) => {
+            if args.model.given() {
+                checkpoint::check_compatible(meta, &args.model.config(tok.vocab_size())?, &format!("{tok_kind:?}").to_lowercase())?;
+            }
+            meta.config
+        }
+        None => args.model.config(tok.vocab_size())?,
+    };
+    let (b, t) = (args.batch, args.seq_len);
+    validate_shape(&config, b, t, world)?;
+
+    // Rank 0 reads and tokenizes the corpus; every rank gets the tokens.
+    let bytes = from_root(comm, || {
+        let tokens = data::load_tokens(&args.data, &tok)?;
+        Ok(bytemuck::cast_slice(&tokens).to_vec())
+    })?;
+    let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+    drop(bytes);
+    let split = data::split(tokens, args.val_fraction, t)?;
+    let mut loader = Loader::new(split.train, t, b, comm.rank(), world, args.seed)?;
+    let eval_set = data::eval_batches(&split.val, t, b, args.eval_batches);
+    let spe = loader.steps_per_epoch();
+    let total_steps = match (args.steps, args.epochs) {
+        (Some(s), _) => s,
+        (None, Some(e)) => (e * spe as f64).ceil() as u64,
+        (None, None) => 2 * spe,
+    };
+    if total_steps == 0 {
+        crate::bail_input!("nothing to train: --steps / --epochs give 0 steps");
+    }
+    let eval_every = args.eval_every.unwrap_or(spe).max(1);
+    let optim = OptimConfig {
+        lr: args.lr,
+        min_lr_frac: args.min_lr_frac,
+        warmup_steps: args.warmup,
+        total_steps,
+        weight_decay: args.weight_decay,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        grad_clip: args.grad_clip,
+    };
+    let settings = serde_json::json!({
+        "batch": b, "seq_len": t, "lr": args.lr, "warmup": args.warmup, "min_lr_frac": args.min_lr_frac,
+        "weight_decay": args.weight_decay, "grad_clip": args.grad_clip, "total_steps": total_steps,
+        "val_fraction": args.val_fraction, "world": world, "sync_every": args.exec.sync_every,
+    });
+    check_same_everywhere(comm, &format!("{} {:?} {settings} {tok_kind:?} {}", env!("CARGO_PKG_VERSION"), config, args.data.display()))?;
+
+    let mut trainer = Trainer::new(be, comm, config, optim, args.exec.clone())?;
+    let mut start_step = 0;
+    match &args.resume {
+        Some(path) => {
+            let ckpt = if root { Some(checkpoint::load(path)?) } else { None };
+            let meta = resumed.clone().expect("meta read above");
+            trainer.restore(ckpt)?;
+            loader.set_cursor(DataCursor { epoch: meta.data_epoch, step_in_epoch: meta.data_step_in_epoch })?;
+            start_step = meta.step;
+        }
+        None => trainer.init_weights(args.seed)?,
+    }
+    if start_step >= total_steps {
+        crate::bail_input!("checkpoint is at step {start_step}, not before the last step {total_steps}: raise --steps to continue");
+    }
+
+    let out = &args.out;
+    let ckpt_path = out.join("model.ckpt");
+    let mut log = if root { Some(LossLog::open(out, args.resume.is_some())?) } else { None };
+    if root {
+        println!(
+            "{} | {} | {} params | {} layers, {} heads, width {} | batch {b}×{t} over {world} rank(s) | {spe} steps/epoch, {total_steps} steps",
+            be.name(),
+            tok_kind.name(),
+            config.num_params(),
+            config.n_layer,
+            config.n_head,
+            config.n_embd
+        );
+        println!("{}", LossLog::HEADER.replace('\t', "  "));
+    }
+    let bar = progress_bar(root, total_steps, start_step);
+
+    let run_start = Instant::now();
+    let (mut window_loss, mut window_steps, mut window_time) = (0.0f64, 0u64, 0.0f64);
+    let meta_at = |step: u64, cursor: DataCursor| CheckpointMeta {
+        config,
+        tokenizer: tok_kind.name().to_string(),
+        step,
+        data_epoch: cursor.epoch,
+        data_step_in_epoch: cursor.step_in_epoch,
+        seed: args.seed,
+        train: settings.clone(),
+    };
+    for step in start_step..total_steps {
+        let batch = loader.next_batch();
+        let t0 = Instant::now();
+        let report = trainer.step(&batch, b / world, t, step)?;
+        window_time += t0.elapsed().as_secs_f64();
+        window_loss += report.stats.loss as f64;
+        window_steps += 1;
+        bar.set_message(format!("loss {:.4} lr {:.2e} norm {:.2}", report.stats.loss, report.stats.lr, report.stats.grad_norm));
+        bar.inc(1);
+        if !report.stats.loss.is_finite() {
+            return Err(Error::Device(format!("loss became {} at step {step}: lower --lr", report.stats.loss)));
+        }
+
+        let done = step + 1;
+        let stop = interrupted(comm)?;
+        if done % eval_every == 0 || done == total_steps || stop {
+            if let Some(log) = log.as_mut() {
+                let val = trainer.evaluate(&eval_set, t)?;
+                let row = LossRow {
+                    epoch: loader.epochs_done(),
+                    train_loss: (window_loss / window_steps as f64) as f32,
+                    val_loss: val,
+                    tokens_per_s: (window_steps * (b * t) as u64) as f64 / window_time,
+                    elapsed_s: run_start.elapsed().as_secs_f64(),
+                };
+                bar.suspend(|| println!("{}", row.display()));
+                log.append(&row)?;
+            }
+            (window_loss, window_steps, window_time) = (0.0, 0, 0.0);
+        }
+        let periodic = args.checkpoint_every > 0 && done % args.checkpoint_every == 0;
+        if root && (periodic || done == total_steps || stop) {
+            trainer.save(&ckpt_path, &meta_at(done, loader.cursor()))?;
+        }
+        if stop {
+            bar.abandon();
+            return Err(Error::Interrupted(format!(
+                "stopped after step {done}; saved {} (continue with --resume {0})",
+                ckpt_path.display()
+            )));
+        }
+    }
+    bar.finish_and_clear();
+    if root {
+        println!("saved {}", ckpt_path.display());
+        if args.sample_len > 0 {
+            let opts = SampleOptions { max_new_tokens: args.sample_len, greedy: false, temperature: 0.8, top_k: 40, seed: args.seed };
+            let text = trainer.sample(&tok, "\n", &opts)?;
+            println!("---- sample ----{text}\n----------------");
+        }
+    }
+    Ok(())
+}
+
+/// Has any rank been interrupted? (Agreed over all ranks so they stop at the same step.)
+fn interrupted(comm: &dyn Comm) -> Result<bool> {
+    let mut v = [STOP.load(Ordering::SeqCst) as u8 as f32];
+    comm.all_reduce_sum_host(&mut v)?;
+    Ok(v[0] > 0.0)
+}
+
+pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) -> Result<()> {
+    if b == 0 || t == 0 {
+        crate::bail_input!("--batch and --seq-len must be positive (got batch {b}, seq-len {t})");
+    }
+    if t > config.max_seq_len {
+        crate::bail_input!("--seq-len {t} is above the model's maximum sequence length {}", config.max_seq_len);
+    }
+    if b % world != 0 {
+        crate::bail_input!("--batch {b} must be divisible by the number of ranks {world}");
+    }
+    Ok(())
+}
+
+fn tokenizer_kind(name: &str) -> Result<crate::tokenizer::TokenizerKind> {
+    <crate::tokenizer::TokenizerKind as clap::ValueEnum>::from_str(name, true)
+        .map_err(|_| Error::Input(format!("checkpoint names an unknown tokenizer '{name}'")))
+}
+
+pub fn progress_bar(visible: bool, total: u64, at: u64) -> indicatif::ProgressBar {
+    if !visible {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {elapsed_precise} < {eta_precise}  {msg}")
+            .expect("static template"),
+    );
+    bar.set_position(at);
+    bar
+}
+
+/// One row of `loss.tsv`.
+#[derive(Clone, Copy, Debug)]
+pub struct LossRow {
+    pub epoch: f64,
+    pub train_loss: f32,
+    pub val_loss: f32,
+    pub tokens_per_s: f64,
+    pub elapsed_s: f64,
+}
+
+impl LossRow {
+    fn tsv(&self) -> String {
+        format!("{:.3}\t{:.4}\t{:.4}\t{:.0}\t{:.1}", self.epoch, self.train_loss, self.val_loss, self.tokens_per_s, self.elapsed_s)
+    }
+    fn display(&self) -> String {
+        format!("{:>5.3}  {:>10.4}  {:>8.4}  {:>12.0}  {:>9.1}", self.epoch, self.train_loss, self.val_loss, self.tokens_per_s, self.elapsed_s)
+    }
+}
+
+/// `OUT/loss.tsv`, flushed after every row so an interrupted run keeps its table.
+struct LossLog {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl LossLog {
+    const HEADER: &'static str = "epoch\ttrain_loss\tval_loss\ttokens_per_s\telapsed_s";
+
+    fn open(dir: &Path, append: bool) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let path = dir.join("loss.tsv");
+        let keep = append && path.exists();
+        let mut file = std::fs::OpenOptions::new().create(true).append(keep).write(true).truncate(!keep).open(&path).map_err(io_err(&path))?;
+        if !keep {
+            writeln!(file, "{}", Self::HEADER).map_err(io_err(&path))?;
+        }
+        Ok(LossLog { file, path })
+    }
+
+    fn append(&mut self, row: &LossRow) -> Result<()> {
+        writeln!(self.file, "{}", row.tsv()).and_then(|_| self.file.flush()).map_err(io_err(&self.path))
+    }
+}

@@ -1,0 +1,372 @@
+//! Checkpoint tests: bit-exact round trip, the documented byte layout (rebuilt here with an
+//! independent checksum), atomic replacement, and one test per way a file can be wrong.
+
+use common::checkpoint::{self, CheckpointMeta};
+use common::model::{ConfigOverrides, ModelConfig};
+use common::Error;
+use std::path::{Path, PathBuf};
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("gpt2rs-ckpt-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tiny() -> ModelConfig {
+    ModelConfig::from_preset("tiny", 256, ConfigOverrides::default()).unwrap()
+}
+
+fn meta(config: ModelConfig, step: u64) -> CheckpointMeta {
+    CheckpointMeta {
+        config,
+        tokenizer: "byte".to_string(),
+        step,
+        data_epoch: 3,
+        data_step_in_epoch: 17,
+        seed: 0xdead_beef_1234,
+        // Floats with full 17-digit expansions: the run settings must survive exactly too.
+        train: serde_json::json!({
+            "lr": 6e-4, "beta2": 0.95, "weight_decay": 0.1, "odd": 0.1 + 0.2,
+            "tiny": 1.234_567_890_123_456_7e-300, "batch": 4, "seq_len": 64, "name": "run-α",
+        }),
+    }
+}
+
+/// Arbitrary f32 bit patterns (NaN payloads, infinities, subnormals, -0.0 included).
+fn random_bits(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            f32::from_bits((x >> 32) as u32)
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The format's checksum, written independently of the library: FNV-1a 64 over
+/// little-endian u64 words, tail zero-padded, then the byte count.
+fn checksum(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |w: u64| h = (h ^ w).wrapping_mul(0x100_0000_01b3);
+    for chunk in bytes.chunks(8) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        mix(u64::from_le_bytes(word));
+    }
+    mix(bytes.len() as u64);
+    h
+}
+
+/// A checkpoint file built by hand from the documented layout, with a valid checksum.
+fn build(version: u32, json: &[u8], n: u64, arrays: [&[f32]; 3]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GPT2RSCK");
+    b.extend_from_slice(&version.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    b.extend_from_slice(json);
+    b.extend_from_slice(&n.to_le_bytes());
+    for a in arrays {
+        for x in a {
+            b.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    let sum = checksum(&b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    b
+}
+
+/// Saves a tiny checkpoint and returns (path, meta, params, m, v).
+fn saved(dir: &TempDir) -> (PathBuf, CheckpointMeta, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let meta = meta(tiny(), 1234);
+    let n = tiny().num_params();
+    let (p, m, v) = (random_bits(n, 1), random_bits(n, 2), random_bits(n, 3));
+    let path = dir.file("model.ckpt");
+    checkpoint::save(&path, &meta, &p, &m, &v).unwrap();
+    (path, meta, p, m, v)
+}
+
+/// The Input error's message, which must start with the path it is about.
+fn input_err(path: &Path, result: common::Result<impl Sized>) -> String {
+    match result {
+        Err(Error::Input(msg)) => {
+            assert!(
+                msg.starts_with(&path.display().to_string()),
+                "message does not name the path: {msg}"
+            );
+            assert!(!msg.contains('\n'), "message is not one line: {msg}");
+            msg
+        }
+        Err(e) => panic!("expected an Input error, got {e:?}"),
+        Ok(_) => panic!("expected an error for {}", path.display()),
+    }
+}
+
+#[test]
+fn round_trip_is_bit_exact() {
+    let dir = TempDir::new("round-trip");
+    let (path, meta, p, m, v) = saved(&dir);
+    let ck = checkpoint::load(&path).unwrap();
+    assert_eq!(ck.meta, meta);
+    assert_eq!(bits(&ck.params), bits(&p));
+    assert_eq!(bits(&ck.m), bits(&m));
+    assert_eq!(bits(&ck.v), bits(&v));
+    assert_eq!(checkpoint::load_meta(&path).unwrap(), meta);
+}
+
+#[test]
+fn file_follows_documented_layout() {
+    let dir = TempDir::new("layout");
+    let (path, meta, p, m, v) = saved(&dir);
+    let file = std::fs::read(&path).unwrap();
+    let meta_len = u64::from_le_bytes(file[16..24].try_into().unwrap()) as usize;
+    let json = &file[24..24 + meta_len];
+    assert_eq!(serde_json::from_slice::<CheckpointMeta>(json).unwrap(), meta);
+    let expected = build(1, json, tiny().num_params() as u64, [&p, &m, &v]);
+    assert_eq!(file.len(), expected.len());
+    assert!(file == expected, "saved bytes differ from the documented layout");
+}
+
+#[test]
+fn save_replaces_atomically_and_leaves_no_tmp() {
+    let dir = TempDir::new("atomic");
+    let (path, _, p, m, v) = saved(&dir);
+    let newer = meta(tiny(), 5678);
+    let (p2, m2, v2) = (
+        random_bits(p.len(), 7),
+        random_bits(m.len(), 8),
+        random_bits(v.len(), 9),
+    );
+    checkpoint::save(&path, &newer, &p2, &m2, &v2).unwrap();
+    assert_eq!(dir.names(), ["model.ckpt"]);
+    let ck = checkpoint::load(&path).unwrap();
+    assert_eq!(ck.meta.step, 5678);
+    assert_eq!(bits(&ck.params), bits(&p2));
+
+    // A refused save leaves the previous checkpoint as it was.
+    let before = std::fs::read(&path).unwrap();
+    assert!(checkpoint::save(&path, &meta(tiny(), 9), &p, &m[1..], &v).is_err());
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert_eq!(dir.names(), ["model.ckpt"]);
+}
+
+#[test]
+fn save_rejects_wrong_lengths() {
+    let dir = TempDir::new("save-lengths");
+    let path = dir.file("bad.ckpt");
+    let n = tiny().num_params();
+    let (p, m, v) = (vec![0.0; n], vec![0.0; n - 1], vec![0.0; n + 2]);
+    let msg = input_err(&path, checkpoint::save(&path, &meta(tiny(), 0), &p, &m, &v));
+    assert!(msg.contains(&format!("m has {} values", n - 1)), "{msg}");
+    assert!(msg.contains(&format!("v has {} values", n + 2)), "{msg}");
+    assert!(msg.contains(&format!("needs {n}")), "{msg}");
+    assert!(!msg.contains("params has"), "{msg}");
+    assert!(dir.names().is_empty(), "a refused save wrote {:?}", dir.names());
+}
+
+#[test]
+fn missing_file_is_named() {
+    let dir = TempDir::new("missing");
+    let path = dir.file("nope.ckpt");
+    let msg = input_err(&path, checkpoint::load(&path));
+    assert!(msg.contains("no such checkpoint file"), "{msg}");
+    input_err(&path, checkpoint::load_meta(&path));
+}
+
+#[test]
+fn wrong_magic_says_what_was_found() {
+    let dir = TempDir::new("magic");
+    let (path, ..) = saved(&dir);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[..8].copy_from_slice(b"PK\x03\x04abcd");
+    std::fs::write(&path, &bytes).unwrap();
+    let msg = input_err(&path, checkpoint::load(&path));
+    assert!(msg.contains("not a checkpoint"), "{msg}");
+    assert!(msg.contains("PK\\x03\\x04abcd"), "{msg}");
+
+    // A short text file is foreign, not a truncated checkpoint.
+    std::fs::write(&path, "hi").unwrap();
+    let msg = input_err(&path, checkpoint::load_meta(&path));
+    assert!(
+        msg.contains("not a checkpoint") && msg.contains("found \"hi\""),
+        "{msg}"
+    );
+}
+
+#[test]
+fn future_version_is_refused_by_number() {
+    let dir = TempDir::new("version");
+    let (path, meta, p, m, v) = saved(&dir);
+    let json = serde_json::to_vec(&meta).unwrap();
+    std::fs::write(&path, build(2, &json, p.len() as u64, [&p, &m, &v])).unwrap();
+    for msg in [
+        input_err(&path, checkpoint::load(&path)),
+        input_err(&path, checkpoint::load_meta(&path)),
+    ] {
+        assert!(msg.contains("unsupported checkpoint format version 2"), "{msg}");
+        assert!(msg.contains("reads version 1"), "{msg}");
+    }
+}
+
+#[test]
+fn truncation_is_reported_with_lengths() {
+    let dir = TempDir::new("truncated");
+    let (path, ..) = saved(&dir);
+    let full = std::fs::read(&path).unwrap();
+    let meta_len = u64::from_le_bytes(full[16..24].try_into().unwrap()) as usize;
+    let arrays_at = 24 + meta_len + 8;
+    let n = tiny().num_params();
+    // (cut length, what the message must say was expected)
+    let cases = [
+        (0, "expected at least 24 bytes".to_string()),
+        (5, "expected at least 24 bytes".to_string()),
+        (13, "expected at least 24 bytes".to_string()),
+        (24 + meta_len / 2, format!("expected at least {arrays_at} bytes")),
+        (arrays_at - 3, format!("expected at least {arrays_at} bytes")),
+        (arrays_at, format!("expected {} bytes", full.len())),
+        (arrays_at + 4 * n + 10, format!("expected {} bytes", full.len())),
+        (full.len() - 8 - 1, format!("expected {} bytes", full.len())),
+        (full.len() - 3, format!("expected {} bytes", full.len())),
+    ];
+    for (len, expected) in cases {
+        std::fs::write(&path, &full[..len]).unwrap();
+        for msg in [
+            input_err(&path, checkpoint::load(&path)),
+            input_err(&path, checkpoint::load_meta(&path)),
+        ] {
+            assert!(msg.contains("truncated"), "cut at {len}: {msg}");
+            assert!(
+                msg.contains(&format!("({expected}, found {len})")),
+                "cut at {len}: {msg}"
+            );
+        }
+    }
+
+    let mut longer = full.clone();
+    longer.extend_from_slice(&[0; 5]);
+    std::fs::write(&path, &longer).unwrap();
+    let msg = input_err(&path, checkpoint::load(&path));
+    assert!(msg.contains("5 trailing bytes"), "{msg}");
+}
+
+#[test]
+fn flipped_byte_is_corrupt() {
+    let dir = TempDir::new("flipped");
+    let (path, meta, ..) = saved(&dir);
+    let full = std::fs::read(&path).unwrap();
+    let n = tiny().num_params();
+    let arrays_at = full.len() - 8 - 12 * n;
+    // One byte in each array (params, m, v) and one in the stored checksum.
+    for at in [
+        arrays_at + 1,
+        arrays_at + 4 * n + 4 * (n / 2) + 2,
+        full.len() - 8 - 1,
+        full.len() - 2,
+    ] {
+        let mut bytes = full.clone();
+        bytes[at] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        let msg = input_err(&path, checkpoint::load(&path));
+        assert!(
+            msg.contains("corrupt") && msg.contains("checksum"),
+            "flip at {at}: {msg}"
+        );
+        // load_meta promises to stay cheap: it does not read the arrays.
+        assert_eq!(checkpoint::load_meta(&path).unwrap(), meta);
+    }
+}
+
+#[test]
+fn parameter_count_must_match_config() {
+    let dir = TempDir::new("count");
+    let path = dir.file("count.ckpt");
+    let json = serde_json::to_vec(&meta(tiny(), 1)).unwrap();
+    let n = tiny().num_params();
+    let extra = random_bits(n + 1, 4);
+    std::fs::write(&path, build(1, &json, n as u64 + 1, [&extra, &extra, &extra])).unwrap();
+    for msg in [
+        input_err(&path, checkpoint::load(&path)),
+        input_err(&path, checkpoint::load_meta(&path)),
+    ] {
+        assert!(msg.contains(&format!("holds {} parameters", n + 1)), "{msg}");
+        assert!(msg.contains(&format!("needs {n}")), "{msg}");
+    }
+}
+
+#[test]
+fn bad_meta_and_bad_config_are_named() {
+    let dir = TempDir::new("meta");
+    let path = dir.file("meta.ckpt");
+    let n = tiny().num_params();
+    let zeros = vec![0.0; n];
+
+    std::fs::write(&path, build(1, b"{\"config\": ", n as u64, [&zeros, &zeros, &zeros])).unwrap();
+    let msg = input_err(&path, checkpoint::load(&path));
+    assert!(msg.contains("metadata is invalid"), "{msg}");
+
+    // n_head = 3 does not divide n_embd = 32.
+    let mut value = serde_json::to_value(meta(tiny(), 1)).unwrap();
+    value["config"]["n_head"] = 3.into();
+    let json = serde_json::to_vec(&value).unwrap();
+    std::fs::write(&path, build(1, &json, n as u64, [&zeros, &zeros, &zeros])).unwrap();
+    let msg = input_err(&path, checkpoint::load(&path));
+    assert!(
+        msg.contains("model config is invalid") && msg.contains("--heads 3"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn check_compatible_names_each_conflict() {
+    let ckpt = meta(tiny(), 1);
+    checkpoint::check_compatible(&ckpt, &tiny(), "byte").unwrap();
+
+    let overrides = ConfigOverrides {
+        n_layer: Some(6),
+        n_embd: Some(64),
+        ..Default::default()
+    };
+    let flags = ModelConfig::from_preset("tiny", 256, overrides).unwrap();
+    let Err(Error::Input(msg)) = checkpoint::check_compatible(&ckpt, &flags, "gpt2") else {
+        panic!("conflicting flags were accepted");
+    };
+    assert!(msg.contains("n_layer=2 but the flags ask for n_layer=6"), "{msg}");
+    assert!(msg.contains("n_embd=32 but the flags ask for n_embd=64"), "{msg}");
+    assert!(
+        msg.contains("tokenizer=byte but the flags ask for tokenizer=gpt2"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("n_head") && !msg.contains("vocab") && !msg.contains("max_seq_len"),
+        "{msg}"
+    );
+}

@@ -1,0 +1,341 @@
+//! Every backward kernel of the CPU backend against central finite differences of its
+//! forward kernel, and the whole model's gradient against finite differences of its loss.
+//! Reference: L = Σ out ⊙ R for a fixed random R, differentiated numerically with step
+//! h = 1e-2 in f32; tolerance |analytic − numeric| ≤ 2e-2·max(|a|,|n|) + 2e-3.
+
+use common::autograd::{Graph, Pool};
+use common::backend::cpu::{CpuBackend, CpuBuffer};
+use common::backend::{AdamWStep, Backend, DeviceBuffer};
+use common::model::{ConfigOverrides, Gpt2, ModelConfig};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+
+fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn randn(n: usize, scale: f32, r: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..n).map(|_| ((r.next_u32() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale).collect()
+}
+
+fn upload(be: &CpuBackend, data: &[f32]) -> CpuBuffer {
+    let b = be.alloc(data.len()).unwrap();
+    be.upload_f32(b.ptr(), data).unwrap();
+    b
+}
+
+fn read(be: &CpuBackend, b: &CpuBuffer) -> Vec<f32> {
+    let mut v = vec![0.0; b.len()];
+    be.download_f32(b.ptr(), &mut v).unwrap();
+    v
+}
+
+fn tokens(be: &CpuBackend, ids: &[i32]) -> CpuBuffer {
+    let b = be.alloc(ids.len()).unwrap();
+    be.upload_i32(b.ptr(), ids).unwrap();
+    b
+}
+
+/// Compares `analytic` with central differences of `loss` w.r.t. the values in `x`,
+/// at up to 40 coordinates spread over the array.
+fn check(name: &str, be: &CpuBackend, x: &CpuBuffer, analytic: &[f32], mut loss: impl FnMut() -> f64) {
+    let h = 1e-2f32;
+    let n = x.len();
+    let stride = (n / 40).max(1);
+    let mut worst = 0.0f32;
+    for i in (0..n).step_by(stride) {
+        let mut v = read(be, x);
+        let orig = v[i];
+        v[i] = orig + h;
+        be.upload_f32(x.ptr(), &v).unwrap();
+        let up = loss();
+        v[i] = orig - h;
+        be.upload_f32(x.ptr(), &v).unwrap();
+        let down = loss();
+        v[i] = orig;
+        be.upload_f32(x.ptr(), &v).unwrap();
+        let numeric = ((up - down) / (2.0 * h as f64)) as f32;
+        let a = analytic[i];
+        let err = (a - numeric).abs();
+        let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
+        assert!(err <= tol, "{name}[{i}]: analytic {a} vs numeric {numeric} (error {err} > {tol})");
+        worst = worst.max(err);
+    }
+    assert!(analytic.iter().any(|&g| g != 0.0), "{name}: gradient is identically zero");
+    eprintln!("{name}: worst error {worst:.2e} over {} coordinates", n.div_ceil(stride));
+}
+
+/// Σ out ⊙ r in f64.
+fn weighted(be: &CpuBackend, out: &CpuBuffer, r: &[f32]) -> f64 {
+    read(be, out).iter().zip(r).map(|(&a, &b)| a as f64 * b as f64).sum()
+}
+
+fn be() -> CpuBackend {
+    CpuBackend::new(2).unwrap()
+}
+
+#[test]
+fn encoder_backward_matches_finite_differences() {
+    let be = be();
+    let (b, t, c, v) = (2, 5, 8, 11);
+    let mut r = rng(1);
+    let ids: Vec<i32> = (0..b * t).map(|i| (i * 7 % v) as i32).collect(); // repeats: tests accumulation
+    let (wte, wpe, tok) = (upload(&be, &randn(v * c, 1.0, &mut r)), upload(&be, &randn(t * c, 1.0, &mut r)), tokens(&be, &ids));
+    let out = be.alloc(b * t * c).unwrap();
+    let rw = randn(b * t * c, 1.0, &mut r);
+    let (dwte, dwpe) = (be.alloc(v * c).unwrap(), be.alloc(t * c).unwrap());
+    be.encoder_backward(dwte.ptr(), dwpe.ptr(), upload(&be, &rw).ptr(), tok.ptr(), b, t, c);
+    let mut f = || {
+        be.encoder_forward(out.ptr(), tok.ptr(), wte.ptr(), wpe.ptr(), b, t, c);
+        weighted(&be, &out, &rw)
+    };
+    check("dwte", &be, &wte, &read(&be, &dwte), &mut f);
+    check("dwpe", &be, &wpe, &read(&be, &dwpe), &mut f);
+}
+
+#[test]
+fn matmul_backward_matches_finite_differences() {
+    let be = be();
+    let (bt, c, oc) = (6, 10, 7);
+    let mut r = rng(2);
+    let (inp, w, bias) =
+        (upload(&be, &randn(bt * c, 1.0, &mut r)), upload(&be, &randn(oc * c, 1.0, &mut r)), upload(&be, &randn(oc, 1.0, &mut r)));
+    let rw = randn(bt * oc, 1.0, &mut r);
+    let (dinp, dw, db) = (be.alloc(bt * c).unwrap(), be.alloc(oc * c).unwrap(), be.alloc(oc).unwrap());
+    // Pre-fill gradients to check that backward accumulates instead of overwriting.
+    let pre = randn(oc, 1.0, &mut r);
+    be.upload_f32(db.ptr(), &pre).unwrap();
+    be.matmul_backward(dinp.ptr(), dw.ptr(), Some(db.ptr()), upload(&be, &rw).ptr(), inp.ptr(), w.ptr(), bt, c, oc);
+    let out = be.alloc(bt * oc).unwrap();
+    let mut f = || {
+        be.matmul_forward(out.ptr(), inp.ptr(), w.ptr(), Some(bias.ptr()), bt, c, oc);
+        weighted(&be, &out, &rw)
+    };
+    check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
+    check("dw", &be, &w, &read(&be, &dw), &mut f);
+    let dbias: Vec<f32> = read(&be, &db).iter().zip(&pre).map(|(a, p)| a - p).collect();
+    check("dbias", &be, &bias, &dbias, &mut f);
+}
+
+#[test]
+fn layernorm_backward_matches_finite_differences() {
+    let be = be();
+    let (bt, c) = (5, 12);
+    let mut r = rng(3);
+    let (inp, w, b) = (upload(&be, &randn(bt * c, 2.0, &mut r)), upload(&be, &randn(c, 1.0, &mut r)), upload(&be, &randn(c, 1.0, &mut r)));
+    let (out, mean, rstd) = (be.alloc(bt * c).unwrap(), be.alloc(bt).unwrap(), be.alloc(bt).unwrap());
+    let rw = randn(bt * c, 1.0, &mut r);
+    be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c);
+    let (dinp, dw, db) = (be.alloc(bt * c).unwrap(), be.alloc(c).unwrap(), be.alloc(c).unwrap());
+    be.layernorm_backward(dinp.ptr(), dw.ptr(), db.ptr(), upload(&be, &rw).ptr(), inp.ptr(), w.ptr(), mean.ptr(), rstd.ptr(), bt, c);
+    let mut f = || {
+        be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c);
+        weighted(&be, &out, &rw)
+    };
+    check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
+    check("dw", &be, &w, &read(&be, &dw), &mut f);
+    check("db", &be, &b, &read(&be, &db), &mut f);
+}
+
+#[test]
+fn attention_backward_matches_finite_differences() {
+    let be = be();
+    let (b, t, c, nh) = (2, 7, 12, 3);
+    let mut r = rng(4);
+    let qkv = upload(&be, &randn(b * t * 3 * c, 1.0, &mut r));
+    let (out, saved) = (be.alloc(b * t * c).unwrap(), be.alloc(be.attention_saved_len(b, t, nh)).unwrap());
+    let rw = randn(b * t * c, 1.0, &mut r);
+    be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh);
+    let dqkv = be.alloc(b * t * 3 * c).unwrap();
+    be.attention_backward(dqkv.ptr(), upload(&be, &rw).ptr(), qkv.ptr(), out.ptr(), saved.ptr(), b, t, c, nh);
+    let mut f = || {
+        be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh);
+        weighted(&be, &out, &rw)
+    };
+    check("dqkv", &be, &qkv, &read(&be, &dqkv), &mut f);
+}
+
+#[test]
+fn attention_is_causal() {
+    // Changing a later token's key/value must not change earlier outputs.
+    let be = be();
+    let (b, t, c, nh) = (1, 6, 8, 2);
+    let mut r = rng(5);
+    let mut x = randn(b * t * 3 * c, 1.0, &mut r);
+    let run = |x: &[f32]| {
+        let (out, saved) = (be.alloc(b * t * c).unwrap(), be.alloc(be.attention_saved_len(b, t, nh)).unwrap());
+        be.attention_forward(out.ptr(), saved.ptr(), upload(&be, x).ptr(), b, t, c, nh);
+        read(&be, &out)
+    };
+    let before = run(&x);
+    for v in &mut x[(t - 1) * 3 * c..] {
+        *v += 1.0;
+    }
+    let after = run(&x);
+    assert_eq!(before[..(t - 1) * c], after[..(t - 1) * c]);
+    assert_ne!(before[(t - 1) * c..], after[(t - 1) * c..]);
+}
+
+#[test]
+fn gelu_backward_matches_finite_differences() {
+    let be = be();
+    let n = 50;
+    let mut r = rng(6);
+    let inp = upload(&be, &randn(n, 3.0, &mut r));
+    let out = be.alloc(n).unwrap();
+    let rw = randn(n, 1.0, &mut r);
+    let dinp = be.alloc(n).unwrap();
+    be.gelu_backward(dinp.ptr(), inp.ptr(), upload(&be, &rw).ptr(), n);
+    let mut f = || {
+        be.gelu_forward(out.ptr(), inp.ptr(), n);
+        weighted(&be, &out, &rw)
+    };
+    check("dgelu", &be, &inp, &read(&be, &dinp), &mut f);
+}
+
+#[test]
+fn crossentropy_backward_matches_finite_differences() {
+    let be = be();
+    let (bt, v, vp) = (4, 9, 16);
+    let mut r = rng(7);
+    let logits = upload(&be, &randn(bt * vp, 2.0, &mut r));
+    let tg = tokens(&be, &[0, 3, 8, 3]);
+    let losses = be.alloc(bt).unwrap();
+    let dlogits = be.alloc(bt * vp).unwrap();
+    let dloss = 0.7;
+    be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), dloss, bt, v, vp);
+    let mut f = || {
+        be.crossentropy_forward(losses.ptr(), logits.ptr(), tg.ptr(), bt, v, vp);
+        read(&be, &losses).iter().map(|&l| l as f64 * dloss as f64).sum()
+    };
+    let d = read(&be, &dlogits);
+    check("dlogits", &be, &logits, &d, &mut f);
+    for row in d.chunks(vp) {
+        assert!(row[v..].iter().all(|&x| x == 0.0), "padded vocabulary columns must get no gradient");
+    }
+}
+
+#[test]
+fn adamw_matches_the_reference_formula() {
+    let be = be();
+    let n = 100;
+    let mut r = rng(8);
+    let (p0, g, m0, v0) = (randn(n, 1.0, &mut r), randn(n, 1.0, &mut r), randn(n, 0.1, &mut r), randn(n, 0.1, &mut r));
+    let v0: Vec<f32> = v0.iter().map(|x| x.abs()).collect();
+    let (p, gb, m, v) = (upload(&be, &p0), upload(&be, &g), upload(&be, &m0), upload(&be, &v0));
+    let scale = upload(&be, &[0.5]);
+    let hp = AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3 };
+    be.adamw(p.ptr(), gb.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp);
+    let (pn, mn, vn) = (read(&be, &p), read(&be, &m), read(&be, &v));
+    for i in 0..n {
+        let gi = g[i] as f64 * 0.5;
+        let mi = 0.9 * m0[i] as f64 + 0.1 * gi;
+        let vi = 0.95 * v0[i] as f64 + 0.05 * gi * gi;
+        let (mh, vh) = (mi / (1.0 - 0.9f64.powi(3)), vi / (1.0 - 0.95f64.powi(3)));
+        let pi = p0[i] as f64 - 1e-2 * (mh / (vh.sqrt() + 1e-8) + 0.1 * p0[i] as f64);
+        assert!((mn[i] as f64 - mi).abs() < 1e-6 && (vn[i] as f64 - vi).abs() < 1e-6, "moment {i}");
+        assert!((pn[i] as f64 - pi).abs() < 1e-5, "param {i}: {} vs {pi}", pn[i]);
+    }
+}
+
+#[test]
+fn clip_factor_and_sum_squares() {
+    let be = be();
+    let g = upload(&be, &[3.0, 4.0]);
+    let s = be.alloc(4).unwrap();
+    be.sum_squares(s.ptr(), g.ptr(), 2);
+    be.clip_factor(s.ptr().add(1), s.ptr(), 1.0);
+    let v = read(&be, &s);
+    assert_eq!(v[0], 25.0);
+    assert_eq!(v[1], 5.0);
+    assert!((v[2] - 0.2).abs() < 1e-6);
+    be.clip_factor(s.ptr().add(1), s.ptr(), 10.0);
+    assert_eq!(read(&be, &s)[2], 1.0, "no clipping under the ceiling");
+}
+
+fn tiny_model(be: &CpuBackend) -> Gpt2<CpuBackend> {
+    let ov = ConfigOverrides { n_layer: Some(2), n_head: Some(2), n_embd: Some(8), max_seq_len: Some(8) };
+    let cfg = ModelConfig::from_preset("tiny", 13, ov).unwrap();
+    let model = Gpt2::new(be, cfg).unwrap();
+    model.init_weights(be, 7).unwrap();
+    // Larger weights than GPT-2's init, so every path carries a visible gradient.
+    let mut p = vec![0.0; model.num_params()];
+    be.download_f32(model.params.ptr(), &mut p).unwrap();
+    let mut r = rng(9);
+    for (x, n) in p.iter_mut().zip(randn(model.num_params(), 0.3, &mut r)) {
+        *x += n;
+    }
+    be.upload_f32(model.params.ptr(), &p).unwrap();
+    model
+}
+
+fn model_loss(be: &CpuBackend, model: &Gpt2<CpuBackend>, pool: &mut Pool<CpuBackend>, inp: &[i32], tg: &[i32]) -> f64 {
+    let mut g = Graph::new(be, pool, false);
+    let fwd = model.forward(&mut g, inp, Some(tg), 2, 5, false).unwrap();
+    let mut l = [0.0f32];
+    be.download_f32(g.ptr(fwd.loss.unwrap()), &mut l).unwrap();
+    l[0] as f64
+}
+
+#[test]
+fn whole_model_gradient_matches_finite_differences() {
+    let be = be();
+    let model = tiny_model(&be);
+    let mut pool = Pool::default();
+    let inp: Vec<i32> = vec![1, 5, 2, 9, 12, 0, 3, 3, 7, 11];
+    let tg: Vec<i32> = vec![5, 2, 9, 12, 0, 3, 3, 7, 11, 4];
+    {
+        let mut g = Graph::new(&be, &mut pool, true);
+        let fwd = model.forward(&mut g, &inp, Some(&tg), 2, 5, false).unwrap();
+        g.backward(fwd.loss.unwrap(), 1.0).unwrap();
+    }
+    let mut grads = vec![0.0; model.num_params()];
+    be.download_f32(model.grads.ptr(), &mut grads).unwrap();
+    let cfg = model.config;
+    let h = 1e-2f32;
+    let mut params = vec![0.0; model.num_params()];
+    be.download_f32(model.params.ptr(), &mut params).unwrap();
+    for (name, range) in model.layout.named(&cfg) {
+        // Padded vocabulary rows and unused positions have no gradient: skip them.
+        let used = match name.as_str() {
+            "wte" => range.start..range.start + cfg.vocab_size * cfg.n_embd,
+            "wpe" => range.start..range.start + 5 * cfg.n_embd,
+            _ => range.clone(),
+        };
+        for i in used.clone().step_by((used.len() / 6).max(1)) {
+            let orig = params[i];
+            let mut at = |x: f32| {
+                params[i] = x;
+                be.upload_f32(model.params.ptr(), &params).unwrap();
+                model_loss(&be, &model, &mut pool, &inp, &tg)
+            };
+            let numeric = ((at(orig + h) - at(orig - h)) / (2.0 * h as f64)) as f32;
+            at(orig);
+            let a = grads[i];
+            let tol = 3e-2 * a.abs().max(numeric.abs()) + 2e-3;
+            assert!((a - numeric).abs() <= tol, "{name}[{}]: analytic {a} vs numeric {numeric}", i - range.start);
+        }
+    }
+}
+
+#[test]
+fn cpu_results_do_not_depend_on_thread_count() {
+    let one = CpuBackend::new(1).unwrap();
+    let two = CpuBackend::new(2).unwrap();
+    let grads_of = |be: &CpuBackend| {
+        let model = tiny_model(be);
+        let mut pool = Pool::default();
+        let inp: Vec<i32> = (0..10).map(|i| (i * 5 % 13) as i32).collect();
+        let tg: Vec<i32> = (0..10).map(|i| (i * 3 % 13) as i32).collect();
+        let mut g = Graph::new(be, &mut pool, true);
+        let fwd = model.forward(&mut g, &inp, Some(&tg), 2, 5, false).unwrap();
+        g.backward(fwd.loss.unwrap(), 1.0).unwrap();
+        drop(g);
+        let mut v = vec![0.0; model.num_params()];
+        be.download_f32(model.grads.ptr(), &mut v).unwrap();
+        v
+    };
+    let (a, b) = (grads_of(&one), grads_of(&two));
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "1 and 2 threads must agree bit for bit");
+}
+
