@@ -14,7 +14,7 @@ use common::cli::Precision;
 const FP32_TOL: f32 = 1e-4;
 
 fn cpu() -> CpuBackend {
-    CpuBackend::new(2)
+    CpuBackend::new(2).expect("CPU backend")
 }
 
 fn gpu(precision: Precision) -> CudaBackend {
@@ -129,13 +129,7 @@ fn encoder_matches_cpu() {
 
 // ---- matmul -------------------------------------------------------------------------
 
-fn matmul_case<B: Backend>(
-    be: &B,
-    bt: usize,
-    c: usize,
-    oc: usize,
-    with_bias: bool,
-) -> Vec<Vec<f32>> {
+fn matmul_case<B: Backend>(be: &B, bt: usize, c: usize, oc: usize, with_bias: bool) -> Vec<Vec<f32>> {
     let inp = upload(be, &random(bt * c, 11, 1.0));
     let w = upload(be, &random(oc * c, 12, 0.5));
     let bias = upload(be, &random(oc, 13, 1.0));
@@ -195,13 +189,7 @@ fn matmul_tf32_is_close_to_cpu() {
     let (bt, c, oc) = (256, 768, 768);
     let want = matmul_case(&cpu(), bt, c, oc, true);
     let got = matmul_case(&gpu(Precision::Tf32), bt, c, oc, true);
-    check(
-        "matmul tf32",
-        &["out", "dinp", "dw", "dbias"],
-        &got,
-        &want,
-        1e-2,
-    );
+    check("matmul tf32", &["out", "dinp", "dw", "dbias"], &got, &want, 1e-2);
 }
 
 // ---- layernorm ----------------------------------------------------------------------
@@ -216,21 +204,8 @@ fn layernorm_case<B: Backend>(be: &B, bt: usize, c: usize) -> Vec<Vec<f32>> {
     let inp = upload(be, &x);
     let w = upload(be, &random(c, 22, 1.0));
     let b = upload(be, &random(c, 23, 1.0));
-    let (out, mean, rstd) = (
-        be.alloc(bt * c).unwrap(),
-        be.alloc(bt).unwrap(),
-        be.alloc(bt).unwrap(),
-    );
-    be.layernorm_forward(
-        out.ptr(),
-        mean.ptr(),
-        rstd.ptr(),
-        inp.ptr(),
-        w.ptr(),
-        b.ptr(),
-        bt,
-        c,
-    );
+    let (out, mean, rstd) = (be.alloc(bt * c).unwrap(), be.alloc(bt).unwrap(), be.alloc(bt).unwrap());
+    be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c);
     let dout = upload(be, &random(bt * c, 24, 1.0));
     let dinp = upload(be, &random(bt * c, 25, 1.0));
     let dw = upload(be, &random(c, 26, 1.0));
@@ -264,13 +239,7 @@ fn layernorm_matches_cpu() {
     for (bt, c) in [(74, 48), (1, 5), (300, 768), (600, 33)] {
         let want = layernorm_case(&cpu(), bt, c);
         let got = layernorm_case(&gpu(Precision::Fp32), bt, c);
-        check(
-            &format!("layernorm {bt}x{c}"),
-            &names,
-            &got,
-            &want,
-            FP32_TOL,
-        );
+        check(&format!("layernorm {bt}x{c}"), &names, &got, &want, FP32_TOL);
     }
 }
 
@@ -283,29 +252,14 @@ fn attention_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, nh: usize) -
     be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh);
     let dout = upload(be, &random(b * t * c, 32, 1.0));
     let dqkv = upload(be, &random(b * t * 3 * c, 33, 1.0));
-    be.attention_backward(
-        dqkv.ptr(),
-        dout.ptr(),
-        qkv.ptr(),
-        out.ptr(),
-        saved.ptr(),
-        b,
-        t,
-        c,
-        nh,
-    );
+    be.attention_backward(dqkv.ptr(), dout.ptr(), qkv.ptr(), out.ptr(), saved.ptr(), b, t, c, nh);
     vec![download(be, &out), download(be, &dqkv)]
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_matches_cpu() {
-    for (b, t, c, nh) in [
-        (2, 37, 48, 4),
-        (1, 1, 48, 4),
-        (2, 70, 96, 3),
-        (1, 129, 768, 12),
-    ] {
+    for (b, t, c, nh) in [(2, 37, 48, 4), (1, 1, 48, 4), (2, 70, 96, 3), (1, 129, 768, 12)] {
         let want = attention_case(&cpu(), b, t, c, nh);
         let got = attention_case(&gpu(Precision::Fp32), b, t, c, nh);
         check(
@@ -347,13 +301,7 @@ fn gelu_matches_cpu() {
     for n in [1, 1000, 12_345] {
         let want = gelu_case(&cpu(), n);
         let got = gelu_case(&gpu(Precision::Fp32), n);
-        check(
-            &format!("gelu n{n}"),
-            &["out", "dinp"],
-            &got,
-            &want,
-            FP32_TOL,
-        );
+        check(&format!("gelu n{n}"), &["out", "dinp"], &got, &want, FP32_TOL);
     }
 }
 
@@ -364,15 +312,7 @@ fn crossentropy_case<B: Backend>(be: &B, bt: usize, v: usize, vp: usize) -> Vec<
     be.crossentropy_forward(losses.ptr(), logits.ptr(), targets.ptr(), bt, v, vp);
     // Padding columns of dlogits must come back untouched, so they start random too.
     let dlogits = upload(be, &random(bt * vp, 53, 1.0));
-    be.crossentropy_backward(
-        dlogits.ptr(),
-        logits.ptr(),
-        targets.ptr(),
-        1.0 / bt as f32,
-        bt,
-        v,
-        vp,
-    );
+    be.crossentropy_backward(dlogits.ptr(), logits.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp);
     vec![download(be, &losses), download(be, &dlogits)]
 }
 
@@ -403,11 +343,7 @@ fn reductions_case<B: Backend>(be: &B, n: usize, max_norm: f32) -> Vec<Vec<f32>>
     be.sum_squares(sumsq.ptr(), inp.ptr(), n / 2);
     let clip = be.alloc(2).unwrap();
     be.clip_factor(clip.ptr(), sumsq.ptr(), max_norm);
-    vec![
-        download(be, &mean),
-        download(be, &sumsq),
-        download(be, &clip),
-    ]
+    vec![download(be, &mean), download(be, &sumsq), download(be, &clip)]
 }
 
 #[test]
@@ -442,15 +378,7 @@ fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
         weight_decay: 0.1,
         t,
     };
-    be.adamw(
-        params.ptr(),
-        grads.ptr(),
-        m.ptr(),
-        v.ptr(),
-        n,
-        scale.ptr(),
-        hp,
-    );
+    be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp);
     be.adamw(
         params.ptr(),
         grads.ptr(),
@@ -488,7 +416,14 @@ fn memory_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
     be.accumulate(a.ptr(), b.ptr(), n);
     let z = upload(be, &random(n, 83, 1.0));
     be.zero(z.ptr().add(1), n - 2); // first and last word survive
-    vec![download(be, &fresh), download(be, &a), download(be, &z)]
+    let scaled = upload(be, &random(n, 84, 1.0));
+    be.scale(scaled.ptr(), n, -0.3);
+    vec![
+        download(be, &fresh),
+        download(be, &a),
+        download(be, &z),
+        download(be, &scaled),
+    ]
 }
 
 #[test]
@@ -498,7 +433,7 @@ fn memory_ops_match_cpu() {
     let got = memory_case(&gpu(Precision::Fp32), 10_007);
     check(
         "memory ops",
-        &["alloc", "accumulate", "zero"],
+        &["alloc", "accumulate", "zero", "scale"],
         &got,
         &want,
         0.0,

@@ -103,6 +103,10 @@ impl Backend for CudaBackend {
         );
     }
 
+    fn scale(&self, dst: DevPtr, n: usize, s: f32) {
+        self.launch("scale_kernel", blocks(n, THREADS), (THREADS as u32, 1, 1), args![dst, n, s]);
+    }
+
     fn synchronize(&self) -> Result<()> {
         self.bind()?;
         let synced = self

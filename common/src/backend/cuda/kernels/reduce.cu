@@ -1,10 +1,16 @@
-// Elementwise accumulation and the scalar reductions (loss mean, squared gradient norm).
+// Elementwise accumulation and scaling, and the scalar reductions (loss mean, squared gradient norm).
 // Reductions run in a fixed order (no atomics), so they are deterministic run to run.
 
 // dst += src.
 extern "C" __global__ void accumulate_kernel(float* dst, const float* src, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] += src[i];
+}
+
+// dst *= s.
+extern "C" __global__ void scale_kernel(float* dst, int n, float s) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] *= s;
 }
 
 // out[0] = mean(inp[0..n]); launched as one block.
