@@ -67,6 +67,11 @@ enum Op {
         targets: DevPtr,
         v: usize,
     },
+    /// Not an op: a label the forward pass left on the tape (e.g. "block l starts here").
+    /// Reached in reverse, it means every op recorded after it has run its backward.
+    Mark {
+        label: usize,
+    },
 }
 
 struct Node {
@@ -283,6 +288,18 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.push(p, [n, c], None, false)
     }
 
+    /// Leaves `label` on the tape; `backward_with` reports it once everything recorded
+    /// after it has back-propagated (so gradients used only after it are final).
+    pub fn mark(&mut self, label: usize) {
+        if self.record {
+            let out = Tensor(usize::MAX);
+            self.tape.push(Node {
+                op: Op::Mark { label },
+                out,
+            });
+        }
+    }
+
     // ---- backward -------------------------------------------------------------------
 
     /// Gradient slot of `x`, allocated (zeroed) from the pool on first use.
@@ -302,6 +319,16 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// Back-propagates from `loss` (the last op, a cross-entropy) with d(loss) = `seed`,
     /// accumulating into every parameter's gradient.
     pub fn backward(&mut self, loss: Tensor, seed: f32) -> Result<()> {
+        self.backward_with(loss, seed, |_| Ok(()))
+    }
+
+    /// [`Graph::backward`], calling `on_mark(label)` as each [`Graph::mark`] is passed.
+    pub fn backward_with(
+        &mut self,
+        loss: Tensor,
+        seed: f32,
+        mut on_mark: impl FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
         let last = self
             .tape
             .last()
@@ -309,6 +336,10 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert_eq!(last.out, loss, "backward: the loss must be the last op");
         let tape = std::mem::take(&mut self.tape);
         for node in tape.iter().rev() {
+            if let Op::Mark { label } = node.op {
+                on_mark(label)?;
+                continue;
+            }
             let dout = if node.out == loss {
                 DevPtr::default()
             } else {
@@ -365,6 +396,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                 let dlogits = self.grad_slot(logits)?;
                 be.crossentropy_backward(dlogits, self.ptr(logits), targets, seed / rows as f32, rows, v, vp);
             }
+            Op::Mark { .. } => unreachable!("marks are handled by backward_with"),
         }
         Ok(())
     }

@@ -24,11 +24,7 @@ const EPOCH_SEED_MIX: u64 = 0x9E3779B97F4A7C15;
 /// Write `tokens` as uint16 after the llm.c header. Atomic: a crash leaves either the old file
 /// or the new one, never a half-written file that `read_bin` would have to reject.
 pub fn write_bin(path: &Path, tokens: &[u32]) -> Result<()> {
-    if let Some((i, &t)) = tokens
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t > u16::MAX as u32)
-    {
+    if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t > u16::MAX as u32) {
         bail_input!(
             "{}: token {t} at index {i} does not fit the .bin format's uint16",
             path.display()
@@ -97,9 +93,7 @@ fn parse_bin(path: &Path, bytes: &[u8], vocab_size: usize) -> Result<Vec<u32>> {
         bail_input!("{p}: bad .bin magic {magic} (expected {BIN_MAGIC}); not an llm.c token file");
     }
     if version != BIN_VERSION {
-        bail_input!(
-            "{p}: unsupported .bin version {version} (expected {BIN_VERSION}, uint16 tokens)"
-        );
+        bail_input!("{p}: unsupported .bin version {version} (expected {BIN_VERSION}, uint16 tokens)");
     }
     if count < 0 {
         bail_input!("{p}: negative token count {count} in the .bin header");
@@ -116,11 +110,7 @@ fn parse_bin(path: &Path, bytes: &[u8], vocab_size: usize) -> Result<Vec<u32>> {
         .chunks_exact(2)
         .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
         .collect();
-    if let Some((i, &t)) = tokens
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t as usize >= vocab_size)
-    {
+    if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab_size) {
         bail_input!("{p}: token {t} at index {i} is outside the vocabulary of {vocab_size}");
     }
     Ok(tokens)
@@ -200,9 +190,7 @@ pub struct Batch {
 /// Copy window `w` (tokens `[w*T, w*T + T]`) into the batch as one row.
 fn push_window(batch: &mut Batch, tokens: &[u32], w: usize, seq_len: usize) {
     let window = &tokens[w * seq_len..w * seq_len + seq_len + 1];
-    batch
-        .inputs
-        .extend(window[..seq_len].iter().map(|&t| t as i32));
+    batch.inputs.extend(window[..seq_len].iter().map(|&t| t as i32));
     batch.targets.extend(window[1..].iter().map(|&t| t as i32));
 }
 
@@ -252,15 +240,15 @@ impl Loader {
     ) -> Result<Loader> {
         let tokens = tokens.into();
         if seq_len == 0 || global_batch == 0 || world == 0 {
-            bail_input!("sequence length ({seq_len}), batch size ({global_batch}) and world size ({world}) must be positive");
+            bail_input!(
+                "sequence length ({seq_len}), batch size ({global_batch}) and world size ({world}) must be positive"
+            );
         }
         if rank >= world {
             bail_input!("rank {rank} is outside a world of {world} ranks");
         }
         if !global_batch.is_multiple_of(world) {
-            bail_input!(
-                "global batch size {global_batch} is not divisible by the number of ranks {world}"
-            );
+            bail_input!("global batch size {global_batch} is not divisible by the number of ranks {world}");
         }
         let num_windows = tokens.len().saturating_sub(1) / seq_len;
         if num_windows < global_batch {
@@ -319,8 +307,7 @@ impl Loader {
             inputs: Vec::with_capacity(n),
             targets: Vec::with_capacity(n),
         };
-        let start =
-            self.cursor.step_in_epoch as usize * self.global_batch + self.rank * self.local_batch;
+        let start = self.cursor.step_in_epoch as usize * self.global_batch + self.rank * self.local_batch;
         for &w in &self.order[start..start + self.local_batch] {
             push_window(&mut batch, &self.tokens, w, self.seq_len);
         }

@@ -3,8 +3,10 @@
 //! then the training pieces (`tokenizer`, `data`, `optim`, `checkpoint`, `generate`),
 //! `comm` (single process, MPI, NCCL) and finally `train`, the one loop for all stages.
 
+pub mod app;
 pub mod autograd;
 pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod comm;

@@ -8,14 +8,22 @@ use tiktoken_rs::CoreBPE;
 use crate::error::{Error, Result};
 
 /// Which vocabulary to use; chosen on the command line and saved in checkpoints.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 pub enum TokenizerKind {
     /// One token per UTF-8 byte (vocabulary 256).
     Byte,
     /// GPT-2's byte-level BPE (vocabulary 50257).
     Gpt2,
+}
+
+impl TokenizerKind {
+    /// The name used on the command line and in checkpoints.
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenizerKind::Byte => "byte",
+            TokenizerKind::Gpt2 => "gpt2",
+        }
+    }
 }
 
 /// A ready tokenizer. Cloning is cheap: the BPE tables are shared, since building them takes
@@ -28,9 +36,7 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("kind", &self.kind)
-            .finish()
+        f.debug_struct("Tokenizer").field("kind", &self.kind).finish()
     }
 }
 

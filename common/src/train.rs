@@ -40,7 +40,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, optim: OptimConfig, exec: ExecArgs) -> Result<Self> {
         let model = Gpt2::new(be, config)?;
         let opt = AdamW::new(be, &model.layout, optim)?;
-        Ok(Trainer { be, comm, model, opt, pool: Pool::default(), exec })
+        Ok(Trainer {
+            be,
+            comm,
+            model,
+            opt,
+            pool: Pool::default(),
+            exec,
+        })
     }
 
     /// Rank 0 initialises the parameters and every rank receives them.
@@ -70,7 +77,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let started = Instant::now();
         be.zero(grads, n);
         let mut g = Graph::new(be, &mut self.pool, true);
-        let fwd = self.model.forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
+        let fwd = self
+            .model
+            .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
         let loss = fwd.loss.expect("targets given");
         g.backward(loss, 1.0 / world as f32)?;
         let mut comm_s = 0.0;
@@ -99,7 +108,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
             comm_s += c.elapsed().as_secs_f64();
         }
         let total = started.elapsed().as_secs_f64();
-        Ok(StepReport { stats, compute_s: total - comm_s, comm_s })
+        Ok(StepReport {
+            stats,
+            compute_s: total - comm_s,
+            comm_s,
+        })
     }
 
     /// Mean loss over evaluation batches (forward only).
@@ -108,9 +121,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
         for batch in batches {
             let b = batch.inputs.len() / t;
             let mut g = Graph::new(self.be, &mut self.pool, false);
-            let fwd = self.model.forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
+            let fwd = self
+                .model
+                .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
             let mut loss = [0.0f32];
-            self.be.download_f32(g.ptr(fwd.loss.expect("targets given")), &mut loss)?;
+            self.be
+                .download_f32(g.ptr(fwd.loss.expect("targets given")), &mut loss)?;
             sum += loss[0] as f64;
         }
         Ok((sum / batches.len().max(1) as f64) as f32)
@@ -135,7 +151,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
             Some(c) => (c.params, c.m, c.v),
             None => (vec![0.0; n], vec![0.0; n], vec![0.0; n]),
         };
-        for (host, dst) in [(&mut p, self.model.params.ptr()), (&mut m, self.opt.m.ptr()), (&mut v, self.opt.v.ptr())] {
+        for (host, dst) in [
+            (&mut p, self.model.params.ptr()),
+            (&mut m, self.opt.m.ptr()),
+            (&mut v, self.opt.v.ptr()),
+        ] {
             broadcast_f32(self.comm, host)?;
             self.be.upload_f32(dst, host)?;
         }
@@ -179,7 +199,10 @@ fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec
     match msg.pop() {
         Some(0) => Ok(msg),
         _ if comm.is_root() => Err(Error::Input(String::from_utf8_lossy(&msg).into_owned())),
-        _ => Err(Error::Input(format!("rank 0 failed: {}", String::from_utf8_lossy(&msg)))),
+        _ => Err(Error::Input(format!(
+            "rank 0 failed: {}",
+            String::from_utf8_lossy(&msg)
+        ))),
     }
 }
 
@@ -204,7 +227,9 @@ fn check_same_everywhere(comm: &dyn Comm, fingerprint: &str) -> Result<()> {
 }
 
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// The `train` subcommand.
@@ -218,12 +243,14 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         Some(path) => Some(checkpoint::load_meta(path)?),
         None => None,
     };
-    let tok_kind = resumed.as_ref().map_or(Ok(args.tokenizer), |m| tokenizer_kind(&m.tokenizer))?;
+    let tok_kind = resumed
+        .as_ref()
+        .map_or(Ok(args.tokenizer), |m| tokenizer_kind(&m.tokenizer))?;
     let tok = Tokenizer::new(tok_kind)?;
     let config = match &resumed {
         Some(meta) => {
             if args.model.given() {
-                checkpoint::check_compatible(meta, &args.model.config(tok.vocab_size())?, &format!("{tok_kind:?}").to_lowercase())?;
+                checkpoint::check_compatible(meta, &args.model.config(tok.vocab_size())?, tok_kind.name())?;
             }
             meta.config
         }
@@ -268,7 +295,15 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         "weight_decay": args.weight_decay, "grad_clip": args.grad_clip, "total_steps": total_steps,
         "val_fraction": args.val_fraction, "world": world, "sync_every": args.exec.sync_every,
     });
-    check_same_everywhere(comm, &format!("{} {:?} {settings} {tok_kind:?} {}", env!("CARGO_PKG_VERSION"), config, args.data.display()))?;
+    check_same_everywhere(
+        comm,
+        &format!(
+            "{} {:?} {settings} {tok_kind:?} {}",
+            env!("CARGO_PKG_VERSION"),
+            config,
+            args.data.display()
+        ),
+    )?;
 
     let mut trainer = Trainer::new(be, comm, config, optim, args.exec.clone())?;
     let mut start_step = 0;
@@ -277,18 +312,27 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             let ckpt = if root { Some(checkpoint::load(path)?) } else { None };
             let meta = resumed.clone().expect("meta read above");
             trainer.restore(ckpt)?;
-            loader.set_cursor(DataCursor { epoch: meta.data_epoch, step_in_epoch: meta.data_step_in_epoch })?;
+            loader.set_cursor(DataCursor {
+                epoch: meta.data_epoch,
+                step_in_epoch: meta.data_step_in_epoch,
+            })?;
             start_step = meta.step;
         }
         None => trainer.init_weights(args.seed)?,
     }
     if start_step >= total_steps {
-        crate::bail_input!("checkpoint is at step {start_step}, not before the last step {total_steps}: raise --steps to continue");
+        crate::bail_input!(
+            "checkpoint is at step {start_step}, not before the last step {total_steps}: raise --steps to continue"
+        );
     }
 
     let out = &args.out;
     let ckpt_path = out.join("model.ckpt");
-    let mut log = if root { Some(LossLog::open(out, args.resume.is_some())?) } else { None };
+    let mut log = if root {
+        Some(LossLog::open(out, args.resume.is_some())?)
+    } else {
+        None
+    };
     if root {
         println!(
             "{} | {} | {} params | {} layers, {} heads, width {} | batch {b}×{t} over {world} rank(s) | {spe} steps/epoch, {total_steps} steps",
@@ -321,10 +365,16 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         window_time += t0.elapsed().as_secs_f64();
         window_loss += report.stats.loss as f64;
         window_steps += 1;
-        bar.set_message(format!("loss {:.4} lr {:.2e} norm {:.2}", report.stats.loss, report.stats.lr, report.stats.grad_norm));
+        bar.set_message(format!(
+            "loss {:.4} lr {:.2e} norm {:.2}",
+            report.stats.loss, report.stats.lr, report.stats.grad_norm
+        ));
         bar.inc(1);
         if !report.stats.loss.is_finite() {
-            return Err(Error::Device(format!("loss became {} at step {step}: lower --lr", report.stats.loss)));
+            return Err(Error::Device(format!(
+                "loss became {} at step {step}: lower --lr",
+                report.stats.loss
+            )));
         }
 
         let done = step + 1;
@@ -360,7 +410,13 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     if root {
         println!("saved {}", ckpt_path.display());
         if args.sample_len > 0 {
-            let opts = SampleOptions { max_new_tokens: args.sample_len, greedy: false, temperature: 0.8, top_k: 40, seed: args.seed };
+            let opts = SampleOptions {
+                max_new_tokens: args.sample_len,
+                greedy: false,
+                temperature: 0.8,
+                top_k: 40,
+                seed: args.seed,
+            };
             let text = trainer.sample(&tok, "\n", &opts)?;
             println!("---- sample ----{text}\n----------------");
         }
@@ -380,7 +436,10 @@ pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) ->
         crate::bail_input!("--batch and --seq-len must be positive (got batch {b}, seq-len {t})");
     }
     if t > config.max_seq_len {
-        crate::bail_input!("--seq-len {t} is above the model's maximum sequence length {}", config.max_seq_len);
+        crate::bail_input!(
+            "--seq-len {t} is above the model's maximum sequence length {}",
+            config.max_seq_len
+        );
     }
     if b % world != 0 {
         crate::bail_input!("--batch {b} must be divisible by the number of ranks {world}");
@@ -418,10 +477,16 @@ pub struct LossRow {
 
 impl LossRow {
     fn tsv(&self) -> String {
-        format!("{:.3}\t{:.4}\t{:.4}\t{:.0}\t{:.1}", self.epoch, self.train_loss, self.val_loss, self.tokens_per_s, self.elapsed_s)
+        format!(
+            "{:.3}\t{:.4}\t{:.4}\t{:.0}\t{:.1}",
+            self.epoch, self.train_loss, self.val_loss, self.tokens_per_s, self.elapsed_s
+        )
     }
     fn display(&self) -> String {
-        format!("{:>5.3}  {:>10.4}  {:>8.4}  {:>12.0}  {:>9.1}", self.epoch, self.train_loss, self.val_loss, self.tokens_per_s, self.elapsed_s)
+        format!(
+            "{:>5.3}  {:>10.4}  {:>8.4}  {:>12.0}  {:>9.1}",
+            self.epoch, self.train_loss, self.val_loss, self.tokens_per_s, self.elapsed_s
+        )
     }
 }
 
@@ -438,7 +503,13 @@ impl LossLog {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let path = dir.join("loss.tsv");
         let keep = append && path.exists();
-        let mut file = std::fs::OpenOptions::new().create(true).append(keep).write(true).truncate(!keep).open(&path).map_err(io_err(&path))?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(keep)
+            .write(true)
+            .truncate(!keep)
+            .open(&path)
+            .map_err(io_err(&path))?;
         if !keep {
             writeln!(file, "{}", Self::HEADER).map_err(io_err(&path))?;
         }
@@ -446,6 +517,8 @@ impl LossLog {
     }
 
     fn append(&mut self, row: &LossRow) -> Result<()> {
-        writeln!(self.file, "{}", row.tsv()).and_then(|_| self.file.flush()).map_err(io_err(&self.path))
+        writeln!(self.file, "{}", row.tsv())
+            .and_then(|_| self.file.flush())
+            .map_err(io_err(&self.path))
     }
 }

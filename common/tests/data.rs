@@ -5,9 +5,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::data::{
-    eval_batches, load_tokens, read_bin, split, write_bin, Batch, DataCursor, Loader, BIN_MAGIC,
-};
+use common::data::{eval_batches, load_tokens, read_bin, split, write_bin, Batch, DataCursor, Loader, BIN_MAGIC};
 use common::tokenizer::{Tokenizer, TokenizerKind};
 use common::Error;
 
@@ -18,10 +16,7 @@ impl TempDir {
     fn new(name: &str) -> TempDir {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!(
-            "common-data-test-{}-{n}-{name}",
-            std::process::id()
-        ));
+        let dir = std::env::temp_dir().join(format!("common-data-test-{}-{n}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
     }
@@ -147,10 +142,7 @@ fn read_bin_rejects_token_outside_vocab() {
     let path = dir.path("v.bin");
     write_bin(&path, &[1, 255, 256, 300]).unwrap();
     let msg = input_err(read_bin(&path, 256));
-    assert!(
-        msg.contains("index 2") && msg.contains("256"),
-        "first bad token: {msg}"
-    );
+    assert!(msg.contains("index 2") && msg.contains("256"), "first bad token: {msg}");
     assert_eq!(read_bin(&path, 301).unwrap(), vec![1, 255, 256, 300]);
 }
 
@@ -310,11 +302,7 @@ fn loader_shards_partition_the_global_batch() {
         let w1 = windows_of(&r1.next_batch(), t);
         assert_eq!(w0.len(), 3);
         assert!(w0.iter().all(|w| !w1.contains(w)), "shards are disjoint");
-        assert_eq!(
-            [w0, w1].concat(),
-            w,
-            "rank order concatenates to the global batch"
-        );
+        assert_eq!([w0, w1].concat(), w, "rank order concatenates to the global batch");
     }
     assert_eq!(r0.cursor(), whole.cursor());
 }
@@ -340,9 +328,7 @@ fn loader_cursor_restores_the_stream() {
     let expected: Vec<Batch> = (0..9).map(|_| first.next_batch()).collect();
 
     let mut resumed = Loader::new(tokens, t, 4, 0, 1, 5).unwrap();
-    resumed
-        .set_cursor(serde_json::from_str(&json).unwrap())
-        .unwrap();
+    resumed.set_cursor(serde_json::from_str(&json).unwrap()).unwrap();
     assert_eq!(resumed.cursor(), saved);
     let got: Vec<Batch> = (0..9).map(|_| resumed.next_batch()).collect();
     assert_eq!(got, expected);
@@ -366,10 +352,7 @@ fn loader_rejects_bad_shapes() {
     input_err(Loader::new(tokens.clone(), 0, 4, 0, 1, 0));
     // 100 tokens hold 24 windows of 4 + 1, fewer than a batch of 32.
     let msg = input_err(Loader::new(tokens, 4, 32, 0, 1, 0));
-    assert!(
-        msg.contains("corpus too short") && msg.contains("24"),
-        "{msg}"
-    );
+    assert!(msg.contains("corpus too short") && msg.contains("24"), "{msg}");
 }
 
 #[test]

@@ -15,7 +15,9 @@ fn rng(seed: u64) -> ChaCha8Rng {
 }
 
 fn randn(n: usize, scale: f32, r: &mut ChaCha8Rng) -> Vec<f32> {
-    (0..n).map(|_| ((r.next_u32() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale).collect()
+    (0..n)
+        .map(|_| ((r.next_u32() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale)
+        .collect()
 }
 
 fn upload(be: &CpuBackend, data: &[f32]) -> CpuBuffer {
@@ -58,11 +60,20 @@ fn check(name: &str, be: &CpuBackend, x: &CpuBuffer, analytic: &[f32], mut loss:
         let a = analytic[i];
         let err = (a - numeric).abs();
         let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
-        assert!(err <= tol, "{name}[{i}]: analytic {a} vs numeric {numeric} (error {err} > {tol})");
+        assert!(
+            err <= tol,
+            "{name}[{i}]: analytic {a} vs numeric {numeric} (error {err} > {tol})"
+        );
         worst = worst.max(err);
     }
-    assert!(analytic.iter().any(|&g| g != 0.0), "{name}: gradient is identically zero");
-    eprintln!("{name}: worst error {worst:.2e} over {} coordinates", n.div_ceil(stride));
+    assert!(
+        analytic.iter().any(|&g| g != 0.0),
+        "{name}: gradient is identically zero"
+    );
+    eprintln!(
+        "{name}: worst error {worst:.2e} over {} coordinates",
+        n.div_ceil(stride)
+    );
 }
 
 /// Σ out ⊙ r in f64.
@@ -80,7 +91,11 @@ fn encoder_backward_matches_finite_differences() {
     let (b, t, c, v) = (2, 5, 8, 11);
     let mut r = rng(1);
     let ids: Vec<i32> = (0..b * t).map(|i| (i * 7 % v) as i32).collect(); // repeats: tests accumulation
-    let (wte, wpe, tok) = (upload(&be, &randn(v * c, 1.0, &mut r)), upload(&be, &randn(t * c, 1.0, &mut r)), tokens(&be, &ids));
+    let (wte, wpe, tok) = (
+        upload(&be, &randn(v * c, 1.0, &mut r)),
+        upload(&be, &randn(t * c, 1.0, &mut r)),
+        tokens(&be, &ids),
+    );
     let out = be.alloc(b * t * c).unwrap();
     let rw = randn(b * t * c, 1.0, &mut r);
     let (dwte, dwpe) = (be.alloc(v * c).unwrap(), be.alloc(t * c).unwrap());
@@ -98,14 +113,31 @@ fn matmul_backward_matches_finite_differences() {
     let be = be();
     let (bt, c, oc) = (6, 10, 7);
     let mut r = rng(2);
-    let (inp, w, bias) =
-        (upload(&be, &randn(bt * c, 1.0, &mut r)), upload(&be, &randn(oc * c, 1.0, &mut r)), upload(&be, &randn(oc, 1.0, &mut r)));
+    let (inp, w, bias) = (
+        upload(&be, &randn(bt * c, 1.0, &mut r)),
+        upload(&be, &randn(oc * c, 1.0, &mut r)),
+        upload(&be, &randn(oc, 1.0, &mut r)),
+    );
     let rw = randn(bt * oc, 1.0, &mut r);
-    let (dinp, dw, db) = (be.alloc(bt * c).unwrap(), be.alloc(oc * c).unwrap(), be.alloc(oc).unwrap());
+    let (dinp, dw, db) = (
+        be.alloc(bt * c).unwrap(),
+        be.alloc(oc * c).unwrap(),
+        be.alloc(oc).unwrap(),
+    );
     // Pre-fill gradients to check that backward accumulates instead of overwriting.
     let pre = randn(oc, 1.0, &mut r);
     be.upload_f32(db.ptr(), &pre).unwrap();
-    be.matmul_backward(dinp.ptr(), dw.ptr(), Some(db.ptr()), upload(&be, &rw).ptr(), inp.ptr(), w.ptr(), bt, c, oc);
+    be.matmul_backward(
+        dinp.ptr(),
+        dw.ptr(),
+        Some(db.ptr()),
+        upload(&be, &rw).ptr(),
+        inp.ptr(),
+        w.ptr(),
+        bt,
+        c,
+        oc,
+    );
     let out = be.alloc(bt * oc).unwrap();
     let mut f = || {
         be.matmul_forward(out.ptr(), inp.ptr(), w.ptr(), Some(bias.ptr()), bt, c, oc);
@@ -122,12 +154,27 @@ fn layernorm_backward_matches_finite_differences() {
     let be = be();
     let (bt, c) = (5, 12);
     let mut r = rng(3);
-    let (inp, w, b) = (upload(&be, &randn(bt * c, 2.0, &mut r)), upload(&be, &randn(c, 1.0, &mut r)), upload(&be, &randn(c, 1.0, &mut r)));
+    let (inp, w, b) = (
+        upload(&be, &randn(bt * c, 2.0, &mut r)),
+        upload(&be, &randn(c, 1.0, &mut r)),
+        upload(&be, &randn(c, 1.0, &mut r)),
+    );
     let (out, mean, rstd) = (be.alloc(bt * c).unwrap(), be.alloc(bt).unwrap(), be.alloc(bt).unwrap());
     let rw = randn(bt * c, 1.0, &mut r);
     be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c);
     let (dinp, dw, db) = (be.alloc(bt * c).unwrap(), be.alloc(c).unwrap(), be.alloc(c).unwrap());
-    be.layernorm_backward(dinp.ptr(), dw.ptr(), db.ptr(), upload(&be, &rw).ptr(), inp.ptr(), w.ptr(), mean.ptr(), rstd.ptr(), bt, c);
+    be.layernorm_backward(
+        dinp.ptr(),
+        dw.ptr(),
+        db.ptr(),
+        upload(&be, &rw).ptr(),
+        inp.ptr(),
+        w.ptr(),
+        mean.ptr(),
+        rstd.ptr(),
+        bt,
+        c,
+    );
     let mut f = || {
         be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c);
         weighted(&be, &out, &rw)
@@ -143,11 +190,24 @@ fn attention_backward_matches_finite_differences() {
     let (b, t, c, nh) = (2, 7, 12, 3);
     let mut r = rng(4);
     let qkv = upload(&be, &randn(b * t * 3 * c, 1.0, &mut r));
-    let (out, saved) = (be.alloc(b * t * c).unwrap(), be.alloc(be.attention_saved_len(b, t, nh)).unwrap());
+    let (out, saved) = (
+        be.alloc(b * t * c).unwrap(),
+        be.alloc(be.attention_saved_len(b, t, nh)).unwrap(),
+    );
     let rw = randn(b * t * c, 1.0, &mut r);
     be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh);
     let dqkv = be.alloc(b * t * 3 * c).unwrap();
-    be.attention_backward(dqkv.ptr(), upload(&be, &rw).ptr(), qkv.ptr(), out.ptr(), saved.ptr(), b, t, c, nh);
+    be.attention_backward(
+        dqkv.ptr(),
+        upload(&be, &rw).ptr(),
+        qkv.ptr(),
+        out.ptr(),
+        saved.ptr(),
+        b,
+        t,
+        c,
+        nh,
+    );
     let mut f = || {
         be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh);
         weighted(&be, &out, &rw)
@@ -163,7 +223,10 @@ fn attention_is_causal() {
     let mut r = rng(5);
     let mut x = randn(b * t * 3 * c, 1.0, &mut r);
     let run = |x: &[f32]| {
-        let (out, saved) = (be.alloc(b * t * c).unwrap(), be.alloc(be.attention_saved_len(b, t, nh)).unwrap());
+        let (out, saved) = (
+            be.alloc(b * t * c).unwrap(),
+            be.alloc(be.attention_saved_len(b, t, nh)).unwrap(),
+        );
         be.attention_forward(out.ptr(), saved.ptr(), upload(&be, x).ptr(), b, t, c, nh);
         read(&be, &out)
     };
@@ -211,7 +274,10 @@ fn crossentropy_backward_matches_finite_differences() {
     let d = read(&be, &dlogits);
     check("dlogits", &be, &logits, &d, &mut f);
     for row in d.chunks(vp) {
-        assert!(row[v..].iter().all(|&x| x == 0.0), "padded vocabulary columns must get no gradient");
+        assert!(
+            row[v..].iter().all(|&x| x == 0.0),
+            "padded vocabulary columns must get no gradient"
+        );
     }
 }
 
@@ -220,11 +286,23 @@ fn adamw_matches_the_reference_formula() {
     let be = be();
     let n = 100;
     let mut r = rng(8);
-    let (p0, g, m0, v0) = (randn(n, 1.0, &mut r), randn(n, 1.0, &mut r), randn(n, 0.1, &mut r), randn(n, 0.1, &mut r));
+    let (p0, g, m0, v0) = (
+        randn(n, 1.0, &mut r),
+        randn(n, 1.0, &mut r),
+        randn(n, 0.1, &mut r),
+        randn(n, 0.1, &mut r),
+    );
     let v0: Vec<f32> = v0.iter().map(|x| x.abs()).collect();
     let (p, gb, m, v) = (upload(&be, &p0), upload(&be, &g), upload(&be, &m0), upload(&be, &v0));
     let scale = upload(&be, &[0.5]);
-    let hp = AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3 };
+    let hp = AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        t: 3,
+    };
     be.adamw(p.ptr(), gb.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp);
     let (pn, mn, vn) = (read(&be, &p), read(&be, &m), read(&be, &v));
     for i in 0..n {
@@ -233,7 +311,10 @@ fn adamw_matches_the_reference_formula() {
         let vi = 0.95 * v0[i] as f64 + 0.05 * gi * gi;
         let (mh, vh) = (mi / (1.0 - 0.9f64.powi(3)), vi / (1.0 - 0.95f64.powi(3)));
         let pi = p0[i] as f64 - 1e-2 * (mh / (vh.sqrt() + 1e-8) + 0.1 * p0[i] as f64);
-        assert!((mn[i] as f64 - mi).abs() < 1e-6 && (vn[i] as f64 - vi).abs() < 1e-6, "moment {i}");
+        assert!(
+            (mn[i] as f64 - mi).abs() < 1e-6 && (vn[i] as f64 - vi).abs() < 1e-6,
+            "moment {i}"
+        );
         assert!((pn[i] as f64 - pi).abs() < 1e-5, "param {i}: {} vs {pi}", pn[i]);
     }
 }
@@ -254,7 +335,12 @@ fn clip_factor_and_sum_squares() {
 }
 
 fn tiny_model(be: &CpuBackend) -> Gpt2<CpuBackend> {
-    let ov = ConfigOverrides { n_layer: Some(2), n_head: Some(2), n_embd: Some(8), max_seq_len: Some(8) };
+    let ov = ConfigOverrides {
+        n_layer: Some(2),
+        n_head: Some(2),
+        n_embd: Some(8),
+        max_seq_len: Some(8),
+    };
     let cfg = ModelConfig::from_preset("tiny", 13, ov).unwrap();
     let model = Gpt2::new(be, cfg).unwrap();
     model.init_weights(be, 7).unwrap();
@@ -313,7 +399,11 @@ fn whole_model_gradient_matches_finite_differences() {
             at(orig);
             let a = grads[i];
             let tol = 3e-2 * a.abs().max(numeric.abs()) + 2e-3;
-            assert!((a - numeric).abs() <= tol, "{name}[{}]: analytic {a} vs numeric {numeric}", i - range.start);
+            assert!(
+                (a - numeric).abs() <= tol,
+                "{name}[{}]: analytic {a} vs numeric {numeric}",
+                i - range.start
+            );
         }
     }
 }
@@ -336,6 +426,8 @@ fn cpu_results_do_not_depend_on_thread_count() {
         v
     };
     let (a, b) = (grads_of(&one), grads_of(&two));
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "1 and 2 threads must agree bit for bit");
+    assert!(
+        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "1 and 2 threads must agree bit for bit"
+    );
 }
-

@@ -82,7 +82,7 @@ impl<B: Backend> Gpt2<B> {
         let (c, nh) = (cfg.n_embd, cfg.n_head);
         let (pp, gp) = (self.params.ptr(), self.grads.ptr());
         let training = targets.is_some() && !last_only;
-        let mut p = |g: &mut Graph<B>, off: usize, shape: [usize; 2]| {
+        let p = |g: &mut Graph<B>, off: usize, shape: [usize; 2]| {
             let grad = training.then(|| gp.add(off));
             g.param(pp.add(off), grad, shape)
         };
@@ -91,7 +91,9 @@ impl<B: Backend> Gpt2<B> {
         let wpe = p(g, lay.wpe, [cfg.max_seq_len, c]);
         let tokens = g.tokens(inputs)?;
         let mut x = g.encoder(tokens, wte, wpe, b, t)?; // (BT, C)
-        for l in &lay.layers {
+        for (i, l) in lay.layers.iter().enumerate() {
+            // In backward, passing this mark means block i's gradients are complete.
+            g.mark(i);
             // attention sub-block: x = x + proj(attn(ln1(x)))
             let (w, bias) = (p(g, l.ln1w, [1, c]), p(g, l.ln1b, [1, c]));
             let h = g.layernorm(x, w, bias)?;

@@ -1,0 +1,49 @@
+# GPT-2 in Rust, four stages. `make run` trains stage 0 on the bundled corpus;
+# `make test` runs every test (CI runs exactly this); `make bench`, `make results`.
+# Missing system packages (MPICH, libclang for rsmpi's bindings) and the NVRTC library
+# that CI uses to compile the CUDA kernels without a GPU are installed on first use.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+NP ?= 2
+CORPUS := data/tinyshakespeare.txt
+RUN_DIR := runs
+BIN := target/release
+
+# Training settings of `make run` and `make results` (stage 0 and stage 1 share them).
+TRAIN_FLAGS := --data $(CORPUS) --model char --epochs 2 --batch 16 --seq-len 128 --lr 6e-3 --warmup 30 --seed 1337
+
+# libnvrtc from the PyPI wheel (no GPU needed), for the kernel-compile test.
+NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
+
+.PHONY: all deps build run test bench results clean
+
+all: build
+
+deps:
+	@if ! command -v mpicc >/dev/null || ! ldconfig -p | grep -q libclang; then \
+	  echo "installing MPICH and libclang (apt)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mpich libmpich-dev libclang-dev >/dev/null; \
+	fi
+	@python3 -c "import nvidia, os, sys; sys.exit(not os.path.exists(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib', 'libnvrtc.so.13')))" 2>/dev/null \
+	  || python3 -m pip install -q nvidia-cuda-nvrtc
+
+build: deps
+	$(CARGO) build --release --workspace
+
+run: build
+	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out $(RUN_DIR)/stage0
+
+test: deps
+	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH REQUIRE_NVRTC=1 $(CARGO) test --workspace
+
+bench: build
+	@echo "== stage 0, GPT-2 124M, batch 4, seq 64 (2-core target: <= 2 s/step, <= 2.5 GiB)"
+	$(BIN)/stage0_serial bench --model gpt2 --batch 4 --seq-len 64 --steps 5
+	@echo "== stage 0, char model, batch 16, seq 128"
+	$(BIN)/stage0_serial bench --model char --vocab 256 --batch 16 --seq-len 128 --steps 20
+
+clean:
+	$(CARGO) clean
+	rm -rf $(RUN_DIR)

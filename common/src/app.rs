@@ -1,0 +1,132 @@
+//! What every stage binary runs after picking its backend and communicator: dispatch the
+//! subcommand, and turn any error into one line on stderr and an exit code (2 for bad
+//! input), never a panic.
+
+use crate::backend::Backend;
+use crate::checkpoint;
+use crate::cli::{Cli, Command, ExecArgs, GenerateArgs, TokenizeArgs};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::generate::{self, SampleOptions};
+use crate::model::Gpt2;
+use crate::tokenizer::Tokenizer;
+use crate::{autograd::Pool, backend::DeviceBuffer, data};
+use std::io::Write;
+use std::process::ExitCode;
+
+/// How a stage executes: its name, whether it runs on a GPU, how to make its backend.
+pub struct Stage<'a, B> {
+    pub name: &'a str,
+    pub gpu: bool,
+    pub backend: &'a dyn Fn(&ExecArgs, &dyn Comm) -> Result<B>,
+}
+
+pub fn main<B: Backend>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode {
+    match run(&stage, comm, cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let who = if comm.size() > 1 {
+                format!(" ({})", comm.describe())
+            } else {
+                String::new()
+            };
+            eprintln!("{}{who}: error: {e}", stage.name);
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(args) => {
+            let be = (stage.backend)(&args.exec, comm)?;
+            crate::train::train(&be, comm, &args)
+        }
+        Command::Bench(args) => {
+            let be = (stage.backend)(&args.exec, comm)?;
+            let report = crate::bench::bench(&be, comm, &args, stage.gpu)?;
+            if comm.is_root() {
+                println!(
+                    "{}: {} | {} params | batch {}x{} x {} rank(s) | {:.1} ms/step ({:.1} compute, {:.1} comm) | {:.0} tokens/s | {:.1} GFLOP/s",
+                    stage.name, report.device, report.params, report.batch, report.seq_len, report.ranks,
+                    report.ms_per_step, report.compute_ms_per_step, report.comm_ms_per_step, report.tokens_per_s, report.gflops
+                );
+                println!("{}", serde_json::to_string(&report).expect("plain data serialises"));
+            }
+            Ok(())
+        }
+        Command::Generate(args) => {
+            if comm.is_root() {
+                let be = (stage.backend)(&args.exec, comm)?;
+                generate_cmd(&be, &args)
+            } else {
+                Ok(())
+            }
+        }
+        Command::Tokenize(args) => {
+            if comm.is_root() {
+                tokenize_cmd(&args)
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+fn generate_cmd<B: Backend>(be: &B, args: &GenerateArgs) -> Result<()> {
+    let ckpt = checkpoint::load(&args.checkpoint)?;
+    let kind =
+        <crate::tokenizer::TokenizerKind as clap::ValueEnum>::from_str(&ckpt.meta.tokenizer, true).map_err(|_| {
+            Error::Input(format!(
+                "checkpoint names an unknown tokenizer '{}'",
+                ckpt.meta.tokenizer
+            ))
+        })?;
+    let tok = Tokenizer::new(kind)?;
+    let model = Gpt2::new(be, ckpt.meta.config)?;
+    be.upload_f32(model.params.ptr(), &ckpt.params)?;
+    drop(ckpt);
+    let prompt = tok.encode(&args.prompt);
+    if prompt.is_empty() {
+        crate::bail_input!("--prompt is empty: give at least one character");
+    }
+    let opts = SampleOptions {
+        max_new_tokens: args.max_new_tokens,
+        greedy: args.greedy,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        seed: args.seed,
+    };
+    if !(args.temperature > 0.0) && !args.greedy {
+        crate::bail_input!("--temperature must be positive (or use --greedy)");
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = write!(out, "{}", args.prompt);
+    // Stream text as it comes; bytes of a multi-byte character are held until complete.
+    let mut pending: Vec<u32> = Vec::new();
+    generate::generate(&model, be, &mut Pool::default(), &prompt, &opts, |id| {
+        pending.push(id);
+        let text = tok.decode(&pending);
+        if !text.ends_with('\u{FFFD}') || pending.len() > 4 {
+            let _ = write!(out, "{text}");
+            let _ = out.flush();
+            pending.clear();
+        }
+    })?;
+    let _ = writeln!(out, "{}", tok.decode(&pending));
+    Ok(())
+}
+
+fn tokenize_cmd(args: &TokenizeArgs) -> Result<()> {
+    let tok = Tokenizer::new(args.tokenizer)?;
+    let tokens = data::load_tokens(&args.input, &tok)?;
+    data::write_bin(&args.output, &tokens)?;
+    println!(
+        "{}: {} tokens ({}) written to {}",
+        args.input.display(),
+        tokens.len(),
+        args.tokenizer.name(),
+        args.output.display()
+    );
+    Ok(())
+}

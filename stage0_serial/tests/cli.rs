@@ -1,0 +1,318 @@
+//! The stage 0 binary end to end: training writes the loss table and a checkpoint, runs
+//! are deterministic, resume continues exactly, generation is reproducible, and every
+//! kind of bad input gives a one-line error and exit code 2 (never a panic).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stage0_serial");
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stage0-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A small corpus with Shakespeare's layout, long enough for a few epochs of tiny batches.
+fn corpus(dir: &Path) -> PathBuf {
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n\n".repeat(40);
+    let p = dir.join("corpus.txt");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("binary runs")
+}
+
+fn train_args<'a>(data: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "train",
+        "--data",
+        data,
+        "--out",
+        out,
+        "--model",
+        "tiny",
+        "--batch",
+        "4",
+        "--seq-len",
+        "16",
+    ];
+    v.extend_from_slice(&["--sample-len", "0", "--threads", "2", "--eval-batches", "2"]);
+    v.extend_from_slice(extra);
+    v
+}
+
+/// Asserts a clean failure: exit code 2, one line on stderr naming `needle`, no panic.
+fn assert_bad_input(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "expected exit 2, got {:?}; stderr: {err}",
+        out.status.code()
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "panic: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one-line error expected: {err}");
+    assert!(
+        err.to_lowercase().contains(&needle.to_lowercase()),
+        "error should mention '{needle}': {err}"
+    );
+}
+
+fn loss_table(dir: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(dir.join("loss.tsv"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split('\t').map(str::to_string).collect())
+        .collect()
+}
+
+#[test]
+fn train_writes_table_and_checkpoint_and_learns() {
+    let d = tmpdir("train");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let o = run(&train_args(
+        data.to_str().unwrap(),
+        out.to_str().unwrap(),
+        &["--steps", "60", "--eval-every", "20"],
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = loss_table(&out);
+    assert_eq!(
+        table[0].join("\t"),
+        "epoch\ttrain_loss\tval_loss\ttokens_per_s\telapsed_s"
+    );
+    assert_eq!(table.len(), 4, "3 evaluation rows expected: {table:?}");
+    let val = |r: usize| table[r][2].parse::<f32>().unwrap();
+    assert!(
+        val(3) < val(1) && val(3) < 3.0,
+        "validation loss should fall below 3 nats: {table:?}"
+    );
+    assert!(out.join("model.ckpt").exists());
+}
+
+#[test]
+fn same_seed_gives_identical_losses_and_resume_continues_exactly() {
+    let d = tmpdir("resume");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    let (a, b) = (d.join("a"), d.join("b"));
+    let straight = ["--steps", "30", "--eval-every", "10"];
+    assert!(run(&train_args(data, a.to_str().unwrap(), &straight)).status.success());
+    // Same run, cut after 20 steps, then resumed to 30.
+    let first = ["--steps", "20", "--eval-every", "10"];
+    assert!(run(&train_args(data, b.to_str().unwrap(), &first)).status.success());
+    let ckpt = b.join("model.ckpt");
+    let resume = [
+        "--steps",
+        "30",
+        "--eval-every",
+        "10",
+        "--resume",
+        ckpt.to_str().unwrap(),
+    ];
+    let o = run(&train_args(data, b.to_str().unwrap(), &resume));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (ta, tb) = (loss_table(&a), loss_table(&b));
+    assert_eq!(ta.len(), tb.len());
+    for (ra, rb) in ta.iter().zip(&tb).skip(1) {
+        assert_eq!(ra[..3], rb[..3], "epoch, train and val loss must match bit for bit");
+    }
+}
+
+#[test]
+fn generate_is_reproducible_and_greedy_is_deterministic() {
+    let d = tmpdir("gen");
+    let data = corpus(&d);
+    let out = d.join("run");
+    assert!(run(&train_args(
+        data.to_str().unwrap(),
+        out.to_str().unwrap(),
+        &["--steps", "30"]
+    ))
+    .status
+    .success());
+    let ck = out.join("model.ckpt");
+    let gen = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "40",
+        ];
+        a.extend_from_slice(extra);
+        let o = run(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let s1 = gen(&["--seed", "5"]);
+    assert!(s1.starts_with("ROMEO:") && s1.len() > "ROMEO:".len());
+    assert_eq!(s1, gen(&["--seed", "5"]), "same seed, same text");
+    assert_eq!(
+        gen(&["--greedy"]),
+        gen(&["--greedy", "--seed", "9"]),
+        "greedy ignores the seed"
+    );
+}
+
+#[test]
+fn tokenize_then_train_on_bin() {
+    let d = tmpdir("bin");
+    let data = corpus(&d);
+    let bin = d.join("corpus.bin");
+    let o = run(&[
+        "tokenize",
+        "--input",
+        data.to_str().unwrap(),
+        "--output",
+        bin.to_str().unwrap(),
+        "--tokenizer",
+        "byte",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&train_args(
+        bin.to_str().unwrap(),
+        d.join("r").to_str().unwrap(),
+        &["--steps", "5"],
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn bench_prints_json_last() {
+    let o = run(&[
+        "bench",
+        "--model",
+        "tiny",
+        "--vocab",
+        "256",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let last = stdout.trim().lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+    for key in ["tokens_per_s", "ms_per_step", "peak_rss_mb"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} missing in {last}");
+    }
+}
+
+#[test]
+fn bad_corpus_inputs_fail_cleanly() {
+    let d = tmpdir("badcorpus");
+    let out = d.join("o");
+    let out = out.to_str().unwrap();
+    assert_bad_input(
+        &run(&train_args(d.join("missing.txt").to_str().unwrap(), out, &[])),
+        "missing.txt",
+    );
+    let empty = d.join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    assert_bad_input(&run(&train_args(empty.to_str().unwrap(), out, &[])), "empty");
+    let short = d.join("short.txt");
+    std::fs::write(&short, "too short").unwrap();
+    assert_bad_input(&run(&train_args(short.to_str().unwrap(), out, &[])), "short");
+}
+
+fn bin_file(d: &Path, name: &str, magic: i32, count: i32, tokens: &[u16]) -> PathBuf {
+    let mut bytes = Vec::new();
+    let mut header = [0i32; 256];
+    header[0] = magic;
+    header[1] = 1;
+    header[2] = count;
+    for h in header {
+        bytes.extend_from_slice(&h.to_le_bytes());
+    }
+    for t in tokens {
+        bytes.extend_from_slice(&t.to_le_bytes());
+    }
+    let p = d.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn bad_bin_files_fail_cleanly() {
+    let d = tmpdir("badbin");
+    let out = d.join("o");
+    let out = out.to_str().unwrap();
+    let tokens: Vec<u16> = (0..2000).map(|i| (i % 200) as u16).collect();
+    let magic = bin_file(&d, "magic.bin", 12345, 2000, &tokens);
+    assert_bad_input(&run(&train_args(magic.to_str().unwrap(), out, &[])), "magic");
+    let size = bin_file(&d, "size.bin", 20240520, 3000, &tokens);
+    assert_bad_input(&run(&train_args(size.to_str().unwrap(), out, &[])), "size");
+    let mut big = tokens.clone();
+    big[77] = 300; // ≥ 256, the byte vocabulary
+    let vocab = bin_file(&d, "vocab.bin", 20240520, 2000, &big);
+    assert_bad_input(&run(&train_args(vocab.to_str().unwrap(), out, &[])), "300");
+}
+
+#[test]
+fn bad_checkpoints_fail_cleanly() {
+    let d = tmpdir("badckpt");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    let run_dir = d.join("run");
+    assert!(run(&train_args(data, run_dir.to_str().unwrap(), &["--steps", "5"]))
+        .status
+        .success());
+    let good = std::fs::read(run_dir.join("model.ckpt")).unwrap();
+    let truncated = d.join("truncated.ckpt");
+    std::fs::write(&truncated, &good[..good.len() / 2]).unwrap();
+    let mut flipped = good.clone();
+    let mid = flipped.len() - 100;
+    flipped[mid] ^= 0x40;
+    let corrupt = d.join("corrupt.ckpt");
+    std::fs::write(&corrupt, &flipped).unwrap();
+    let out = d.join("o");
+    let out = out.to_str().unwrap();
+    for (path, needle) in [(&truncated, "truncated"), (&corrupt, "corrupt")] {
+        let p = path.to_str().unwrap();
+        assert_bad_input(&run(&train_args(data, out, &["--steps", "10", "--resume", p])), needle);
+        assert_bad_input(&run(&["generate", "--checkpoint", p]), needle);
+    }
+    // A checkpoint whose config conflicts with the flags.
+    let ok = run_dir.join("model.ckpt");
+    let o = run(&train_args(
+        data,
+        out,
+        &["--steps", "10", "--layers", "3", "--resume", ok.to_str().unwrap()],
+    ));
+    assert_bad_input(&o, "n_layer");
+}
+
+#[test]
+fn impossible_dimensions_fail_cleanly() {
+    let d = tmpdir("dims");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    let out = d.join("o");
+    let out = out.to_str().unwrap();
+    assert_bad_input(&run(&train_args(data, out, &["--heads", "3"])), "divide");
+    let mut zero = train_args(data, out, &[]);
+    zero[8] = "0"; // --batch 0
+    assert_bad_input(&run(&zero), "batch");
+    let mut long = train_args(data, out, &[]);
+    long[10] = "65"; // tiny's max sequence length is 64
+    assert_bad_input(&run(&long), "seq-len");
+    let mut preset = train_args(data, out, &[]);
+    preset[6] = "gpt5"; // --model gpt5
+    assert_bad_input(&run(&preset), "gpt5");
+}
