@@ -14,8 +14,7 @@ fn nvrtc_or_skip() -> bool {
     if nvrtc_present() {
         return true;
     }
-    let hint =
-        "libnvrtc.so.13 not found on LD_LIBRARY_PATH (`pip install nvidia-cuda-nvrtc`, then add \
+    let hint = "libnvrtc.so.13 not found on LD_LIBRARY_PATH (`pip install nvidia-cuda-nvrtc`, then add \
                 its site-packages/nvidia/cu13/lib)";
     if std::env::var_os("REQUIRE_NVRTC").is_some() {
         panic!("REQUIRE_NVRTC is set but {hint}");
@@ -40,11 +39,7 @@ fn every_kernel_file_compiles_for_hopper() {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "NVRTC failures:\n{}",
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "NVRTC failures:\n{}", failures.join("\n"));
 }
 
 #[test]
@@ -77,8 +72,5 @@ fn a_broken_kernel_reports_nvrtc_log() {
         "sm_90",
     )
     .expect_err("must not compile");
-    assert!(
-        err.to_string().contains("undefined_name"),
-        "log missing from: {err}"
-    );
+    assert!(err.to_string().contains("undefined_name"), "log missing from: {err}");
 }

@@ -52,17 +52,7 @@ fn head_size(c: usize, nh: usize) -> Result<usize> {
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
-    fn permute(
-        &self,
-        q: DevPtr,
-        k: DevPtr,
-        v: DevPtr,
-        qkv: DevPtr,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) {
+    fn permute(&self, q: DevPtr, k: DevPtr, v: DevPtr, qkv: DevPtr, b: usize, t: usize, nh: usize, hs: usize) {
         let grid = blocks(b * t * nh * hs, THREADS);
         self.launch(
             "attention_permute_kernel",

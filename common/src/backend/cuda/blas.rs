@@ -6,8 +6,8 @@
 use std::ffi::c_void;
 
 use cudarc::cublas::sys::{
-    self as blas_sys, cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasMath_t,
-    cublasOperation_t, cudaDataType_t,
+    self as blas_sys, cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasMath_t, cublasOperation_t,
+    cudaDataType_t,
 };
 use cudarc::driver::sys::CUstream;
 
@@ -42,11 +42,7 @@ pub(super) struct Gemm {
 }
 
 fn int(what: &str, x: usize) -> Result<i32> {
-    i32::try_from(x).map_err(|_| {
-        Error::Device(format!(
-            "GEMM {what} = {x} does not fit cuBLAS's 32-bit int"
-        ))
-    })
+    i32::try_from(x).map_err(|_| Error::Device(format!("GEMM {what} = {x} does not fit cuBLAS's 32-bit int")))
 }
 
 fn op(trans: bool) -> cublasOperation_t {
@@ -65,9 +61,7 @@ impl Blas {
         workspace: DevPtr,
         workspace_bytes: usize,
     ) -> Result<Self> {
-        let err = |what: &str, e: cudarc::cublas::result::CublasError| {
-            Error::Device(format!("cuBLAS {what}: {e}"))
-        };
+        let err = |what: &str, e: cudarc::cublas::result::CublasError| Error::Device(format!("cuBLAS {what}: {e}"));
         let handle = cudarc::cublas::result::create_handle().map_err(|e| err("create", e))?;
         let blas = Blas {
             handle,
@@ -105,11 +99,7 @@ impl Blas {
         let alpha = 1.0f32;
         let f32_t = cudaDataType_t::CUDA_R_32F;
         let algo = cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
-        let (a, b, c) = (
-            g.a.0 as *const c_void,
-            g.b.0 as *const c_void,
-            g.c.0 as *mut c_void,
-        );
+        let (a, b, c) = (g.a.0 as *const c_void, g.b.0 as *const c_void, g.c.0 as *mut c_void);
         let alpha = &alpha as *const f32 as *const c_void;
         let beta = &g.beta as *const f32 as *const c_void;
         // SAFETY: pointers are device addresses the caller sized for these shapes.

@@ -41,9 +41,9 @@ impl DeviceMemory {
                 memory: Arc::clone(self),
             });
         }
-        let bytes = words.checked_mul(4).ok_or_else(|| {
-            Error::Device(format!("cannot allocate {words} words: size overflows"))
-        })?;
+        let bytes = words
+            .checked_mul(4)
+            .ok_or_else(|| Error::Device(format!("cannot allocate {words} words: size overflows")))?;
         self.ctx
             .bind_to_thread()
             .map_err(|e| device_err("binding the CUDA context", e))?;
@@ -115,8 +115,6 @@ impl Drop for CudaBuffer {
         let _ = memory.stream.synchronize();
         // SAFETY: allocated by `DeviceMemory::alloc`, freed exactly once, no work pending on it.
         let _ = unsafe { driver::free_sync(self.ptr.0) };
-        memory
-            .in_use
-            .fetch_sub(4 * self.words as u64, Ordering::Relaxed);
+        memory.in_use.fetch_sub(4 * self.words as u64, Ordering::Relaxed);
     }
 }

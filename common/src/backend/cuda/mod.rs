@@ -35,10 +35,7 @@ pub struct CudaBackend {
     // Field order is drop order: kernels and cuBLAS go before the memory they use.
     kernels: Kernels,
     blas: Blas,
-    #[allow(
-        dead_code,
-        reason = "owned here, used by cuBLAS through its raw pointer"
-    )]
+    #[allow(dead_code, reason = "owned here, used by cuBLAS through its raw pointer")]
     blas_workspace: CudaBuffer,
     /// (MAX_REDUCE_BLOCKS) partial sums of `sum_squares`.
     reduce_partials: CudaBuffer,
@@ -54,24 +51,19 @@ impl CudaBackend {
     /// Opens GPU `device`, compiles the kernels for its architecture and sets up cuBLAS.
     pub fn new(device: usize, precision: Precision) -> Result<Self> {
         check_libraries()?;
-        driver::init()
-            .map_err(|e| device_err("CUDA driver initialisation failed (is a GPU visible?)", e))?;
-        let count =
-            driver::device::get_count().map_err(|e| device_err("counting CUDA devices", e))?;
+        driver::init().map_err(|e| device_err("CUDA driver initialisation failed (is a GPU visible?)", e))?;
+        let count = driver::device::get_count().map_err(|e| device_err("counting CUDA devices", e))?;
         if device >= count.max(0) as usize {
             return Err(Error::Device(format!(
                 "no CUDA device {device}: this machine has {count}"
             )));
         }
-        let ctx =
-            CudaContext::new(device).map_err(|e| device_err("creating the CUDA context", e))?;
+        let ctx = CudaContext::new(device).map_err(|e| device_err("creating the CUDA context", e))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| device_err("reading the compute capability", e))?;
         let arch = format!("sm_{major}{minor}");
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| device_err("creating a CUDA stream", e))?;
+        let stream = ctx.new_stream().map_err(|e| device_err("creating a CUDA stream", e))?;
         let gpu = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let memory = Arc::new(DeviceMemory::new(ctx, stream));
 
@@ -132,13 +124,7 @@ impl CudaBackend {
         }
     }
 
-    fn try_launch(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        args: &[Arg],
-    ) -> Result<()> {
+    fn try_launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(()); // nothing to do
         }
@@ -151,16 +137,13 @@ impl CudaBackend {
         for arg in args {
             storage.push(match *arg {
                 Arg::Ptr(p) => p.0,
-                Arg::Int(x) => i32::try_from(x).map_err(|_| {
-                    Error::Device(format!("{name}: size {x} does not fit a 32-bit int"))
-                })? as u32 as u64,
+                Arg::Int(x) => i32::try_from(x)
+                    .map_err(|_| Error::Device(format!("{name}: size {x} does not fit a 32-bit int")))?
+                    as u32 as u64,
                 Arg::F32(x) => x.to_bits() as u64,
             });
         }
-        let mut params: Vec<*mut c_void> = storage
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
-            .collect();
+        let mut params: Vec<*mut c_void> = storage.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
         self.bind()?;
         // SAFETY: argument count and types follow the kernel's signature (kept in step with
         // the .cu files by the backend tests); cuLaunchKernel copies the values before returning.
@@ -192,12 +175,7 @@ impl Drop for CudaBackend {
 /// cudarc panics when a library it loads lazily is missing; check each one first.
 fn check_libraries() -> Result<()> {
     // SAFETY: each only tries to dlopen the library's candidate names.
-    let (driver_ok, blas_ok) = unsafe {
-        (
-            driver_sys::is_culib_present(),
-            cudarc::cublas::sys::is_culib_present(),
-        )
-    };
+    let (driver_ok, blas_ok) = unsafe { (driver_sys::is_culib_present(), cudarc::cublas::sys::is_culib_present()) };
     if !driver_ok {
         return Err(Error::Device(
             "libcuda.so (the NVIDIA driver) not found: no NVIDIA GPU driver on this machine".into(),

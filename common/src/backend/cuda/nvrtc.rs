@@ -83,10 +83,7 @@ pub fn compile(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
     let c_name = CString::new(name).map_err(|_| bad("name"))?;
     let prog = nvrtc::create_program(&c_src, Some(&c_name))
         .map_err(|e| Error::Device(format!("nvrtcCreateProgram({name}): {e}")))?;
-    let options = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-    ];
+    let options = [format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
     // SAFETY: `prog` is live until the destroy below; buffers are sized by NVRTC's own query.
     let image = unsafe {
         let compiled = nvrtc::compile_program(prog, &options);
@@ -109,11 +106,7 @@ pub fn compile(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
 unsafe fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
     match nvrtc::get_program_log(prog) {
         Ok(log) => {
-            let bytes: Vec<u8> = log
-                .into_iter()
-                .take_while(|&c| c != 0)
-                .map(|c| c as u8)
-                .collect();
+            let bytes: Vec<u8> = log.into_iter().take_while(|&c| c != 0).map(|c| c as u8).collect();
             String::from_utf8_lossy(&bytes).into_owned()
         }
         Err(e) => format!("(no log: {e})"),
@@ -151,22 +144,16 @@ impl Kernels {
             let cubin = compile(file, &src, arch)?;
             // SAFETY: `cubin` is a complete image from NVRTC, alive for the call.
             let module = unsafe { driver::module::load_data(cubin.as_ptr() as *const c_void) }
-                .map_err(|e| {
-                    Error::Device(format!("loading {file} ({arch}) into the driver: {e}"))
-                })?;
+                .map_err(|e| Error::Device(format!("loading {file} ({arch}) into the driver: {e}")))?;
             kernels.modules.push(module);
             for name in kernel_names(&src) {
-                let c_name = CString::new(name.as_str())
-                    .map_err(|_| Error::Device(format!("bad kernel name {name}")))?;
+                let c_name =
+                    CString::new(name.as_str()).map_err(|_| Error::Device(format!("bad kernel name {name}")))?;
                 // SAFETY: `module` was just loaded and is kept until drop.
-                let function =
-                    unsafe { driver::module::get_function(module, c_name) }.map_err(|e| {
-                        Error::Device(format!("{file}: kernel {name} not in the module: {e}"))
-                    })?;
+                let function = unsafe { driver::module::get_function(module, c_name) }
+                    .map_err(|e| Error::Device(format!("{file}: kernel {name} not in the module: {e}")))?;
                 if kernels.functions.insert(name.clone(), function).is_some() {
-                    return Err(Error::Device(format!(
-                        "{file}: kernel {name} is defined twice"
-                    )));
+                    return Err(Error::Device(format!("{file}: kernel {name} is defined twice")));
                 }
             }
         }

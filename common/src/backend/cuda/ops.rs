@@ -18,11 +18,7 @@ const COLUMN_CHUNK_ROWS: usize = 256;
 
 /// Grid and block of a column reduction over an (n, c) matrix: 32 columns × 8 row lanes.
 fn column_reduce_launch(n: usize, c: usize) -> ((u32, u32, u32), (u32, u32, u32)) {
-    let grid = (
-        c.div_ceil(32) as u32,
-        n.div_ceil(COLUMN_CHUNK_ROWS) as u32,
-        1,
-    );
+    let grid = (c.div_ceil(32) as u32, n.div_ceil(COLUMN_CHUNK_ROWS) as u32, 1);
     (grid, (32, 8, 1))
 }
 
@@ -104,7 +100,12 @@ impl Backend for CudaBackend {
     }
 
     fn scale(&self, dst: DevPtr, n: usize, s: f32) {
-        self.launch("scale_kernel", blocks(n, THREADS), (THREADS as u32, 1, 1), args![dst, n, s]);
+        self.launch(
+            "scale_kernel",
+            blocks(n, THREADS),
+            (THREADS as u32, 1, 1),
+            args![dst, n, s],
+        );
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -124,16 +125,7 @@ impl Backend for CudaBackend {
 
     // ---- layers ---------------------------------------------------------------------
 
-    fn encoder_forward(
-        &self,
-        out: DevPtr,
-        tokens: DevPtr,
-        wte: DevPtr,
-        wpe: DevPtr,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) {
+    fn encoder_forward(&self, out: DevPtr, tokens: DevPtr, wte: DevPtr, wpe: DevPtr, b: usize, t: usize, c: usize) {
         let n = b * t * c;
         let grid = blocks(n, THREADS);
         self.launch(
@@ -144,16 +136,7 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn encoder_backward(
-        &self,
-        dwte: DevPtr,
-        dwpe: DevPtr,
-        dout: DevPtr,
-        tokens: DevPtr,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) {
+    fn encoder_backward(&self, dwte: DevPtr, dwpe: DevPtr, dout: DevPtr, tokens: DevPtr, b: usize, t: usize, c: usize) {
         let block = (THREADS as u32, 1, 1);
         self.launch(
             "encoder_backward_wte_kernel",
@@ -304,12 +287,7 @@ impl Backend for CudaBackend {
     ) {
         let grid = blocks(bt, ROWS_PER_BLOCK);
         let args = args![dinp, dout, inp, w, mean, rstd, bt, c];
-        self.launch(
-            "layernorm_backward_dinp_kernel",
-            grid,
-            (THREADS as u32, 1, 1),
-            args,
-        );
+        self.launch("layernorm_backward_dinp_kernel", grid, (THREADS as u32, 1, 1), args);
         let (grid, block) = column_reduce_launch(bt, c);
         let args = args![dw, db, dout, inp, mean, rstd, bt, c, COLUMN_CHUNK_ROWS];
         self.launch("layernorm_backward_params_kernel", grid, block, args);
@@ -320,16 +298,7 @@ impl Backend for CudaBackend {
         b * nh * t * t
     }
 
-    fn attention_forward(
-        &self,
-        out: DevPtr,
-        saved: DevPtr,
-        qkv: DevPtr,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) {
+    fn attention_forward(&self, out: DevPtr, saved: DevPtr, qkv: DevPtr, b: usize, t: usize, c: usize, nh: usize) {
         if let Err(e) = self.attention_forward_gemm(out, saved, qkv, b, t, c, nh) {
             self.fail(e);
         }
@@ -370,22 +339,9 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn crossentropy_forward(
-        &self,
-        losses: DevPtr,
-        logits: DevPtr,
-        targets: DevPtr,
-        bt: usize,
-        v: usize,
-        vp: usize,
-    ) {
+    fn crossentropy_forward(&self, losses: DevPtr, logits: DevPtr, targets: DevPtr, bt: usize, v: usize, vp: usize) {
         let args = args![losses, logits, targets, bt, v, vp];
-        self.launch(
-            "crossentropy_forward_kernel",
-            (bt as u32, 1, 1),
-            (512, 1, 1),
-            args,
-        );
+        self.launch("crossentropy_forward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
     }
 
     fn crossentropy_backward(
@@ -399,12 +355,7 @@ impl Backend for CudaBackend {
         vp: usize,
     ) {
         let args = args![dlogits, logits, targets, dloss, bt, v, vp];
-        self.launch(
-            "crossentropy_backward_kernel",
-            (bt as u32, 1, 1),
-            (512, 1, 1),
-            args,
-        );
+        self.launch("crossentropy_backward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
     }
 
     // ---- reductions and the optimiser ---------------------------------------------
@@ -435,24 +386,10 @@ impl Backend for CudaBackend {
     }
 
     fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32) {
-        self.launch(
-            "clip_factor_kernel",
-            (1, 1, 1),
-            (32, 1, 1),
-            args![out, sumsq, max_norm],
-        );
+        self.launch("clip_factor_kernel", (1, 1, 1), (32, 1, 1), args![out, sumsq, max_norm]);
     }
 
-    fn adamw(
-        &self,
-        params: DevPtr,
-        grads: DevPtr,
-        m: DevPtr,
-        v: DevPtr,
-        n: usize,
-        grad_scale: DevPtr,
-        hp: AdamWStep,
-    ) {
+    fn adamw(&self, params: DevPtr, grads: DevPtr, m: DevPtr, v: DevPtr, n: usize, grad_scale: DevPtr, hp: AdamWStep) {
         let Ok(t) = i32::try_from(hp.t) else {
             self.fail(Error::Device(format!("AdamW step {} out of range", hp.t)));
             return;
@@ -475,11 +412,6 @@ impl Backend for CudaBackend {
             bias1,
             bias2
         ];
-        self.launch(
-            "adamw_kernel",
-            blocks(n, THREADS),
-            (THREADS as u32, 1, 1),
-            args,
-        );
+        self.launch("adamw_kernel", blocks(n, THREADS), (THREADS as u32, 1, 1), args);
     }
 }
