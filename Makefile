@@ -19,6 +19,9 @@ NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidi
 
 .PHONY: all deps build run test bench results clean
 
+# GPU results copied back from a device run (see stage2_cuda/gpu/), when present.
+GPU_RUNS := $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(s)/loss.tsv),--run "$(s)=results/runs/$(s)"))
+
 all: build
 
 deps:
@@ -43,6 +46,13 @@ bench: build
 	$(BIN)/stage0_serial bench --model gpt2 --batch 4 --seq-len 64 --steps 5
 	@echo "== stage 0, char model, batch 16, seq 128"
 	$(BIN)/stage0_serial bench --model char --vocab 256 --batch 16 --seq-len 128 --steps 20
+
+# Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch, then
+# the side-by-side tables and plot in results/README.md.
+results: build
+	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out results/runs/stage0
+	mpirun -n $(NP) $(BIN)/stage1_mpi train $(TRAIN_FLAGS) --out results/runs/stage1
+	$(BIN)/stage0_serial report --run stage0=results/runs/stage0 --run "stage1 ($(NP) ranks)=results/runs/stage1" $(GPU_RUNS) --out results
 
 clean:
 	$(CARGO) clean
