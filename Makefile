@@ -25,9 +25,13 @@ GPU_RUNS := $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(s)/loss.tsv
 all: build
 
 deps:
-	@if ! command -v mpicc >/dev/null || ! ldconfig -p | grep -q libclang; then \
-	  echo "installing MPICH and libclang (apt)"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mpich libmpich-dev libclang-dev >/dev/null; \
+	@missing=""; \
+	command -v mpicc >/dev/null || missing="$$missing mpich libmpich-dev"; \
+	ldconfig -p | grep -q 'libclang[-.0-9]*\.so' || missing="$$missing libclang-dev"; \
+	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing="$$missing fonts-dejavu-core"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing (apt)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@python3 -c "import nvidia, os, sys; sys.exit(not os.path.exists(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib', 'libnvrtc.so.13')))" 2>/dev/null \
 	  || python3 -m pip install -q nvidia-cuda-nvrtc
