@@ -39,7 +39,10 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace
 
-run: build
+# Only stage 0 is built here: no MPI or CUDA crates to compile, so a fresh checkout
+# trains within minutes.
+run: deps
+	$(CARGO) build --release -p stage0_serial
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out $(RUN_DIR)/stage0
 
 test: deps
