@@ -3,6 +3,9 @@
 //! thread count (work is split by output element or by fixed-size blocks, never by
 //! thread), so a run is bit-for-bit reproducible and stage 1's ranks can match stage 0.
 
+// Index loops read like the formulas in these numeric kernels.
+#![allow(clippy::needless_range_loop)]
+
 use super::{AdamWStep, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
@@ -150,7 +153,7 @@ impl Backend for CpuBackend {
     fn alloc(&self, words: usize) -> Result<CpuBuffer> {
         let mut v = Vec::new();
         v.try_reserve_exact(words)
-            .map_err(|_| Error::Device(format!("out of host memory allocating {} MiB", words * 4 >> 20)))?;
+            .map_err(|_| Error::Device(format!("out of host memory allocating {} MiB", (words * 4) >> 20)))?;
         v.resize(words, 0.0);
         Ok(CpuBuffer(v))
     }

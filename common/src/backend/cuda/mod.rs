@@ -1,1 +1,230 @@
-//! CUDA backend: placeholder until written.
+//! The CUDA backend (cudarc): NVRTC-compiled kernels from `kernels/*.cu`, cuBLAS for the
+//! matrix products, one stream for all work. `ops.rs` implements [`Backend`] (one launcher
+//! per op, named and ordered as its CPU twin); this file holds the device, the kernel
+//! launcher and the error latch that carries a failed launch to the next `synchronize`.
+//!
+//! [`Backend`]: crate::backend::Backend
+
+mod attention;
+mod blas;
+mod memory;
+mod nvrtc;
+mod ops;
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result as driver, sys as driver_sys, CudaContext};
+
+use crate::backend::{DevPtr, DeviceBuffer};
+use crate::cli::Precision;
+use crate::error::{Error, Result};
+use blas::Blas;
+use memory::{device_err, DeviceMemory};
+use nvrtc::Kernels;
+
+pub use memory::CudaBuffer;
+pub use nvrtc::{compile, kernel_names, kernel_sources, nvrtc_present, nvrtc_version};
+
+/// cuBLAS's workspace: NVIDIA recommends 32 MiB on Hopper.
+const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
+/// Most blocks of the first pass of a grid-wide reduction (their partial sums are kept).
+const MAX_REDUCE_BLOCKS: usize = 1024;
+
+pub struct CudaBackend {
+    // Field order is drop order: kernels and cuBLAS go before the memory they use.
+    kernels: Kernels,
+    blas: Blas,
+    #[allow(dead_code, reason = "owned here, used by cuBLAS through its raw pointer")]
+    blas_workspace: CudaBuffer,
+    /// (MAX_REDUCE_BLOCKS) partial sums of `sum_squares`.
+    reduce_partials: CudaBuffer,
+    /// Attention's intermediates; grown to the largest call seen, then reused.
+    scratch: Mutex<Option<CudaBuffer>>,
+    /// First failure of an op that cannot return one; reported by `synchronize`.
+    error: Mutex<Option<String>>,
+    memory: Arc<DeviceMemory>,
+    name: String,
+}
+
+impl CudaBackend {
+    /// Opens GPU `device`, compiles the kernels for its architecture and sets up cuBLAS.
+    pub fn new(device: usize, precision: Precision) -> Result<Self> {
+        check_libraries()?;
+        driver::init().map_err(|e| device_err("CUDA driver initialisation failed (is a GPU visible?)", e))?;
+        let count = driver::device::get_count().map_err(|e| device_err("counting CUDA devices", e))?;
+        if device >= count.max(0) as usize {
+            return Err(Error::Device(format!(
+                "no CUDA device {device}: this machine has {count}"
+            )));
+        }
+        let ctx = CudaContext::new(device).map_err(|e| device_err("creating the CUDA context", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| device_err("reading the compute capability", e))?;
+        let arch = format!("sm_{major}{minor}");
+        let stream = ctx.new_stream().map_err(|e| device_err("creating a CUDA stream", e))?;
+        let gpu = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let memory = Arc::new(DeviceMemory::new(ctx, stream));
+
+        let kernels = Kernels::load(&arch)?;
+        let blas_workspace = memory.alloc(BLAS_WORKSPACE_BYTES / 4)?;
+        let blas = Blas::new(
+            memory.stream.cu_stream(),
+            precision,
+            blas_workspace.ptr(),
+            BLAS_WORKSPACE_BYTES,
+        )?;
+        let reduce_partials = memory.alloc(MAX_REDUCE_BLOCKS)?;
+        let precision = match precision {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+        };
+        Ok(CudaBackend {
+            kernels,
+            blas,
+            blas_workspace,
+            reduce_partials,
+            scratch: Mutex::new(None),
+            error: Mutex::new(None),
+            memory,
+            name: format!("{gpu} ({arch}, {precision})"),
+        })
+    }
+
+    fn stream(&self) -> driver_sys::CUstream {
+        self.memory.stream.cu_stream()
+    }
+
+    /// Remembers the first failure; `synchronize` reports it.
+    fn fail(&self, err: Error) {
+        if let Ok(mut slot) = self.error.lock() {
+            slot.get_or_insert_with(|| err.to_string());
+        }
+    }
+
+    fn take_error(&self) -> Result<()> {
+        match self.error.lock().ok().and_then(|mut slot| slot.take()) {
+            Some(msg) => Err(Error::Device(msg)),
+            None => Ok(()),
+        }
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.memory
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| device_err("binding the CUDA context", e))
+    }
+
+    /// Queues kernel `name` on the stream. Integer arguments must fit an `int`.
+    fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) {
+        if let Err(e) = self.try_launch(name, grid, block, args) {
+            self.fail(e);
+        }
+    }
+
+    fn try_launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(()); // nothing to do
+        }
+        let function = self
+            .kernels
+            .get(name)
+            .ok_or_else(|| Error::Device(format!("kernel {name} is not in the registry")))?;
+        // Every argument sits in 8 bytes; a kernel reads 4 of them for int/float (little-endian).
+        let mut storage = Vec::with_capacity(args.len());
+        for arg in args {
+            storage.push(match *arg {
+                Arg::Ptr(p) => p.0,
+                Arg::Int(x) => i32::try_from(x)
+                    .map_err(|_| Error::Device(format!("{name}: size {x} does not fit a 32-bit int")))?
+                    as u32 as u64,
+                Arg::F32(x) => x.to_bits() as u64,
+            });
+        }
+        let mut params: Vec<*mut c_void> = storage.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        self.bind()?;
+        // SAFETY: argument count and types follow the kernel's signature (kept in step with
+        // the .cu files by the backend tests); cuLaunchKernel copies the values before returning.
+        unsafe { driver::launch_kernel(function, grid, block, 0, self.stream(), &mut params) }
+            .map_err(|e| device_err(&format!("launching {name}"), e))
+    }
+
+    /// A device scratch area of at least `words` words, valid until the next call.
+    fn scratch(&self, words: usize) -> Result<DevPtr> {
+        let mut slot = self
+            .scratch
+            .lock()
+            .map_err(|_| Error::Device("scratch lock poisoned".into()))?;
+        if slot.as_ref().is_none_or(|buf| buf.len() < words) {
+            *slot = None; // free the old one first (its drop waits for the stream)
+            *slot = Some(self.memory.alloc(words)?);
+        }
+        Ok(slot.as_ref().map(|buf| buf.ptr()).unwrap_or_default())
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let _ = self.bind();
+        let _ = self.memory.stream.synchronize();
+    }
+}
+
+/// cudarc panics when a library it loads lazily is missing; check each one first.
+fn check_libraries() -> Result<()> {
+    // SAFETY: each only tries to dlopen the library's candidate names.
+    let (driver_ok, blas_ok) = unsafe { (driver_sys::is_culib_present(), cudarc::cublas::sys::is_culib_present()) };
+    if !driver_ok {
+        return Err(Error::Device(
+            "libcuda.so (the NVIDIA driver) not found: no NVIDIA GPU driver on this machine".into(),
+        ));
+    }
+    if !blas_ok {
+        return Err(Error::Device(
+            "libcublas.so not found: install CUDA's cuBLAS (e.g. `pip install nvidia-cublas`) and put its \
+             lib folder on LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    if !nvrtc_present() {
+        return Err(nvrtc::missing_nvrtc());
+    }
+    Ok(())
+}
+
+/// One kernel argument.
+#[derive(Clone, Copy)]
+enum Arg {
+    Ptr(DevPtr),
+    Int(usize),
+    F32(f32),
+}
+
+impl From<DevPtr> for Arg {
+    fn from(p: DevPtr) -> Self {
+        Arg::Ptr(p)
+    }
+}
+impl From<usize> for Arg {
+    fn from(x: usize) -> Self {
+        Arg::Int(x)
+    }
+}
+impl From<f32> for Arg {
+    fn from(x: f32) -> Self {
+        Arg::F32(x)
+    }
+}
+
+/// `args![out, inp, n]`: a kernel's argument list.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => { &[$(crate::backend::cuda::Arg::from($a)),*] };
+}
+use args;
+
+/// Blocks of `threads` covering `n` items, as a 1-D grid.
+fn blocks(n: usize, threads: usize) -> (u32, u32, u32) {
+    (n.div_ceil(threads).min(u32::MAX as usize) as u32, 1, 1)
+}

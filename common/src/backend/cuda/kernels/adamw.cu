@@ -1,0 +1,29 @@
+// Gradient clipping factor and the AdamW update, both reading their scalars from device
+// memory so that a step needs no host round trip.
+
+// out[0] = ||g|| = sqrt(sumsq[0]); out[1] = max_norm / (||g|| + 1e-6) when ||g|| > max_norm > 0,
+// else 1 (PyTorch's clip_grad_norm_). One thread.
+extern "C" __global__ void clip_factor_kernel(float* out, const float* sumsq, float max_norm) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    float norm = sqrtf(sumsq[0]);
+    out[0] = norm;
+    out[1] = (max_norm > 0.0f && norm > max_norm) ? max_norm / (norm + 1e-6f) : 1.0f;
+}
+
+// g = grads · grad_scale[0]; m, v moments; decoupled weight decay (Loshchilov & Hutter).
+// bias1 = 1 - beta1^t and bias2 = 1 - beta2^t come from the host.
+extern "C" __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int n,
+                                        const float* grad_scale, float lr, float beta1, float beta2,
+                                        float eps, float weight_decay, float bias1, float bias2) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = grads[i] * grad_scale[0];
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float m_hat = mi / bias1;
+    float v_hat = vi / bias2;
+    float p = params[i];
+    params[i] = p - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+}

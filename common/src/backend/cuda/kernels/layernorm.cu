@@ -1,0 +1,90 @@
+// LayerNorm over the last dimension (eps 1e-5, as GPT-2). One warp per row for the row
+// statistics and dinp; the weight and bias gradients reduce over rows in 32-column tiles.
+
+#define LN_EPS 1e-5f
+
+// out = (inp - mean) * rstd * w + b; saves mean (N) and rstd (N). Block: k warps, k rows.
+extern "C" __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                                    const float* w, const float* b, int N, int C) {
+    int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    const float* x = inp + (size_t)row * C;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) sum += x[c];
+    float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        float d = x[c] - m;
+        var += d * d;
+    }
+    float s = 1.0f / sqrtf(warp_sum(var) / C + LN_EPS);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+    float* o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += WARP_SIZE) o[c] = (x[c] - m) * s * w[c] + b[c];
+}
+
+// dinp += (w·dout - mean(w·dout) - norm · mean(w·dout·norm)) · rstd, one warp per row.
+extern "C" __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp,
+                                                          const float* w, const float* mean, const float* rstd,
+                                                          int N, int C) {
+    int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    size_t off = (size_t)row * C;
+    const float* x = inp + off;
+    const float* g = dout + off;
+    float m = mean[row], s = rstd[row];
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        float norm = (x[c] - m) * s;
+        float dnorm = w[c] * g[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean = warp_sum(dnorm_mean) / C;
+    dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+    float* d = dinp + off;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        float norm = (x[c] - m) * s;
+        float dnorm = w[c] * g[c];
+        d[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+}
+
+// dw[c] += Σ_rows norm·dout, db[c] += Σ_rows dout. Block (32, 8): 32 columns, 8 row lanes;
+// blockIdx.y picks a chunk of `rows_per_block` rows; partial sums meet in dw/db by atomics.
+extern "C" __global__ void layernorm_backward_params_kernel(float* dw, float* db, const float* dout,
+                                                            const float* inp, const float* mean,
+                                                            const float* rstd, int N, int C,
+                                                            int rows_per_block) {
+    __shared__ float dw_part[8][33];
+    __shared__ float db_part[8][33];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int c = blockIdx.x * 32 + tx;
+    int row_start = blockIdx.y * rows_per_block;
+    int row_end = min(row_start + rows_per_block, N);
+    float dw_sum = 0.0f, db_sum = 0.0f;
+    if (c < C) {
+        for (int row = row_start + ty; row < row_end; row += blockDim.y) {
+            size_t i = (size_t)row * C + c;
+            float g = dout[i];
+            dw_sum += (inp[i] - mean[row]) * rstd[row] * g;
+            db_sum += g;
+        }
+    }
+    dw_part[ty][tx] = dw_sum;
+    db_part[ty][tx] = db_sum;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        for (int k = 1; k < blockDim.y; k++) {
+            dw_sum += dw_part[k][tx];
+            db_sum += db_part[k][tx];
+        }
+        atomicAdd(&dw[c], dw_sum);
+        atomicAdd(&db[c], db_sum);
+    }
+}

@@ -1,0 +1,44 @@
+// Elementwise accumulation and scaling, and the scalar reductions (loss mean, squared gradient norm).
+// Reductions run in a fixed order (no atomics), so they are deterministic run to run.
+
+// dst += src.
+extern "C" __global__ void accumulate_kernel(float* dst, const float* src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
+}
+
+// dst *= s.
+extern "C" __global__ void scale_kernel(float* dst, int n, float s) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] *= s;
+}
+
+// out[0] = mean(inp[0..n]); launched as one block.
+extern "C" __global__ void mean_kernel(float* out, const float* inp, int n) {
+    __shared__ float scratch[32];
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += inp[i];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) out[0] = sum / n;
+}
+
+// partial[blockIdx.x] = Σ inp[i]² over this block's grid-stride share.
+extern "C" __global__ void sum_squares_partial_kernel(float* partial, const float* inp, int n) {
+    __shared__ float scratch[32];
+    float sum = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        sum += x * x;
+    }
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// out[0] += Σ partial[0..count]; launched as one block.
+extern "C" __global__ void sum_squares_finish_kernel(float* out, const float* partial, int count) {
+    __shared__ float scratch[32];
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) out[0] += sum;
+}

@@ -1,0 +1,175 @@
+//! The kernel registry: every `.cu` file under `kernels/` is embedded here, compiled once
+//! by NVRTC for the device's own architecture (to a cubin, so the driver never JIT-compiles
+//! PTX), loaded as a module, and its kernels looked up by name.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CString};
+
+use cudarc::driver::{result as driver, sys as driver_sys};
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use crate::error::{Error, Result};
+
+/// Shared device helpers (warp/block reductions), prepended to every kernel file.
+const PRELUDE: &str = include_str!("kernels/prelude.cuh");
+
+/// Every kernel file, by name. Each holds kernels only; its launchers live in Rust.
+const KERNEL_FILES: &[(&str, &str)] = &[
+    ("encoder.cu", include_str!("kernels/encoder.cu")),
+    ("matmul.cu", include_str!("kernels/matmul.cu")),
+    ("layernorm.cu", include_str!("kernels/layernorm.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+    ("gelu.cu", include_str!("kernels/gelu.cu")),
+    ("crossentropy.cu", include_str!("kernels/crossentropy.cu")),
+    ("reduce.cu", include_str!("kernels/reduce.cu")),
+    ("adamw.cu", include_str!("kernels/adamw.cu")),
+];
+
+/// The sources exactly as NVRTC sees them: (file name, prelude + file).
+pub fn kernel_sources() -> Vec<(&'static str, String)> {
+    KERNEL_FILES
+        .iter()
+        .map(|(name, src)| (*name, format!("{PRELUDE}\n{src}")))
+        .collect()
+}
+
+/// Names of the `extern "C" __global__` functions defined in `src`.
+pub fn kernel_names(src: &str) -> Vec<String> {
+    let marker = "__global__ void ";
+    src.match_indices(marker)
+        .filter_map(|(at, _)| {
+            let rest = src[at + marker.len()..].trim_start();
+            let end = rest.find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))?;
+            (end > 0).then(|| rest[..end].to_string())
+        })
+        .collect()
+}
+
+/// Whether libnvrtc can be loaded (cudarc would panic at first use otherwise).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library's candidate names.
+    unsafe { nvrtc_sys::is_culib_present() }
+}
+
+/// NVRTC's (major, minor) version.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    if !nvrtc_present() {
+        return Err(missing_nvrtc());
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: plain out-parameters.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| Error::Device(format!("nvrtcVersion failed: {e}")))?;
+    Ok((major, minor))
+}
+
+pub(super) fn missing_nvrtc() -> Error {
+    Error::Device(
+        "libnvrtc.so (CUDA's runtime compiler) not found: install the CUDA toolkit or \
+         `pip install nvidia-cuda-nvrtc` and put its lib folder on LD_LIBRARY_PATH"
+            .into(),
+    )
+}
+
+/// Compiles one source with NVRTC. `arch` is `sm_XY` for a cubin (what the backend loads)
+/// or `compute_XY` for PTX. Returns the image; a failed compile returns NVRTC's log.
+pub fn compile(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
+    if !nvrtc_present() {
+        return Err(missing_nvrtc());
+    }
+    let bad = |what: &str| Error::Device(format!("{name}: {what} contains a NUL byte"));
+    let c_src = CString::new(src).map_err(|_| bad("source"))?;
+    let c_name = CString::new(name).map_err(|_| bad("name"))?;
+    let prog = nvrtc::create_program(&c_src, Some(&c_name))
+        .map_err(|e| Error::Device(format!("nvrtcCreateProgram({name}): {e}")))?;
+    let options = [format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+    // SAFETY: `prog` is live until the destroy below; buffers are sized by NVRTC's own query.
+    let image = unsafe {
+        let compiled = nvrtc::compile_program(prog, &options);
+        let image = match compiled {
+            Err(e) => Err(Error::Device(format!(
+                "NVRTC failed to compile {name} for {arch}: {e}\n{}",
+                program_log(prog)
+            ))),
+            Ok(()) if arch.starts_with("sm_") => get_cubin(prog),
+            Ok(()) => nvrtc::get_ptx(prog)
+                .map(|ptx| ptx.into_iter().map(|c| c as u8).collect())
+                .map_err(|e| Error::Device(format!("nvrtcGetPTX({name}): {e}"))),
+        };
+        let _ = nvrtc::destroy_program(prog);
+        image
+    };
+    image
+}
+
+unsafe fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
+    match nvrtc::get_program_log(prog) {
+        Ok(log) => {
+            let bytes: Vec<u8> = log.into_iter().take_while(|&c| c != 0).map(|c| c as u8).collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+        Err(e) => format!("(no log: {e})"),
+    }
+}
+
+unsafe fn get_cubin(prog: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>> {
+    let mut size = 0usize;
+    nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size)
+        .result()
+        .map_err(|e| Error::Device(format!("nvrtcGetCUBINSize: {e}")))?;
+    let mut cubin = vec![0u8; size];
+    nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char)
+        .result()
+        .map_err(|e| Error::Device(format!("nvrtcGetCUBIN: {e}")))?;
+    Ok(cubin)
+}
+
+/// Loaded modules and their kernels by name. Later kernels (fused, bf16) only need a new
+/// entry in `KERNEL_FILES`.
+pub(super) struct Kernels {
+    modules: Vec<driver_sys::CUmodule>,
+    functions: HashMap<String, driver_sys::CUfunction>,
+}
+
+impl Kernels {
+    /// Compiles and loads every kernel file for `arch` (e.g. "sm_90"); the context must be
+    /// current on this thread.
+    pub(super) fn load(arch: &str) -> Result<Self> {
+        let mut kernels = Kernels {
+            modules: Vec::new(),
+            functions: HashMap::new(),
+        };
+        for (file, src) in kernel_sources() {
+            let cubin = compile(file, &src, arch)?;
+            // SAFETY: `cubin` is a complete image from NVRTC, alive for the call.
+            let module = unsafe { driver::module::load_data(cubin.as_ptr() as *const c_void) }
+                .map_err(|e| Error::Device(format!("loading {file} ({arch}) into the driver: {e}")))?;
+            kernels.modules.push(module);
+            for name in kernel_names(&src) {
+                let c_name =
+                    CString::new(name.as_str()).map_err(|_| Error::Device(format!("bad kernel name {name}")))?;
+                // SAFETY: `module` was just loaded and is kept until drop.
+                let function = unsafe { driver::module::get_function(module, c_name) }
+                    .map_err(|e| Error::Device(format!("{file}: kernel {name} not in the module: {e}")))?;
+                if kernels.functions.insert(name.clone(), function).is_some() {
+                    return Err(Error::Device(format!("{file}: kernel {name} is defined twice")));
+                }
+            }
+        }
+        Ok(kernels)
+    }
+
+    pub(super) fn get(&self, name: &str) -> Option<driver_sys::CUfunction> {
+        self.functions.get(name).copied()
+    }
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        for module in self.modules.drain(..) {
+            // SAFETY: each module was loaded once and is unloaded once.
+            let _ = unsafe { driver::module::unload(module) };
+        }
+    }
+}

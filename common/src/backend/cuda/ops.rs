@@ -1,0 +1,417 @@
+//! [`Backend`] for [`CudaBackend`]: one launcher per op, named and ordered as its CPU twin.
+//! Ops that return nothing queue their work and latch the first failure for `synchronize`.
+
+use cudarc::driver::{result as driver, sys as driver_sys};
+
+use super::blas::Gemm;
+use super::memory::device_err;
+use super::{args, blocks, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS};
+use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
+use crate::error::{Error, Result};
+
+/// Threads per block for elementwise kernels.
+const THREADS: usize = 256;
+/// Rows (one warp each) per block for the row-wise kernels.
+const ROWS_PER_BLOCK: usize = THREADS / 32;
+/// Rows per block of the column reductions (layernorm dw/db, matmul dbias).
+const COLUMN_CHUNK_ROWS: usize = 256;
+
+/// Grid and block of a column reduction over an (n, c) matrix: 32 columns × 8 row lanes.
+fn column_reduce_launch(n: usize, c: usize) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let grid = (c.div_ceil(32) as u32, n.div_ceil(COLUMN_CHUNK_ROWS) as u32, 1);
+    (grid, (32, 8, 1))
+}
+
+impl CudaBackend {
+    fn upload_words<T>(&self, dst: DevPtr, src: &[T]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` is a device address with room for `src` (the caller's contract); the
+        // pageable source is staged before the call returns, so `src` may go right after.
+        unsafe { driver::memcpy_htod_async(dst.0, src, self.stream()) }
+            .map_err(|e| device_err("host-to-device copy", e))
+    }
+
+    fn gemm(&self, g: Gemm) {
+        if let Err(e) = self.bind().and_then(|()| self.blas.gemm(&g)) {
+            self.fail(e);
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buffer = CudaBuffer;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    // ---- memory ---------------------------------------------------------------------
+
+    fn alloc(&self, words: usize) -> Result<CudaBuffer> {
+        self.memory.alloc(words)
+    }
+
+    fn upload_f32(&self, dst: DevPtr, src: &[f32]) -> Result<()> {
+        self.upload_words(dst, src)
+    }
+
+    fn upload_i32(&self, dst: DevPtr, src: &[i32]) -> Result<()> {
+        self.upload_words(dst, src)
+    }
+
+    fn download_f32(&self, src: DevPtr, dst: &mut [f32]) -> Result<()> {
+        self.take_error()?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `src` holds `dst.len()` floats (the caller's contract); the stream is
+        // synchronised before `dst` is read.
+        unsafe { driver::memcpy_dtoh_async(dst, src.0, self.stream()) }
+            .map_err(|e| device_err("device-to-host copy", e))?;
+        self.synchronize()
+    }
+
+    fn zero(&self, dst: DevPtr, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let queued = self.bind().and_then(|()| {
+            // SAFETY: `dst` holds `n` words (the caller's contract).
+            unsafe { driver_sys::cuMemsetD32Async(dst.0, 0, n, self.stream()) }
+                .result()
+                .map_err(|e| device_err("zeroing device memory", e))
+        });
+        if let Err(e) = queued {
+            self.fail(e);
+        }
+    }
+
+    fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
+        self.launch(
+            "accumulate_kernel",
+            blocks(n, THREADS),
+            (THREADS as u32, 1, 1),
+            args![dst, src, n],
+        );
+    }
+
+    fn scale(&self, dst: DevPtr, n: usize, s: f32) {
+        self.launch(
+            "scale_kernel",
+            blocks(n, THREADS),
+            (THREADS as u32, 1, 1),
+            args![dst, n, s],
+        );
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        let synced = self
+            .memory
+            .stream
+            .synchronize()
+            .map_err(|e| device_err("CUDA stream failed", e));
+        self.take_error()?;
+        synced
+    }
+
+    fn peak_memory_bytes(&self) -> u64 {
+        self.memory.peak_bytes()
+    }
+
+    // ---- layers ---------------------------------------------------------------------
+
+    fn encoder_forward(&self, out: DevPtr, tokens: DevPtr, wte: DevPtr, wpe: DevPtr, b: usize, t: usize, c: usize) {
+        let n = b * t * c;
+        let grid = blocks(n, THREADS);
+        self.launch(
+            "encoder_forward_kernel",
+            grid,
+            (THREADS as u32, 1, 1),
+            args![out, tokens, wte, wpe, b, t, c],
+        );
+    }
+
+    fn encoder_backward(&self, dwte: DevPtr, dwpe: DevPtr, dout: DevPtr, tokens: DevPtr, b: usize, t: usize, c: usize) {
+        let block = (THREADS as u32, 1, 1);
+        self.launch(
+            "encoder_backward_wte_kernel",
+            blocks(b * t * c, THREADS),
+            block,
+            args![dwte, dout, tokens, b, t, c],
+        );
+        self.launch(
+            "encoder_backward_wpe_kernel",
+            blocks(t * c, THREADS),
+            block,
+            args![dwpe, dout, b, t, c],
+        );
+    }
+
+    fn matmul_forward(
+        &self,
+        out: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        // Row-major out (BT,OC) = inp (BT,C) · wᵀ is column-major outᵀ (OC,BT) = wᵀ · inpᵀ.
+        self.gemm(Gemm {
+            trans_a: true,
+            trans_b: false,
+            m: oc,
+            n: bt,
+            k: c,
+            a: w,
+            lda: c,
+            stride_a: 0,
+            b: inp,
+            ldb: c,
+            stride_b: 0,
+            beta: 0.0,
+            c: out,
+            ldc: oc,
+            stride_c: 0,
+            batch: 1,
+        });
+        if let Some(bias) = bias {
+            self.launch(
+                "add_bias_kernel",
+                blocks(bt * oc, THREADS),
+                (THREADS as u32, 1, 1),
+                args![out, bias, bt, oc],
+            );
+        }
+    }
+
+    fn matmul_backward(
+        &self,
+        dinp: DevPtr,
+        dw: DevPtr,
+        dbias: Option<DevPtr>,
+        dout: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        // dinp (BT,C) += dout (BT,OC) · w (OC,C); beta = 1 accumulates.
+        self.gemm(Gemm {
+            trans_a: false,
+            trans_b: false,
+            m: c,
+            n: bt,
+            k: oc,
+            a: w,
+            lda: c,
+            stride_a: 0,
+            b: dout,
+            ldb: oc,
+            stride_b: 0,
+            beta: 1.0,
+            c: dinp,
+            ldc: c,
+            stride_c: 0,
+            batch: 1,
+        });
+        // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C).
+        self.gemm(Gemm {
+            trans_a: false,
+            trans_b: true,
+            m: c,
+            n: oc,
+            k: bt,
+            a: inp,
+            lda: c,
+            stride_a: 0,
+            b: dout,
+            ldb: oc,
+            stride_b: 0,
+            beta: 1.0,
+            c: dw,
+            ldc: c,
+            stride_c: 0,
+            batch: 1,
+        });
+        if let Some(dbias) = dbias {
+            let (grid, block) = column_reduce_launch(bt, oc);
+            self.launch(
+                "bias_backward_kernel",
+                grid,
+                block,
+                args![dbias, dout, bt, oc, COLUMN_CHUNK_ROWS],
+            );
+        }
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: DevPtr,
+        mean: DevPtr,
+        rstd: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        b: DevPtr,
+        bt: usize,
+        c: usize,
+    ) {
+        let grid = blocks(bt, ROWS_PER_BLOCK);
+        self.launch(
+            "layernorm_forward_kernel",
+            grid,
+            (THREADS as u32, 1, 1),
+            args![out, mean, rstd, inp, w, b, bt, c],
+        );
+    }
+
+    fn layernorm_backward(
+        &self,
+        dinp: DevPtr,
+        dw: DevPtr,
+        db: DevPtr,
+        dout: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        mean: DevPtr,
+        rstd: DevPtr,
+        bt: usize,
+        c: usize,
+    ) {
+        let grid = blocks(bt, ROWS_PER_BLOCK);
+        let args = args![dinp, dout, inp, w, mean, rstd, bt, c];
+        self.launch("layernorm_backward_dinp_kernel", grid, (THREADS as u32, 1, 1), args);
+        let (grid, block) = column_reduce_launch(bt, c);
+        let args = args![dw, db, dout, inp, mean, rstd, bt, c, COLUMN_CHUNK_ROWS];
+        self.launch("layernorm_backward_params_kernel", grid, block, args);
+    }
+
+    fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
+        // The probabilities (B,NH,T,T); a flash kernel will keep only log-sum-exp rows.
+        b * nh * t * t
+    }
+
+    fn attention_forward(&self, out: DevPtr, saved: DevPtr, qkv: DevPtr, b: usize, t: usize, c: usize, nh: usize) {
+        if let Err(e) = self.attention_forward_gemm(out, saved, qkv, b, t, c, nh) {
+            self.fail(e);
+        }
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: DevPtr,
+        dout: DevPtr,
+        qkv: DevPtr,
+        _out: DevPtr,
+        saved: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        if let Err(e) = self.attention_backward_gemm(dqkv, dout, qkv, saved, b, t, c, nh) {
+            self.fail(e);
+        }
+    }
+
+    fn gelu_forward(&self, out: DevPtr, inp: DevPtr, n: usize) {
+        self.launch(
+            "gelu_forward_kernel",
+            blocks(n, THREADS),
+            (THREADS as u32, 1, 1),
+            args![out, inp, n],
+        );
+    }
+
+    fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize) {
+        self.launch(
+            "gelu_backward_kernel",
+            blocks(n, THREADS),
+            (THREADS as u32, 1, 1),
+            args![dinp, inp, dout, n],
+        );
+    }
+
+    fn crossentropy_forward(&self, losses: DevPtr, logits: DevPtr, targets: DevPtr, bt: usize, v: usize, vp: usize) {
+        let args = args![losses, logits, targets, bt, v, vp];
+        self.launch("crossentropy_forward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
+    }
+
+    fn crossentropy_backward(
+        &self,
+        dlogits: DevPtr,
+        logits: DevPtr,
+        targets: DevPtr,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        let args = args![dlogits, logits, targets, dloss, bt, v, vp];
+        self.launch("crossentropy_backward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
+    }
+
+    // ---- reductions and the optimiser ---------------------------------------------
+
+    fn mean(&self, out: DevPtr, inp: DevPtr, n: usize) {
+        self.launch("mean_kernel", (1, 1, 1), (1024, 1, 1), args![out, inp, n]);
+    }
+
+    fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize) {
+        if n == 0 {
+            return;
+        }
+        // Two fixed passes (block partials, then one block) rather than atomics: deterministic.
+        let parts = n.div_ceil(THREADS).min(MAX_REDUCE_BLOCKS);
+        let partials = self.reduce_partials.ptr();
+        self.launch(
+            "sum_squares_partial_kernel",
+            (parts as u32, 1, 1),
+            (THREADS as u32, 1, 1),
+            args![partials, inp, n],
+        );
+        self.launch(
+            "sum_squares_finish_kernel",
+            (1, 1, 1),
+            (1024, 1, 1),
+            args![out, partials, parts],
+        );
+    }
+
+    fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32) {
+        self.launch("clip_factor_kernel", (1, 1, 1), (32, 1, 1), args![out, sumsq, max_norm]);
+    }
+
+    fn adamw(&self, params: DevPtr, grads: DevPtr, m: DevPtr, v: DevPtr, n: usize, grad_scale: DevPtr, hp: AdamWStep) {
+        let Ok(t) = i32::try_from(hp.t) else {
+            self.fail(Error::Device(format!("AdamW step {} out of range", hp.t)));
+            return;
+        };
+        // Bias corrections in f64 on the host: 1 - beta^t loses digits in f32 for small t.
+        let bias1 = (1.0 - (hp.beta1 as f64).powi(t)) as f32;
+        let bias2 = (1.0 - (hp.beta2 as f64).powi(t)) as f32;
+        let args = args![
+            params,
+            grads,
+            m,
+            v,
+            n,
+            grad_scale,
+            hp.lr,
+            hp.beta1,
+            hp.beta2,
+            hp.eps,
+            hp.weight_decay,
+            bias1,
+            bias2
+        ];
+        self.launch("adamw_kernel", blocks(n, THREADS), (THREADS as u32, 1, 1), args);
+    }
+}

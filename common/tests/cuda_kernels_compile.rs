@@ -1,0 +1,76 @@
+//! Compiles every CUDA kernel file with NVRTC, as the backend does at start-up. Needs no GPU,
+//! only libnvrtc (CI: `pip install nvidia-cuda-nvrtc`, its lib folder on LD_LIBRARY_PATH).
+//! Skips with a message when libnvrtc is missing, unless REQUIRE_NVRTC is set (CI sets it).
+#![cfg(feature = "cuda")]
+
+use common::backend::cuda::{compile, kernel_names, kernel_sources, nvrtc_present, nvrtc_version};
+
+/// The architecture we deploy on (Hopper: H100, H200).
+const ARCHS: [&str; 2] = ["compute_90", "sm_90"];
+
+/// False (after saying why) when NVRTC is missing and that is allowed; panics when it is
+/// missing and REQUIRE_NVRTC is set.
+fn nvrtc_or_skip() -> bool {
+    if nvrtc_present() {
+        return true;
+    }
+    let hint = "libnvrtc.so.13 not found on LD_LIBRARY_PATH (`pip install nvidia-cuda-nvrtc`, then add \
+                its site-packages/nvidia/cu13/lib)";
+    if std::env::var_os("REQUIRE_NVRTC").is_some() {
+        panic!("REQUIRE_NVRTC is set but {hint}");
+    }
+    eprintln!("SKIPPED: {hint}; set REQUIRE_NVRTC=1 to make this a failure");
+    false
+}
+
+#[test]
+fn every_kernel_file_compiles_for_hopper() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let (major, minor) = nvrtc_version().expect("nvrtc version");
+    eprintln!("NVRTC {major}.{minor}");
+    let mut failures = Vec::new();
+    for (file, src) in kernel_sources() {
+        for arch in ARCHS {
+            match compile(file, &src, arch) {
+                Ok(image) => assert!(!image.is_empty(), "{file} ({arch}): empty image"),
+                Err(e) => failures.push(format!("{file} ({arch}): {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "NVRTC failures:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn ptx_defines_every_registered_kernel() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    for (file, src) in kernel_sources() {
+        let names = kernel_names(&src);
+        assert!(!names.is_empty(), "{file}: no kernels found");
+        let ptx = compile(file, &src, "compute_90").expect("compiles");
+        let ptx = String::from_utf8_lossy(&ptx);
+        for name in names {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "{file}: {name} missing from the PTX (extern \"C\"?)"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_broken_kernel_reports_nvrtc_log() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let err = compile(
+        "broken.cu",
+        "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }",
+        "sm_90",
+    )
+    .expect_err("must not compile");
+    assert!(err.to_string().contains("undefined_name"), "log missing from: {err}");
+}

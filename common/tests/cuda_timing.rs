@@ -1,0 +1,259 @@
+//! Every op at GPT-2 124M training size (B=16, T=1024, fp32 and TF32): checks that each runs
+//! and gives finite results at full size (32-bit index limits, launch limits), and prints
+//! a timing table with an estimated training step built from the per-op times. No
+//! reference here: parity is `cuda_backend.rs`'s job. Needs a CUDA device.
+#![cfg(feature = "cuda")]
+
+use std::time::Instant;
+
+use common::backend::cuda::CudaBackend;
+use common::backend::{AdamWStep, Backend, DeviceBuffer};
+use common::cli::Precision;
+
+const B: usize = 16;
+const T: usize = 1024;
+const C: usize = 768;
+const NH: usize = 12;
+const L: usize = 12;
+const V: usize = 50_257;
+const VP: usize = 50_304;
+const BT: usize = B * T;
+const PARAMS: usize = 124_475_904;
+
+fn filled(be: &CudaBackend, n: usize, seed: u32) -> <CudaBackend as Backend>::Buffer {
+    let data: Vec<f32> = (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+        .collect();
+    let buf = be.alloc(n).expect("alloc");
+    be.upload_f32(buf.ptr(), &data).expect("upload");
+    buf
+}
+
+/// Mean milliseconds of `f` over 5 runs after one warm-up.
+fn time(be: &CudaBackend, mut f: impl FnMut()) -> f64 {
+    f();
+    be.synchronize().expect("warm-up");
+    let start = Instant::now();
+    for _ in 0..5 {
+        f();
+    }
+    be.synchronize().expect("timed runs");
+    start.elapsed().as_secs_f64() * 1e3 / 5.0
+}
+
+fn assert_finite(be: &CudaBackend, what: &str, buf: &<CudaBackend as Backend>::Buffer) {
+    let mut host = vec![0.0f32; buf.len()];
+    be.download_f32(buf.ptr(), &mut host).expect("download");
+    assert!(host.iter().all(|x| x.is_finite()), "{what}: non-finite values");
+}
+
+fn gpt2_step_table(precision: Precision) {
+    let be = CudaBackend::new(0, precision).expect("CUDA backend");
+    let mut rows: Vec<(String, f64, usize)> = Vec::new(); // (op, ms, times per step)
+    let mut row = |name: &str, ms: f64, per_step: usize| rows.push((name.to_string(), ms, per_step));
+
+    let tokens = be.alloc(BT).unwrap();
+    be.upload_i32(
+        tokens.ptr(),
+        &(0..BT).map(|i| (i * 7919 % V) as i32).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let (wte, wpe) = (filled(&be, VP * C, 1), filled(&be, T * C, 2));
+    let (x, dx) = (filled(&be, BT * C, 3), filled(&be, BT * C, 4));
+    let (dwte, dwpe) = (be.alloc(VP * C).unwrap(), be.alloc(T * C).unwrap());
+    row(
+        "encoder fwd",
+        time(&be, || {
+            be.encoder_forward(x.ptr(), tokens.ptr(), wte.ptr(), wpe.ptr(), B, T, C)
+        }),
+        1,
+    );
+    row(
+        "encoder bwd",
+        time(&be, || {
+            be.encoder_backward(dwte.ptr(), dwpe.ptr(), dx.ptr(), tokens.ptr(), B, T, C)
+        }),
+        1,
+    );
+    assert_finite(&be, "encoder", &x);
+
+    let (w, bias) = (filled(&be, C, 5), filled(&be, C, 6));
+    let (ln, mean, rstd) = (be.alloc(BT * C).unwrap(), be.alloc(BT).unwrap(), be.alloc(BT).unwrap());
+    let (dw, db) = (be.alloc(C).unwrap(), be.alloc(C).unwrap());
+    let ln_f = || be.layernorm_forward(ln.ptr(), mean.ptr(), rstd.ptr(), x.ptr(), w.ptr(), bias.ptr(), BT, C);
+    row("layernorm fwd", time(&be, ln_f), 2 * L + 1);
+    let ln_b = || {
+        be.layernorm_backward(
+            dx.ptr(),
+            dw.ptr(),
+            db.ptr(),
+            ln.ptr(),
+            x.ptr(),
+            w.ptr(),
+            mean.ptr(),
+            rstd.ptr(),
+            BT,
+            C,
+        )
+    };
+    row("layernorm bwd", time(&be, ln_b), 2 * L + 1);
+    assert_finite(&be, "layernorm", &dx);
+
+    // The four matmuls of a block and the LM head: (name, C in, C out, bias, per step).
+    for (name, c, oc, has_bias, per_step) in [
+        ("qkv", C, 3 * C, true, L),
+        ("attproj", C, C, true, L),
+        ("fc", C, 4 * C, true, L),
+        ("fcproj", 4 * C, C, true, L),
+        ("lm head", C, VP, false, 1),
+    ] {
+        let (inp, wt, bs) = (filled(&be, BT * c, 7), filled(&be, oc * c, 8), filled(&be, oc, 9));
+        let (out, dinp, dwt, dbs) = (
+            be.alloc(BT * oc).unwrap(),
+            be.alloc(BT * c).unwrap(),
+            be.alloc(oc * c).unwrap(),
+            be.alloc(oc).unwrap(),
+        );
+        let bias_ptr = has_bias.then(|| bs.ptr());
+        let dbias_ptr = has_bias.then(|| dbs.ptr());
+        let fwd = time(&be, || {
+            be.matmul_forward(out.ptr(), inp.ptr(), wt.ptr(), bias_ptr, BT, c, oc)
+        });
+        let bwd = time(&be, || {
+            be.matmul_backward(
+                dinp.ptr(),
+                dwt.ptr(),
+                dbias_ptr,
+                out.ptr(),
+                inp.ptr(),
+                wt.ptr(),
+                BT,
+                c,
+                oc,
+            )
+        });
+        let tflops = |ms: f64, gemms: f64| gemms * 2.0 * (BT * c * oc) as f64 / (ms * 1e-3) / 1e12;
+        eprintln!(
+            "TIMING matmul {name:<8} fwd {:6.1} TFLOP/s  bwd {:6.1} TFLOP/s",
+            tflops(fwd, 1.0),
+            tflops(bwd, 2.0)
+        );
+        row(&format!("matmul {name} fwd"), fwd, per_step);
+        row(&format!("matmul {name} bwd"), bwd, per_step);
+        assert_finite(&be, name, &dinp);
+    }
+
+    let qkv = filled(&be, BT * 3 * C, 10);
+    let (att_out, dqkv) = (be.alloc(BT * C).unwrap(), be.alloc(BT * 3 * C).unwrap());
+    let saved = be.alloc(be.attention_saved_len(B, T, NH)).unwrap();
+    row(
+        "attention fwd",
+        time(&be, || {
+            be.attention_forward(att_out.ptr(), saved.ptr(), qkv.ptr(), B, T, C, NH)
+        }),
+        L,
+    );
+    let att_b = || be.attention_backward(dqkv.ptr(), x.ptr(), qkv.ptr(), att_out.ptr(), saved.ptr(), B, T, C, NH);
+    row("attention bwd", time(&be, att_b), L);
+    assert_finite(&be, "attention out", &att_out);
+    assert_finite(&be, "attention dqkv", &dqkv);
+
+    let (h, gh, dh) = (
+        filled(&be, BT * 4 * C, 11),
+        be.alloc(BT * 4 * C).unwrap(),
+        be.alloc(BT * 4 * C).unwrap(),
+    );
+    row(
+        "gelu fwd",
+        time(&be, || be.gelu_forward(gh.ptr(), h.ptr(), BT * 4 * C)),
+        L,
+    );
+    row(
+        "gelu bwd",
+        time(&be, || be.gelu_backward(dh.ptr(), h.ptr(), gh.ptr(), BT * 4 * C)),
+        L,
+    );
+    row(
+        "residual accumulate",
+        time(&be, || be.accumulate(dx.ptr(), x.ptr(), BT * C)),
+        4 * L,
+    );
+
+    let logits = filled(&be, BT * VP, 12);
+    let (losses, dlogits, loss) = (be.alloc(BT).unwrap(), be.alloc(BT * VP).unwrap(), be.alloc(1).unwrap());
+    row(
+        "crossentropy fwd",
+        time(&be, || {
+            be.crossentropy_forward(losses.ptr(), logits.ptr(), tokens.ptr(), BT, V, VP)
+        }),
+        1,
+    );
+    let ce_b = || be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP);
+    row("crossentropy bwd", time(&be, ce_b), 1);
+    row("mean (loss)", time(&be, || be.mean(loss.ptr(), losses.ptr(), BT)), 1);
+    assert_finite(&be, "losses", &losses);
+    drop((logits, dlogits));
+
+    let (params, grads, m, v) = (
+        filled(&be, PARAMS, 13),
+        filled(&be, PARAMS, 14),
+        be.alloc(PARAMS).unwrap(),
+        be.alloc(PARAMS).unwrap(),
+    );
+    let (sumsq, clip) = (be.alloc(1).unwrap(), be.alloc(2).unwrap());
+    row("zero grads", time(&be, || be.zero(grads.ptr(), PARAMS)), 1);
+    row(
+        "sum_squares",
+        time(&be, || be.sum_squares(sumsq.ptr(), params.ptr(), PARAMS)),
+        1,
+    );
+    row(
+        "clip_factor",
+        time(&be, || be.clip_factor(clip.ptr(), sumsq.ptr(), 1.0)),
+        1,
+    );
+    let hp = AdamWStep {
+        lr: 6e-4,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        t: 1,
+    };
+    let clip_ptr = clip.ptr().add(1);
+    row(
+        "adamw",
+        time(&be, || {
+            be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), PARAMS, clip_ptr, hp)
+        }),
+        1,
+    );
+    assert_finite(&be, "params", &params);
+
+    eprintln!(
+        "TIMING {} B={B} T={T}: op, ms per call, calls per step, ms per step",
+        be.name()
+    );
+    let mut total = 0.0;
+    for (name, ms, n) in &rows {
+        total += ms * *n as f64;
+        eprintln!("TIMING   {name:<22} {ms:8.3} ms x{n:<3} = {:8.2} ms", ms * *n as f64);
+    }
+    eprintln!(
+        "TIMING   estimated step {total:.1} ms = {:.0} tokens/s; peak backend memory here {:.2} GiB",
+        BT as f64 / (total * 1e-3),
+        be.peak_memory_bytes() as f64 / (1u64 << 30) as f64
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpt2_124m_ops_at_full_size_fp32() {
+    gpt2_step_table(Precision::Fp32);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpt2_124m_ops_at_full_size_tf32() {
+    gpt2_step_table(Precision::Tf32);
+}
