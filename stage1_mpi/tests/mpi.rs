@@ -291,7 +291,7 @@ fn a_failing_rank_ends_the_job() {
     let d = tmpdir("fail");
     let data = corpus(&d);
     let args = train_args(&data, &d.join("run"), &["--steps", "100000"]);
-    for mode in ["exit", "error"] {
+    for mode in ["exit", "error", "panic"] {
         let env = [
             ("GPT2RS_FAIL_RANK", "1"),
             ("GPT2RS_FAIL_AT_STEP", "3"),

@@ -55,6 +55,7 @@ impl MpiComm {
         let (local_rank, local_size) = (local.rank() as usize, local.size() as usize);
         drop(local);
         let host = mpi::environment::processor_name().unwrap_or_else(|_| "unknown host".into());
+        abort_job_on_panic();
         Ok(MpiComm {
             world,
             rank: rank as usize,
@@ -100,6 +101,22 @@ impl MpiComm {
         }
         Ok(())
     }
+}
+
+/// A panic on one rank (a bug) would unwind into MPI_Finalize while the other ranks wait
+/// in a collective: after the usual message, abort the job instead (exit code 101, Rust's
+/// for a panic).
+fn abort_job_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        if !mpi::environment::is_finalized() {
+            // SAFETY: MPI is initialised (the hook is set after MPI_Init) and not finalized.
+            // The panicking thread may be a CPU worker, not the one FUNNELED allows to call
+            // MPI; MPI_Abort is a last resort that need not return either way.
+            unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 101) };
+        }
+    }));
 }
 
 /// Splits `n` f32 at `ptr` into (address, count) pieces of at most [`MAX_COUNT`].
