@@ -334,3 +334,24 @@ fn bench_reports_compute_and_comm_time() {
         );
     }
 }
+
+#[test]
+fn a_crashed_run_resumes_exactly() {
+    let d = tmpdir("resume");
+    let data = corpus(&d);
+    let (straight, crashed) = (d.join("straight"), d.join("crashed"));
+    let run = ["--steps", "20", "--eval-every", "10", "--checkpoint-every", "10"];
+    assert_ok(&mpirun(2, &train_args(&data, &straight, &run), &[]));
+    // Rank 1 dies at step 12, after the checkpoint of step 10.
+    let crash = [("GPT2RS_FAIL_RANK", "1"), ("GPT2RS_FAIL_AT_STEP", "12")];
+    assert_ne!(mpirun(2, &train_args(&data, &crashed, &run), &crash).code, Some(0));
+    let ckpt = crashed.join("model.ckpt");
+    let resume = [&run[..], &["--resume", ckpt.to_str().unwrap()]].concat();
+    assert_ok(&mpirun(2, &train_args(&data, &crashed, &resume), &[]));
+    assert_eq!(
+        loss_table(&straight),
+        loss_table(&crashed),
+        "the resumed run must match bit for bit"
+    );
+    assert_eq!(final_params(&straight), final_params(&crashed));
+}

@@ -63,14 +63,27 @@ impl Comm for Single {
     }
 }
 
-/// Broadcasts a host f32 array from rank 0 (through `broadcast_bytes`).
+/// Broadcasts a host f32 array from rank 0 (through `broadcast_bytes`), in pieces: the
+/// byte copies stay small next to a 500 MB parameter array.
 pub fn broadcast_f32(comm: &dyn Comm, v: &mut Vec<f32>) -> Result<()> {
     if comm.size() == 1 {
         return Ok(());
     }
-    let mut bytes = bytemuck::cast_slice::<f32, u8>(v).to_vec();
-    comm.broadcast_bytes(&mut bytes)?;
-    *v = bytemuck::pod_collect_to_vec(&bytes);
+    let mut len = (v.len() as u64).to_le_bytes().to_vec();
+    comm.broadcast_bytes(&mut len)?;
+    let len = <[u8; 8]>::try_from(len.as_slice())
+        .map_err(|_| Error::Device("broadcast from rank 0: a length of unexpected size".into()))?;
+    v.resize(u64::from_le_bytes(len) as usize, 0.0);
+    for piece in v.chunks_mut(1 << 22) {
+        let mut bytes = bytemuck::cast_slice::<f32, u8>(piece).to_vec();
+        comm.broadcast_bytes(&mut bytes)?;
+        if bytes.len() != piece.len() * 4 {
+            return Err(Error::Device(
+                "broadcast from rank 0: pieces of unexpected length".into(),
+            ));
+        }
+        bytemuck::cast_slice_mut::<f32, u8>(piece).copy_from_slice(&bytes);
+    }
     Ok(())
 }
 
