@@ -6,7 +6,7 @@
 // Index loops read like the formulas in these numeric kernels.
 #![allow(clippy::needless_range_loop)]
 
-use super::{AdamWStep, Backend, DevPtr, DeviceBuffer};
+use super::{fastmath, AdamWStep, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
@@ -129,6 +129,23 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (x, y) in ra.iter().zip(rb) {
         s += x * y;
+    }
+    s
+}
+
+/// Σ e^(x − shift), with 8 independent accumulators (vectorises; fixed order).
+#[inline]
+fn sum_exp(xs: &[f32], shift: f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let body = xs.len() / 8 * 8;
+    for x in xs[..body].chunks_exact(8) {
+        for i in 0..8 {
+            acc[i] += fastmath::exp(x[i] - shift);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &x in &xs[body..] {
+        s += fastmath::exp(x - shift);
     }
     s
 }
@@ -407,7 +424,9 @@ impl Backend for CpuBackend {
                 }
                 let mut sum = 0.0;
                 for a in &mut att[..=ti] {
-                    *a = (*a - maxv).exp();
+                    *a = fastmath::exp(*a - maxv);
+                }
+                for a in &att[..=ti] {
                     sum += *a;
                 }
                 let inv = 1.0 / sum;
@@ -480,7 +499,7 @@ impl Backend for CpuBackend {
                 .zip(inp.par_chunks(CHUNK))
                 .for_each(|(o, x)| {
                     for (o, &x) in o.iter_mut().zip(x) {
-                        *o = 0.5 * x * (1.0 + (GELU_SCALE * (x + 0.044715 * x * x * x)).tanh());
+                        *o = 0.5 * x * (1.0 + fastmath::tanh(GELU_SCALE * (x + 0.044715 * x * x * x)));
                     }
                 })
         });
@@ -495,7 +514,7 @@ impl Backend for CpuBackend {
                 .for_each(|(d, (x, dy))| {
                     for ((d, &x), &dy) in d.iter_mut().zip(x).zip(dy) {
                         let u = GELU_SCALE * (x + 0.044715 * x * x * x);
-                        let th = u.tanh();
+                        let th = fastmath::tanh(u);
                         let sech2 = 1.0 - th * th;
                         let grad = 0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * x * x);
                         *d += grad * dy;
@@ -510,7 +529,7 @@ impl Backend for CpuBackend {
             view_mut(losses, bt).par_iter_mut().enumerate().for_each(|(r, loss)| {
                 let row = &logits[r * vp..][..v];
                 let maxv = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let sum: f32 = row.iter().map(|&x| (x - maxv).exp()).sum();
+                let sum = sum_exp(row, maxv);
                 *loss = maxv + sum.ln() - row[targets[r] as usize];
             })
         });
@@ -534,10 +553,10 @@ impl Backend for CpuBackend {
                 .for_each(|(r, d)| {
                     let row = &logits[r * vp..][..v];
                     let maxv = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                    let sum: f32 = row.iter().map(|&x| (x - maxv).exp()).sum();
+                    let sum = sum_exp(row, maxv);
                     let inv = 1.0 / sum;
                     for i in 0..v {
-                        d[i] += ((row[i] - maxv).exp() * inv - (i == targets[r] as usize) as u8 as f32) * dloss;
+                        d[i] += (fastmath::exp(row[i] - maxv) * inv - (i == targets[r] as usize) as u8 as f32) * dloss;
                     }
                 })
         });
