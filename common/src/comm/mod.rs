@@ -4,6 +4,8 @@
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 
 use crate::backend::DevPtr;
 use crate::error::{Error, Result};
