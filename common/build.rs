@@ -4,9 +4,13 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=src/comm/mpi_shim.c");
-    if std::env::var_os("CARGO_FEATURE_MPI").is_none() {
-        return;
-    }
+    #[cfg(feature = "mpi")]
+    build_mpi_shim();
+}
+
+// The build dependencies are optional (enabled by `mpi`), hence the cfg.
+#[cfg(feature = "mpi")]
+fn build_mpi_shim() {
     let lib = build_probe_mpi::probe()
         .unwrap_or_else(|errs| panic!("feature `mpi`: no MPI library found (install MPICH: `make deps`): {errs:?}"));
     let mut build = cc::Build::new();

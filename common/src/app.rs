@@ -137,6 +137,12 @@ fn generate_cmd<B: Backend>(be: &B, args: &GenerateArgs) -> Result<()> {
     let tok = Tokenizer::new(kind)?;
     let model = Gpt2::new(be, ckpt.meta.config)?;
     be.upload_f32(model.params.ptr(), &ckpt.params)?;
+    let trained_seq_len = ckpt
+        .meta
+        .train
+        .get("seq_len")
+        .and_then(|v| v.as_u64())
+        .map(|t| t as usize);
     drop(ckpt);
     let prompt = tok.encode(&args.prompt);
     if prompt.is_empty() {
@@ -148,6 +154,7 @@ fn generate_cmd<B: Backend>(be: &B, args: &GenerateArgs) -> Result<()> {
         temperature: args.temperature,
         top_k: args.top_k,
         seed: args.seed,
+        context: trained_seq_len.unwrap_or(model.config.max_seq_len),
     };
     if args.temperature.is_nan() || (args.temperature <= 0.0 && !args.greedy) {
         crate::bail_input!("--temperature must be positive (or use --greedy)");

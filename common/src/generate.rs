@@ -17,6 +17,9 @@ pub struct SampleOptions {
     /// Keep only the `top_k` most likely tokens (0: all).
     pub top_k: usize,
     pub seed: u64,
+    /// Most recent tokens the model sees: the sequence length it was trained on (positions
+    /// beyond it were never trained). Capped at the model's maximum.
+    pub context: usize,
 }
 
 /// Continues `prompt` (at least one token) and returns the new tokens; `on_token` sees
@@ -38,8 +41,7 @@ pub fn generate<B: Backend>(
     let mut logits = vec![0.0f32; cfg.padded_vocab_size];
     let mut out = Vec::with_capacity(opts.max_new_tokens);
     for _ in 0..opts.max_new_tokens {
-        // The model sees at most its maximum sequence length of recent tokens.
-        let window = &context[context.len().saturating_sub(cfg.max_seq_len)..];
+        let window = &context[context.len().saturating_sub(opts.context.clamp(1, cfg.max_seq_len))..];
         {
             let mut g = Graph::new(be, pool, false);
             let fwd = model.forward(&mut g, window, None, 1, window.len(), true)?;

@@ -523,6 +523,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
                 temperature: 0.8,
                 top_k: 40,
                 seed: args.seed,
+                context: t,
             };
             let started = Instant::now();
             summary.sample = trainer.sample(&tok, "\n", &opts)?;
