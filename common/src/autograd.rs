@@ -6,8 +6,9 @@
 //! Memory: activations, saved state and activation gradients come from a [`Pool`], a
 //! caching allocator that outlives the graph, so after the first step no op allocates.
 //! An activation's gradient goes back to the pool as soon as its producer's backward
-//! has consumed it. Parameters are views into the model's flat parameter buffer, and
-//! their gradients are views into the flat gradient buffer.
+//! has consumed it, and the logits' gradient overwrites the logits when nothing else reads
+//! them. Parameters are views into the model's flat parameter buffer, and their gradients
+//! are views into the flat gradient buffer.
 
 use crate::backend::{Backend, DevPtr, DeviceBuffer};
 use crate::error::Result;
@@ -260,10 +261,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert_eq!(shape, self.shape(b), "add: shapes differ");
         let n = shape[0] * shape[1];
         let out = self.output(shape, Op::Add { a, b })?;
-        let o = self.ptr(out);
-        self.be.zero(o, n);
-        self.be.accumulate(o, self.ptr(a), n);
-        self.be.accumulate(o, self.ptr(b), n);
+        self.be.add(self.ptr(out), self.ptr(a), self.ptr(b), n);
         Ok(out)
     }
 
@@ -348,7 +346,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                     None => continue, // nothing downstream depends on this value
                 }
             };
-            self.backward_op(node, dout, seed)?;
+            self.backward_op(&tape, node, dout, seed)?;
             // The producer has consumed its output's gradient: recycle it.
             if let Some(buf) = self.grads.remove(&node.out.0) {
                 self.pool.give(buf);
@@ -359,7 +357,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(())
     }
 
-    fn backward_op(&mut self, node: &Node, dout: DevPtr, seed: f32) -> Result<()> {
+    fn backward_op(&mut self, tape: &[Node], node: &Node, dout: DevPtr, seed: f32) -> Result<()> {
         let be = self.be;
         let [r, c] = self.shape(node.out);
         match node.op {
@@ -393,8 +391,18 @@ impl<'a, B: Backend> Graph<'a, B> {
             }
             Op::CrossEntropy { logits, targets, v } => {
                 let [rows, vp] = self.shape(logits);
-                let dlogits = self.grad_slot(logits)?;
-                be.crossentropy_backward(dlogits, self.ptr(logits), targets, seed / rows as f32, rows, v, vp);
+                let dloss = seed / rows as f32;
+                if self.values[logits.0].grad.is_none() && !self.is_param(logits) && !read_by_others(tape, logits, node)
+                {
+                    // Nothing else reads the logits: their gradient overwrites them (llm.c's
+                    // trick), which saves a (R, Vp) buffer, its zeroing and a read.
+                    let p = self.ptr(logits);
+                    be.crossentropy_backward_in_place(p, targets, dloss, rows, v, vp);
+                    self.values[logits.0].grad = Some(p);
+                } else {
+                    let dlogits = self.grad_slot(logits)?;
+                    be.crossentropy_backward(dlogits, self.ptr(logits), targets, dloss, rows, v, vp);
+                }
             }
             Op::Mark { .. } => unreachable!("marks are handled by backward_with"),
         }
@@ -405,6 +413,23 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn is_param(&self, x: Tensor) -> bool {
         self.values[x.0].is_param
     }
+}
+
+/// Does any op on `tape` other than `node` take `x` as an input?
+fn read_by_others(tape: &[Node], x: Tensor, node: &Node) -> bool {
+    tape.iter().any(|other| {
+        !std::ptr::eq(other, node)
+            && match other.op {
+                Op::Encoder { wte, wpe, .. } => x == wte || x == wpe,
+                Op::Matmul { inp, w, bias } => x == inp || x == w || bias == Some(x),
+                Op::LayerNorm { inp, w, b, .. } => x == inp || x == w || x == b,
+                Op::Attention { qkv, .. } => x == qkv,
+                Op::Gelu { inp } => x == inp,
+                Op::Add { a, b } => x == a || x == b,
+                Op::CrossEntropy { logits, .. } => x == logits,
+                Op::Mark { .. } => false,
+            }
+    })
 }
 
 impl<B: Backend> Drop for Graph<'_, B> {

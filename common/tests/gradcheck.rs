@@ -282,6 +282,32 @@ fn crossentropy_backward_matches_finite_differences() {
 }
 
 #[test]
+fn in_place_crossentropy_backward_equals_the_accumulating_one_into_zeros() {
+    // Same arithmetic, so bit for bit; the padding, garbage before, must come back 0.
+    let be = be();
+    let (bt, v, vp) = (5, 11, 16);
+    let mut r = rng(12);
+    let x = randn(bt * vp, 3.0, &mut r);
+    let (logits, tg) = (upload(&be, &x), tokens(&be, &[0, 10, 4, 4, 7]));
+    let dlogits = be.alloc(bt * vp).unwrap();
+    be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), 0.3, bt, v, vp);
+    be.crossentropy_backward_in_place(logits.ptr(), tg.ptr(), 0.3, bt, v, vp);
+    let (want, got) = (read(&be, &dlogits), read(&be, &logits));
+    assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+#[test]
+fn add_is_elementwise_sum() {
+    let be = be();
+    let mut r = rng(13);
+    let (a, b) = (randn(40_000, 1.0, &mut r), randn(40_000, 1.0, &mut r));
+    let (da, db, out) = (upload(&be, &a), upload(&be, &b), be.alloc(40_000).unwrap());
+    be.add(out.ptr(), da.ptr(), db.ptr(), 40_000);
+    let got = read(&be, &out);
+    assert!(got.iter().zip(a.iter().zip(&b)).all(|(o, (x, y))| *o == x + y));
+}
+
+#[test]
 fn adamw_matches_the_reference_formula() {
     let be = be();
     let n = 100;

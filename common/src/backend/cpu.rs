@@ -184,6 +184,20 @@ impl Backend for CpuBackend {
         });
     }
 
+    fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
+        let (a, b) = (view(a, n), view(b, n));
+        self.pool.install(|| {
+            view_mut(out, n)
+                .par_chunks_mut(CHUNK)
+                .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+                .for_each(|(o, (a, b))| {
+                    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                        *o = a + b;
+                    }
+                })
+        });
+    }
+
     fn scale(&self, dst: DevPtr, n: usize, s: f32) {
         self.pool.install(|| {
             view_mut(dst, n)
@@ -536,6 +550,33 @@ impl Backend for CpuBackend {
                     for i in 0..v {
                         d[i] += ((row[i] - maxv).exp() * inv - (i == targets[r] as usize) as u8 as f32) * dloss;
                     }
+                })
+        });
+    }
+
+    fn crossentropy_backward_in_place(
+        &self,
+        logits: DevPtr,
+        targets: DevPtr,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        let targets = view_i32(targets, bt);
+        self.pool.install(|| {
+            view_mut(logits, bt * vp)
+                .par_chunks_mut(vp)
+                .enumerate()
+                .for_each(|(r, row)| {
+                    let maxv = row[..v].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    let sum: f32 = row[..v].iter().map(|&x| (x - maxv).exp()).sum();
+                    let inv = 1.0 / sum;
+                    let target = targets[r] as usize;
+                    for (i, x) in row[..v].iter_mut().enumerate() {
+                        *x = ((*x - maxv).exp() * inv - (i == target) as u8 as f32) * dloss;
+                    }
+                    row[v..].fill(0.0);
                 })
         });
     }

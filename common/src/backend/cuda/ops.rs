@@ -5,7 +5,7 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 
 use super::blas::Gemm;
 use super::memory::device_err;
-use super::{args, blocks, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS};
+use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS};
 use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 
@@ -99,6 +99,15 @@ impl Backend for CudaBackend {
         );
     }
 
+    fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
+        self.launch(
+            "add_kernel",
+            blocks(n, THREADS),
+            (THREADS as u32, 1, 1),
+            args![out, a, b, n],
+        );
+    }
+
     fn scale(&self, dst: DevPtr, n: usize, s: f32) {
         self.launch(
             "scale_kernel",
@@ -162,6 +171,16 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
+        if let (Some(lt), Some(bias)) = (&self.lt, bias) {
+            match self
+                .bind()
+                .and_then(|()| lt.matmul_bias(self.stream(), out, inp, w, bias, bt, c, oc))
+            {
+                Ok(true) => return,
+                Ok(false) => {} // no fused algorithm for this shape: GEMM, then the bias kernel
+                Err(e) => return self.fail(e),
+            }
+        }
         // Row-major out (BT,OC) = inp (BT,C) · wᵀ is column-major outᵀ (OC,BT) = wᵀ · inpᵀ.
         self.gemm(Gemm {
             trans_a: true,
@@ -294,12 +313,18 @@ impl Backend for CudaBackend {
     }
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
-        // The probabilities (B,NH,T,T); a flash kernel will keep only log-sum-exp rows.
-        b * nh * t * t
+        match self.attention {
+            AttentionPath::Flash => b * nh * t,    // log-sum-exp per row
+            AttentionPath::Gemm => b * nh * t * t, // the probabilities
+        }
     }
 
     fn attention_forward(&self, out: DevPtr, saved: DevPtr, qkv: DevPtr, b: usize, t: usize, c: usize, nh: usize) {
-        if let Err(e) = self.attention_forward_gemm(out, saved, qkv, b, t, c, nh) {
+        let queued = match self.attention {
+            AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
+            AttentionPath::Gemm => self.attention_forward_gemm(out, saved, qkv, b, t, c, nh),
+        };
+        if let Err(e) = queued {
             self.fail(e);
         }
     }
@@ -309,14 +334,18 @@ impl Backend for CudaBackend {
         dqkv: DevPtr,
         dout: DevPtr,
         qkv: DevPtr,
-        _out: DevPtr,
+        out: DevPtr,
         saved: DevPtr,
         b: usize,
         t: usize,
         c: usize,
         nh: usize,
     ) {
-        if let Err(e) = self.attention_backward_gemm(dqkv, dout, qkv, saved, b, t, c, nh) {
+        let queued = match self.attention {
+            AttentionPath::Flash => self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh),
+            AttentionPath::Gemm => self.attention_backward_gemm(dqkv, dout, qkv, saved, b, t, c, nh),
+        };
+        if let Err(e) = queued {
             self.fail(e);
         }
     }
@@ -356,6 +385,24 @@ impl Backend for CudaBackend {
     ) {
         let args = args![dlogits, logits, targets, dloss, bt, v, vp];
         self.launch("crossentropy_backward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
+    }
+
+    fn crossentropy_backward_in_place(
+        &self,
+        logits: DevPtr,
+        targets: DevPtr,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        let args = args![logits, targets, dloss, bt, v, vp];
+        self.launch(
+            "crossentropy_backward_in_place_kernel",
+            (bt as u32, 1, 1),
+            (512, 1, 1),
+            args,
+        );
     }
 
     // ---- reductions and the optimiser ---------------------------------------------
