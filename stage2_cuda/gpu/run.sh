@@ -3,7 +3,7 @@
 # tf32, GPT-2 124M at B=16 T=1024), the GPU tests, the per-op timing table; a short table last.
 # Run from the project root after `../shared/gpu/bundle.sh -p stage2_cuda -p common --features cuda`:
 #   stage2_cuda/gpu/run.sh [bench] [ablate] [tests] [timing]     (default: all four)
-# Logs go to $OUT (default /tmp/out). The PyTorch script is read from this folder.
+# Logs go to $OUT (default /tmp/out; six files). The PyTorch script is read from this folder.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -28,16 +28,17 @@ export PYTHONUNBUFFERED=1 REQUIRE_NVRTC=1 STAGE2_CUDA_BIN=$(command -v stage2_cu
 # One bench: label, then the command; its last stdout line (JSON) goes to $OUT/bench.jsonl.
 bench() {
   local label=$1; shift
-  echo "== bench $label: $*"
-  if timeout 240 "$@" >"$OUT/bench-$label.log" 2>&1; then
-    tail -1 "$OUT/bench-$label.log" | python3 -c "import json,sys; r=json.load(sys.stdin); r['label']='$label'; print(json.dumps(r))" >>"$OUT/bench.jsonl" \
+  echo "== bench $label: $*" | tee -a "$OUT/bench.log"
+  if timeout 240 "$@" >/tmp/bench-run.log 2>&1; then
+    tail -1 /tmp/bench-run.log | python3 -c "import json,sys; r=json.load(sys.stdin); r['label']='$label'; print(json.dumps(r))" >>"$OUT/bench.jsonl" \
       || echo "   no JSON from $label"
   else
-    echo "   FAILED ($label), log tail:"; tail -5 "$OUT/bench-$label.log"
+    echo "   FAILED ($label), log tail:"; tail -5 /tmp/bench-run.log
   fi
+  cat /tmp/bench-run.log >>"$OUT/bench.log"
 }
 gpt2=(bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3)
-rm -f "$OUT/bench.jsonl"
+rm -f "$OUT/bench.jsonl" "$OUT/bench.log"
 if want bench; then
   timeout 60 python3 "$here/pytorch_gpt2.py" --ceilings >"$OUT/ceilings.json" 2>&1 || echo "ceilings failed"
   cat "$OUT/ceilings.json"
