@@ -62,7 +62,7 @@ class GPT2(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = F.linear(self.lnf(x), self.wte.weight)  # tied LM head
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def set_precision(precision):

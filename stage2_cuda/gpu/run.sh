@@ -48,6 +48,7 @@ if want bench; then
   done
 fi
 if want ablate; then  # earlier versions, for NOTES.md: GEMM attention, bias as a separate pass
+  bench "ours-fp32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision fp32
   bench "ours-tf32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision tf32
   bench "ours-tf32-bias-unfused" env GPT2_CUDA_BIAS_EPILOGUE=0 stage2_cuda "${gpt2[@]}" --precision tf32
 fi

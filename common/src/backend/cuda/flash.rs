@@ -32,6 +32,12 @@ fn variant(hs: usize, precision: Precision) -> Result<String> {
     Ok(format!("d{d}_s{split}"))
 }
 
+/// 1 when the kernels may copy rows in 16-byte pieces: head size (hence every row stride) a
+/// multiple of 4 floats and every matrix 16-byte aligned; else 0 (4-byte loads).
+fn vectorizable(hs: usize, ptrs: &[DevPtr]) -> usize {
+    (hs.is_multiple_of(4) && ptrs.iter().all(|p| p.0.is_multiple_of(16))) as usize
+}
+
 impl CudaBackend {
     /// (B·NH, row tiles): the tiles go in y, so they must fit its 65535 limit.
     fn flash_grid(&self, b: usize, t: usize, nh: usize) -> Result<(u32, u32, u32)> {
@@ -62,11 +68,12 @@ impl CudaBackend {
         }
         let name = format!("flash_forward_{}", variant(hs, self.precision)?);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
+        let vec = vectorizable(hs, &[qkv]);
         self.try_launch(
             &name,
             self.flash_grid(b, t, nh)?,
             (THREADS, 1, 1),
-            args![out, lse, qkv, t, nh, hs, scale_log2],
+            args![out, lse, qkv, t, nh, hs, scale_log2, vec],
         )
     }
 
@@ -99,7 +106,8 @@ impl CudaBackend {
         let scale = 1.0 / (hs as f32).sqrt();
         let scale_log2 = std::f32::consts::LOG2_E * scale;
         let grid = self.flash_grid(b, t, nh)?;
-        let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2];
+        let vec = vectorizable(hs, &[qkv, dout]);
+        let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
         self.try_launch(
             &format!("flash_backward_dkdv_{suffix}"),
             grid,

@@ -16,10 +16,21 @@ const ROWS_PER_BLOCK: usize = THREADS / 32;
 /// Rows per block of the column reductions (layernorm dw/db, matmul dbias).
 const COLUMN_CHUNK_ROWS: usize = 256;
 
+/// Rows per block of the float4 column reductions (fewer, fuller blocks).
+const VEC4_CHUNK_ROWS: usize = 512;
+
 /// Grid and block of a column reduction over an (n, c) matrix: 32 columns × 8 row lanes.
 fn column_reduce_launch(n: usize, c: usize) -> ((u32, u32, u32), (u32, u32, u32)) {
     let grid = (c.div_ceil(32) as u32, n.div_ceil(COLUMN_CHUNK_ROWS) as u32, 1);
     (grid, (32, 8, 1))
+}
+
+/// The float4 column reductions: 128 columns × 8 warps per block, when `c` and every
+/// matrix allow 16-byte loads.
+fn vec4_column_reduce(n: usize, c: usize, ptrs: &[DevPtr]) -> Option<((u32, u32, u32), (u32, u32, u32))> {
+    let aligned = c.is_multiple_of(4) && ptrs.iter().all(|p| p.0.is_multiple_of(16));
+    let grid = (c.div_ceil(128) as u32, n.div_ceil(VEC4_CHUNK_ROWS) as u32, 1);
+    aligned.then_some((grid, (256, 1, 1)))
 }
 
 impl CudaBackend {
@@ -261,13 +272,14 @@ impl Backend for CudaBackend {
             batch: 1,
         });
         if let Some(dbias) = dbias {
-            let (grid, block) = column_reduce_launch(bt, oc);
-            self.launch(
-                "bias_backward_kernel",
-                grid,
-                block,
-                args![dbias, dout, bt, oc, COLUMN_CHUNK_ROWS],
-            );
+            if let Some((grid, block)) = vec4_column_reduce(bt, oc, &[dout]) {
+                let args = args![dbias, dout, bt, oc, VEC4_CHUNK_ROWS];
+                self.launch("bias_backward_vec4_kernel", grid, block, args);
+            } else {
+                let (grid, block) = column_reduce_launch(bt, oc);
+                let args = args![dbias, dout, bt, oc, COLUMN_CHUNK_ROWS];
+                self.launch("bias_backward_kernel", grid, block, args);
+            }
         }
     }
 
@@ -307,9 +319,14 @@ impl Backend for CudaBackend {
         let grid = blocks(bt, ROWS_PER_BLOCK);
         let args = args![dinp, dout, inp, w, mean, rstd, bt, c];
         self.launch("layernorm_backward_dinp_kernel", grid, (THREADS as u32, 1, 1), args);
-        let (grid, block) = column_reduce_launch(bt, c);
-        let args = args![dw, db, dout, inp, mean, rstd, bt, c, COLUMN_CHUNK_ROWS];
-        self.launch("layernorm_backward_params_kernel", grid, block, args);
+        if let Some((grid, block)) = vec4_column_reduce(bt, c, &[dout, inp]) {
+            let args = args![dw, db, dout, inp, mean, rstd, bt, c, VEC4_CHUNK_ROWS];
+            self.launch("layernorm_backward_params_vec4_kernel", grid, block, args);
+        } else {
+            let (grid, block) = column_reduce_launch(bt, c);
+            let args = args![dw, db, dout, inp, mean, rstd, bt, c, COLUMN_CHUNK_ROWS];
+            self.launch("layernorm_backward_params_kernel", grid, block, args);
+        }
     }
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
