@@ -6,9 +6,10 @@
 //! Memory: activations, saved state and activation gradients come from a [`Pool`], a
 //! caching allocator that outlives the graph, so after the first step no op allocates.
 //! An activation's gradient goes back to the pool as soon as its producer's backward
-//! has consumed it, and the logits' gradient overwrites the logits when nothing else reads
-//! them. Parameters are views into the model's flat parameter buffer, and their gradients
-//! are views into the flat gradient buffer.
+//! has consumed it (or passes to an input of an add, whose gradient is the same), and the
+//! logits' gradient overwrites the logits when nothing else reads them. Parameters are
+//! views into the model's flat parameter buffer, and their gradients are views into the
+//! flat gradient buffer.
 
 use crate::backend::{Backend, DevPtr, DeviceBuffer};
 use crate::error::Result;
@@ -66,6 +67,8 @@ enum Op {
     CrossEntropy {
         logits: Tensor,
         targets: DevPtr,
+        /// (R) per-row losses, which the in-place backward reads.
+        losses: DevPtr,
         v: usize,
     },
     /// Not an op: a label the forward pass left on the tape (e.g. "block l starts here").
@@ -269,7 +272,15 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn cross_entropy(&mut self, logits: Tensor, targets: DevPtr, v: usize) -> Result<Tensor> {
         let [r, vp] = self.shape(logits);
         let losses = self.alloc(r)?;
-        let out = self.output([1, 1], Op::CrossEntropy { logits, targets, v })?;
+        let out = self.output(
+            [1, 1],
+            Op::CrossEntropy {
+                logits,
+                targets,
+                losses,
+                v,
+            },
+        )?;
         self.be
             .crossentropy_forward(losses, self.ptr(logits), targets, r, v, vp);
         self.be.mean(self.ptr(out), losses, r);
@@ -312,6 +323,21 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.grads.insert(x.0, buf);
         self.values[x.0].grad = Some(g);
         Ok(g)
+    }
+
+    /// Gives `out`'s pooled gradient buffer to the first of `heirs` that is an activation with
+    /// no gradient yet, when that gradient equals `out`'s (an add's inputs): no zero fill and
+    /// no copy. `out`'s producer is running its backward, the buffer's last reader. Returns
+    /// the heir.
+    fn hand_down(&mut self, out: Tensor, heirs: [Tensor; 2]) -> Option<Tensor> {
+        let heir = heirs
+            .into_iter()
+            .find(|&x| !self.is_param(x) && self.values[x.0].grad.is_none())?;
+        let buf = self.grads.remove(&out.0)?;
+        self.values[out.0].grad = None;
+        self.values[heir.0].grad = Some(buf.ptr());
+        self.grads.insert(heir.0, buf);
+        Some(heir)
     }
 
     /// Back-propagates from `loss` (the last op, a cross-entropy) with d(loss) = `seed`,
@@ -384,12 +410,21 @@ impl<'a, B: Backend> Graph<'a, B> {
                 be.gelu_backward(dinp, self.ptr(inp), dout, r * c);
             }
             Op::Add { a, b } => {
+                // Both inputs get dout; one may simply take over its buffer.
+                let heir = if a != b { self.hand_down(node.out, [b, a]) } else { None };
                 for x in [a, b] {
-                    let dx = self.grad_slot(x)?;
-                    be.accumulate(dx, dout, r * c);
+                    if Some(x) != heir {
+                        let dx = self.grad_slot(x)?;
+                        be.accumulate(dx, dout, r * c);
+                    }
                 }
             }
-            Op::CrossEntropy { logits, targets, v } => {
+            Op::CrossEntropy {
+                logits,
+                targets,
+                losses,
+                v,
+            } => {
                 let [rows, vp] = self.shape(logits);
                 let dloss = seed / rows as f32;
                 if self.values[logits.0].grad.is_none() && !self.is_param(logits) && !read_by_others(tape, logits, node)
@@ -397,7 +432,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                     // Nothing else reads the logits: their gradient overwrites them (llm.c's
                     // trick), which saves a (R, Vp) buffer, its zeroing and a read.
                     let p = self.ptr(logits);
-                    be.crossentropy_backward_in_place(p, targets, dloss, rows, v, vp);
+                    be.crossentropy_backward_in_place(p, losses, targets, dloss, rows, v, vp);
                     self.values[logits.0].grad = Some(p);
                 } else {
                     let dlogits = self.grad_slot(logits)?;

@@ -360,7 +360,7 @@ fn crossentropy_case<B: Backend>(be: &B, bt: usize, v: usize, vp: usize) -> Vec<
     let dlogits = upload(be, &random(bt * vp, 53, 1.0));
     be.crossentropy_backward(dlogits.ptr(), logits.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp);
     // In place: the logits become their gradient (padding 0).
-    be.crossentropy_backward_in_place(logits.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp);
+    be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp);
     vec![download(be, &losses), download(be, &dlogits), download(be, &logits)]
 }
 

@@ -224,7 +224,8 @@ fn gpt2_step_table(precision: Precision) {
     );
     let ce_b = || be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP);
     row("(crossentropy bwd, accumulate)", time(&be, ce_b), 0);
-    let ce_in_place = || be.crossentropy_backward_in_place(dlogits.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP);
+    let ce_in_place =
+        || be.crossentropy_backward_in_place(dlogits.ptr(), losses.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP);
     row("crossentropy bwd in place", time(&be, ce_in_place), 1);
     row("mean (loss)", time(&be, || be.mean(loss.ptr(), losses.ptr(), BT)), 1);
     assert_finite(&be, "losses", &losses);

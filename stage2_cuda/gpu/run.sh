@@ -42,9 +42,11 @@ rm -f "$OUT/bench.jsonl" "$OUT/bench.log"
 if want bench; then
   timeout 60 python3 "$here/pytorch_gpt2.py" --ceilings >"$OUT/ceilings.json" 2>&1 || echo "ceilings failed"
   cat "$OUT/ceilings.json"
-  for p in fp32 tf32; do
-    bench "ours-$p" stage2_cuda "${gpt2[@]}" --precision $p
-    bench "torch-$p" python3 "$here/pytorch_gpt2.py" --precision $p
+  for rep in 1 2; do  # twice, alternating, to see the run-to-run spread
+    for p in fp32 tf32; do
+      bench "ours-$p-r$rep" stage2_cuda "${gpt2[@]}" --precision $p
+      bench "torch-$p-r$rep" python3 "$here/pytorch_gpt2.py" --precision $p
+    done
   done
 fi
 if want ablate; then  # earlier versions, for NOTES.md: GEMM attention, bias as a separate pass
@@ -85,7 +87,8 @@ by = {r["label"]: r for r in rows}
 print(f"{'run':<28} {'tokens/s':>9} {'ms/step':>8} {'peak MiB':>9} {'mfu':>6}  vs torch (speed, memory)")
 for r in rows:
     p = "tf32" if "tf32" in r["label"] else "fp32"
-    t = by.get(f"torch-{p}")
+    rep = r["label"].rsplit("-", 1)[-1] if r["label"][-3:-1] == "-r" else "r1"
+    t = by.get(f"torch-{p}-{rep}")
     ratio = ""
     if t and not r["label"].startswith("torch"):
         ratio = f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x  {r['peak_device_mb'] / t['peak_device_mb']:.2f}x"

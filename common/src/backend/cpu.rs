@@ -557,24 +557,23 @@ impl Backend for CpuBackend {
     fn crossentropy_backward_in_place(
         &self,
         logits: DevPtr,
+        losses: DevPtr,
         targets: DevPtr,
         dloss: f32,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
-        let targets = view_i32(targets, bt);
+        let (losses, targets) = (view(losses, bt), view_i32(targets, bt));
         self.pool.install(|| {
             view_mut(logits, bt * vp)
                 .par_chunks_mut(vp)
                 .enumerate()
                 .for_each(|(r, row)| {
-                    let maxv = row[..v].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                    let sum: f32 = row[..v].iter().map(|&x| (x - maxv).exp()).sum();
-                    let inv = 1.0 / sum;
                     let target = targets[r] as usize;
+                    let lse = losses[r] + row[target]; // loss = log-sum-exp - logit[target]
                     for (i, x) in row[..v].iter_mut().enumerate() {
-                        *x = ((*x - maxv).exp() * inv - (i == target) as u8 as f32) * dloss;
+                        *x = ((*x - lse).exp() - (i == target) as u8 as f32) * dloss;
                     }
                     row[v..].fill(0.0);
                 })

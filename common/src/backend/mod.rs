@@ -170,10 +170,14 @@ pub trait Backend {
     );
     /// llm.c's in-place classifier backward, for logits nothing else reads: overwrites
     /// `logits` with their gradient, (softmax(logits) - onehot(target)) · dloss over the
-    /// first V columns and 0 in the padding. Saves a (BT,Vp) buffer and a zeroing pass.
+    /// first V columns and 0 in the padding. `losses` are what `crossentropy_forward` wrote
+    /// for these logits: with the target's logit they give each row's log-sum-exp, so a row
+    /// is read once and written once. Saves a (BT,Vp) buffer, its zeroing and two reads.
+    #[allow(clippy::too_many_arguments)]
     fn crossentropy_backward_in_place(
         &self,
         logits: DevPtr,
+        losses: DevPtr,
         targets: DevPtr,
         dloss: f32,
         bt: usize,

@@ -407,13 +407,16 @@ impl Backend for CudaBackend {
     fn crossentropy_backward_in_place(
         &self,
         logits: DevPtr,
+        losses: DevPtr,
         targets: DevPtr,
         dloss: f32,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
-        let args = args![logits, targets, dloss, bt, v, vp];
+        // 16-byte accesses when every row starts 16-byte aligned.
+        let vec = (vp.is_multiple_of(4) && logits.0.is_multiple_of(16)) as usize;
+        let args = args![logits, losses, targets, dloss, bt, v, vp, vec];
         self.launch(
             "crossentropy_backward_in_place_kernel",
             (bt as u32, 1, 1),

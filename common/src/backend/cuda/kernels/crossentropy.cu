@@ -1,6 +1,7 @@
 // Softmax cross-entropy over the first V of Vp (padded) logits per row, one block per row.
 // Max and normaliser come from one online pass (running max, rescaled sum), so forward
-// reads a row once and the in-place backward reads it twice and writes it once.
+// reads a row once; the in-place backward gets the normaliser from the forward's loss and
+// reads and writes a row once.
 
 // Merges running (max, sum) pairs: the sums are rescaled to the larger max.
 __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
@@ -77,18 +78,36 @@ extern "C" __global__ void crossentropy_backward_kernel(float* dlogits, const fl
 }
 
 // In place: logits[row, i] = (softmax_i - [i == target]) · dloss for i < V, 0 in the padding.
-extern "C" __global__ void crossentropy_backward_in_place_kernel(float* logits, const int* targets, float dloss,
-                                                                 int N, int V, int Vp) {
-    __shared__ float scratch[64];
+// softmax_i = exp(x_i - lse) with lse = losses[row] + x[target] (the forward's loss is
+// lse - x[target]), so the row is read once. `vec`: Vp a multiple of 4 and rows 16-byte aligned.
+extern "C" __global__ void crossentropy_backward_in_place_kernel(float* logits, const float* losses,
+                                                                 const int* targets, float dloss, int N, int V,
+                                                                 int Vp, int vec) {
+    __shared__ float lse_s;
     int row = blockIdx.x;
     if (row >= N) return;
     float* x = logits + (size_t)row * Vp;
-    float maxval, sum;
-    row_softmax_stats(x, V, scratch, maxval, sum);
-    float inv = 1.0f / sum;
     int target = targets[row];
-    for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
-        float p = i < V ? expf(x[i] - maxval) * inv : 0.0f;
-        x[i] = (p - (i == target ? 1.0f : 0.0f)) * dloss;
+    if (threadIdx.x == 0) lse_s = losses[row] + x[target];
+    __syncthreads();  // x[target] is read before any thread overwrites it
+    float lse = lse_s;
+    if (vec) {
+        float4* x4 = reinterpret_cast<float4*>(x);
+        for (int j = threadIdx.x; j < Vp / 4; j += blockDim.x) {
+            float4 v = x4[j];
+            float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int i = 4 * j + k;
+                float p = i < V ? expf(e[k] - lse) : 0.0f;
+                e[k] = (p - (i == target ? 1.0f : 0.0f)) * dloss;
+            }
+            x4[j] = make_float4(e[0], e[1], e[2], e[3]);
+        }
+    } else {
+        for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+            float p = i < V ? expf(x[i] - lse) : 0.0f;
+            x[i] = (p - (i == target ? 1.0f : 0.0f)) * dloss;
+        }
     }
 }
