@@ -3,7 +3,7 @@
 //! (descriptors and the heuristic's algorithm) is made once per shape and alignment, then
 //! reused. `Fp32` is CUBLAS_COMPUTE_32F (no TF32), `Tf32` CUBLAS_COMPUTE_32F_FAST_TF32.
 
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::c_void;
 use std::sync::Mutex;
 
@@ -126,11 +126,11 @@ impl LtMatmul {
             .plans
             .lock()
             .map_err(|_| Error::Device("cuBLASLt plan lock poisoned".into()))?;
-        if !plans.contains_key(&key) {
-            let plan = self.make_plan(&key)?;
-            plans.insert(key, plan);
-        }
-        let Some(plan) = plans.get(&key).and_then(|p| p.as_ref()) else {
+        let plan = match plans.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(self.make_plan(&key)?),
+        };
+        let Some(plan) = plan.as_ref() else {
             return Ok(false);
         };
         let (alpha, beta) = (1.0f32, 0.0f32);

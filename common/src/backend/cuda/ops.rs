@@ -19,15 +19,18 @@ const COLUMN_CHUNK_ROWS: usize = 256;
 /// Rows per block of the float4 column reductions (fewer, fuller blocks).
 const VEC4_CHUNK_ROWS: usize = 512;
 
+/// A kernel launch's grid and block.
+type LaunchShape = ((u32, u32, u32), (u32, u32, u32));
+
 /// Grid and block of a column reduction over an (n, c) matrix: 32 columns × 8 row lanes.
-fn column_reduce_launch(n: usize, c: usize) -> ((u32, u32, u32), (u32, u32, u32)) {
+fn column_reduce_launch(n: usize, c: usize) -> LaunchShape {
     let grid = (c.div_ceil(32) as u32, n.div_ceil(COLUMN_CHUNK_ROWS) as u32, 1);
     (grid, (32, 8, 1))
 }
 
 /// The float4 column reductions: 128 columns × 8 warps per block, when `c` and every
 /// matrix allow 16-byte loads.
-fn vec4_column_reduce(n: usize, c: usize, ptrs: &[DevPtr]) -> Option<((u32, u32, u32), (u32, u32, u32))> {
+fn vec4_column_reduce(n: usize, c: usize, ptrs: &[DevPtr]) -> Option<LaunchShape> {
     let aligned = c.is_multiple_of(4) && ptrs.iter().all(|p| p.0.is_multiple_of(16));
     let grid = (c.div_ceil(128) as u32, n.div_ceil(VEC4_CHUNK_ROWS) as u32, 1);
     aligned.then_some((grid, (256, 1, 1)))
