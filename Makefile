@@ -19,12 +19,19 @@ NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidi
 
 .PHONY: all deps build run test bench results clean
 
+# GPU results copied back from a device run (see stage2_cuda/gpu/), when present.
+GPU_RUNS := $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(s)/loss.tsv),--run "$(s)=results/runs/$(s)"))
+
 all: build
 
 deps:
-	@if ! command -v mpicc >/dev/null || ! ldconfig -p | grep -q libclang; then \
-	  echo "installing MPICH and libclang (apt)"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mpich libmpich-dev libclang-dev >/dev/null; \
+	@missing=""; \
+	command -v mpicc >/dev/null || missing="$$missing mpich libmpich-dev"; \
+	ldconfig -p | grep -q 'libclang[-.0-9]*\.so' || missing="$$missing libclang-dev"; \
+	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing="$$missing fonts-dejavu-core"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing (apt)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@python3 -c "import nvidia, os, sys; sys.exit(not os.path.exists(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib', 'libnvrtc.so.13')))" 2>/dev/null \
 	  || python3 -m pip install -q nvidia-cuda-nvrtc
@@ -32,7 +39,10 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace
 
-run: build
+# Only stage 0 is built here: no MPI or CUDA crates to compile, so a fresh checkout
+# trains within minutes.
+run: deps
+	$(CARGO) build --release -p stage0_serial
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out $(RUN_DIR)/stage0
 
 test: deps
@@ -43,6 +53,13 @@ bench: build
 	$(BIN)/stage0_serial bench --model gpt2 --batch 4 --seq-len 64 --steps 5
 	@echo "== stage 0, char model, batch 16, seq 128"
 	$(BIN)/stage0_serial bench --model char --vocab 256 --batch 16 --seq-len 128 --steps 20
+
+# Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch, then
+# the side-by-side tables and plot in results/README.md.
+results: build
+	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out results/runs/stage0
+	mpirun -n $(NP) $(BIN)/stage1_mpi train $(TRAIN_FLAGS) --out results/runs/stage1
+	$(BIN)/stage0_serial report --run stage0=results/runs/stage0 --run "stage1 ($(NP) ranks)=results/runs/stage1" $(GPU_RUNS) --out results
 
 clean:
 	$(CARGO) clean

@@ -63,6 +63,13 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
                 Ok(())
             }
         }
+        Command::Report(args) => {
+            if comm.is_root() {
+                let path = crate::report::report(&args.runs, &args.out)?;
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
         Command::Tokenize(args) => {
             if comm.is_root() {
                 tokenize_cmd(&args)
@@ -97,7 +104,7 @@ fn generate_cmd<B: Backend>(be: &B, args: &GenerateArgs) -> Result<()> {
         top_k: args.top_k,
         seed: args.seed,
     };
-    if !(args.temperature > 0.0) && !args.greedy {
+    if args.temperature.is_nan() || (args.temperature <= 0.0 && !args.greedy) {
         crate::bail_input!("--temperature must be positive (or use --greedy)");
     }
     let mut out = std::io::stdout().lock();

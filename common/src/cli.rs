@@ -42,6 +42,19 @@ pub enum Command {
     Tokenize(TokenizeArgs),
     /// Time training steps on random tokens; prints one JSON line last.
     Bench(BenchArgs),
+    /// Gather finished runs into OUT/README.md (time and loss tables) and OUT/loss.png.
+    Report(ReportArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// A finished run: LABEL=DIR (DIR holds loss.tsv and summary.json). Repeat per stage;
+    /// the first is the baseline.
+    #[arg(long = "run", value_name = "LABEL=DIR", required = true)]
+    pub runs: Vec<String>,
+    /// Where README.md and loss.png go.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
 }
 
 /// Model shape: a preset with optional overrides.

@@ -15,6 +15,7 @@ pub mod error;
 pub mod generate;
 pub mod model;
 pub mod optim;
+pub mod report;
 pub mod tokenizer;
 pub mod train;
 

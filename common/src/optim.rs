@@ -106,3 +106,37 @@ impl<B: Backend> AdamW<B> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> OptimConfig {
+        OptimConfig {
+            lr: 1.0,
+            min_lr_frac: 0.1,
+            warmup_steps: 10,
+            total_steps: 110,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+        }
+    }
+
+    #[test]
+    fn warmup_is_linear_then_cosine_decays_to_the_floor() {
+        let c = cfg();
+        assert!((c.lr_at(0) - 0.1).abs() < 1e-6, "first warmup step");
+        assert!((c.lr_at(9) - 1.0).abs() < 1e-6, "warmup reaches the peak");
+        assert!((c.lr_at(10) - 1.0).abs() < 1e-6, "cosine starts at the peak");
+        assert!(
+            (c.lr_at(60) - 0.55).abs() < 1e-5,
+            "halfway is the midpoint of peak and floor"
+        );
+        assert!((c.lr_at(110) - 0.1).abs() < 1e-6, "ends at the floor");
+        assert!((c.lr_at(500) - 0.1).abs() < 1e-6, "stays at the floor");
+        assert!((11..110).all(|s| c.lr_at(s) <= c.lr_at(s - 1)), "monotone decay");
+    }
+}

@@ -12,6 +12,7 @@ use crate::error::{io_err, Error, Result};
 use crate::generate::{self, SampleOptions};
 use crate::model::{Gpt2, ModelConfig};
 use crate::optim::{AdamW, OptimConfig, StepStats};
+use crate::report::RunSummary;
 use crate::tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -349,6 +350,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
 
     let run_start = Instant::now();
     let (mut window_loss, mut window_steps, mut window_time) = (0.0f64, 0u64, 0.0f64);
+    let (mut step_time, mut last_val) = (0.0f64, f32::NAN);
     let meta_at = |step: u64, cursor: DataCursor| CheckpointMeta {
         config,
         tokenizer: tok_kind.name().to_string(),
@@ -363,6 +365,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let t0 = Instant::now();
         let report = trainer.step(&batch, b / world, t, step)?;
         window_time += t0.elapsed().as_secs_f64();
+        step_time += t0.elapsed().as_secs_f64();
         window_loss += report.stats.loss as f64;
         window_steps += 1;
         bar.set_message(format!(
@@ -382,6 +385,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         if done % eval_every == 0 || done == total_steps || stop {
             if let Some(log) = log.as_mut() {
                 let val = trainer.evaluate(&eval_set, t)?;
+                last_val = val;
                 let row = LossRow {
                     epoch: loader.epochs_done(),
                     train_loss: (window_loss / window_steps as f64) as f32,
@@ -407,8 +411,21 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         }
     }
     bar.finish_and_clear();
+    let train_time_s = run_start.elapsed().as_secs_f64();
     if root {
         println!("saved {}", ckpt_path.display());
+        let mut summary = RunSummary {
+            device: be.name(),
+            ranks: world,
+            params: config.num_params(),
+            batch: b,
+            seq_len: t,
+            steps: total_steps,
+            train_time_s,
+            train_tokens_per_s: ((total_steps - start_step) * (b * t) as u64) as f64 / step_time,
+            final_val_loss: last_val,
+            ..Default::default()
+        };
         if args.sample_len > 0 {
             let opts = SampleOptions {
                 max_new_tokens: args.sample_len,
@@ -417,9 +434,14 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
                 top_k: 40,
                 seed: args.seed,
             };
-            let text = trainer.sample(&tok, "\n", &opts)?;
-            println!("---- sample ----{text}\n----------------");
+            let started = Instant::now();
+            summary.sample = trainer.sample(&tok, "\n", &opts)?;
+            (summary.sample_tokens, summary.sample_time_s) = (args.sample_len, started.elapsed().as_secs_f64());
+            println!("---- sample ----{}\n----------------", summary.sample);
         }
+        let path = out.join("summary.json");
+        let json = serde_json::to_string_pretty(&summary).expect("plain data serialises");
+        std::fs::write(&path, json).map_err(io_err(&path))?;
     }
     Ok(())
 }
@@ -441,7 +463,7 @@ pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) ->
             config.max_seq_len
         );
     }
-    if b % world != 0 {
+    if !b.is_multiple_of(world) {
         crate::bail_input!("--batch {b} must be divisible by the number of ranks {world}");
     }
     Ok(())

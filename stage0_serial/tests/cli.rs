@@ -316,3 +316,49 @@ fn impossible_dimensions_fail_cleanly() {
     preset[6] = "gpt5"; // --model gpt5
     assert_bad_input(&run(&preset), "gpt5");
 }
+
+#[test]
+fn ctrl_c_saves_a_checkpoint_that_resumes() {
+    let d = tmpdir("sigint");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let mut args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "100000"]);
+    args.push("--eval-every");
+    args.push("1000000");
+    let child = Command::new(BIN)
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "interrupted runs exit 130: {err}");
+    assert!(err.contains("--resume"), "the message says how to continue: {err}");
+    let ckpt = out.join("model.ckpt");
+    let table = loss_table(&out);
+    assert!(
+        table.len() >= 2,
+        "the loss row of the interrupted step is kept: {table:?}"
+    );
+    // Asking for fewer steps than were done names the checkpoint's step...
+    let (data, out_s, ck) = (data.to_str().unwrap(), out.to_str().unwrap(), ckpt.to_str().unwrap());
+    let o = run(&train_args(data, out_s, &["--steps", "1", "--resume", ck]));
+    assert_bad_input(&o, "--steps");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let step: u64 = err
+        .split("at step ")
+        .nth(1)
+        .and_then(|s| s.split(',').next()?.trim().parse().ok())
+        .expect(&err);
+    // ...and two more steps from there run.
+    let more = (step + 2).to_string();
+    let o = run(&train_args(data, out_s, &["--steps", &more, "--resume", ck]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

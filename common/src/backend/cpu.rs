@@ -3,7 +3,10 @@
 //! thread count (work is split by output element or by fixed-size blocks, never by
 //! thread), so a run is bit-for-bit reproducible and stage 1's ranks can match stage 0.
 
-use super::{AdamWStep, Backend, DevPtr, DeviceBuffer};
+// Index loops read like the formulas in these numeric kernels.
+#![allow(clippy::needless_range_loop)]
+
+use super::{fastmath, AdamWStep, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
@@ -130,6 +133,34 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Σ e^(x − shift), with 8 independent accumulators (vectorises; fixed order).
+#[inline]
+fn sum_exp(xs: &[f32], shift: f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let body = xs.len() / 8 * 8;
+    for x in xs[..body].chunks_exact(8) {
+        for i in 0..8 {
+            acc[i] += fastmath::exp(x[i] - shift);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &x in &xs[body..] {
+        s += fastmath::exp(x - shift);
+    }
+    s
+}
+
+/// The (T, hs) rows given by `row` as an (hs, T) matrix.
+fn transpose_head<'a>(t: usize, hs: usize, row: impl Fn(usize) -> &'a [f32]) -> Vec<f32> {
+    let mut out = vec![0.0f32; hs * t];
+    for tj in 0..t {
+        for (d, &x) in row(tj).iter().enumerate() {
+            out[d * t + tj] = x;
+        }
+    }
+    out
+}
+
 /// y += a · x
 #[inline]
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
@@ -150,7 +181,7 @@ impl Backend for CpuBackend {
     fn alloc(&self, words: usize) -> Result<CpuBuffer> {
         let mut v = Vec::new();
         v.try_reserve_exact(words)
-            .map_err(|_| Error::Device(format!("out of host memory allocating {} MiB", words * 4 >> 20)))?;
+            .map_err(|_| Error::Device(format!("out of host memory allocating {} MiB", (words * 4) >> 20)))?;
         v.resize(words, 0.0);
         Ok(CpuBuffer(v))
     }
@@ -404,30 +435,33 @@ impl Backend for CpuBackend {
         let qkv = view(qkv, b * t * 3 * c);
         let (out, att) = (SyncPtr(out.0 as *mut f32), SyncPtr(saved.0 as *mut f32));
         self.pool.install(|| {
-            (0..b * nh * t).into_par_iter().for_each(|i| {
-                let (bi, h, ti) = (i / (nh * t), (i / t) % nh, i % t);
-                // SAFETY: task (b,h,t) alone writes att row (b,h,t) and out[b,t,h*hs..][..hs].
-                let att = unsafe { att.slice(((bi * nh + h) * t + ti) * t, t) };
-                let out = unsafe { out.slice((bi * t + ti) * c + h * hs, hs) };
+            // One task per (batch, head). Keys are transposed to (hs, T) so each query's
+            // scores are built by axpy over contiguous key positions (vectorises).
+            (0..b * nh).into_par_iter().for_each(|i| {
+                let (bi, h) = (i / nh, i % nh);
                 let row = |tj: usize, part: usize| &qkv[(bi * t + tj) * 3 * c + part * c + h * hs..][..hs];
-                let q = row(ti, 0);
-                let mut maxv = f32::NEG_INFINITY;
-                for tj in 0..=ti {
-                    att[tj] = dot(q, row(tj, 1)) * scale;
-                    maxv = maxv.max(att[tj]);
+                let kt = transpose_head(t, hs, |tj| row(tj, 1));
+                for ti in 0..t {
+                    // SAFETY: task (b,h) alone writes att rows (b,h,·) and out[b,·,h*hs..][..hs].
+                    let att = unsafe { att.slice((i * t + ti) * t, t) };
+                    let out = unsafe { out.slice((bi * t + ti) * c + h * hs, hs) };
+                    let (scores, rest) = att.split_at_mut(ti + 1);
+                    scores.fill(0.0);
+                    for (d, &qd) in row(ti, 0).iter().enumerate() {
+                        axpy(scores, qd * scale, &kt[d * t..][..=ti]);
+                    }
+                    let maxv = scores.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                    for a in scores.iter_mut() {
+                        *a = fastmath::exp(*a - maxv);
+                    }
+                    let inv = 1.0 / scores.iter().sum::<f32>();
+                    out.fill(0.0);
+                    for (tj, a) in scores.iter_mut().enumerate() {
+                        *a *= inv;
+                        axpy(out, *a, row(tj, 2));
+                    }
+                    rest.fill(0.0);
                 }
-                let mut sum = 0.0;
-                for a in &mut att[..=ti] {
-                    *a = (*a - maxv).exp();
-                    sum += *a;
-                }
-                let inv = 1.0 / sum;
-                out.fill(0.0);
-                for tj in 0..=ti {
-                    att[tj] *= inv;
-                    axpy(out, att[tj], row(tj, 2));
-                }
-                att[ti + 1..].fill(0.0);
             })
         });
     }
@@ -454,29 +488,47 @@ impl Backend for CpuBackend {
         let dqkv = SyncPtr(dqkv.0 as *mut f32);
         self.pool.install(|| {
             // One task per (batch, head): dk and dv rows collect from every later query,
-            // so time runs sequentially inside the task.
+            // so time runs sequentially inside the task. Values are transposed to (hs, T)
+            // and key gradients gathered transposed, so inner loops run over positions.
             (0..b * nh).into_par_iter().for_each(|i| {
                 let (bi, h) = (i / nh, i % nh);
-                let mut datt = vec![0.0f32; t];
                 let row = |tj: usize, part: usize| &qkv[(bi * t + tj) * 3 * c + part * c + h * hs..][..hs];
                 // SAFETY: task (b,h) alone touches the head-h columns of batch b's rows.
                 let drow =
                     |tj: usize, part: usize| unsafe { dqkv.slice((bi * t + tj) * 3 * c + part * c + h * hs, hs) };
+                let vt = transpose_head(t, hs, |tj| row(tj, 2));
+                let mut dkt = vec![0.0f32; hs * t];
+                let mut dpre = vec![0.0f32; t];
                 for ti in 0..t {
                     let a = &att[(i * t + ti) * t..][..=ti];
                     let dy = &dout[(bi * t + ti) * c + h * hs..][..hs];
-                    // through out = att · v
-                    for tj in 0..=ti {
-                        datt[tj] = dot(dy, row(tj, 2));
-                        axpy(drow(tj, 2), a[tj], dy);
+                    // through out = att · v: datt = dy · vᵀ, dv += att ⊗ dy
+                    let datt = &mut dpre[..=ti];
+                    datt.fill(0.0);
+                    for (d, &g) in dy.iter().enumerate() {
+                        axpy(datt, g, &vt[d * t..][..=ti]);
                     }
-                    // through the softmax: dpre = a ⊙ (datt - Σ a·datt)
-                    let s = dot(a, &datt[..=ti]);
+                    for (tj, &aj) in a.iter().enumerate() {
+                        axpy(drow(tj, 2), aj, dy);
+                    }
+                    // through the softmax: dpre = a ⊙ (datt − Σ a·datt), then the scale
+                    let s = dot(a, datt);
+                    for (dp, &aj) in datt.iter_mut().zip(a) {
+                        *dp = aj * (*dp - s) * scale;
+                    }
+                    // through scores = q · kᵀ
                     let dq = drow(ti, 0);
-                    for tj in 0..=ti {
-                        let dpre = a[tj] * (datt[tj] - s) * scale;
-                        axpy(dq, dpre, row(tj, 1));
-                        axpy(drow(tj, 1), dpre, row(ti, 0));
+                    for (tj, &dp) in datt.iter().enumerate() {
+                        axpy(dq, dp, row(tj, 1));
+                    }
+                    for (d, &qd) in row(ti, 0).iter().enumerate() {
+                        axpy(&mut dkt[d * t..][..=ti], qd, datt);
+                    }
+                }
+                for tj in 0..t {
+                    let dk = drow(tj, 1);
+                    for d in 0..hs {
+                        dk[d] += dkt[d * t + tj];
                     }
                 }
             })
@@ -491,7 +543,7 @@ impl Backend for CpuBackend {
                 .zip(inp.par_chunks(CHUNK))
                 .for_each(|(o, x)| {
                     for (o, &x) in o.iter_mut().zip(x) {
-                        *o = 0.5 * x * (1.0 + (GELU_SCALE * (x + 0.044715 * x * x * x)).tanh());
+                        *o = 0.5 * x * (1.0 + fastmath::tanh(GELU_SCALE * (x + 0.044715 * x * x * x)));
                     }
                 })
         });
@@ -506,7 +558,7 @@ impl Backend for CpuBackend {
                 .for_each(|(d, (x, dy))| {
                     for ((d, &x), &dy) in d.iter_mut().zip(x).zip(dy) {
                         let u = GELU_SCALE * (x + 0.044715 * x * x * x);
-                        let th = u.tanh();
+                        let th = fastmath::tanh(u);
                         let sech2 = 1.0 - th * th;
                         let grad = 0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * x * x);
                         *d += grad * dy;
@@ -521,7 +573,7 @@ impl Backend for CpuBackend {
             view_mut(losses, bt).par_iter_mut().enumerate().for_each(|(r, loss)| {
                 let row = &logits[r * vp..][..v];
                 let maxv = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let sum: f32 = row.iter().map(|&x| (x - maxv).exp()).sum();
+                let sum = sum_exp(row, maxv);
                 *loss = maxv + sum.ln() - row[targets[r] as usize];
             })
         });
@@ -545,10 +597,10 @@ impl Backend for CpuBackend {
                 .for_each(|(r, d)| {
                     let row = &logits[r * vp..][..v];
                     let maxv = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                    let sum: f32 = row.iter().map(|&x| (x - maxv).exp()).sum();
+                    let sum = sum_exp(row, maxv);
                     let inv = 1.0 / sum;
                     for i in 0..v {
-                        d[i] += ((row[i] - maxv).exp() * inv - (i == targets[r] as usize) as u8 as f32) * dloss;
+                        d[i] += (fastmath::exp(row[i] - maxv) * inv - (i == targets[r] as usize) as u8 as f32) * dloss;
                     }
                 })
         });

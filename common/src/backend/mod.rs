@@ -13,6 +13,7 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_disabled.rs"]
 pub mod cuda;
+mod fastmath;
 
 use crate::error::Result;
 

@@ -1,0 +1,225 @@
+//! The `report` subcommand: gathers finished runs (each a `loss.tsv` plus the
+//! `summary.json` that `train` writes) into `results/README.md` — a time table, a
+//! loss-per-epoch table with a column per stage, the largest loss gap between stages —
+//! and `results/loss.png`, the loss curves.
+
+use crate::error::{io_err, Error, Result};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// What `train` records about a finished run, beside its loss table.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct RunSummary {
+    pub device: String,
+    pub ranks: usize,
+    pub params: usize,
+    pub batch: usize,
+    pub seq_len: usize,
+    pub steps: u64,
+    pub train_time_s: f64,
+    pub train_tokens_per_s: f64,
+    pub final_val_loss: f32,
+    /// Tokens generated for the sample, and how long that took (inference time).
+    pub sample_tokens: usize,
+    pub sample_time_s: f64,
+    pub sample: String,
+}
+
+struct Run {
+    label: String,
+    rows: Vec<[f64; 5]>, // epoch, train_loss, val_loss, tokens_per_s, elapsed_s
+    summary: RunSummary,
+}
+
+fn read_run(spec: &str) -> Result<Run> {
+    let Some((label, dir)) = spec.split_once('=') else {
+        crate::bail_input!("--run takes LABEL=DIR, got '{spec}'");
+    };
+    let dir = Path::new(dir);
+    let tsv = dir.join("loss.tsv");
+    let text = std::fs::read_to_string(&tsv).map_err(io_err(&tsv))?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        let vals: Vec<f64> = line.split('\t').filter_map(|x| x.parse().ok()).collect();
+        let Ok(row) = <[f64; 5]>::try_from(vals) else {
+            crate::bail_input!("{}: line {} is not 5 numbers", tsv.display(), i + 1);
+        };
+        rows.push(row);
+    }
+    if rows.is_empty() {
+        crate::bail_input!("{}: no rows (did the run finish?)", tsv.display());
+    }
+    let sj = dir.join("summary.json");
+    let summary = match std::fs::read_to_string(&sj) {
+        Ok(s) => serde_json::from_str(&s).map_err(|e| Error::Input(format!("{}: {e}", sj.display())))?,
+        Err(_) => RunSummary::default(),
+    };
+    Ok(Run {
+        label: label.to_string(),
+        rows,
+        summary,
+    })
+}
+
+pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
+    let runs: Vec<Run> = runs.iter().map(|s| read_run(s)).collect::<Result<_>>()?;
+    if runs.is_empty() {
+        crate::bail_input!("give at least one --run LABEL=DIR");
+    }
+    std::fs::create_dir_all(out).map_err(io_err(out))?;
+    let mut md = String::new();
+    let s0 = &runs[0].summary;
+    let _ = writeln!(md, "# Results\n");
+    let _ = writeln!(
+        md,
+        "Written by `make results` (the `report` subcommand) from the runs' own `loss.tsv` and `summary.json`. \
+         Model: {} parameters, batch {}×{}, {} steps, same seed for every stage.\n",
+        s0.params, s0.batch, s0.seq_len, s0.steps
+    );
+    let _ = writeln!(md, "## Table 1: training and inference time\n");
+    let _ = writeln!(md, "| stage | device | ranks | training time (s) | speed-up | train tokens/s | inference tokens/s | final val loss |");
+    let _ = writeln!(md, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let base = s0.train_time_s;
+    for r in &runs {
+        let s = &r.summary;
+        let infer = if s.sample_time_s > 0.0 {
+            format!("{:.0}", s.sample_tokens as f64 / s.sample_time_s)
+        } else {
+            "–".into()
+        };
+        let speedup = if s.train_time_s > 0.0 {
+            format!("{:.2}×", base / s.train_time_s)
+        } else {
+            "–".into()
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.1} | {} | {:.0} | {} | {:.4} |",
+            r.label, s.device, s.ranks, s.train_time_s, speedup, s.train_tokens_per_s, infer, s.final_val_loss
+        );
+    }
+    let _ = writeln!(md, "\n## Table 2: loss per epoch (nats per token)\n");
+    let mut head = String::from("| epoch |");
+    let mut rule = String::from("| ---: |");
+    for r in &runs {
+        let _ = write!(head, " {0} train | {0} val |", r.label);
+        rule.push_str(" ---: | ---: |");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    // Rows are matched by epoch (runs with the same settings evaluate at the same points).
+    let key = |e: f64| format!("{e:.3}");
+    let mut epochs: Vec<f64> = runs.iter().flat_map(|r| r.rows.iter().map(|x| x[0])).collect();
+    epochs.sort_by(f64::total_cmp);
+    epochs.dedup_by(|a, b| key(*a) == key(*b));
+    let at = |r: &Run, e: f64| r.rows.iter().find(|x| key(x[0]) == key(e)).copied();
+    for &e in &epochs {
+        let _ = write!(md, "| {e:.3} |");
+        for r in &runs {
+            match at(r, e) {
+                Some(row) => {
+                    let _ = write!(md, " {:.4} | {:.4} |", row[1], row[2]);
+                }
+                None => md.push_str(" – | – |"),
+            }
+        }
+        md.push('\n');
+    }
+    if runs.len() > 1 {
+        let _ = writeln!(md, "\n## Agreement with {}\n", runs[0].label);
+        let _ = writeln!(md, "Largest absolute difference over the rows both runs have (the tables above are rounded to 4 digits; this uses the full `loss.tsv` values).\n");
+        let _ = writeln!(md, "| stage | max \\|Δ train loss\\| | max \\|Δ val loss\\| |");
+        let _ = writeln!(md, "| --- | ---: | ---: |");
+        for r in &runs[1..] {
+            let gap = |col: usize| {
+                r.rows
+                    .iter()
+                    .zip(&runs[0].rows)
+                    .map(|(a, b)| (a[col] - b[col]).abs())
+                    .fold(0.0f64, f64::max)
+            };
+            let _ = writeln!(md, "| {} | {:.2e} | {:.2e} |", r.label, gap(1), gap(2));
+        }
+    }
+    if !s0.sample.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Sample from {}\n\n```text\n{}\n```",
+            runs[0].label,
+            s0.sample.trim()
+        );
+    }
+    match plot(&runs, &out.join("loss.png")) {
+        Ok(()) => {
+            let _ = writeln!(md, "\n## Loss curves\n\n![loss per epoch](loss.png)");
+        }
+        Err(e) => eprintln!("warning: no plot: {e}"),
+    }
+    let path = out.join("README.md");
+    std::fs::write(&path, md).map_err(io_err(&path))?;
+    Ok(path)
+}
+
+/// A system font for the plot's text (Debian: fonts-dejavu-core).
+fn load_font() -> Result<()> {
+    const CANDIDATES: &[&str] = &[
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    ];
+    let bytes = CANDIDATES
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or_else(|| Error::Input("no DejaVuSans.ttf found (apt-get install fonts-dejavu-core)".into()))?;
+    plotters::style::register_font(
+        "sans-serif",
+        plotters::style::FontStyle::Normal,
+        Box::leak(bytes.into_boxed_slice()),
+    )
+    .map_err(|_| Error::Input("DejaVuSans.ttf is not a usable font".into()))
+}
+
+fn plot(runs: &[Run], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    load_font()?;
+    let draw_err = |e: String| Error::Input(format!("{}: {e}", path.display()));
+    let max_epoch = runs
+        .iter()
+        .flat_map(|r| r.rows.iter().map(|x| x[0]))
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    let losses = runs.iter().flat_map(|r| r.rows.iter().flat_map(|x| [x[1], x[2]]));
+    let (lo, hi) = losses.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw_err(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("GPT-2 loss per epoch, by stage", ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..max_epoch * 1.02, (lo - 0.05)..(hi + 0.05))
+        .map_err(|e| draw_err(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("epoch")
+        .y_desc("loss (nats/token)")
+        .draw()
+        .map_err(|e| draw_err(e.to_string()))?;
+    for (i, r) in runs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        for (col, name, width) in [(2, "val", 3), (1, "train", 1)] {
+            let pts: Vec<(f64, f64)> = r.rows.iter().map(|x| (x[0], x[col])).collect();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(width)))
+                .map_err(|e| draw_err(e.to_string()))?
+                .label(format!("{} {name}", r.label))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width)));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| draw_err(e.to_string()))?;
+    root.present().map_err(|e| draw_err(e.to_string()))?;
+    Ok(())
+}
