@@ -7,6 +7,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NP ?= 2
+# Stage 1 bench batch per rank: 2 ranks x 2 = stage 0's bench batch of 4.
+MPI_BENCH_BATCH ?= 2
 CORPUS := data/tinyshakespeare.txt
 RUN_DIR := runs
 BIN := target/release
@@ -53,6 +55,9 @@ bench: build
 	$(BIN)/stage0_serial bench --model gpt2 --batch 4 --seq-len 64 --steps 5
 	@echo "== stage 0, char model, batch 16, seq 128"
 	$(BIN)/stage0_serial bench --model char --vocab 256 --batch 16 --seq-len 128 --steps 20
+	@echo "== stage 1, GPT-2 124M, $(NP) ranks x batch $(MPI_BENCH_BATCH), seq 64; then with the allreduce overlapped"
+	mpirun -n $(NP) $(BIN)/stage1_mpi bench --model gpt2 --batch $(MPI_BENCH_BATCH) --seq-len 64 --steps 3
+	mpirun -n $(NP) $(BIN)/stage1_mpi bench --model gpt2 --batch $(MPI_BENCH_BATCH) --seq-len 64 --steps 3 --overlap
 
 # Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch, then
 # the side-by-side tables and plot in results/README.md.

@@ -11,6 +11,7 @@ use crate::generate::{self, SampleOptions};
 use crate::model::Gpt2;
 use crate::tokenizer::Tokenizer;
 use crate::{autograd::Pool, backend::DeviceBuffer, data};
+use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -30,8 +31,52 @@ pub fn main<B: Backend>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode 
             } else {
                 String::new()
             };
-            eprintln!("{}{who}: error: {e}", stage.name);
+            say(&format!("{}{who}: error: {e}", stage.name));
+            if !e.is_on_every_rank() {
+                // The other ranks did not see this error: end the whole job, or they would
+                // wait forever in their next collective.
+                comm.abort(e.exit_code());
+            }
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Writes one line to stderr in one piece, so lines of ranks failing at once (all sent to
+/// the terminal by mpirun) do not interleave.
+fn say(line: &str) {
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
+/// Parses the command line on every rank of a job and agrees on the outcome, so flags
+/// that fail on some ranks only (different flags per rank) stop every rank instead of
+/// leaving the others waiting. Help, or an error every rank shares, is printed by rank 0.
+pub fn parse_cli(name: &str, comm: &dyn Comm) -> std::result::Result<Cli, ExitCode> {
+    let parsed = Cli::try_parse();
+    let mut failed = vec![0.0f32; comm.size()];
+    failed[comm.rank()] = parsed.is_err() as u8 as f32;
+    if let Err(e) = comm.all_reduce_sum_host(&mut failed) {
+        say(&format!("{name} ({}): error: {e}", comm.describe()));
+        return Err(ExitCode::FAILURE);
+    }
+    let failed: Vec<String> = (0..failed.len())
+        .filter(|&r| failed[r] > 0.0)
+        .map(|r| r.to_string())
+        .collect();
+    match parsed {
+        Ok(cli) if failed.is_empty() => Ok(cli),
+        Ok(_) => {
+            let (who, ranks) = (comm.describe(), failed.join(", "));
+            say(&format!(
+                "{name} ({who}): error: the flags of rank {ranks} do not parse (its message says why)"
+            ));
+            Err(ExitCode::from(2))
+        }
+        Err(e) => {
+            if comm.is_root() || failed.len() < comm.size() {
+                let _ = e.print();
+            }
+            Err(ExitCode::from(e.exit_code().clamp(0, 255) as u8))
         }
     }
 }

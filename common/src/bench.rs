@@ -3,11 +3,12 @@
 
 use crate::backend::Backend;
 use crate::cli::{BenchArgs, Precision};
-use crate::comm::Comm;
+use crate::comm::{agree, Comm};
 use crate::data::Batch;
 use crate::error::Result;
+use crate::model::ModelConfig;
 use crate::optim::OptimConfig;
-use crate::train::{validate_shape, Trainer};
+use crate::train::{check_same_everywhere, validate_shape, Trainer};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::time::Instant;
@@ -35,6 +36,16 @@ pub struct BenchReport {
     pub final_loss: f32,
 }
 
+/// The model to time, once its flags are checked.
+fn bench_model(args: &BenchArgs) -> Result<ModelConfig> {
+    let config = args.model.config(args.vocab)?;
+    validate_shape(&config, args.batch, args.seq_len, 1)?;
+    if args.steps == 0 {
+        crate::bail_input!("--steps must be at least 1");
+    }
+    Ok(config)
+}
+
 /// Dense peak FLOP/s of the GPU named `device` at `precision`, when known.
 pub fn gpu_peak_flops(device: &str, precision: Precision) -> Option<f64> {
     // H100 / H200 SXM datasheet dense figures (the same chip): fp32 67 TF, tf32 495 TF.
@@ -46,12 +57,11 @@ pub fn gpu_peak_flops(device: &str, precision: Precision) -> Option<f64> {
 }
 
 pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool) -> Result<BenchReport> {
-    let config = args.model.config(args.vocab)?;
+    let mut same_everywhere = args.clone();
+    same_everywhere.exec.threads = 0; // may differ per host; timings only
+    check_same_everywhere(comm, &format!("bench {same_everywhere:?}"))?;
     let (b, t, world) = (args.batch, args.seq_len, comm.size());
-    validate_shape(&config, b, t, 1)?;
-    if args.steps == 0 {
-        crate::bail_input!("--steps must be at least 1");
-    }
+    let config = agree(comm, bench_model(args))?;
     let optim = OptimConfig {
         lr: 1e-4,
         min_lr_frac: 1.0,

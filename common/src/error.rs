@@ -22,6 +22,11 @@ pub enum Error {
     /// The run was interrupted (Ctrl-C); state was saved first.
     #[error("interrupted: {0}")]
     Interrupted(String),
+    /// An error every rank raised at the same point (rank 0's bad input, broadcast to all;
+    /// a configuration mismatch found together): each rank can exit normally, where an
+    /// error on one rank alone must abort the job so the others do not wait forever.
+    #[error(transparent)]
+    OnEveryRank(Box<Error>),
 }
 
 impl Error {
@@ -30,7 +35,20 @@ impl Error {
             Error::Input(_) | Error::Io { .. } => 2,
             Error::Device(_) => 1,
             Error::Interrupted(_) => 130,
+            Error::OnEveryRank(e) => e.exit_code(),
         }
+    }
+
+    /// Marks an error that every rank raises together (see [`Error::OnEveryRank`]).
+    pub fn on_every_rank(self) -> Error {
+        match self {
+            Error::OnEveryRank(_) => self,
+            e => Error::OnEveryRank(Box::new(e)),
+        }
+    }
+
+    pub fn is_on_every_rank(&self) -> bool {
+        matches!(self, Error::OnEveryRank(_))
     }
 }
 

@@ -2,18 +2,18 @@
 //! the communicator (one process, MPI, NCCL). Rank 0 alone reads the corpus, logs,
 //! evaluates, samples and writes checkpoints; every rank runs the same optimiser step.
 
-use crate::autograd::{Graph, Pool};
-use crate::backend::{Backend, DeviceBuffer};
+use crate::autograd::{Graph, Pool, Tensor};
+use crate::backend::{Backend, DevPtr, DeviceBuffer};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::cli::{ExecArgs, TrainArgs};
-use crate::comm::{broadcast_f32, Comm};
+use crate::comm::{agree, broadcast_f32, Comm};
 use crate::data::{self, Batch, DataCursor, Loader};
 use crate::error::{io_err, Error, Result};
 use crate::generate::{self, SampleOptions};
-use crate::model::{Gpt2, ModelConfig};
+use crate::model::{Gpt2, ModelConfig, ParamLayout};
 use crate::optim::{AdamW, OptimConfig, StepStats};
 use crate::report::RunSummary;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TokenizerKind};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,42 +71,46 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// forward → zero grads → backward → allreduce → clip + AdamW. `batch` is this
     /// rank's shard; `step` is 0-based. Gradients are averaged over ranks by seeding the
-    /// backward pass with 1/world, so the allreduce is a plain sum.
+    /// backward pass with 1/world, so the allreduce is a plain sum. With `--overlap` each
+    /// block's gradients are sent while backward goes on through the blocks below it.
     pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
-        let (be, world) = (self.be, self.comm.size());
+        let (be, comm, world) = (self.be, self.comm, self.comm.size());
         let (params, grads, n) = (self.model.params.ptr(), self.model.grads.ptr(), self.model.num_params());
+        let local_sgd = self.exec.sync_every.filter(|&k| k > 0);
+        let average_grads = world > 1 && local_sgd.is_none();
+        // Local SGD: each rank steps on its own mean gradient, so no 1/world here.
+        let seed = if average_grads { 1.0 / world as f32 } else { 1.0 };
         let started = Instant::now();
+        let mut comm_s = 0.0;
         be.zero(grads, n);
         let mut g = Graph::new(be, &mut self.pool, true);
         let fwd = self
             .model
             .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
         let loss = fwd.loss.expect("targets given");
-        g.backward(loss, 1.0 / world as f32)?;
-        let mut comm_s = 0.0;
-        let local_sgd = self.exec.sync_every.is_some_and(|k| k > 0);
-        if world > 1 && !local_sgd {
-            be.synchronize()?;
-            let c = Instant::now();
-            self.comm.all_reduce_sum(grads, n)?;
-            comm_s += c.elapsed().as_secs_f64();
+        if average_grads && self.exec.overlap {
+            backward_overlapped(&mut g, loss, seed, comm, &self.model.layout, grads, &mut comm_s)?;
+        } else {
+            g.backward(loss, seed)?;
+            if average_grads {
+                be.synchronize()?;
+                timed(&mut comm_s, || comm.all_reduce_sum(grads, n))?;
+            }
         }
         let mut stats = self.opt.step(be, params, grads, g.ptr(loss), step)?;
         drop(g);
         if world > 1 {
-            let c = Instant::now();
-            if let Some(k) = self.exec.sync_every.filter(|&k| k > 0) {
-                // Local SGD: each rank stepped on its own gradient (scaled by 1/world,
-                // hence the ×world here); average the parameters every k steps.
-                if (step + 1) % k == 0 {
-                    self.comm.all_reduce_sum(params, n)?;
+            if let Some(k) = local_sgd {
+                // Local SGD: average the parameters every k steps, and after the last.
+                let last = step + 1 == self.opt.config.total_steps;
+                if (step + 1).is_multiple_of(k) || last {
+                    timed(&mut comm_s, || comm.all_reduce_sum(params, n))?;
                     be.scale(params, n, 1.0 / world as f32);
                 }
             }
             let mut v = [stats.loss];
-            self.comm.all_reduce_sum_host(&mut v)?;
+            timed(&mut comm_s, || comm.all_reduce_sum_host(&mut v))?;
             stats.loss = v[0] / world as f32;
-            comm_s += c.elapsed().as_secs_f64();
         }
         let total = started.elapsed().as_secs_f64();
         Ok(StepReport {
@@ -170,6 +174,42 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 }
 
+/// Backward with the gradient allreduce overlapped: the model leaves `g.mark(i)` where
+/// block i starts, so once backward passes it block i's gradients are final and their sum
+/// can start. The embeddings (wte is also the LM head) and the final layernorm are final
+/// only at the end. `comm_s` gets the time spent inside communication calls, waiting
+/// included: the part of communication that computing did not hide.
+fn backward_overlapped<B: Backend>(
+    g: &mut Graph<B>,
+    loss: Tensor,
+    seed: f32,
+    comm: &dyn Comm,
+    layout: &ParamLayout,
+    grads: DevPtr,
+    comm_s: &mut f64,
+) -> Result<()> {
+    g.backward_with(loss, seed, |block| {
+        let range = &layout.layers[block].range;
+        timed(comm_s, || {
+            comm.start_all_reduce_sum(grads.add(range.start), range.len())
+        })
+    })?;
+    let blocks_start = layout.layers.first().map_or(layout.lnfw, |l| l.range.start);
+    timed(comm_s, || {
+        comm.start_all_reduce_sum(grads, blocks_start)?;
+        comm.start_all_reduce_sum(grads.add(layout.lnfw), layout.total - layout.lnfw)?;
+        comm.finish_all_reduces()
+    })
+}
+
+/// Runs `f`, adding its duration to `seconds`.
+fn timed<T>(seconds: &mut f64, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let started = Instant::now();
+    let out = f();
+    *seconds += started.elapsed().as_secs_f64();
+    out
+}
+
 /// Set by Ctrl-C; the loop saves a checkpoint and stops at the end of the current step.
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -199,32 +239,86 @@ fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec
     comm.broadcast_bytes(&mut msg)?;
     match msg.pop() {
         Some(0) => Ok(msg),
-        _ if comm.is_root() => Err(Error::Input(String::from_utf8_lossy(&msg).into_owned())),
-        _ => Err(Error::Input(format!(
-            "rank 0 failed: {}",
-            String::from_utf8_lossy(&msg)
-        ))),
+        _ if comm.is_root() => Err(Error::Input(String::from_utf8_lossy(&msg).into_owned()).on_every_rank()),
+        _ => Err(Error::Input(format!("rank 0 failed: {}", String::from_utf8_lossy(&msg))).on_every_rank()),
     }
 }
 
-/// Every rank must run the same configuration and binary: compare a hash of both.
-fn check_same_everywhere(comm: &dyn Comm, fingerprint: &str) -> Result<()> {
+/// Every rank must run the same configuration and binary: compare a hash of both. Every
+/// rank learns the outcome, so a mismatch fails them all together.
+pub(crate) fn check_same_everywhere(comm: &dyn Comm, fingerprint: &str) -> Result<()> {
     if comm.size() == 1 {
         return Ok(());
     }
-    let mine = fnv1a(fingerprint.as_bytes()).to_le_bytes().to_vec();
+    let version = env!("CARGO_PKG_VERSION");
+    let mine = (fnv1a(format!("{version} {fingerprint}").as_bytes()) ^ binary_hash())
+        .to_le_bytes()
+        .to_vec();
     let mut root = mine.clone();
     comm.broadcast_bytes(&mut root)?;
-    let mut differ = [(root != mine) as u8 as f32];
+    let differ_here = root != mine;
+    let mut differ = [differ_here as u8 as f32];
     comm.all_reduce_sum_host(&mut differ)?;
+    let help = "start the same executable with the same flags on every rank";
+    if differ_here {
+        return Err(Error::Input(format!(
+            "this rank's binary or configuration differs from rank 0's: {help}"
+        ))
+        .on_every_rank());
+    }
     if differ[0] > 0.0 {
         return Err(Error::Input(format!(
-            "{}: {} rank(s) run a different binary or configuration than rank 0 (same executable and flags needed on every host)",
-            comm.describe(),
+            "{} rank(s) run a different binary or configuration than rank 0: {help}",
             differ[0] as usize
-        )));
+        ))
+        .on_every_rank());
     }
     Ok(())
+}
+
+/// Rank 0's checkpoint metadata, on every rank.
+fn meta_from_root(comm: &dyn Comm, path: &Path) -> Result<CheckpointMeta> {
+    let json = from_root(comm, || {
+        let meta = checkpoint::load_meta(path)?;
+        Ok(serde_json::to_vec(&meta).expect("plain data serialises"))
+    })?;
+    serde_json::from_slice(&json).map_err(|e| Error::Device(format!("checkpoint metadata from rank 0: {e}")))
+}
+
+/// The tokenizer and model of a run: from the flags, or from the checkpoint when resuming.
+fn run_model(
+    args: &TrainArgs,
+    resumed: Option<&CheckpointMeta>,
+    world: usize,
+) -> Result<(Tokenizer, TokenizerKind, ModelConfig)> {
+    let tok_kind = resumed.map_or(Ok(args.tokenizer), |m| tokenizer_kind(&m.tokenizer))?;
+    let tok = Tokenizer::new(tok_kind)?;
+    let vocab = tok.vocab_size();
+    let config = match resumed {
+        Some(meta) => {
+            if args.model.given() {
+                checkpoint::check_compatible(meta, &args.model.config(vocab)?, tok_kind.name())?;
+            }
+            meta.config
+        }
+        None => args.model.config(vocab)?,
+    };
+    validate_shape(&config, args.batch, args.seq_len, world)?;
+    Ok((tok, tok_kind, config))
+}
+
+/// Hash of this process's executable file (0 if it cannot be read), so ranks started from
+/// different builds are caught even when their version numbers agree.
+fn binary_hash() -> u64 {
+    let Ok(bytes) = std::env::current_exe().and_then(std::fs::read) else {
+        return 0;
+    };
+    // FNV-1a over 8-byte words: debug binaries run to 100 MB, and this is not adversarial.
+    bytes.chunks(8).fold(0xcbf29ce484222325u64, |h, word| {
+        let mut w = [0u8; 8];
+        w[..word.len()].copy_from_slice(word);
+        (h ^ u64::from_le_bytes(w)).wrapping_mul(0x100000001b3)
+    })
 }
 
 pub fn fnv1a(bytes: &[u8]) -> u64 {
@@ -239,26 +333,21 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     let root = comm.is_root();
     let world = comm.size();
 
-    // Run settings: from the flags, or from the checkpoint when resuming.
+    // Before any step that depends on them: the same flags and binary on every rank (the
+    // thread count aside: results do not depend on it, and hosts may differ in cores).
+    let mut same_everywhere = args.clone();
+    same_everywhere.exec.threads = 0;
+    check_same_everywhere(comm, &format!("train {same_everywhere:?}"))?;
+
+    // Run settings: from the flags, or from the checkpoint when resuming (rank 0 reads it,
+    // other hosts need not see the file). Every rank derives the rest on its own, and
+    // `agree` makes a failure anywhere stop every rank together.
     let resumed = match &args.resume {
-        Some(path) => Some(checkpoint::load_meta(path)?),
+        Some(path) => Some(meta_from_root(comm, path)?),
         None => None,
     };
-    let tok_kind = resumed
-        .as_ref()
-        .map_or(Ok(args.tokenizer), |m| tokenizer_kind(&m.tokenizer))?;
-    let tok = Tokenizer::new(tok_kind)?;
-    let config = match &resumed {
-        Some(meta) => {
-            if args.model.given() {
-                checkpoint::check_compatible(meta, &args.model.config(tok.vocab_size())?, tok_kind.name())?;
-            }
-            meta.config
-        }
-        None => args.model.config(tok.vocab_size())?,
-    };
+    let (tok, tok_kind, config) = agree(comm, run_model(args, resumed.as_ref(), world))?;
     let (b, t) = (args.batch, args.seq_len);
-    validate_shape(&config, b, t, world)?;
 
     // Rank 0 reads and tokenizes the corpus; every rank gets the tokens.
     let bytes = from_root(comm, || {
@@ -267,8 +356,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     })?;
     let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
     drop(bytes);
-    let split = data::split(tokens, args.val_fraction, t)?;
-    let mut loader = Loader::new(split.train, t, b, comm.rank(), world, args.seed)?;
+    let split = agree(comm, data::split(tokens, args.val_fraction, t))?;
+    let mut loader = agree(comm, Loader::new(split.train, t, b, comm.rank(), world, args.seed))?;
     let eval_set = data::eval_batches(&split.val, t, b, args.eval_batches);
     let spe = loader.steps_per_epoch();
     let total_steps = match (args.steps, args.epochs) {
@@ -277,7 +366,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         (None, None) => 2 * spe,
     };
     if total_steps == 0 {
-        crate::bail_input!("nothing to train: --steps / --epochs give 0 steps");
+        let e = Error::Input("nothing to train: --steps / --epochs give 0 steps".into());
+        return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
     }
     let eval_every = args.eval_every.unwrap_or(spe).max(1);
     let optim = OptimConfig {
@@ -296,44 +386,42 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         "weight_decay": args.weight_decay, "grad_clip": args.grad_clip, "total_steps": total_steps,
         "val_fraction": args.val_fraction, "world": world, "sync_every": args.exec.sync_every,
     });
-    check_same_everywhere(
-        comm,
-        &format!(
-            "{} {:?} {settings} {tok_kind:?} {}",
-            env!("CARGO_PKG_VERSION"),
-            config,
-            args.data.display()
-        ),
-    )?;
 
     let mut trainer = Trainer::new(be, comm, config, optim, args.exec.clone())?;
     let mut start_step = 0;
-    match &args.resume {
-        Some(path) => {
-            let ckpt = if root { Some(checkpoint::load(path)?) } else { None };
-            let meta = resumed.clone().expect("meta read above");
+    match (&args.resume, &resumed) {
+        (Some(path), Some(meta)) => {
+            let ckpt = agree(
+                comm,
+                if root {
+                    checkpoint::load(path).map(Some)
+                } else {
+                    Ok(None)
+                },
+            )?;
             trainer.restore(ckpt)?;
-            loader.set_cursor(DataCursor {
+            let cursor = DataCursor {
                 epoch: meta.data_epoch,
                 step_in_epoch: meta.data_step_in_epoch,
-            })?;
+            };
+            agree(comm, loader.set_cursor(cursor))?;
             start_step = meta.step;
         }
-        None => trainer.init_weights(args.seed)?,
+        _ => trainer.init_weights(args.seed)?,
     }
     if start_step >= total_steps {
-        crate::bail_input!(
+        let e = Error::Input(format!(
             "checkpoint is at step {start_step}, not before the last step {total_steps}: raise --steps to continue"
-        );
+        ));
+        return Err(e.on_every_rank());
     }
 
     let out = &args.out;
     let ckpt_path = out.join("model.ckpt");
-    let mut log = if root {
-        Some(LossLog::open(out, args.resume.is_some())?)
-    } else {
-        None
-    };
+    let mut log = agree(
+        comm,
+        root.then(|| LossLog::open(out, args.resume.is_some())).transpose(),
+    )?;
     if root {
         println!(
             "{} | {} | {} params | {} layers, {} heads, width {} | batch {b}×{t} over {world} rank(s) | {spe} steps/epoch, {total_steps} steps",
@@ -361,6 +449,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         train: settings.clone(),
     };
     for step in start_step..total_steps {
+        fail_if_asked(comm, step)?;
         let batch = loader.next_batch();
         let t0 = Instant::now();
         let report = trainer.step(&batch, b / world, t, step)?;
@@ -374,10 +463,10 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         ));
         bar.inc(1);
         if !report.stats.loss.is_finite() {
-            return Err(Error::Device(format!(
-                "loss became {} at step {step}: lower --lr",
-                report.stats.loss
-            )));
+            // The loss is averaged over ranks: every rank stops here together.
+            return Err(
+                Error::Device(format!("loss became {} at step {step}: lower --lr", report.stats.loss)).on_every_rank(),
+            );
         }
 
         let done = step + 1;
@@ -407,7 +496,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             return Err(Error::Interrupted(format!(
                 "stopped after step {done}; saved {} (continue with --resume {0})",
                 ckpt_path.display()
-            )));
+            ))
+            .on_every_rank());
         }
     }
     bar.finish_and_clear();
@@ -446,6 +536,26 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     Ok(())
 }
 
+/// Test hook for failure handling: `GPT2RS_FAIL_RANK=r GPT2RS_FAIL_AT_STEP=s` makes rank
+/// r exit(1) at once when it reaches step s, without telling the other ranks, as a crashed
+/// process would; with `GPT2RS_FAIL_MODE=error` it returns an error instead (an error on
+/// one rank alone), with `panic` it panics (a bug). The stage 1 tests check that the job
+/// then ends, and never hangs.
+fn fail_if_asked(comm: &dyn Comm, step: u64) -> Result<()> {
+    let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    if var("GPT2RS_FAIL_RANK") != Some(comm.rank() as u64) || var("GPT2RS_FAIL_AT_STEP") != Some(step) {
+        return Ok(());
+    }
+    let why = format!("failing on purpose at step {step} (GPT2RS_FAIL_RANK test hook)");
+    match std::env::var("GPT2RS_FAIL_MODE").as_deref() {
+        Ok("error") => return Err(Error::Device(why)),
+        Ok("panic") => panic!("{}: {why}", comm.describe()),
+        _ => {}
+    }
+    eprintln!("{}: {why}", comm.describe());
+    std::process::exit(1);
+}
+
 /// Has any rank been interrupted? (Agreed over all ranks so they stop at the same step.)
 fn interrupted(comm: &dyn Comm) -> Result<bool> {
     let mut v = [STOP.load(Ordering::SeqCst) as u8 as f32];
@@ -469,8 +579,8 @@ pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) ->
     Ok(())
 }
 
-fn tokenizer_kind(name: &str) -> Result<crate::tokenizer::TokenizerKind> {
-    <crate::tokenizer::TokenizerKind as clap::ValueEnum>::from_str(name, true)
+fn tokenizer_kind(name: &str) -> Result<TokenizerKind> {
+    <TokenizerKind as clap::ValueEnum>::from_str(name, true)
         .map_err(|_| Error::Input(format!("checkpoint names an unknown tokenizer '{name}'")))
 }
 

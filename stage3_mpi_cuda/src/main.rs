@@ -1,1 +1,40 @@
-fn main() {}
+//! Stage 3: one rank per GPU (`mpirun -n 8 -f hostfile stage3_mpi_cuda train ...`). MPI
+//! starts the ranks and bootstraps NCCL; gradients are summed on the GPUs over NCCL;
+//! rank 0 alone prints, evaluates and writes checkpoints. Each rank drives the GPU whose
+//! index is its rank among the ranks on its host.
+
+use common::app::{self, Stage};
+use common::backend::cuda::CudaBackend;
+use common::comm::mpi::MpiComm;
+use common::comm::nccl::NcclComm;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let mpi = match MpiComm::init() {
+        Ok(comm) => comm,
+        Err(e) => {
+            eprintln!("stage3_mpi_cuda: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = match app::parse_cli("stage3_mpi_cuda", &mpi) {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    let comm = match NcclComm::init(mpi) {
+        Ok(comm) => comm,
+        Err(e) => {
+            eprintln!("stage3_mpi_cuda: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let device = comm.device();
+    let stage = Stage {
+        name: "stage3_mpi_cuda",
+        gpu: true,
+        backend: &|exec, _comm| CudaBackend::new(device, exec.precision),
+    };
+    let code = app::main(stage, &comm, cli);
+    drop(comm);
+    code
+}

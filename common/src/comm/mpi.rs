@@ -1,0 +1,228 @@
+//! The MPI communicator of stage 1 (and stage 3's bootstrap), through rsmpi over MPICH.
+//! Sums run in place on host memory: rsmpi has no in-place or borrow-free nonblocking
+//! collectives, so those few calls go straight to `mpi::ffi`, each wrapped and checked here.
+
+use super::Comm;
+use crate::backend::DevPtr;
+use crate::error::{Error, Result};
+use mpi::ffi;
+use mpi::raw::AsRaw;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{Communicator, Root};
+use mpi::Threading;
+use std::cell::RefCell;
+use std::os::raw::{c_int, c_void};
+
+extern "C" {
+    /// `MPI_IN_PLACE` of the MPI library built against (common/src/comm/mpi_shim.c).
+    fn gpt2rs_mpi_in_place() -> *mut c_void;
+}
+
+/// Most elements one MPI call takes (its count is a C int): longer buffers go in pieces.
+const MAX_COUNT: usize = 1 << 30;
+
+/// One process of an `mpirun` job. Works on HOST memory only: pair it with the CPU backend,
+/// whose [`DevPtr`]s are host addresses.
+pub struct MpiComm {
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    local_size: usize,
+    host: String,
+    /// Sums started by `start_all_reduce_sum` and not yet waited for.
+    pending: RefCell<Vec<ffi::MPI_Request>>,
+    /// Finalizes MPI when dropped, so it is declared (and dropped) last.
+    _universe: mpi::environment::Universe,
+}
+
+impl MpiComm {
+    /// Initialises MPI. Only the main thread calls MPI while the CPU backend's workers
+    /// compute, so `MPI_THREAD_FUNNELED` is the level we need, and refuse to run without.
+    pub fn init() -> Result<Self> {
+        let (universe, provided) = mpi::initialize_with_threading(Threading::Funneled)
+            .ok_or_else(|| Error::Device("MPI is already initialised in this process".into()))?;
+        if provided < Threading::Funneled {
+            return Err(Error::Device(format!(
+                "the MPI library offers thread level {provided:?}; MPI_THREAD_FUNNELED is needed (CPU worker threads run beside MPI calls)"
+            )));
+        }
+        let world = universe.world();
+        let (rank, size) = (world.rank(), world.size());
+        // Ranks sharing this host's memory: their count splits the cores (stage 1) and the
+        // node-local rank picks the GPU (stage 3).
+        let local = world.split_shared(rank);
+        let (local_rank, local_size) = (local.rank() as usize, local.size() as usize);
+        drop(local);
+        let host = mpi::environment::processor_name().unwrap_or_else(|_| "unknown host".into());
+        abort_job_on_panic();
+        Ok(MpiComm {
+            world,
+            rank: rank as usize,
+            size: size as usize,
+            local_rank,
+            local_size,
+            host,
+            pending: RefCell::new(Vec::new()),
+            _universe: universe,
+        })
+    }
+
+    /// This process's rank among the ranks on its host.
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// How many ranks run on this host.
+    pub fn local_size(&self) -> usize {
+        self.local_size
+    }
+
+    /// The world communicator (e.g. to bootstrap NCCL).
+    pub fn world(&self) -> &SimpleCommunicator {
+        &self.world
+    }
+
+    /// Sums `n` f32 at `ptr` over all ranks in place, blocking.
+    ///
+    /// SAFETY: `ptr` must address `n` live, writable f32 of host memory.
+    unsafe fn all_reduce_in_place(&self, ptr: *mut f32, n: usize) -> Result<()> {
+        for (piece, count) in pieces(ptr, n) {
+            check("MPI_Allreduce", unsafe {
+                ffi::MPI_Allreduce(
+                    gpt2rs_mpi_in_place(),
+                    piece,
+                    count,
+                    ffi::RSMPI_FLOAT,
+                    ffi::RSMPI_SUM,
+                    self.world.as_raw(),
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// A panic on one rank (a bug) would unwind into MPI_Finalize while the other ranks wait
+/// in a collective: after the usual message, abort the job instead (exit code 101, Rust's
+/// for a panic).
+fn abort_job_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        if !mpi::environment::is_finalized() {
+            // SAFETY: MPI is initialised (the hook is set after MPI_Init) and not finalized.
+            // The panicking thread may be a CPU worker, not the one FUNNELED allows to call
+            // MPI; MPI_Abort is a last resort that need not return either way.
+            unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 101) };
+        }
+    }));
+}
+
+/// Splits `n` f32 at `ptr` into (address, count) pieces of at most [`MAX_COUNT`].
+fn pieces(ptr: *mut f32, n: usize) -> impl Iterator<Item = (*mut c_void, c_int)> {
+    (0..n).step_by(MAX_COUNT).map(move |start| {
+        let count = (n - start).min(MAX_COUNT);
+        (ptr.wrapping_add(start) as *mut c_void, count as c_int)
+    })
+}
+
+fn check(call: &str, code: c_int) -> Result<()> {
+    if code == ffi::MPI_SUCCESS as c_int {
+        Ok(())
+    } else {
+        Err(Error::Device(format!("{call} failed with MPI error code {code}")))
+    }
+}
+
+impl Comm for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+        // SAFETY: the Comm contract makes `buf` backend memory of `n` f32, and MpiComm is
+        // only paired with the CPU backend, whose DevPtr is the address of a live Vec<f32>.
+        unsafe { self.all_reduce_in_place(buf.0 as *mut f32, n) }
+    }
+
+    fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()> {
+        // SAFETY: `v` is a live, exclusively borrowed slice of `v.len()` f32.
+        unsafe { self.all_reduce_in_place(v.as_mut_ptr(), v.len()) }
+    }
+
+    fn start_all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+        let mut pending = self.pending.borrow_mut();
+        for (piece, count) in pieces(buf.0 as *mut f32, n) {
+            // SAFETY: as in `all_reduce_sum`; the caller leaves the memory alone until
+            // `finish_all_reduces` has waited for this request (the trait's contract).
+            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+            check("MPI_Iallreduce", unsafe {
+                ffi::MPI_Iallreduce(
+                    gpt2rs_mpi_in_place(),
+                    piece,
+                    count,
+                    ffi::RSMPI_FLOAT,
+                    ffi::RSMPI_SUM,
+                    self.world.as_raw(),
+                    &mut request,
+                )
+            })?;
+            pending.push(request);
+        }
+        // MPICH moves nonblocking collectives on only inside MPI calls (no progress thread):
+        // test them here, so sums started earlier advance while the backward pass computes.
+        let mut all_done: c_int = 0;
+        // SAFETY: `pending` holds valid (or already null) requests.
+        check("MPI_Testall", unsafe {
+            ffi::MPI_Testall(
+                pending.len() as c_int,
+                pending.as_mut_ptr(),
+                &mut all_done,
+                ffi::RSMPI_STATUSES_IGNORE,
+            )
+        })
+    }
+
+    fn finish_all_reduces(&self) -> Result<()> {
+        let mut pending = self.pending.borrow_mut();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `pending` holds valid (or already null) requests.
+        let code =
+            unsafe { ffi::MPI_Waitall(pending.len() as c_int, pending.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) };
+        pending.clear();
+        check("MPI_Waitall", code)
+    }
+
+    fn broadcast_bytes(&self, data: &mut Vec<u8>) -> Result<()> {
+        // The size first, so every rank can make room for the data.
+        let root = self.world.process_at_rank(0);
+        let mut len = data.len() as u64;
+        root.broadcast_into(&mut len);
+        let len = usize::try_from(len).map_err(|_| {
+            Error::Device(format!(
+                "rank 0 broadcasts {len} bytes, more than this host can address"
+            ))
+        })?;
+        data.resize(len, 0);
+        for piece in data.chunks_mut(MAX_COUNT) {
+            root.broadcast_into(piece);
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("rank {} of {} on {}", self.rank, self.size, self.host)
+    }
+
+    fn abort(&self, exit_code: u8) {
+        // MPI_Abort makes mpirun end every rank, with this exit code.
+        self.world.abort(exit_code as c_int)
+    }
+}

@@ -1,0 +1,357 @@
+//! Stage 1 end to end under `mpirun -n 2` (MPICH Hydra): it reproduces stage 0's losses
+//! (with and without --overlap), local SGD learns, flags that differ between ranks and a
+//! rank that fails end every rank with a message naming it (never a hang), and `bench`
+//! reports compute and communication time. Each job runs under a timeout, one at a time.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stage1_mpi");
+
+/// Jobs of two busy-polling ranks each: run them one at a time on a small CI machine.
+static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Loss-table entries of stage 0 and stage 1 agree within this (absolute), beyond the
+/// table's 4-decimal rounding.
+const LOSS_TOL: f32 = 1e-4;
+/// Final parameters of stage 0 and stage 1 agree within this (absolute), the attention key
+/// biases aside (see `key_bias_mask`): the runs sum the same gradients in another order.
+const PARAM_TOL: f32 = 2e-5;
+
+struct Outcome {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stage1-mpi-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn corpus(dir: &Path) -> String {
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n\n".repeat(40);
+    let p = dir.join("corpus.txt");
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn train_args(data: &str, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["train", "--data", data, "--out", out.to_str().unwrap()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let small = "--model tiny --batch 4 --seq-len 16 --sample-len 0 --eval-batches 2 --lr 1e-2 --warmup 5";
+    v.extend(small.split(' ').map(str::to_string));
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Runs `program args` with `env`, killing its whole process group after `limit`.
+fn run_limited(program: &str, args: &[String], env: &[(&str, &str)], limit: Duration) -> Outcome {
+    let mut child = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {program} ({e}): is MPICH installed? (`make deps`)"));
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().unwrap()));
+    let err = pipe(Box::new(child.stderr.take().unwrap()));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = Command::new("kill")
+                .args(["-KILL", &format!("-{}", child.id())])
+                .status();
+            let _ = child.wait();
+            panic!(
+                "{program} {} hung: killed after {limit:?}\nstderr: {}",
+                args.join(" "),
+                err.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Outcome {
+        code: status.code(),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+        took: started.elapsed(),
+    }
+}
+
+/// `mpirun` with the given MPMD sections (`-n N binary args...`, joined by `:`).
+fn mpirun_mpmd(sections: &[Vec<String>], env: &[(&str, &str)], limit: Duration) -> Outcome {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut args = Vec::new();
+    for (i, section) in sections.iter().enumerate() {
+        if i > 0 {
+            args.push(":".to_string());
+        }
+        args.extend(["-n".to_string(), "1".to_string(), BIN.to_string()]);
+        args.extend(section.iter().cloned());
+    }
+    run_limited("mpirun", &args, env, limit)
+}
+
+fn mpirun(np: usize, args: &[String], env: &[(&str, &str)]) -> Outcome {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut all = vec!["-n".to_string(), np.to_string(), BIN.to_string()];
+    all.extend(args.iter().cloned());
+    run_limited("mpirun", &all, env, Duration::from_secs(60))
+}
+
+fn assert_ok(o: &Outcome) {
+    assert_eq!(o.code, Some(0), "stdout: {}\nstderr: {}", o.stdout, o.stderr);
+}
+
+/// Rows of `loss.tsv` as (epoch, train loss, val loss).
+fn loss_table(dir: &Path) -> Vec<[f32; 3]> {
+    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<f32> = l.split('\t').map(|x| x.parse().unwrap()).collect();
+            [f[0], f[1], f[2]]
+        })
+        .collect()
+}
+
+fn final_params(dir: &Path) -> Vec<f32> {
+    common::checkpoint::load(&dir.join("model.ckpt")).unwrap().params
+}
+
+/// Marks the attention key biases. Their gradient is zero in exact arithmetic (a constant
+/// added to every key's score leaves the softmax unchanged), so what the runs compute is
+/// rounding noise, which AdamW's normalised step turns into moves of up to lr each step.
+fn key_bias_mask(dir: &Path) -> Vec<bool> {
+    let config = common::checkpoint::load_meta(&dir.join("model.ckpt")).unwrap().config;
+    let layout = common::model::ParamLayout::new(&config);
+    let c = config.n_embd;
+    let mut mask = vec![false; layout.total];
+    for l in &layout.layers {
+        mask[l.qkvb + c..l.qkvb + 2 * c].fill(true);
+    }
+    mask
+}
+
+/// The stage 0 binary, built next to this one by `cargo test --workspace`.
+fn stage0_bin() -> PathBuf {
+    let p = Path::new(BIN).with_file_name("stage0_serial");
+    assert!(
+        p.exists(),
+        "{} is missing: the equivalence test needs stage 0 built alongside (run `cargo test --workspace`)",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn reproduces_stage0_with_and_without_overlap() {
+    let d = tmpdir("equiv");
+    let data = corpus(&d);
+    let steps = ["--steps", "30", "--eval-every", "10"];
+    let reference = d.join("stage0");
+    let o = run_limited(
+        stage0_bin().to_str().unwrap(),
+        &train_args(&data, &reference, &[&steps[..], &["--threads", "1"]].concat()),
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_ok(&o);
+    let (want, want_params) = (loss_table(&reference), final_params(&reference));
+    let noise_only = key_bias_mask(&reference);
+    assert_eq!(want.len(), 3);
+    for overlap in [false, true] {
+        let out = d.join(format!("stage1-overlap-{overlap}"));
+        let mut extra = steps.to_vec();
+        if overlap {
+            extra.push("--overlap");
+        }
+        let o = mpirun(2, &train_args(&data, &out, &extra), &[]);
+        assert_ok(&o);
+        assert_eq!(
+            o.stdout.matches("train_loss").count(),
+            1,
+            "rank 0 alone prints the table: {}",
+            o.stdout
+        );
+        let got = loss_table(&out);
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            for (a, b) in g.iter().zip(w) {
+                // Both sides are rounded to 4 decimals: allow one unit of the last place.
+                assert!(
+                    (a - b).abs() <= LOSS_TOL + 1e-6,
+                    "overlap {overlap}: stage 1 row {g:?} vs stage 0 {w:?}"
+                );
+            }
+        }
+        let params = final_params(&out);
+        let worst = params
+            .iter()
+            .zip(&want_params)
+            .zip(&noise_only)
+            .filter(|(_, &skip)| !skip)
+            .map(|((a, b), _)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= PARAM_TOL,
+            "overlap {overlap}: parameters differ from stage 0 by up to {worst}"
+        );
+    }
+}
+
+#[test]
+fn local_sgd_learns() {
+    let d = tmpdir("localsgd");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let o = mpirun(
+        2,
+        &train_args(
+            &data,
+            &out,
+            &["--steps", "60", "--eval-every", "20", "--sync-every", "4"],
+        ),
+        &[],
+    );
+    assert_ok(&o);
+    let table = loss_table(&out);
+    assert_eq!(table.len(), 3);
+    assert!(
+        table[2][2] < table[0][2] && table[2][2] < 3.0,
+        "validation loss should fall below 3 nats: {table:?}"
+    );
+}
+
+#[test]
+fn flags_that_differ_between_ranks_fail_every_rank() {
+    let d = tmpdir("mismatch");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let rank = |seed: &str| train_args(&data, &out, &["--steps", "5", "--seed", seed]);
+    let o = mpirun_mpmd(&[rank("1"), rank("2")], &[], Duration::from_secs(30));
+    assert_eq!(o.code, Some(2), "stderr: {}", o.stderr);
+    for r in 0..2 {
+        let line = o
+            .stderr
+            .lines()
+            .find(|l| l.contains(&format!("rank {r} of 2")))
+            .unwrap_or_else(|| panic!("no error from rank {r}: {}", o.stderr));
+        assert!(line.contains("differ"), "{line}");
+    }
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+}
+
+#[test]
+fn bad_input_fails_every_rank_cleanly() {
+    let d = tmpdir("badinput");
+    let missing = d.join("missing.txt");
+    let o = mpirun(2, &train_args(missing.to_str().unwrap(), &d.join("run"), &[]), &[]);
+    assert_eq!(o.code, Some(2), "stderr: {}", o.stderr);
+    for r in 0..2 {
+        assert!(
+            o.stderr
+                .lines()
+                .any(|l| l.contains(&format!("rank {r} of 2")) && l.contains("missing.txt")),
+            "rank {r} should name the missing file: {}",
+            o.stderr
+        );
+    }
+    // Every rank saw the error: they exit normally, no MPI_Abort.
+    assert!(
+        !o.stderr.contains("MPI_Abort") && !o.stderr.contains("panicked"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn a_failing_rank_ends_the_job() {
+    let d = tmpdir("fail");
+    let data = corpus(&d);
+    let args = train_args(&data, &d.join("run"), &["--steps", "100000"]);
+    for mode in ["exit", "error", "panic"] {
+        let env = [
+            ("GPT2RS_FAIL_RANK", "1"),
+            ("GPT2RS_FAIL_AT_STEP", "3"),
+            ("GPT2RS_FAIL_MODE", mode),
+        ];
+        let o = mpirun(2, &args, &env);
+        assert!(o.code.is_some_and(|c| c != 0), "{mode}: exit {:?}", o.code);
+        assert!(o.took < Duration::from_secs(30), "{mode}: took {:?}", o.took);
+        assert!(
+            o.stderr.contains("rank 1 of 2") && o.stderr.contains("on purpose"),
+            "{mode}: the message should name rank 1: {}",
+            o.stderr
+        );
+    }
+}
+
+#[test]
+fn bench_reports_compute_and_comm_time() {
+    for overlap in [false, true] {
+        let mut args: Vec<String> = "bench --model tiny --vocab 256 --batch 2 --seq-len 16 --steps 3 --warmup 1"
+            .split(' ')
+            .map(str::to_string)
+            .collect();
+        if overlap {
+            args.push("--overlap".into());
+        }
+        let o = mpirun(2, &args, &[]);
+        assert_ok(&o);
+        let last = o.stdout.trim().lines().last().unwrap();
+        let v: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+        assert_eq!(v["ranks"], 2, "{last}");
+        for key in ["compute_ms_per_step", "comm_ms_per_step", "tokens_per_s"] {
+            assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} missing in {last}");
+        }
+        assert_eq!(
+            o.stdout.matches("ms/step").count(),
+            1,
+            "rank 0 alone prints: {}",
+            o.stdout
+        );
+    }
+}
+
+#[test]
+fn a_crashed_run_resumes_exactly() {
+    let d = tmpdir("resume");
+    let data = corpus(&d);
+    let (straight, crashed) = (d.join("straight"), d.join("crashed"));
+    let run = ["--steps", "20", "--eval-every", "10", "--checkpoint-every", "10"];
+    assert_ok(&mpirun(2, &train_args(&data, &straight, &run), &[]));
+    // Rank 1 dies at step 12, after the checkpoint of step 10.
+    let crash = [("GPT2RS_FAIL_RANK", "1"), ("GPT2RS_FAIL_AT_STEP", "12")];
+    assert_ne!(mpirun(2, &train_args(&data, &crashed, &run), &crash).code, Some(0));
+    let ckpt = crashed.join("model.ckpt");
+    let resume = [&run[..], &["--resume", ckpt.to_str().unwrap()]].concat();
+    assert_ok(&mpirun(2, &train_args(&data, &crashed, &resume), &[]));
+    assert_eq!(
+        loss_table(&straight),
+        loss_table(&crashed),
+        "the resumed run must match bit for bit"
+    );
+    assert_eq!(final_params(&straight), final_params(&crashed));
+}

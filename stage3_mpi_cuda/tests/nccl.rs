@@ -1,0 +1,127 @@
+//! Stage 3 end to end: under `mpirun -n 2` on two GPUs it reproduces stage 2's losses on
+//! the same seed and global batch (GPU sums use atomics, so within 1e-3, not bit for
+//! bit), and `bench` reports per-rank times. Without a GPU it fails with one clear line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stage3_mpi_cuda");
+/// Loss-table entries of stage 2 (one GPU) and stage 3 (two GPUs) agree within this.
+const LOSS_TOL: f32 = 1e-3;
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stage3-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A sibling binary of this test's binary (cargo builds every workspace binary).
+fn sibling(name: &str) -> PathBuf {
+    let p = Path::new(BIN).with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} not built: run `cargo test --workspace` (or build {name})",
+        p.display()
+    );
+    p
+}
+
+fn mpirun(np: usize, args: &[&str]) -> Output {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["120", "mpirun", "-n", &np.to_string(), BIN]).args(args);
+    cmd.output().expect("mpirun runs (is MPICH installed? `make deps`)")
+}
+
+fn gpus() -> usize {
+    Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .map_or(0, |o| String::from_utf8_lossy(&o.stdout).lines().count())
+}
+
+fn table(dir: &Path) -> Vec<Vec<f32>> {
+    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| l.split('\t').map(|x| x.parse().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn without_a_gpu_it_fails_cleanly() {
+    if gpus() > 0 {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    let o = mpirun(1, &["bench", "--model", "tiny", "--vocab", "256", "--steps", "1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(!err.contains("panicked"), "no panic: {err}");
+    assert!(
+        err.contains("libcuda.so") || err.contains("GPU"),
+        "names the missing GPU: {err}"
+    );
+}
+
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn two_gpus_reproduce_one_gpu() {
+    let d = tmpdir("parity");
+    let data = d.join("corpus.txt");
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
+    std::fs::write(&data, text).unwrap();
+    let (one, two) = (d.join("one"), d.join("two"));
+    let flags = |out: &Path| -> Vec<String> {
+        let s = format!(
+            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 30 --eval-every 10 --sample-len 0 --precision fp32 --lr 1e-2",
+            data.display(),
+            out.display()
+        );
+        s.split(' ').map(str::to_string).collect()
+    };
+    let o = Command::new(sibling("stage2_cuda")).args(flags(&one)).output().unwrap();
+    assert!(o.status.success(), "stage2: {}", String::from_utf8_lossy(&o.stderr));
+    let args = flags(&two);
+    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "stage3: {}", String::from_utf8_lossy(&o.stderr));
+    let (a, b) = (table(&one), table(&two));
+    assert_eq!(a.len(), b.len());
+    for (ra, rb) in a.iter().zip(&b) {
+        for col in [1, 2] {
+            assert!((ra[col] - rb[col]).abs() <= LOSS_TOL, "loss differs: {ra:?} vs {rb:?}");
+        }
+        println!(
+            "PARITY stage3 vs stage2: train {} vs {}, val {} vs {}",
+            rb[1], ra[1], rb[2], ra[2]
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn bench_on_two_gpus_prints_json() {
+    let o = mpirun(
+        2,
+        &[
+            "bench",
+            "--model",
+            "tiny",
+            "--vocab",
+            "256",
+            "--batch",
+            "4",
+            "--seq-len",
+            "32",
+            "--steps",
+            "3",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let last = stdout.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.contains("\"ranks\":2") && last.contains("tokens_per_s"),
+        "{stdout}"
+    );
+}
