@@ -6,8 +6,10 @@
 //! Memory: activations, saved state and activation gradients come from a [`Pool`], a
 //! caching allocator that outlives the graph, so after the first step no op allocates.
 //! An activation's gradient goes back to the pool as soon as its producer's backward
-//! has consumed it. Parameters are views into the model's flat parameter buffer, and
-//! their gradients are views into the flat gradient buffer.
+//! has consumed it (or passes to an input of an add, whose gradient is the same), and the
+//! logits' gradient overwrites the logits when nothing else reads them. Parameters are
+//! views into the model's flat parameter buffer, and their gradients are views into the
+//! flat gradient buffer.
 
 use crate::backend::{Backend, DevPtr, DeviceBuffer};
 use crate::error::Result;
@@ -65,6 +67,8 @@ enum Op {
     CrossEntropy {
         logits: Tensor,
         targets: DevPtr,
+        /// (R) per-row losses, which the in-place backward reads.
+        losses: DevPtr,
         v: usize,
     },
     /// Not an op: a label the forward pass left on the tape (e.g. "block l starts here").
@@ -260,10 +264,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert_eq!(shape, self.shape(b), "add: shapes differ");
         let n = shape[0] * shape[1];
         let out = self.output(shape, Op::Add { a, b })?;
-        let o = self.ptr(out);
-        self.be.zero(o, n);
-        self.be.accumulate(o, self.ptr(a), n);
-        self.be.accumulate(o, self.ptr(b), n);
+        self.be.add(self.ptr(out), self.ptr(a), self.ptr(b), n);
         Ok(out)
     }
 
@@ -271,7 +272,15 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn cross_entropy(&mut self, logits: Tensor, targets: DevPtr, v: usize) -> Result<Tensor> {
         let [r, vp] = self.shape(logits);
         let losses = self.alloc(r)?;
-        let out = self.output([1, 1], Op::CrossEntropy { logits, targets, v })?;
+        let out = self.output(
+            [1, 1],
+            Op::CrossEntropy {
+                logits,
+                targets,
+                losses,
+                v,
+            },
+        )?;
         self.be
             .crossentropy_forward(losses, self.ptr(logits), targets, r, v, vp);
         self.be.mean(self.ptr(out), losses, r);
@@ -316,6 +325,21 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(g)
     }
 
+    /// Gives `out`'s pooled gradient buffer to the first of `heirs` that is an activation with
+    /// no gradient yet, when that gradient equals `out`'s (an add's inputs): no zero fill and
+    /// no copy. `out`'s producer is running its backward, the buffer's last reader. Returns
+    /// the heir.
+    fn hand_down(&mut self, out: Tensor, heirs: [Tensor; 2]) -> Option<Tensor> {
+        let heir = heirs
+            .into_iter()
+            .find(|&x| !self.is_param(x) && self.values[x.0].grad.is_none())?;
+        let buf = self.grads.remove(&out.0)?;
+        self.values[out.0].grad = None;
+        self.values[heir.0].grad = Some(buf.ptr());
+        self.grads.insert(heir.0, buf);
+        Some(heir)
+    }
+
     /// Back-propagates from `loss` (the last op, a cross-entropy) with d(loss) = `seed`,
     /// accumulating into every parameter's gradient.
     pub fn backward(&mut self, loss: Tensor, seed: f32) -> Result<()> {
@@ -348,7 +372,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                     None => continue, // nothing downstream depends on this value
                 }
             };
-            self.backward_op(node, dout, seed)?;
+            self.backward_op(&tape, node, dout, seed)?;
             // The producer has consumed its output's gradient: recycle it.
             if let Some(buf) = self.grads.remove(&node.out.0) {
                 self.pool.give(buf);
@@ -359,7 +383,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(())
     }
 
-    fn backward_op(&mut self, node: &Node, dout: DevPtr, seed: f32) -> Result<()> {
+    fn backward_op(&mut self, tape: &[Node], node: &Node, dout: DevPtr, seed: f32) -> Result<()> {
         let be = self.be;
         let [r, c] = self.shape(node.out);
         match node.op {
@@ -386,15 +410,34 @@ impl<'a, B: Backend> Graph<'a, B> {
                 be.gelu_backward(dinp, self.ptr(inp), dout, r * c);
             }
             Op::Add { a, b } => {
+                // Both inputs get dout; one may simply take over its buffer.
+                let heir = if a != b { self.hand_down(node.out, [b, a]) } else { None };
                 for x in [a, b] {
-                    let dx = self.grad_slot(x)?;
-                    be.accumulate(dx, dout, r * c);
+                    if Some(x) != heir {
+                        let dx = self.grad_slot(x)?;
+                        be.accumulate(dx, dout, r * c);
+                    }
                 }
             }
-            Op::CrossEntropy { logits, targets, v } => {
+            Op::CrossEntropy {
+                logits,
+                targets,
+                losses,
+                v,
+            } => {
                 let [rows, vp] = self.shape(logits);
-                let dlogits = self.grad_slot(logits)?;
-                be.crossentropy_backward(dlogits, self.ptr(logits), targets, seed / rows as f32, rows, v, vp);
+                let dloss = seed / rows as f32;
+                if self.values[logits.0].grad.is_none() && !self.is_param(logits) && !read_by_others(tape, logits, node)
+                {
+                    // Nothing else reads the logits: their gradient overwrites them (llm.c's
+                    // trick), which saves a (R, Vp) buffer, its zeroing and a read.
+                    let p = self.ptr(logits);
+                    be.crossentropy_backward_in_place(p, losses, targets, dloss, rows, v, vp);
+                    self.values[logits.0].grad = Some(p);
+                } else {
+                    let dlogits = self.grad_slot(logits)?;
+                    be.crossentropy_backward(dlogits, self.ptr(logits), targets, dloss, rows, v, vp);
+                }
             }
             Op::Mark { .. } => unreachable!("marks are handled by backward_with"),
         }
@@ -405,6 +448,23 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn is_param(&self, x: Tensor) -> bool {
         self.values[x.0].is_param
     }
+}
+
+/// Does any op on `tape` other than `node` take `x` as an input?
+fn read_by_others(tape: &[Node], x: Tensor, node: &Node) -> bool {
+    tape.iter().any(|other| {
+        !std::ptr::eq(other, node)
+            && match other.op {
+                Op::Encoder { wte, wpe, .. } => x == wte || x == wpe,
+                Op::Matmul { inp, w, bias } => x == inp || x == w || bias == Some(x),
+                Op::LayerNorm { inp, w, b, .. } => x == inp || x == w || x == b,
+                Op::Attention { qkv, .. } => x == qkv,
+                Op::Gelu { inp } => x == inp,
+                Op::Add { a, b } => x == a || x == b,
+                Op::CrossEntropy { logits, .. } => x == logits,
+                Op::Mark { .. } => false,
+            }
+    })
 }
 
 impl<B: Backend> Drop for Graph<'_, B> {

@@ -7,7 +7,7 @@
 #![cfg(feature = "cuda")]
 
 use common::backend::cpu::CpuBackend;
-use common::backend::cuda::CudaBackend;
+use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
 use common::cli::Precision;
 
@@ -259,15 +259,44 @@ fn attention_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, nh: usize) -
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_matches_cpu() {
-    for (b, t, c, nh) in [(2, 37, 48, 4), (1, 1, 48, 4), (2, 70, 96, 3), (1, 129, 768, 12)] {
+    // Head sizes 12, 32, 64 and 128 (flash pads them to 16/32/64/128); T = 1, odd T, T past
+    // one tile (64 rows) and not a multiple of it. fp32 flash is the 3xTF32 split.
+    let cases = [
+        (2, 37, 48, 4),
+        (1, 1, 48, 4),
+        (2, 70, 96, 3),
+        (1, 129, 768, 12),
+        (2, 200, 128, 2),
+        (1, 150, 256, 2),
+    ];
+    for path in [AttentionPath::Flash, AttentionPath::Gemm] {
+        for (b, t, c, nh) in cases {
+            let want = attention_case(&cpu(), b, t, c, nh);
+            let got = attention_case(&gpu(Precision::Fp32).with_attention(path), b, t, c, nh);
+            check(
+                &format!("attention {path:?} b{b} t{t} c{c} nh{nh}"),
+                &["out", "dqkv"],
+                &got,
+                &want,
+                FP32_TOL,
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_flash_tf32_is_close_to_cpu() {
+    // TF32 operands (10 mantissa bits): tolerance 1e-2 of each output's scale, as for matmul.
+    for (b, t, c, nh) in [(2, 70, 96, 3), (1, 129, 768, 12)] {
         let want = attention_case(&cpu(), b, t, c, nh);
-        let got = attention_case(&gpu(Precision::Fp32), b, t, c, nh);
+        let got = attention_case(&gpu(Precision::Tf32), b, t, c, nh);
         check(
-            &format!("attention b{b} t{t} c{c} nh{nh}"),
+            &format!("attention tf32 b{b} t{t} c{c}"),
             &["out", "dqkv"],
             &got,
             &want,
-            FP32_TOL,
+            1e-2,
         );
     }
 }
@@ -275,12 +304,29 @@ fn attention_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_scratch_is_reused_across_shapes() {
-    // A big call then a small one (scratch kept), then the first again: results must agree.
+    // A big call then a small one (scratch kept), then the first again: results must agree
+    // bit for bit (the flash backward has no atomics, so it is deterministic too).
+    for path in [AttentionPath::Flash, AttentionPath::Gemm] {
+        let gpu = gpu(Precision::Fp32).with_attention(path);
+        let first = attention_case(&gpu, 2, 70, 96, 3);
+        let _ = attention_case(&gpu, 1, 5, 48, 4);
+        let again = attention_case(&gpu, 2, 70, 96, 3);
+        check(
+            &format!("attention rerun {path:?}"),
+            &["out", "dqkv"],
+            &again,
+            &first,
+            0.0,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn flash_attention_saves_one_value_per_row() {
     let gpu = gpu(Precision::Fp32);
-    let first = attention_case(&gpu, 2, 70, 96, 3);
-    let _ = attention_case(&gpu, 1, 5, 48, 4);
-    let again = attention_case(&gpu, 2, 70, 96, 3);
-    check("attention rerun", &["out", "dqkv"], &again, &first, 0.0);
+    assert_eq!(gpu.attention_path(), AttentionPath::Flash, "flash is the default");
+    assert_eq!(gpu.attention_saved_len(16, 1024, 12), 16 * 12 * 1024);
 }
 
 // ---- gelu, cross-entropy ------------------------------------------------------------
@@ -313,7 +359,9 @@ fn crossentropy_case<B: Backend>(be: &B, bt: usize, v: usize, vp: usize) -> Vec<
     // Padding columns of dlogits must come back untouched, so they start random too.
     let dlogits = upload(be, &random(bt * vp, 53, 1.0));
     be.crossentropy_backward(dlogits.ptr(), logits.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp);
-    vec![download(be, &losses), download(be, &dlogits)]
+    // In place: the logits become their gradient (padding 0).
+    be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp);
+    vec![download(be, &losses), download(be, &dlogits), download(be, &logits)]
 }
 
 #[test]
@@ -324,7 +372,7 @@ fn crossentropy_matches_cpu() {
         let got = crossentropy_case(&gpu(Precision::Fp32), bt, v, vp);
         check(
             &format!("crossentropy {bt}x{v}/{vp}"),
-            &["losses", "dlogits"],
+            &["losses", "dlogits", "in_place"],
             &got,
             &want,
             FP32_TOL,
@@ -418,11 +466,14 @@ fn memory_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
     be.zero(z.ptr().add(1), n - 2); // first and last word survive
     let scaled = upload(be, &random(n, 84, 1.0));
     be.scale(scaled.ptr(), n, -0.3);
+    let sum = upload(be, &random(n, 85, 1.0)); // overwritten
+    be.add(sum.ptr(), b.ptr(), scaled.ptr(), n);
     vec![
         download(be, &fresh),
         download(be, &a),
         download(be, &z),
         download(be, &scaled),
+        download(be, &sum),
     ]
 }
 
@@ -433,7 +484,7 @@ fn memory_ops_match_cpu() {
     let got = memory_case(&gpu(Precision::Fp32), 10_007);
     check(
         "memory ops",
-        &["alloc", "accumulate", "zero", "scale"],
+        &["alloc", "accumulate", "zero", "scale", "add"],
         &got,
         &want,
         0.0,

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use common::backend::cuda::CudaBackend;
+use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::{AdamWStep, Backend, DeviceBuffer};
 use common::cli::Precision;
 
@@ -49,6 +49,11 @@ fn assert_finite(be: &CudaBackend, what: &str, buf: &<CudaBackend as Backend>::B
 
 fn gpt2_step_table(precision: Precision) {
     let be = CudaBackend::new(0, precision).expect("CUDA backend");
+    // Earlier versions of some ops, timed beside the current ones (rows marked x0).
+    let plain = CudaBackend::new(0, precision)
+        .expect("CUDA backend")
+        .without_bias_epilogue()
+        .with_attention(AttentionPath::Gemm);
     let mut rows: Vec<(String, f64, usize)> = Vec::new(); // (op, ms, times per step)
     let mut row = |name: &str, ms: f64, per_step: usize| rows.push((name.to_string(), ms, per_step));
 
@@ -119,6 +124,14 @@ fn gpt2_step_table(precision: Precision) {
         let fwd = time(&be, || {
             be.matmul_forward(out.ptr(), inp.ptr(), wt.ptr(), bias_ptr, BT, c, oc)
         });
+        if has_bias {
+            // The same product as a GEMM and a separate bias pass (before the fused epilogue).
+            be.synchronize().unwrap();
+            let unfused = time(&plain, || {
+                plain.matmul_forward(out.ptr(), inp.ptr(), wt.ptr(), bias_ptr, BT, c, oc)
+            });
+            row(&format!("(matmul {name} fwd, bias unfused)"), unfused, 0);
+        }
         let bwd = time(&be, || {
             be.matmul_backward(
                 dinp.ptr(),
@@ -157,6 +170,15 @@ fn gpt2_step_table(precision: Precision) {
     row("attention bwd", time(&be, att_b), L);
     assert_finite(&be, "attention out", &att_out);
     assert_finite(&be, "attention dqkv", &dqkv);
+    drop(saved);
+    be.synchronize().unwrap();
+    {
+        let saved = plain.alloc(plain.attention_saved_len(B, T, NH)).unwrap();
+        let fwd = || plain.attention_forward(att_out.ptr(), saved.ptr(), qkv.ptr(), B, T, C, NH);
+        row("(attention fwd, gemm)", time(&plain, fwd), 0);
+        let bwd = || plain.attention_backward(dqkv.ptr(), x.ptr(), qkv.ptr(), att_out.ptr(), saved.ptr(), B, T, C, NH);
+        row("(attention bwd, gemm)", time(&plain, bwd), 0);
+    }
 
     let (h, gh, dh) = (
         filled(&be, BT * 4 * C, 11),
@@ -173,10 +195,22 @@ fn gpt2_step_table(precision: Precision) {
         time(&be, || be.gelu_backward(dh.ptr(), h.ptr(), gh.ptr(), BT * 4 * C)),
         L,
     );
+    let sum = be.alloc(BT * C).unwrap();
+    row(
+        "residual add",
+        time(&be, || be.add(sum.ptr(), x.ptr(), dx.ptr(), BT * C)),
+        2 * L,
+    );
     row(
         "residual accumulate",
         time(&be, || be.accumulate(dx.ptr(), x.ptr(), BT * C)),
         4 * L,
+    );
+    let add_ms = time(&be, || be.add(h.ptr(), h.ptr().add(BT * 2 * C), gh.ptr(), BT * 2 * C));
+    eprintln!(
+        "TIMING ceiling: add kernel over {} M floats moves {:.0} GB/s (bytes read + written)",
+        BT * 2 * C / 1_000_000,
+        3.0 * 4.0 * (BT * 2 * C) as f64 / (add_ms * 1e-3) / 1e9
     );
 
     let logits = filled(&be, BT * VP, 12);
@@ -189,7 +223,10 @@ fn gpt2_step_table(precision: Precision) {
         1,
     );
     let ce_b = || be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP);
-    row("crossentropy bwd", time(&be, ce_b), 1);
+    row("(crossentropy bwd, accumulate)", time(&be, ce_b), 0);
+    let ce_in_place =
+        || be.crossentropy_backward_in_place(dlogits.ptr(), losses.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP);
+    row("crossentropy bwd in place", time(&be, ce_in_place), 1);
     row("mean (loss)", time(&be, || be.mean(loss.ptr(), losses.ptr(), BT)), 1);
     assert_finite(&be, "losses", &losses);
     drop((logits, dlogits));

@@ -282,6 +282,38 @@ fn crossentropy_backward_matches_finite_differences() {
 }
 
 #[test]
+fn in_place_crossentropy_backward_equals_the_accumulating_one_into_zeros() {
+    // The in-place version takes the normaliser from the loss: equal up to rounding
+    // (|difference| <= 1e-6 of the largest gradient); the padding, garbage before, must be 0.
+    let be = be();
+    let (bt, v, vp) = (5, 11, 16);
+    let mut r = rng(12);
+    let x = randn(bt * vp, 3.0, &mut r);
+    let (logits, tg) = (upload(&be, &x), tokens(&be, &[0, 10, 4, 4, 7]));
+    let (dlogits, losses) = (be.alloc(bt * vp).unwrap(), be.alloc(bt).unwrap());
+    be.crossentropy_forward(losses.ptr(), logits.ptr(), tg.ptr(), bt, v, vp);
+    be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), 0.3, bt, v, vp);
+    be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), tg.ptr(), 0.3, bt, v, vp);
+    let (want, got) = (read(&be, &dlogits), read(&be, &logits));
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+        assert!((a - b).abs() <= 1e-6 * scale, "[{i}]: {a} vs {b}");
+    }
+    assert!(got.chunks(vp).all(|row| row[v..].iter().all(|&x| x == 0.0)));
+}
+
+#[test]
+fn add_is_elementwise_sum() {
+    let be = be();
+    let mut r = rng(13);
+    let (a, b) = (randn(40_000, 1.0, &mut r), randn(40_000, 1.0, &mut r));
+    let (da, db, out) = (upload(&be, &a), upload(&be, &b), be.alloc(40_000).unwrap());
+    be.add(out.ptr(), da.ptr(), db.ptr(), 40_000);
+    let got = read(&be, &out);
+    assert!(got.iter().zip(a.iter().zip(&b)).all(|(o, (x, y))| *o == x + y));
+}
+
+#[test]
 fn adamw_matches_the_reference_formula() {
     let be = be();
     let n = 100;

@@ -215,6 +215,20 @@ impl Backend for CpuBackend {
         });
     }
 
+    fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
+        let (a, b) = (view(a, n), view(b, n));
+        self.pool.install(|| {
+            view_mut(out, n)
+                .par_chunks_mut(CHUNK)
+                .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+                .for_each(|(o, (a, b))| {
+                    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                        *o = a + b;
+                    }
+                })
+        });
+    }
+
     fn scale(&self, dst: DevPtr, n: usize, s: f32) {
         self.pool.install(|| {
             view_mut(dst, n)
@@ -588,6 +602,32 @@ impl Backend for CpuBackend {
                     for i in 0..v {
                         d[i] += (fastmath::exp(row[i] - maxv) * inv - (i == targets[r] as usize) as u8 as f32) * dloss;
                     }
+                })
+        });
+    }
+
+    fn crossentropy_backward_in_place(
+        &self,
+        logits: DevPtr,
+        losses: DevPtr,
+        targets: DevPtr,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        let (losses, targets) = (view(losses, bt), view_i32(targets, bt));
+        self.pool.install(|| {
+            view_mut(logits, bt * vp)
+                .par_chunks_mut(vp)
+                .enumerate()
+                .for_each(|(r, row)| {
+                    let target = targets[r] as usize;
+                    let lse = losses[r] + row[target]; // loss = log-sum-exp - logit[target]
+                    for (i, x) in row[..v].iter_mut().enumerate() {
+                        *x = ((*x - lse).exp() - (i == target) as u8 as f32) * dloss;
+                    }
+                    row[v..].fill(0.0);
                 })
         });
     }

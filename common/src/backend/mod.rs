@@ -70,6 +70,8 @@ pub trait Backend {
     fn zero(&self, dst: DevPtr, n: usize);
     /// `dst += src`, elementwise over `n` values.
     fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize);
+    /// `out = a + b`, elementwise over `n` values, in one pass (`out` distinct from both).
+    fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize);
     /// `dst *= s`, elementwise over `n` values.
     fn scale(&self, dst: DevPtr, n: usize, s: f32);
     /// Wait until all queued work is done (a no-op on the CPU).
@@ -161,6 +163,22 @@ pub trait Backend {
         &self,
         dlogits: DevPtr,
         logits: DevPtr,
+        targets: DevPtr,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    );
+    /// llm.c's in-place classifier backward, for logits nothing else reads: overwrites
+    /// `logits` with their gradient, (softmax(logits) - onehot(target)) · dloss over the
+    /// first V columns and 0 in the padding. `losses` are what `crossentropy_forward` wrote
+    /// for these logits: with the target's logit they give each row's log-sum-exp, so a row
+    /// is read once and written once. Saves a (BT,Vp) buffer, its zeroing and two reads.
+    #[allow(clippy::too_many_arguments)]
+    fn crossentropy_backward_in_place(
+        &self,
+        logits: DevPtr,
+        losses: DevPtr,
         targets: DevPtr,
         dloss: f32,
         bt: usize,

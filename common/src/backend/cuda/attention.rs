@@ -1,7 +1,7 @@
 //! Causal self-attention with two batched GEMMs per direction (llm.c's fp32 CUDA path):
 //! permute qkv into q, k, v (B,NH,T,HS), att = softmax(q·kᵀ/√HS) kept in `saved`
 //! (B,NH,T,T), y = att·v, unpermute. Intermediates live in the backend's reused scratch.
-//! A flash-style kernel will replace this behind the same trait methods.
+//! Kept beside the flash kernels (`flash.rs`) for comparison: GPT2_CUDA_ATTENTION=gemm.
 
 use super::blas::Gemm;
 use super::{args, blocks, CudaBackend};
@@ -41,7 +41,7 @@ fn heads_gemm(
     }
 }
 
-fn head_size(c: usize, nh: usize) -> Result<usize> {
+pub(super) fn head_size(c: usize, nh: usize) -> Result<usize> {
     if nh == 0 || !c.is_multiple_of(nh) {
         return Err(Error::Device(format!(
             "attention: C = {c} is not a multiple of NH = {nh}"

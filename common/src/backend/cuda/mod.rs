@@ -7,6 +7,8 @@
 
 mod attention;
 mod blas;
+mod flash;
+mod lt;
 mod memory;
 mod nvrtc;
 mod ops;
@@ -20,6 +22,7 @@ use crate::backend::{DevPtr, DeviceBuffer};
 use crate::cli::Precision;
 use crate::error::{Error, Result};
 use blas::Blas;
+use lt::LtMatmul;
 use memory::{device_err, DeviceMemory};
 use nvrtc::Kernels;
 
@@ -35,6 +38,8 @@ pub struct CudaBackend {
     // Field order is drop order: kernels and cuBLAS go before the memory they use.
     kernels: Kernels,
     blas: Blas,
+    /// cuBLASLt for matmuls with a bias (fused epilogue); `None` when off or missing.
+    lt: Option<LtMatmul>,
     #[allow(dead_code, reason = "owned here, used by cuBLAS through its raw pointer")]
     blas_workspace: CudaBuffer,
     /// (MAX_REDUCE_BLOCKS) partial sums of `sum_squares`.
@@ -45,6 +50,30 @@ pub struct CudaBackend {
     error: Mutex<Option<String>>,
     memory: Arc<DeviceMemory>,
     name: String,
+    precision: Precision,
+    attention: AttentionPath,
+}
+
+/// How causal attention runs. Both are kept so that they can be compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPath {
+    /// Flash kernels (`kernels/flash_attention.cu`): saves (B,NH,T) log-sum-exps.
+    Flash,
+    /// Batched cuBLAS GEMMs around a softmax kernel: saves the (B,NH,T,T) probabilities.
+    Gemm,
+}
+
+impl AttentionPath {
+    /// From the environment variable `GPT2_CUDA_ATTENTION` (`flash`, the default, or `gemm`).
+    fn from_env() -> Result<Self> {
+        match std::env::var("GPT2_CUDA_ATTENTION").as_deref() {
+            Err(_) | Ok("") | Ok("flash") => Ok(AttentionPath::Flash),
+            Ok("gemm") => Ok(AttentionPath::Gemm),
+            Ok(other) => Err(Error::Input(format!(
+                "GPT2_CUDA_ATTENTION={other}: expected `flash` or `gemm`"
+            ))),
+        }
+    }
 }
 
 impl CudaBackend {
@@ -75,21 +104,45 @@ impl CudaBackend {
             blas_workspace.ptr(),
             BLAS_WORKSPACE_BYTES,
         )?;
+        let lt = match std::env::var("GPT2_CUDA_BIAS_EPILOGUE").as_deref() {
+            Ok("0") => None,
+            _ => LtMatmul::new(precision, blas_workspace.ptr(), BLAS_WORKSPACE_BYTES)?,
+        };
         let reduce_partials = memory.alloc(MAX_REDUCE_BLOCKS)?;
-        let precision = match precision {
+        let attention = AttentionPath::from_env()?;
+        let precision_name = match precision {
             Precision::Fp32 => "fp32",
             Precision::Tf32 => "tf32",
         };
         Ok(CudaBackend {
             kernels,
             blas,
+            lt,
             blas_workspace,
             reduce_partials,
             scratch: Mutex::new(None),
             error: Mutex::new(None),
             memory,
-            name: format!("{gpu} ({arch}, {precision})"),
+            name: format!("{gpu} ({arch}, {precision_name})"),
+            precision,
+            attention,
         })
+    }
+
+    /// The same backend with attention on `path` (tests compare the two).
+    pub fn with_attention(mut self, path: AttentionPath) -> Self {
+        self.attention = path;
+        self
+    }
+
+    /// The same backend with the matmul bias as a separate pass (for timing comparisons).
+    pub fn without_bias_epilogue(mut self) -> Self {
+        self.lt = None;
+        self
+    }
+
+    pub fn attention_path(&self) -> AttentionPath {
+        self.attention
     }
 
     fn stream(&self) -> driver_sys::CUstream {

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result as driver, sys as driver_sys};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
@@ -13,12 +14,42 @@ use crate::error::{Error, Result};
 /// Shared device helpers (warp/block reductions), prepended to every kernel file.
 const PRELUDE: &str = include_str!("kernels/prelude.cuh");
 
-/// Every kernel file, by name. Each holds kernels only; its launchers live in Rust.
+/// Every kernel file, by name. Each holds kernels only; its launchers live in Rust. The flash
+/// attention templates are prepended to each of their instantiation files, so that the
+/// heavy compiles run in parallel.
 const KERNEL_FILES: &[(&str, &str)] = &[
     ("encoder.cu", include_str!("kernels/encoder.cu")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("layernorm.cu", include_str!("kernels/layernorm.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    (
+        "flash_d16.cu",
+        concat!(
+            include_str!("kernels/flash_attention.cuh"),
+            include_str!("kernels/flash_d16.cu")
+        ),
+    ),
+    (
+        "flash_d32.cu",
+        concat!(
+            include_str!("kernels/flash_attention.cuh"),
+            include_str!("kernels/flash_d32.cu")
+        ),
+    ),
+    (
+        "flash_d64.cu",
+        concat!(
+            include_str!("kernels/flash_attention.cuh"),
+            include_str!("kernels/flash_d64.cu")
+        ),
+    ),
+    (
+        "flash_d128.cu",
+        concat!(
+            include_str!("kernels/flash_attention.cuh"),
+            include_str!("kernels/flash_d128.cu")
+        ),
+    ),
     ("gelu.cu", include_str!("kernels/gelu.cu")),
     ("crossentropy.cu", include_str!("kernels/crossentropy.cu")),
     ("reduce.cu", include_str!("kernels/reduce.cu")),
@@ -132,21 +163,55 @@ pub(super) struct Kernels {
     functions: HashMap<String, driver_sys::CUfunction>,
 }
 
+/// Compiled images of every kernel file, by architecture: compiled once per process (the
+/// flash kernels take seconds), however many backends are made.
+type Images = Arc<Vec<(&'static str, String, Vec<u8>)>>;
+static IMAGES: Mutex<Vec<(String, Images)>> = Mutex::new(Vec::new());
+
+/// Every kernel file compiled for `arch`, in parallel, or the images compiled before.
+fn images(arch: &str) -> Result<Images> {
+    let mut cache = IMAGES
+        .lock()
+        .map_err(|_| Error::Device("kernel image cache lock poisoned".into()))?;
+    if let Some((_, images)) = cache.iter().find(|(a, _)| a == arch) {
+        return Ok(Arc::clone(images));
+    }
+    let sources = kernel_sources();
+    let compiled: Vec<Result<Vec<u8>>> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = sources
+            .iter()
+            .map(|(file, src)| scope.spawn(move || compile(file, src, arch)))
+            .collect();
+        jobs.into_iter()
+            .map(|job| {
+                job.join()
+                    .unwrap_or_else(|_| Err(Error::Device("NVRTC compile thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut images = Vec::with_capacity(sources.len());
+    for ((file, src), cubin) in sources.into_iter().zip(compiled) {
+        images.push((file, src, cubin?));
+    }
+    let images = Arc::new(images);
+    cache.push((arch.to_string(), Arc::clone(&images)));
+    Ok(images)
+}
+
 impl Kernels {
-    /// Compiles and loads every kernel file for `arch` (e.g. "sm_90"); the context must be
+    /// Loads every kernel file compiled for `arch` (e.g. "sm_90"); the context must be
     /// current on this thread.
     pub(super) fn load(arch: &str) -> Result<Self> {
         let mut kernels = Kernels {
             modules: Vec::new(),
             functions: HashMap::new(),
         };
-        for (file, src) in kernel_sources() {
-            let cubin = compile(file, &src, arch)?;
+        for (file, src, cubin) in images(arch)?.iter() {
             // SAFETY: `cubin` is a complete image from NVRTC, alive for the call.
             let module = unsafe { driver::module::load_data(cubin.as_ptr() as *const c_void) }
                 .map_err(|e| Error::Device(format!("loading {file} ({arch}) into the driver: {e}")))?;
             kernels.modules.push(module);
-            for name in kernel_names(&src) {
+            for name in kernel_names(src) {
                 let c_name =
                     CString::new(name.as_str()).map_err(|_| Error::Device(format!("bad kernel name {name}")))?;
                 // SAFETY: `module` was just loaded and is kept until drop.

@@ -5,7 +5,7 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 
 use super::blas::Gemm;
 use super::memory::device_err;
-use super::{args, blocks, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS};
+use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS};
 use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 
@@ -16,10 +16,24 @@ const ROWS_PER_BLOCK: usize = THREADS / 32;
 /// Rows per block of the column reductions (layernorm dw/db, matmul dbias).
 const COLUMN_CHUNK_ROWS: usize = 256;
 
+/// Rows per block of the float4 column reductions (fewer, fuller blocks).
+const VEC4_CHUNK_ROWS: usize = 512;
+
+/// A kernel launch's grid and block.
+type LaunchShape = ((u32, u32, u32), (u32, u32, u32));
+
 /// Grid and block of a column reduction over an (n, c) matrix: 32 columns × 8 row lanes.
-fn column_reduce_launch(n: usize, c: usize) -> ((u32, u32, u32), (u32, u32, u32)) {
+fn column_reduce_launch(n: usize, c: usize) -> LaunchShape {
     let grid = (c.div_ceil(32) as u32, n.div_ceil(COLUMN_CHUNK_ROWS) as u32, 1);
     (grid, (32, 8, 1))
+}
+
+/// The float4 column reductions: 128 columns × 8 warps per block, when `c` and every
+/// matrix allow 16-byte loads.
+fn vec4_column_reduce(n: usize, c: usize, ptrs: &[DevPtr]) -> Option<LaunchShape> {
+    let aligned = c.is_multiple_of(4) && ptrs.iter().all(|p| p.0.is_multiple_of(16));
+    let grid = (c.div_ceil(128) as u32, n.div_ceil(VEC4_CHUNK_ROWS) as u32, 1);
+    aligned.then_some((grid, (256, 1, 1)))
 }
 
 impl CudaBackend {
@@ -99,6 +113,15 @@ impl Backend for CudaBackend {
         );
     }
 
+    fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
+        self.launch(
+            "add_kernel",
+            blocks(n, THREADS),
+            (THREADS as u32, 1, 1),
+            args![out, a, b, n],
+        );
+    }
+
     fn scale(&self, dst: DevPtr, n: usize, s: f32) {
         self.launch(
             "scale_kernel",
@@ -162,6 +185,16 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
+        if let (Some(lt), Some(bias)) = (&self.lt, bias) {
+            match self
+                .bind()
+                .and_then(|()| lt.matmul_bias(self.stream(), out, inp, w, bias, bt, c, oc))
+            {
+                Ok(true) => return,
+                Ok(false) => {} // no fused algorithm for this shape: GEMM, then the bias kernel
+                Err(e) => return self.fail(e),
+            }
+        }
         // Row-major out (BT,OC) = inp (BT,C) · wᵀ is column-major outᵀ (OC,BT) = wᵀ · inpᵀ.
         self.gemm(Gemm {
             trans_a: true,
@@ -242,13 +275,14 @@ impl Backend for CudaBackend {
             batch: 1,
         });
         if let Some(dbias) = dbias {
-            let (grid, block) = column_reduce_launch(bt, oc);
-            self.launch(
-                "bias_backward_kernel",
-                grid,
-                block,
-                args![dbias, dout, bt, oc, COLUMN_CHUNK_ROWS],
-            );
+            if let Some((grid, block)) = vec4_column_reduce(bt, oc, &[dout]) {
+                let args = args![dbias, dout, bt, oc, VEC4_CHUNK_ROWS];
+                self.launch("bias_backward_vec4_kernel", grid, block, args);
+            } else {
+                let (grid, block) = column_reduce_launch(bt, oc);
+                let args = args![dbias, dout, bt, oc, COLUMN_CHUNK_ROWS];
+                self.launch("bias_backward_kernel", grid, block, args);
+            }
         }
     }
 
@@ -288,18 +322,29 @@ impl Backend for CudaBackend {
         let grid = blocks(bt, ROWS_PER_BLOCK);
         let args = args![dinp, dout, inp, w, mean, rstd, bt, c];
         self.launch("layernorm_backward_dinp_kernel", grid, (THREADS as u32, 1, 1), args);
-        let (grid, block) = column_reduce_launch(bt, c);
-        let args = args![dw, db, dout, inp, mean, rstd, bt, c, COLUMN_CHUNK_ROWS];
-        self.launch("layernorm_backward_params_kernel", grid, block, args);
+        if let Some((grid, block)) = vec4_column_reduce(bt, c, &[dout, inp]) {
+            let args = args![dw, db, dout, inp, mean, rstd, bt, c, VEC4_CHUNK_ROWS];
+            self.launch("layernorm_backward_params_vec4_kernel", grid, block, args);
+        } else {
+            let (grid, block) = column_reduce_launch(bt, c);
+            let args = args![dw, db, dout, inp, mean, rstd, bt, c, COLUMN_CHUNK_ROWS];
+            self.launch("layernorm_backward_params_kernel", grid, block, args);
+        }
     }
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
-        // The probabilities (B,NH,T,T); a flash kernel will keep only log-sum-exp rows.
-        b * nh * t * t
+        match self.attention {
+            AttentionPath::Flash => b * nh * t,    // log-sum-exp per row
+            AttentionPath::Gemm => b * nh * t * t, // the probabilities
+        }
     }
 
     fn attention_forward(&self, out: DevPtr, saved: DevPtr, qkv: DevPtr, b: usize, t: usize, c: usize, nh: usize) {
-        if let Err(e) = self.attention_forward_gemm(out, saved, qkv, b, t, c, nh) {
+        let queued = match self.attention {
+            AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
+            AttentionPath::Gemm => self.attention_forward_gemm(out, saved, qkv, b, t, c, nh),
+        };
+        if let Err(e) = queued {
             self.fail(e);
         }
     }
@@ -309,14 +354,18 @@ impl Backend for CudaBackend {
         dqkv: DevPtr,
         dout: DevPtr,
         qkv: DevPtr,
-        _out: DevPtr,
+        out: DevPtr,
         saved: DevPtr,
         b: usize,
         t: usize,
         c: usize,
         nh: usize,
     ) {
-        if let Err(e) = self.attention_backward_gemm(dqkv, dout, qkv, saved, b, t, c, nh) {
+        let queued = match self.attention {
+            AttentionPath::Flash => self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh),
+            AttentionPath::Gemm => self.attention_backward_gemm(dqkv, dout, qkv, saved, b, t, c, nh),
+        };
+        if let Err(e) = queued {
             self.fail(e);
         }
     }
@@ -356,6 +405,27 @@ impl Backend for CudaBackend {
     ) {
         let args = args![dlogits, logits, targets, dloss, bt, v, vp];
         self.launch("crossentropy_backward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
+    }
+
+    fn crossentropy_backward_in_place(
+        &self,
+        logits: DevPtr,
+        losses: DevPtr,
+        targets: DevPtr,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        // 16-byte accesses when every row starts 16-byte aligned.
+        let vec = (vp.is_multiple_of(4) && logits.0.is_multiple_of(16)) as usize;
+        let args = args![logits, losses, targets, dloss, bt, v, vp, vec];
+        self.launch(
+            "crossentropy_backward_in_place_kernel",
+            (bt as u32, 1, 1),
+            (512, 1, 1),
+            args,
+        );
     }
 
     // ---- reductions and the optimiser ---------------------------------------------

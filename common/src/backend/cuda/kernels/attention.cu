@@ -1,6 +1,7 @@
 // Causal self-attention around two batched cuBLAS GEMMs (llm.c's train_gpt2_fp32.cu):
 // qkv (B,T,3,NH,HS) is permuted into q, k, v (B,NH,T,HS); att = softmax(scale·q·kᵀ) with a
 // causal mask, kept as (B,NH,T,T); y = att·v is unpermuted back to (B,T,NH,HS).
+// Also the flash backward's delta kernel (one small pass, shared by every head size).
 
 // qkv (B,T,3,NH,HS) -> q, k, v (B,NH,T,HS).
 extern "C" __global__ void attention_permute_kernel(float* q, float* k, float* v, const float* qkv,
@@ -93,4 +94,19 @@ extern "C" __global__ void attention_softmax_backward_kernel(float* datt, const 
     for (int j = lane; j <= t; j += WARP_SIZE) dot += a[j] * g[j];
     dot = warp_sum(dot);
     for (int j = lane; j < T; j += WARP_SIZE) g[j] = j <= t ? scale * a[j] * (g[j] - dot) : 0.0f;
+}
+
+// delta (B·NH, T) = Σ_d dout · out per row and head (FlashAttention's D). One thread per row.
+extern "C" __global__ void flash_backward_delta_kernel(float* delta, const float* dout, const float* out, int B,
+                                                       int T, int NH, int HS) {
+    size_t n = (size_t)B * NH * T;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int h = (int)(i % NH);
+    size_t bt = i / NH;  // b·T + t
+    int b = (int)(bt / T), r = (int)(bt % T);
+    size_t off = bt * NH * HS + (size_t)h * HS;
+    float sum = 0.0f;
+    for (int d = 0; d < HS; d++) sum += dout[off + d] * out[off + d];
+    delta[((size_t)b * NH + h) * T + r] = sum;
 }

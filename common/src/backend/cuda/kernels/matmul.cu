@@ -28,3 +28,42 @@ extern "C" __global__ void bias_backward_kernel(float* dbias, const float* dout,
         atomicAdd(&dbias[c], sum);
     }
 }
+
+// dbias[c] += Σ_rows dout[row, c], for OC a multiple of 4 and dout 16-byte aligned: each lane
+// owns 4 columns (one float4 per row, 512 bytes per warp), 8 warps take every 8th row of a
+// chunk of `rows_per_block` rows, then sum through shared memory; chunks meet by atomics.
+// Grid (ceil(OC/128), ceil(N/rows_per_block)), 256 threads.
+extern "C" __global__ void bias_backward_vec4_kernel(float* dbias, const float* dout, int N, int OC,
+                                                     int rows_per_block) {
+    __shared__ float4 part[8][32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int c = (blockIdx.x * 32 + lane) * 4;
+    int row_start = blockIdx.y * rows_per_block;
+    int row_end = min(row_start + rows_per_block, N);
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (c < OC) {
+#pragma unroll 4
+        for (int row = row_start + warp; row < row_end; row += 8) {
+            float4 v = *reinterpret_cast<const float4*>(dout + (size_t)row * OC + c);
+            sum.x += v.x;
+            sum.y += v.y;
+            sum.z += v.z;
+            sum.w += v.w;
+        }
+    }
+    part[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && c < OC) {
+        for (int k = 1; k < 8; k++) {
+            float4 v = part[k][lane];
+            sum.x += v.x;
+            sum.y += v.y;
+            sum.z += v.z;
+            sum.w += v.w;
+        }
+        atomicAdd(&dbias[c], sum.x);
+        atomicAdd(&dbias[c + 1], sum.y);
+        atomicAdd(&dbias[c + 2], sum.z);
+        atomicAdd(&dbias[c + 3], sum.w);
+    }
+}

@@ -1,0 +1,208 @@
+//! The whole GPT-2 on the CUDA backend against the CPU backend (the reference), both in fp32
+//! from the same seed: (a) every parameter tensor's gradient at step 0, tolerance 1e-4 in the
+//! max-norm relative error max|gpu - cpu| / max|cpu| per tensor; (b) 200 training steps on
+//! identical batches through `Trainer`, each step's loss within 1e-3 (absolute) of the CPU's.
+//! Needs a CUDA device: run with `--include-ignored` on a GPU machine.
+#![cfg(feature = "cuda")]
+
+use common::autograd::{Graph, Pool};
+use common::backend::cpu::CpuBackend;
+use common::backend::cuda::CudaBackend;
+use common::backend::{Backend, DeviceBuffer};
+use common::cli::{ExecArgs, Precision};
+use common::comm::Single;
+use common::data::Batch;
+use common::model::{ConfigOverrides, Gpt2, ModelConfig};
+use common::optim::OptimConfig;
+use common::train::Trainer;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+
+const GRAD_TOL: f32 = 1e-4;
+const LOSS_TOL: f32 = 1e-3;
+
+fn cpu() -> CpuBackend {
+    CpuBackend::new(0).expect("CPU backend")
+}
+
+fn gpu() -> CudaBackend {
+    CudaBackend::new(0, Precision::Fp32).unwrap_or_else(|e| panic!("CUDA backend: {e}"))
+}
+
+fn config(preset: &str, ov: ConfigOverrides) -> ModelConfig {
+    ModelConfig::from_preset(preset, 256, ov).expect("config")
+}
+
+/// Byte-level text with structure to learn: sentences drawn from a short list by a seeded RNG.
+fn corpus(len: usize) -> Vec<i32> {
+    const LINES: [&str; 6] = [
+        "ROMEO: But soft, what light through yonder window breaks?\n",
+        "JULIET: O Romeo, Romeo, wherefore art thou Romeo?\n",
+        "HAMLET: To be, or not to be, that is the question.\n",
+        "MACBETH: Tomorrow, and tomorrow, and tomorrow.\n",
+        "LEAR: Nothing will come of nothing. Speak again.\n",
+        "PUCK: Lord, what fools these mortals be!\n",
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut out = Vec::with_capacity(len + 64);
+    while out.len() < len {
+        let line = LINES[(rng.next_u32() % LINES.len() as u32) as usize];
+        out.extend(line.bytes().map(|x| x as i32));
+    }
+    out.truncate(len);
+    out
+}
+
+/// `n` batches of B windows of T+1 tokens at seeded random offsets.
+fn batches(n: usize, b: usize, t: usize) -> Vec<Batch> {
+    let text = corpus(20_000);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    (0..n)
+        .map(|_| {
+            let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+            for _ in 0..b {
+                let at = (rng.next_u32() as usize) % (text.len() - t - 1);
+                inputs.extend_from_slice(&text[at..at + t]);
+                targets.extend_from_slice(&text[at + 1..at + t + 1]);
+            }
+            Batch { inputs, targets }
+        })
+        .collect()
+}
+
+/// Loss and every parameter's gradient after one forward/backward from the seeded init.
+fn step0<B: Backend>(be: &B, cfg: ModelConfig, batch: &Batch, b: usize, t: usize) -> (f32, Vec<f32>) {
+    let model = Gpt2::new(be, cfg).expect("model");
+    model.init_weights(be, 1337).expect("init");
+    let mut pool = Pool::default();
+    let mut g = Graph::new(be, &mut pool, true);
+    let fwd = model
+        .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)
+        .expect("forward");
+    let loss = fwd.loss.expect("targets given");
+    g.backward(loss, 1.0).expect("backward");
+    let mut l = [0.0f32];
+    be.download_f32(g.ptr(loss), &mut l).expect("loss");
+    drop(g);
+    let mut grads = vec![0.0f32; model.num_params()];
+    be.download_f32(model.grads.ptr(), &mut grads).expect("grads");
+    be.synchronize().expect("synchronize");
+    (l[0], grads)
+}
+
+/// max|got - want| / max|want| (the difference itself when `want` is all zeros; NaN stays NaN).
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let diff = got.iter().zip(want).fold(0.0f32, |m, (g, w)| {
+        let d = (g - w).abs();
+        if d.is_nan() {
+            f32::NAN
+        } else {
+            m.max(d)
+        }
+    });
+    if scale == 0.0 {
+        diff
+    } else {
+        diff / scale
+    }
+}
+
+fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
+    let batch = &batches(1, b, t)[0];
+    let (cpu_loss, cpu_grads) = step0(&cpu(), cfg, batch, b, t);
+    let (gpu_loss, gpu_grads) = step0(&gpu(), cfg, batch, b, t);
+    let model_layout = common::model::ParamLayout::new(&cfg);
+    let mut bad = Vec::new();
+    let loss_err = (gpu_loss - cpu_loss).abs() / cpu_loss.abs();
+    eprintln!("PARITY model {name:<8} loss       cpu={cpu_loss:.6} gpu={gpu_loss:.6} rel_err={loss_err:.2e}");
+    if loss_err.is_nan() || loss_err > GRAD_TOL {
+        bad.push(format!("loss: {loss_err:.3e}"));
+    }
+    let mut worst = 0.0f32;
+    for (tensor, range) in model_layout.named(&cfg) {
+        let err = rel_err(&gpu_grads[range.clone()], &cpu_grads[range]);
+        worst = if err.is_nan() { err } else { worst.max(err) };
+        if err.is_nan() || err > GRAD_TOL {
+            bad.push(format!("{tensor}: {err:.3e}"));
+        }
+    }
+    eprintln!(
+        "PARITY model {name:<8} grads      worst tensor rel_err={worst:.2e} over {} tensors, tol={GRAD_TOL:.0e}",
+        model_layout.named(&cfg).len()
+    );
+    assert!(bad.is_empty(), "{name}: {}", bad.join(", "));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn whole_model_gradients_match_cpu_at_step0() {
+    // Head sizes 16 (tiny, odd T), 32 (char) and 64 (GPT-2's), vocabulary 256.
+    gradients_match("tiny", config("tiny", ConfigOverrides::default()), 3, 37);
+    gradients_match("char", config("char", ConfigOverrides::default()), 4, 64);
+    let hs64 = ConfigOverrides {
+        n_layer: Some(2),
+        n_head: Some(4),
+        n_embd: Some(256),
+        max_seq_len: Some(128),
+    };
+    gradients_match("hs64", config("char", hs64), 2, 128);
+}
+
+fn train_losses<B: Backend>(be: &B, cfg: ModelConfig, batches: &[Batch], b: usize, t: usize) -> Vec<f32> {
+    let optim = OptimConfig {
+        lr: 1e-3,
+        min_lr_frac: 0.1,
+        warmup_steps: 20,
+        total_steps: batches.len() as u64,
+        weight_decay: 0.1,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        grad_clip: 1.0,
+    };
+    let exec = ExecArgs {
+        threads: 0,
+        precision: Precision::Fp32,
+        overlap: false,
+        sync_every: None,
+    };
+    let mut trainer = Trainer::new(be, &Single, cfg, optim, exec).expect("trainer");
+    trainer.init_weights(1337).expect("init");
+    batches
+        .iter()
+        .enumerate()
+        .map(|(step, batch)| trainer.step(batch, b, t, step as u64).expect("step").stats.loss)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn training_200_steps_tracks_cpu_losses() {
+    let (b, t) = (8, 64);
+    let cfg = config("char", ConfigOverrides::default());
+    let data = batches(200, b, t);
+    let want = train_losses(&cpu(), cfg, &data, b, t);
+    let got = train_losses(&gpu(), cfg, &data, b, t);
+    let mut worst = (0.0f32, 0);
+    for (step, (g, c)) in got.iter().zip(&want).enumerate() {
+        let diff = (g - c).abs();
+        assert!(
+            diff <= LOSS_TOL,
+            "step {step}: gpu loss {g} vs cpu {c} (|diff| {diff:.3e} > {LOSS_TOL:.0e})"
+        );
+        if diff > worst.0 {
+            worst = (diff, step);
+        }
+    }
+    eprintln!(
+        "PARITY train char 200 steps: loss {:.4} -> {:.4} (cpu {:.4} -> {:.4}), worst |diff| {:.2e} at step {}, tol {LOSS_TOL:.0e}",
+        got[0], got[199], want[0], want[199], worst.0, worst.1
+    );
+    assert!(
+        got[199] < got[0] - 1.0,
+        "the loss must fall: {} -> {}",
+        got[0],
+        got[199]
+    );
+}

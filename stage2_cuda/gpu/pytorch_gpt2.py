@@ -1,0 +1,174 @@
+"""PyTorch eager baseline for `stage2_cuda bench`: GPT-2 124M defined as ours is (pre-LN, GELU tanh,
+tied wte, vocabulary padded to 50304, AdamW with betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
+matrices and embeddings, global grad-norm clip 1.0), trained on random tokens; prints one JSON line.
+
+    python3 pytorch_gpt2.py --precision fp32|tf32 [--batch 16 --seq-len 1024 --steps 10 --warmup 3]
+    python3 pytorch_gpt2.py --ceilings      # copy bandwidth and 8192^3 matmul rates, one JSON line
+
+Attention is F.scaled_dot_product_attention(is_causal=True), which in fp32 eager picks the memory-
+efficient kernel; the loss runs over all 50304 padded logits (nanoGPT's way: no slicing copy, the
+cheapest form for PyTorch, whereas ours excludes the padding; the compute differs by 0.1%).
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, PADDED_VOCAB = 50257, 50304
+
+
+class Block(nn.Module):
+    def __init__(self, c, nh):
+        super().__init__()
+        self.nh = nh
+        self.ln1 = nn.LayerNorm(c)
+        self.qkv = nn.Linear(c, 3 * c)
+        self.attproj = nn.Linear(c, c)
+        self.ln2 = nn.LayerNorm(c)
+        self.fc = nn.Linear(c, 4 * c)
+        self.fcproj = nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.nh, c // self.nh).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attproj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, layers=12, heads=12, width=768, max_seq_len=1024):
+        super().__init__()
+        self.wte = nn.Embedding(PADDED_VOCAB, width)
+        self.wpe = nn.Embedding(max_seq_len, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.lnf = nn.LayerNorm(width)
+        # GPT-2's init, as ours: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0.
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(p, std=std)
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.lnf(x), self.wte.weight)  # tied LM head
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def set_precision(precision):
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def bench(args):
+    set_precision(args.precision)
+    torch.manual_seed(1)
+    dev = torch.device("cuda")
+    model = GPT2().to(dev)
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-4,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+    b, t = args.batch, args.seq_len
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def step():
+        data = torch.randint(0, VOCAB, (b, t + 1), device=dev, generator=gen)
+        loss = model(data[:, :-1], data[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - start
+    n = sum(p.numel() for p in model.parameters())
+    layers, width = len(model.blocks), model.lnf.weight.numel()
+    tokens_per_s = b * t * args.steps / secs
+    flops = (6 * n + 6 * layers * width * t) * tokens_per_s  # llm.c's 6N + 6LCT per token
+    peak = {"fp32": 67e12, "tf32": 495e12}[args.precision]  # H100/H200 SXM dense datasheet
+    name = torch.cuda.get_device_name()
+    print(
+        json.dumps(
+            {
+                "impl": "pytorch-eager",
+                "torch": torch.__version__,
+                "device": name,
+                "precision": args.precision,
+                "params": n,
+                "batch": b,
+                "seq_len": t,
+                "steps": args.steps,
+                "tokens_per_s": tokens_per_s,
+                "ms_per_step": secs * 1e3 / args.steps,
+                "peak_device_mb": torch.cuda.max_memory_allocated() / 2**20,
+                "peak_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,
+                "mfu": flops / peak if ("H100" in name or "H200" in name) else None,
+                "final_loss": loss.item(),
+            }
+        )
+    )
+
+
+def ceilings():
+    """The two roofs METHOD.md asks for, on random data: copy bandwidth and matmul rates."""
+    dev = torch.device("cuda")
+    src = torch.randn(512 * 2**20, device=dev)  # 2 GiB
+    dst = torch.empty_like(src)
+
+    def timed(f, reps=10):
+        f()
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        times = []
+        for _ in range(reps):
+            ev[0].record()
+            f()
+            ev[1].record()
+            torch.cuda.synchronize()
+            times.append(ev[0].elapsed_time(ev[1]) * 1e-3)
+        return sorted(times)[reps // 2]
+
+    copy_s = timed(lambda: dst.copy_(src))
+    out = {"device": torch.cuda.get_device_name(), "copy_gb_s": 2 * src.numel() * 4 / copy_s / 1e9}
+    del src, dst
+    a, b = (torch.randn(8192, 8192, device=dev) for _ in range(2))
+    for precision in ("fp32", "tf32"):
+        set_precision(precision)
+        out[f"matmul_{precision}_tflops"] = 2 * 8192**3 / timed(lambda: a @ b) / 1e12
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--precision", choices=["fp32", "tf32"], default="tf32")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--ceilings", action="store_true")
+    a = p.parse_args()
+    ceilings() if a.ceilings else bench(a)

@@ -1,0 +1,161 @@
+//! The stage 2 binary end to end on a GPU: `train` on a small corpus writes loss.tsv and a
+//! checkpoint and learns, `generate` continues a prompt from that checkpoint, `bench` prints a
+//! JSON line with the throughput and memory figures, and a bad input is one line, exit 2.
+//! Needs a CUDA device: run with `--include-ignored` on a GPU machine.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The binary: $STAGE2_CUDA_BIN, else cargo's build of it, else `stage2_cuda` on PATH
+/// (where a bundle built elsewhere puts it).
+fn bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("STAGE2_CUDA_BIN") {
+        return PathBuf::from(p);
+    }
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_stage2_cuda"));
+    if built.exists() {
+        built
+    } else {
+        PathBuf::from("stage2_cuda")
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(bin()).args(args).output().expect("stage2_cuda runs")
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stage2-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn corpus(dir: &Path) -> PathBuf {
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n\n".repeat(40);
+    let p = dir.join("corpus.txt");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn train_then_generate_on_the_gpu() {
+    let d = tmpdir("train");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let (data, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let args = [
+        "train",
+        "--data",
+        data,
+        "--out",
+        out_s,
+        "--model",
+        "tiny",
+        "--batch",
+        "8",
+        "--seq-len",
+        "32",
+        "--steps",
+        "60",
+        "--eval-every",
+        "20",
+        "--eval-batches",
+        "2",
+        "--sample-len",
+        "20",
+        "--precision",
+        "fp32",
+    ];
+    let o = run(&args);
+    assert!(o.status.success(), "train failed: {}", stderr(&o));
+    let table = std::fs::read_to_string(out.join("loss.tsv")).unwrap();
+    let rows: Vec<Vec<f32>> = table
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "3 evaluation rows expected:\n{table}");
+    assert!(rows[2][2] < rows[0][2], "validation loss should fall:\n{table}");
+    assert!(rows.iter().all(|r| r[3] > 0.0), "tokens/s must be positive:\n{table}");
+    let ckpt = out.join("model.ckpt");
+    assert!(ckpt.exists());
+
+    let o = run(&[
+        "generate",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "40",
+        "--greedy",
+    ]);
+    assert!(o.status.success(), "generate failed: {}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("ROMEO:") && text.len() > 30, "{text}");
+    // Greedy decoding is deterministic.
+    let again = run(&[
+        "generate",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "40",
+        "--greedy",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&again.stdout), text);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bench_prints_json_with_throughput_memory_and_mfu() {
+    for precision in ["fp32", "tf32"] {
+        let o = run(&[
+            "bench",
+            "--model",
+            "char",
+            "--vocab",
+            "256",
+            "--batch",
+            "8",
+            "--seq-len",
+            "128",
+            "--steps",
+            "5",
+            "--precision",
+            precision,
+        ]);
+        assert!(o.status.success(), "bench failed: {}", stderr(&o));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let last = stdout.lines().last().unwrap_or_default();
+        let report: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
+        for key in ["tokens_per_s", "ms_per_step", "peak_device_mb"] {
+            let x = report[key].as_f64().unwrap_or_else(|| panic!("{key} missing: {last}"));
+            assert!(x > 0.0, "{key} = {x}");
+        }
+        let device = report["device"].as_str().unwrap_or_default();
+        let hopper = device.contains("H100") || device.contains("H200");
+        assert!(report.get("mfu").is_some(), "mfu missing: {last}");
+        if hopper {
+            let mfu = report["mfu"].as_f64().expect("mfu on a Hopper GPU");
+            assert!(mfu > 0.0 && mfu < 1.0, "mfu {mfu}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_bad_input_is_one_line_and_exit_2() {
+    let o = run(&["generate", "--checkpoint", "/nonexistent/model.ckpt"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
