@@ -14,7 +14,7 @@ RUN_DIR := runs
 BIN := target/release
 
 # Training settings of `make run` and `make results` (stage 0 and stage 1 share them).
-TRAIN_FLAGS := --data $(CORPUS) --model char --epochs 2 --batch 16 --seq-len 128 --lr 6e-3 --warmup 30 --seed 1337
+TRAIN_FLAGS := --data data/tinyshakespeare.txt --model char --epochs 2 --batch 16 --seq-len 128 --lr 6e-3 --warmup 30 --seed 1337
 
 # libnvrtc from the PyPI wheel (no GPU needed), for the kernel-compile test.
 NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)

@@ -10,17 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 parts=${*:-bench ablate tests timing}
 want() { [[ " $parts " == *" $1 "* ]]; }
 
-source .gpu/env.sh
-libdir() {  # folder holding library $1: ldconfig, then the toolkit and pip wheels
-  local p
-  p=$(ldconfig -p | awk -v l="$1" '$1==l {print $NF; exit}')
-  [ -z "$p" ] && p=$(find /usr/local/cuda*/ /usr/local/lib /usr/lib /opt -name "$1" 2>/dev/null | head -1)
-  [ -n "$p" ] && dirname "$p"
-}
-for l in libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libnvrtc.so.13; do
-  d=$(libdir $l); echo "lib $l -> ${d:-NOT FOUND}"
-  [ -n "$d" ] && export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH
-done
+source "$here/cuda-env.sh"
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)
 echo "gpu: $gpu"
 export PYTHONUNBUFFERED=1 REQUIRE_NVRTC=1 STAGE2_CUDA_BIN=$(command -v stage2_cuda)
@@ -42,7 +32,7 @@ rm -f "$OUT/bench.jsonl" "$OUT/bench.log"
 if want bench; then
   timeout 60 python3 "$here/pytorch_gpt2.py" --ceilings >"$OUT/ceilings.json" 2>&1 || echo "ceilings failed"
   cat "$OUT/ceilings.json"
-  for rep in 1 2; do  # twice, alternating, to see the run-to-run spread
+  for rep in $(seq 1 ${BENCH_REPS:-2}); do  # twice by default, alternating, to see the spread
     for p in fp32 tf32; do
       bench "ours-$p-r$rep" stage2_cuda "${gpt2[@]}" --precision $p
       bench "torch-$p-r$rep" python3 "$here/pytorch_gpt2.py" --precision $p
