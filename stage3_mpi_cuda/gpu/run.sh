@@ -12,17 +12,13 @@ gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l) x $(nvidia-smi
 echo "gpus: $gpu"
 log=$OUT/stage3.log
 
-# 1. Stage 2's tests and benches (ours and PyTorch, fp32 and tf32) through its own script.
-BENCH_REPS=1 OUT=/tmp/s2 timeout 420 stage2_cuda/gpu/run.sh tests bench >"$log" 2>&1; echo "stage2 script rc=$?" | tee -a "$log"
-cp /tmp/s2/tests.log /tmp/s2/bench.jsonl "$OUT/" 2>/dev/null
-
-# 2. Stage 3's tests (2-GPU parity with stage 2, bench).
+# 1. Stage 3's tests (2-GPU parity with stage 2, bench).
 for t in /tmp/gpu-rt/tests/nccl-*; do
   echo "== test $(basename "$t")" | tee -a "$log"
   timeout 240 "$t" --include-ignored --nocapture --test-threads 1 >>"$OUT/tests.log" 2>&1 || echo "stage3 tests FAILED" | tee -a "$log"
 done
 
-# 3. Results runs: the settings of `make results` (see the Makefile), fp32 for comparison.
+# 2. Results runs: the settings of `make results` (see the Makefile), fp32 for comparison.
 flags=$(sed -n "s/^TRAIN_FLAGS := //p" Makefile)  # the Makefile holds them once
 mkdir -p /tmp/res/stage2 /tmp/res/stage3
 timeout 300 stage2_cuda train $flags --precision fp32 --out /tmp/res/stage2 >>"$log" 2>&1 || echo "stage2 results run FAILED" | tee -a "$log"
@@ -30,11 +26,15 @@ timeout 300 mpirun -n 2 stage3_mpi_cuda train $flags --precision fp32 --out /tmp
 rm -f /tmp/res/*/model.ckpt
 tar -C /tmp/res -czf "$OUT/results.tgz" stage2 stage3
 
-# 4. Stage 3 bench: GPT-2 124M, B=16 per GPU, T=1024, 2 GPUs (global batch 32), tf32.
+# 3. Stage 3 bench: GPT-2 124M, B=16 per GPU, T=1024, 2 GPUs (global batch 32), tf32.
 echo "== bench stage3 2 GPUs" >>"$log"
 timeout 200 mpirun -n 2 stage3_mpi_cuda bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3 --precision tf32 >/tmp/s3b.log 2>&1
 cat /tmp/s3b.log >>"$log"
 tail -1 /tmp/s3b.log | python3 -c "import json,sys; r=json.load(sys.stdin); r['label']='ours-tf32-2gpu'; print(json.dumps(r))" >>"$OUT/bench.jsonl" || echo "no stage3 bench JSON"
+
+# 4. Stage 2's tests and benches (ours and PyTorch, fp32 and tf32) through its own script, last.
+BENCH_REPS=1 OUT=/tmp/s2 timeout 300 stage2_cuda/gpu/run.sh tests bench >>"$log" 2>&1; echo "stage2 script rc=$?" | tee -a "$log"
+cat /tmp/s2/tests.log >>"$OUT/tests.log" 2>/dev/null; cat /tmp/s2/bench.jsonl >>"$OUT/bench.jsonl" 2>/dev/null
 
 echo; echo "==== failures"; grep -hE "panicked|FAILED|^---- " "$OUT/tests.log" "$log" | head -20
 echo "==== tests"; grep -hE "^test result" "$OUT/tests.log"
