@@ -15,6 +15,9 @@ BIN := target/release
 
 # Training settings of `make run` and `make results` (stage 0 and stage 1 share them).
 TRAIN_FLAGS := --data data/tinyshakespeare.txt --model char --epochs 2 --batch 16 --seq-len 128 --lr 6e-3 --warmup 30 --seed 1337
+# The first 100 steps of the same run (schedule over 100 steps), evaluated every 10: where
+# the stages should still agree closely, before training amplifies rounding differences.
+SHORT_FLAGS := --data data/tinyshakespeare.txt --model char --steps 100 --eval-every 10 --batch 16 --seq-len 128 --lr 6e-3 --warmup 30 --seed 1337 --sample-len 0
 
 # libnvrtc from the PyPI wheel (no GPU needed), for the kernel-compile test.
 NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
@@ -22,7 +25,7 @@ NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidi
 .PHONY: all deps build run test bench results clean
 
 # GPU results copied back from a device run (see stage2_cuda/gpu/), when present.
-GPU_RUNS := $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(s)/loss.tsv),--run "$(s)=results/runs/$(s)"))
+GPU_RUNS = $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(1)$(s)/loss.tsv),--run "$(s)=results/runs/$(1)$(s)"))
 
 all: build
 
@@ -64,7 +67,10 @@ bench: build
 results: build
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out results/runs/stage0
 	mpirun -n $(NP) $(BIN)/stage1_mpi train $(TRAIN_FLAGS) --out results/runs/stage1
-	$(BIN)/stage0_serial report --run stage0=results/runs/stage0 --run "stage1 ($(NP) ranks)=results/runs/stage1" $(GPU_RUNS) --out results
+	$(BIN)/stage0_serial report --run stage0=results/runs/stage0 --run "stage1 ($(NP) ranks)=results/runs/stage1" $(call GPU_RUNS,) --out results
+	$(BIN)/stage0_serial train $(SHORT_FLAGS) --out results/runs/short-stage0
+	mpirun -n $(NP) $(BIN)/stage1_mpi train $(SHORT_FLAGS) --out results/runs/short-stage1
+	$(BIN)/stage0_serial report --run stage0=results/runs/short-stage0 --run "stage1 ($(NP) ranks)=results/runs/short-stage1" $(call GPU_RUNS,short-) --out results/short
 
 clean:
 	$(CARGO) clean

@@ -23,8 +23,11 @@ flags=$(sed -n "s/^TRAIN_FLAGS := //p" Makefile)  # the Makefile holds them once
 mkdir -p /tmp/res/stage2 /tmp/res/stage3
 timeout 300 stage2_cuda train $flags --precision fp32 --out /tmp/res/stage2 >>"$log" 2>&1 || echo "stage2 results run FAILED" | tee -a "$log"
 timeout 300 mpirun -n 2 stage3_mpi_cuda train $flags --precision fp32 --out /tmp/res/stage3 >>"$log" 2>&1 || echo "stage3 results run FAILED" | tee -a "$log"
+short=$(sed -n "s/^SHORT_FLAGS := //p" Makefile)
+timeout 120 stage2_cuda train $short --precision fp32 --out /tmp/res/short-stage2 >>"$log" 2>&1 || echo "stage2 short run FAILED" | tee -a "$log"
+timeout 120 mpirun -n 2 stage3_mpi_cuda train $short --precision fp32 --out /tmp/res/short-stage3 >>"$log" 2>&1 || echo "stage3 short run FAILED" | tee -a "$log"
 rm -f /tmp/res/*/model.ckpt
-tar -C /tmp/res -czf "$OUT/results.tgz" stage2 stage3
+tar -C /tmp/res -czf "$OUT/results.tgz" stage2 stage3 short-stage2 short-stage3
 
 # 3. Stage 3 bench: GPT-2 124M, B=16 per GPU, T=1024, 2 GPUs (global batch 32), tf32.
 echo "== bench stage3 2 GPUs" >>"$log"
@@ -33,6 +36,7 @@ cat /tmp/s3b.log >>"$log"
 tail -1 /tmp/s3b.log | python3 -c "import json,sys; r=json.load(sys.stdin); r['label']='ours-tf32-2gpu'; print(json.dumps(r))" >>"$OUT/bench.jsonl" || echo "no stage3 bench JSON"
 
 # 4. Stage 2's tests and benches (ours and PyTorch, fp32 and tf32) through its own script, last.
+[ "${SKIP_STAGE2:-0}" = 1 ] ||
 BENCH_REPS=1 OUT=/tmp/s2 timeout 300 stage2_cuda/gpu/run.sh tests bench >>"$log" 2>&1; echo "stage2 script rc=$?" | tee -a "$log"
 cat /tmp/s2/tests.log >>"$OUT/tests.log" 2>/dev/null; cat /tmp/s2/bench.jsonl >>"$OUT/bench.jsonl" 2>/dev/null
 
