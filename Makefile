@@ -14,7 +14,7 @@ RUN_DIR := runs
 BIN := target/release
 
 # Training settings of `make run` and `make results` (stage 0 and stage 1 share them).
-TRAIN_FLAGS := --data data/tinyshakespeare.txt --model char --epochs 2 --batch 16 --seq-len 128 --lr 6e-3 --warmup 30 --seed 1337
+TRAIN_FLAGS := --data data/tinyshakespeare.txt --model char --epochs 2 --batch 16 --seq-len 128 --lr 6e-3 --warmup 30 --seed 1337 --eval-every 98
 # The first 100 steps of the same run (schedule over 100 steps), evaluated every 10: where
 # the stages should still agree closely, before training amplifies rounding differences.
 SHORT_FLAGS := --data data/tinyshakespeare.txt --model char --steps 100 --eval-every 10 --batch 16 --seq-len 128 --lr 6e-3 --warmup 30 --seed 1337 --sample-len 0
