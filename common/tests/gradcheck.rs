@@ -447,8 +447,8 @@ fn cpu_results_do_not_depend_on_thread_count() {
     let grads_of = |be: &CpuBackend| {
         let model = tiny_model(be);
         let mut pool = Pool::default();
-        let inp: Vec<i32> = (0..10).map(|i| (i * 5 % 13) as i32).collect();
-        let tg: Vec<i32> = (0..10).map(|i| (i * 3 % 13) as i32).collect();
+        let inp: Vec<i32> = (0..10).map(|i| i * 5 % 13).collect();
+        let tg: Vec<i32> = (0..10).map(|i| i * 3 % 13).collect();
         let mut g = Graph::new(be, &mut pool, true);
         let fwd = model.forward(&mut g, &inp, Some(&tg), 2, 5, false).unwrap();
         g.backward(fwd.loss.unwrap(), 1.0).unwrap();
