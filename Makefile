@@ -9,7 +9,6 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NP ?= 2
 # Stage 1 bench batch per rank: 2 ranks x 2 = stage 0's bench batch of 4.
 MPI_BENCH_BATCH ?= 2
-CORPUS := data/tinyshakespeare.txt
 RUN_DIR := runs
 BIN := target/release
 
@@ -62,7 +61,8 @@ bench: build
 	mpirun -n $(NP) $(BIN)/stage1_mpi bench --model gpt2 --batch $(MPI_BENCH_BATCH) --seq-len 64 --steps 3
 	mpirun -n $(NP) $(BIN)/stage1_mpi bench --model gpt2 --batch $(MPI_BENCH_BATCH) --seq-len 64 --steps 3 --overlap
 
-# Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch, then
+# Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch (with the
+# GPU stages' runs that stage3_mpi_cuda/gpu/run.sh brought back into results/runs/), then
 # the side-by-side tables and plot in results/README.md.
 results: build
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out results/runs/stage0
