@@ -117,11 +117,6 @@ impl<B: Backend> Pool<B> {
     fn give(&mut self, buf: B::Buffer) {
         self.free.entry(buf.len()).or_default().push(buf);
     }
-
-    /// Words held in cached (free) buffers.
-    pub fn cached_words(&self) -> usize {
-        self.free.values().flatten().map(|b| b.len()).sum()
-    }
 }
 
 pub struct Graph<'a, B: Backend> {
@@ -160,11 +155,6 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     pub fn shape(&self, x: Tensor) -> [usize; 2] {
         self.values[x.0].shape
-    }
-
-    /// The gradient of `x`, once `backward` has produced it (parameters always have one).
-    pub fn grad(&self, x: Tensor) -> Option<DevPtr> {
-        self.values[x.0].grad
     }
 
     /// A parameter: memory owned by the caller, gradient accumulated at `grad` (if any).

@@ -39,7 +39,7 @@ pub fn generate<B: Backend>(
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut context: Vec<i32> = prompt.iter().map(|&x| x as i32).collect();
     let mut logits = vec![0.0f32; cfg.padded_vocab_size];
-    let mut out = Vec::with_capacity(opts.max_new_tokens);
+    let mut out = Vec::new();
     for _ in 0..opts.max_new_tokens {
         let window = &context[context.len().saturating_sub(opts.context.clamp(1, cfg.max_seq_len))..];
         {

@@ -131,11 +131,8 @@ pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
         let _ = writeln!(md, "| --- | ---: | ---: |");
         for r in &runs[1..] {
             let gap = |col: usize| {
-                r.rows
-                    .iter()
-                    .zip(&runs[0].rows)
-                    .map(|(a, b)| (a[col] - b[col]).abs())
-                    .fold(0.0f64, f64::max)
+                let pairs = r.rows.iter().filter_map(|a| Some((a, at(&runs[0], a[0])?)));
+                pairs.map(|(a, b)| (a[col] - b[col]).abs()).fold(0.0f64, f64::max)
             };
             let _ = writeln!(md, "| {} | {:.2e} | {:.2e} |", r.label, gap(1), gap(2));
         }

@@ -104,6 +104,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 // Local SGD: average the parameters every k steps, and after the last.
                 let last = step + 1 == self.opt.config.total_steps;
                 if (step + 1).is_multiple_of(k) || last {
+                    be.synchronize()?; // the update must be written before the sum reads it
                     timed(&mut comm_s, || comm.all_reduce_sum(params, n))?;
                     be.scale(params, n, 1.0 / world as f32);
                 }
@@ -188,13 +189,18 @@ fn backward_overlapped<B: Backend>(
     grads: DevPtr,
     comm_s: &mut f64,
 ) -> Result<()> {
+    let be = g.backend();
     g.backward_with(loss, seed, |block| {
+        // The kernels that wrote this block's gradients may still be queued (GPU), and
+        // NCCL reads on its own stream: wait for them first (a no-op on the CPU).
+        be.synchronize()?;
         let range = &layout.layers[block].range;
         timed(comm_s, || {
             comm.start_all_reduce_sum(grads.add(range.start), range.len())
         })
     })?;
     let blocks_start = layout.layers.first().map_or(layout.lnfw, |l| l.range.start);
+    be.synchronize()?;
     timed(comm_s, || {
         comm.start_all_reduce_sum(grads, blocks_start)?;
         comm.start_all_reduce_sum(grads.add(layout.lnfw), layout.total - layout.lnfw)?;
@@ -299,6 +305,16 @@ fn run_model(
             if args.model.given() {
                 checkpoint::check_compatible(meta, &args.model.config(vocab)?, tok_kind.name())?;
             }
+            // The data cursor counts windows of this batch and length.
+            for (key, flag, value) in [("batch", "--batch", args.batch), ("seq_len", "--seq-len", args.seq_len)] {
+                let saved = meta.train.get(key).and_then(|v| v.as_u64());
+                if saved.is_some_and(|s| s != value as u64) {
+                    crate::bail_input!(
+                        "cannot resume: the checkpoint was trained with {flag} {} but the flags ask for {value}",
+                        saved.unwrap_or_default()
+                    );
+                }
+            }
             meta.config
         }
         None => args.model.config(vocab)?,
@@ -348,6 +364,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     };
     let (tok, tok_kind, config) = agree(comm, run_model(args, resumed.as_ref(), world))?;
     let (b, t) = (args.batch, args.seq_len);
+    // A resumed run keeps its seed: it fixes the data order the cursor points into.
+    let seed = resumed.as_ref().map_or(args.seed, |m| m.seed);
 
     // Rank 0 reads and tokenizes the corpus; every rank gets the tokens.
     let bytes = from_root(comm, || {
@@ -357,14 +375,20 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
     drop(bytes);
     let split = agree(comm, data::split(tokens, args.val_fraction, t))?;
-    let mut loader = agree(comm, Loader::new(split.train, t, b, comm.rank(), world, args.seed))?;
-    let eval_set = data::eval_batches(&split.val, t, b, args.eval_batches);
+    let mut loader = agree(comm, Loader::new(split.train, t, b, comm.rank(), world, seed))?;
+    // Rank 0 evaluates the same windows at every world size, in batches of the per-rank size
+    // so that its memory stays at the training level.
+    let eval_set = data::eval_batches(&split.val, t, b / world, args.eval_batches * world);
     let spe = loader.steps_per_epoch();
     let total_steps = match (args.steps, args.epochs) {
         (Some(s), _) => s,
         (None, Some(e)) => (e * spe as f64).ceil() as u64,
         (None, None) => 2 * spe,
     };
+    if args.eval_batches == 0 || args.exec.sync_every == Some(0) {
+        let e = Error::Input("--eval-batches and --sync-every must be at least 1".into());
+        return Err(e.on_every_rank());
+    }
     if total_steps == 0 {
         let e = Error::Input("nothing to train: --steps / --epochs give 0 steps".into());
         return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
@@ -407,7 +431,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             agree(comm, loader.set_cursor(cursor))?;
             start_step = meta.step;
         }
-        _ => trainer.init_weights(args.seed)?,
+        _ => trainer.init_weights(seed)?,
     }
     if start_step >= total_steps {
         let e = Error::Input(format!(
@@ -445,7 +469,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         step,
         data_epoch: cursor.epoch,
         data_step_in_epoch: cursor.step_in_epoch,
-        seed: args.seed,
+        seed,
         train: settings.clone(),
     };
     for step in start_step..total_steps {
@@ -522,7 +546,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
                 greedy: false,
                 temperature: 0.8,
                 top_k: 40,
-                seed: args.seed,
+                seed,
                 context: t,
             };
             let started = Instant::now();

@@ -288,6 +288,11 @@ fn bad_checkpoints_fail_cleanly() {
         assert_bad_input(&run(&train_args(data, out, &["--steps", "10", "--resume", p])), needle);
         assert_bad_input(&run(&["generate", "--checkpoint", p]), needle);
     }
+    // A checkpoint trained with another batch size (the data cursor would mean other windows).
+    let ok = run_dir.join("model.ckpt");
+    let mut other_batch = train_args(data, out, &["--steps", "10", "--resume", ok.to_str().unwrap()]);
+    other_batch[8] = "2"; // --batch 2
+    assert_bad_input(&run(&other_batch), "--batch");
     // A checkpoint whose config conflicts with the flags.
     let ok = run_dir.join("model.ckpt");
     let o = run(&train_args(
@@ -312,6 +317,17 @@ fn impossible_dimensions_fail_cleanly() {
     let mut long = train_args(data, out, &[]);
     long[10] = "65"; // tiny's max sequence length is 64
     assert_bad_input(&run(&long), "seq-len");
+    assert_bad_input(&run(&train_args(data, out, &["--layers", "100000000000"])), "too large");
+    assert_bad_input(
+        &run(&train_args(data, out, &["--width", "4000000000", "--heads", "1"])),
+        "too large",
+    );
+    let mut no_eval = train_args(data, out, &[]);
+    let at = no_eval.iter().position(|a| *a == "--eval-batches").unwrap();
+    no_eval[at + 1] = "0";
+    assert_bad_input(&run(&no_eval), "eval-batches");
+    let bench = ["bench", "--model", "tiny", "--vocab", "0", "--steps", "1"];
+    assert_bad_input(&run(&bench), "vocabulary");
     let mut preset = train_args(data, out, &[]);
     preset[6] = "gpt5"; // --model gpt5
     assert_bad_input(&run(&preset), "gpt5");

@@ -43,10 +43,6 @@ impl CpuBackend {
         Ok(CpuBackend { pool, threads })
     }
 
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
     fn par(&self) -> gemm::Parallelism {
         if self.threads > 1 {
             gemm::Parallelism::Rayon(self.threads)
@@ -625,7 +621,7 @@ impl Backend for CpuBackend {
                     let target = targets[r] as usize;
                     let lse = losses[r] + row[target]; // loss = log-sum-exp - logit[target]
                     for (i, x) in row[..v].iter_mut().enumerate() {
-                        *x = ((*x - lse).exp() - (i == target) as u8 as f32) * dloss;
+                        *x = (fastmath::exp(*x - lse) - (i == target) as u8 as f32) * dloss;
                     }
                     row[v..].fill(0.0);
                 })

@@ -14,15 +14,15 @@ pub struct NcclComm {
     mpi: MpiComm,
     comm: sys::ncclComm_t,
     /// NCCL's own stream on this rank's GPU. The trainer synchronises the backend before
-    /// a gradient sum, and `all_reduce_sum` waits for this stream before returning, so the
-    /// two streams never race.
+    /// every sum (the overlapped ones too), and `all_reduce_sum` waits for this stream
+    /// before returning, so the two streams never race.
     stream: Arc<CudaStream>,
     _ctx: Arc<CudaContext>,
     device: usize,
 }
 
 /// This rank's GPU and a stream on it.
-fn open_device(mpi: &MpiComm) -> Result<(Arc<CudaContext>, Arc<CudaStream>)> {
+fn open_device(mpi: &MpiComm) -> Result<(Arc<CudaContext>, Arc<CudaStream>, usize)> {
     // SAFETY: each only tries to dlopen the library's candidate names.
     let (driver_ok, nccl_ok) = unsafe { (cudarc::driver::sys::is_culib_present(), sys::is_culib_present()) };
     if !driver_ok {
@@ -35,7 +35,13 @@ fn open_device(mpi: &MpiComm) -> Result<(Arc<CudaContext>, Arc<CudaStream>)> {
             "libnccl.so not found: install NCCL and put it on LD_LIBRARY_PATH".into(),
         ));
     }
-    let device = mpi.local_rank();
+    // One rank per GPU: the rank among this host's ranks picks the GPU (modulo the GPUs
+    // visible, for launchers that give each rank its own CUDA_VISIBLE_DEVICES).
+    cudarc::driver::result::init().map_err(|e| nccl_err("CUDA driver initialisation", e))?;
+    let count = cudarc::driver::result::device::get_count()
+        .map_err(|e| nccl_err("counting GPUs", e))?
+        .max(1);
+    let device = mpi.local_rank() % count as usize;
     let ctx = CudaContext::new(device).map_err(|e| {
         Error::Device(format!(
             "{}: cannot open GPU {device} (one rank per GPU on each host): {e:?}",
@@ -43,7 +49,7 @@ fn open_device(mpi: &MpiComm) -> Result<(Arc<CudaContext>, Arc<CudaStream>)> {
         ))
     })?;
     let stream = ctx.new_stream().map_err(|e| nccl_err("creating a stream", e))?;
-    Ok((ctx, stream))
+    Ok((ctx, stream, device))
 }
 
 fn nccl_err(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -55,14 +61,15 @@ impl NcclComm {
     /// unique id, MPI broadcasts its 128 bytes) and keeps `mpi` for host-side collectives.
     pub fn init(mpi: MpiComm) -> Result<Self> {
         // Every rank must get this far before any waits in the id broadcast.
-        let (ctx, stream) = agree(&mpi, open_device(&mpi))?;
-        let device = mpi.local_rank();
-        let mut id_bytes = if mpi.is_root() {
-            let id = nccl::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
-            id.internal.iter().map(|&c| c as u8).collect()
+        let (ctx, stream, device) = agree(&mpi, open_device(&mpi))?;
+        // Rank 0 makes the id; all ranks agree it worked before any waits in the broadcast.
+        let id = if mpi.is_root() {
+            nccl::get_uniqueid().map(Some)
         } else {
-            Vec::new()
+            Ok(None)
         };
+        let id = agree(&mpi, id.map_err(|e| nccl_err("ncclGetUniqueId", e)))?;
+        let mut id_bytes: Vec<u8> = id.map_or_else(Vec::new, |id| id.internal.iter().map(|&c| c as u8).collect());
         mpi.broadcast_bytes(&mut id_bytes)?;
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
         if id_bytes.len() != id.internal.len() {
@@ -75,11 +82,21 @@ impl NcclComm {
             *dst = b as _;
         }
         let mut comm = std::ptr::null_mut();
-        ctx.bind_to_thread()
-            .map_err(|e| nccl_err("binding the CUDA context", e))?;
-        // SAFETY: `comm` is written by NCCL; the id is the one every rank received.
-        unsafe { nccl::comm_init_rank(&mut comm, mpi.size() as i32, id, mpi.rank() as i32) }
-            .map_err(|e| nccl_err("ncclCommInitRank", e))?;
+        let init = ctx
+            .bind_to_thread()
+            .map_err(|e| nccl_err("binding the CUDA context", e))
+            .and_then(|()| {
+                // SAFETY: `comm` is written by NCCL; the id is the one every rank received.
+                unsafe { nccl::comm_init_rank(&mut comm, mpi.size() as i32, id, mpi.rank() as i32) }
+                    .map(|_| ())
+                    .map_err(|e| nccl_err("ncclCommInitRank", e))
+            });
+        if let Err(e) = init {
+            // The other ranks may be waiting inside ncclCommInitRank: end the whole job.
+            eprintln!("stage3_mpi_cuda ({}): error: {e}", mpi.describe());
+            mpi.abort(1);
+            return Err(e);
+        }
         Ok(NcclComm {
             mpi,
             comm,

@@ -47,6 +47,9 @@ impl ModelConfig {
             let names: Vec<_> = PRESETS.iter().map(|p| p.0).collect();
             crate::bail_input!("unknown model preset '{name}' (choose one of: {})", names.join(", "));
         };
+        if vocab_size == 0 || vocab_size > 1 << 24 {
+            crate::bail_input!("vocabulary size {vocab_size} must be between 1 and 2^24");
+        }
         let cfg = ModelConfig {
             vocab_size,
             padded_vocab_size: round_up(vocab_size, 128),
@@ -71,6 +74,16 @@ impl ModelConfig {
         if vocab_size == 0 || n_layer == 0 || n_head == 0 || n_embd == 0 || max_seq_len == 0 {
             crate::bail_input!("model dimensions must be positive (layers {n_layer}, heads {n_head}, width {n_embd}, max seq-len {max_seq_len}, vocab {vocab_size})");
         }
+        // Every tensor must fit the kernels' 32-bit indices (and the memory of a real machine).
+        const MAX_WORDS: usize = 1 << 31;
+        let too_big = |x: Option<usize>| x.is_none_or(|w| w >= MAX_WORDS);
+        if n_layer > 4096
+            || too_big(padded_vocab_size.checked_mul(n_embd))
+            || too_big(max_seq_len.checked_mul(n_embd))
+            || too_big(n_embd.checked_mul(n_embd).and_then(|x| x.checked_mul(4)))
+        {
+            crate::bail_input!("model too large (layers {n_layer}, width {n_embd}, max seq-len {max_seq_len}, vocab {vocab_size}): each weight matrix must hold under 2^31 values and layers be at most 4096");
+        }
         if n_embd % n_head != 0 {
             crate::bail_input!("--heads {n_head} does not divide --width {n_embd}");
         }
@@ -80,10 +93,6 @@ impl ModelConfig {
             );
         }
         Ok(())
-    }
-
-    pub fn head_size(&self) -> usize {
-        self.n_embd / self.n_head
     }
 
     /// Number of parameters (padded vocabulary rows included).

@@ -91,6 +91,12 @@ impl CudaBackend {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| device_err("reading the compute capability", e))?;
+        if major < 8 {
+            // The flash attention kernels use Ampere's cp.async and TF32 mma instructions.
+            return Err(Error::Device(format!(
+                "GPU {device} is sm_{major}{minor}: these kernels need compute capability 8.0 or newer (Ampere, Hopper)"
+            )));
+        }
         let arch = format!("sm_{major}{minor}");
         let stream = ctx.new_stream().map_err(|e| device_err("creating a CUDA stream", e))?;
         let gpu = ctx.name().unwrap_or_else(|_| "CUDA device".into());
