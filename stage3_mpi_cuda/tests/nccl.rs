@@ -92,16 +92,32 @@ fn two_gpus_reproduce_one_gpu() {
     let args = flags(&two);
     let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(o.status.success(), "stage3: {}", String::from_utf8_lossy(&o.stderr));
-    let (a, b) = (table(&one), table(&two));
-    assert_eq!(a.len(), b.len());
-    for (ra, rb) in a.iter().zip(&b) {
-        for col in [1, 2] {
-            assert!((ra[col] - rb[col]).abs() <= LOSS_TOL, "loss differs: {ra:?} vs {rb:?}");
+    // The same with each block's gradients summed while backward goes on.
+    let overlap = d.join("overlap");
+    let mut args = flags(&overlap);
+    args.push("--overlap".into());
+    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        o.status.success(),
+        "stage3 --overlap: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let a = table(&one);
+    for (name, dir) in [("stage3", &two), ("stage3 --overlap", &overlap)] {
+        let b = table(dir);
+        assert_eq!(a.len(), b.len());
+        for (ra, rb) in a.iter().zip(&b) {
+            for col in [1, 2] {
+                assert!(
+                    (ra[col] - rb[col]).abs() <= LOSS_TOL,
+                    "{name}: loss differs: {ra:?} vs {rb:?}"
+                );
+            }
+            println!(
+                "PARITY {name} vs stage2: train {} vs {}, val {} vs {}",
+                rb[1], ra[1], rb[2], ra[2]
+            );
         }
-        println!(
-            "PARITY stage3 vs stage2: train {} vs {}, val {} vs {}",
-            rb[1], ra[1], rb[2], ra[2]
-        );
     }
 }
 
