@@ -123,7 +123,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// Mean loss over evaluation batches (forward only).
     pub fn evaluate(&mut self, batches: &[Batch], t: usize) -> Result<f32> {
-        let mut sum = 0.0f64;
+        // Mean over all rows: batches may differ in size (see `eval_pieces`).
+        let (mut sum, mut rows) = (0.0f64, 0usize);
         for batch in batches {
             let b = batch.inputs.len() / t;
             let mut g = Graph::new(self.be, &mut self.pool, false);
@@ -133,9 +134,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let mut loss = [0.0f32];
             self.be
                 .download_f32(g.ptr(fwd.loss.expect("targets given")), &mut loss)?;
-            sum += loss[0] as f64;
+            sum += loss[0] as f64 * b as f64;
+            rows += b;
         }
-        Ok((sum / batches.len().max(1) as f64) as f32)
+        Ok((sum / rows.max(1) as f64) as f32)
     }
 
     /// Writes parameters, moments and progress atomically (rank 0 only).
@@ -206,6 +208,18 @@ fn backward_overlapped<B: Backend>(
         comm.start_all_reduce_sum(grads.add(layout.lnfw), layout.total - layout.lnfw)?;
         comm.finish_all_reduces()
     })
+}
+
+/// Rank 0 evaluates the same windows at every world size (the global batches), cut into
+/// pieces of at most the per-rank batch so that its memory stays at the training level.
+fn eval_pieces(batches: Vec<Batch>, t: usize, rows: usize) -> Vec<Batch> {
+    let n = rows.max(1) * t;
+    let piece = |v: &[i32]| v.chunks(n).map(<[i32]>::to_vec).collect::<Vec<_>>();
+    batches
+        .iter()
+        .flat_map(|b| piece(&b.inputs).into_iter().zip(piece(&b.targets)))
+        .map(|(inputs, targets)| Batch { inputs, targets })
+        .collect()
 }
 
 /// Runs `f`, adding its duration to `seconds`.
@@ -376,9 +390,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     drop(bytes);
     let split = agree(comm, data::split(tokens, args.val_fraction, t))?;
     let mut loader = agree(comm, Loader::new(split.train, t, b, comm.rank(), world, seed))?;
-    // Rank 0 evaluates the same windows at every world size, in batches of the per-rank size
-    // so that its memory stays at the training level.
-    let eval_set = data::eval_batches(&split.val, t, b / world, args.eval_batches * world);
+    let eval_set = eval_pieces(data::eval_batches(&split.val, t, b, args.eval_batches), t, b / world);
     let spe = loader.steps_per_epoch();
     let total_steps = match (args.steps, args.epochs) {
         (Some(s), _) => s,

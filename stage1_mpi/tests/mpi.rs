@@ -355,3 +355,39 @@ fn a_crashed_run_resumes_exactly() {
     );
     assert_eq!(final_params(&straight), final_params(&crashed));
 }
+
+#[test]
+fn validation_covers_the_same_windows_at_any_rank_count() {
+    // 15 validation windows: per-rank-sized batches would cover 12, global ones 8; rank 0
+    // must evaluate exactly stage 0's windows.
+    let d = tmpdir("eval");
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
+    let data = d.join("corpus.txt");
+    std::fs::write(&data, text).unwrap();
+    let data = data.to_str().unwrap();
+    let flags = ["--steps", "20", "--eval-every", "10"];
+    let sized = |out: &Path| {
+        let mut args = train_args(data, out, &flags);
+        for (flag, value) in [("--batch", "8"), ("--seq-len", "32")] {
+            let at = args.iter().position(|a| a == flag).unwrap();
+            args[at + 1] = value.to_string();
+        }
+        args
+    };
+    let reference = d.join("stage0");
+    let o = run_limited(
+        stage0_bin().to_str().unwrap(),
+        &sized(&reference),
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_ok(&o);
+    let out = d.join("stage1");
+    assert_ok(&mpirun(2, &sized(&out), &[]));
+    for (g, w) in loss_table(&out).iter().zip(&loss_table(&reference)) {
+        assert!(
+            (g[2] - w[2]).abs() <= LOSS_TOL + 1e-6,
+            "val loss: stage 1 {g:?} vs stage 0 {w:?}"
+        );
+    }
+}
