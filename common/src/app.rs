@@ -6,7 +6,7 @@ use crate::backend::Backend;
 use crate::checkpoint;
 use crate::cli::{Cli, Command, ExecArgs, GenerateArgs, TokenizeArgs};
 use crate::comm::Comm;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::generate::{self, SampleOptions};
 use crate::model::Gpt2;
 use crate::tokenizer::Tokenizer;
@@ -127,13 +127,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
 
 fn generate_cmd<B: Backend>(be: &B, args: &GenerateArgs) -> Result<()> {
     let ckpt = checkpoint::load(&args.checkpoint)?;
-    let kind =
-        <crate::tokenizer::TokenizerKind as clap::ValueEnum>::from_str(&ckpt.meta.tokenizer, true).map_err(|_| {
-            Error::Input(format!(
-                "checkpoint names an unknown tokenizer '{}'",
-                ckpt.meta.tokenizer
-            ))
-        })?;
+    let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
     let tok = Tokenizer::new(kind)?;
     let model = Gpt2::new(be, ckpt.meta.config)?;
     be.upload_f32(model.params.ptr(), &ckpt.params)?;

@@ -17,6 +17,12 @@ pub enum TokenizerKind {
 }
 
 impl TokenizerKind {
+    /// The kind a checkpoint names (see [`TokenizerKind::name`]).
+    pub fn from_checkpoint(name: &str) -> Result<Self> {
+        <Self as clap::ValueEnum>::from_str(name, true)
+            .map_err(|_| Error::Input(format!("checkpoint names an unknown tokenizer '{name}'")))
+    }
+
     /// The name used on the command line and in checkpoints.
     pub fn name(self) -> &'static str {
         match self {

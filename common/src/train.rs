@@ -311,7 +311,7 @@ fn run_model(
     resumed: Option<&CheckpointMeta>,
     world: usize,
 ) -> Result<(Tokenizer, TokenizerKind, ModelConfig)> {
-    let tok_kind = resumed.map_or(Ok(args.tokenizer), |m| tokenizer_kind(&m.tokenizer))?;
+    let tok_kind = resumed.map_or(Ok(args.tokenizer), |m| TokenizerKind::from_checkpoint(&m.tokenizer))?;
     let tok = Tokenizer::new(tok_kind)?;
     let vocab = tok.vocab_size();
     let config = match resumed {
@@ -489,8 +489,9 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let batch = loader.next_batch();
         let t0 = Instant::now();
         let report = trainer.step(&batch, b / world, t, step)?;
-        window_time += t0.elapsed().as_secs_f64();
-        step_time += t0.elapsed().as_secs_f64();
+        let dt = t0.elapsed().as_secs_f64();
+        window_time += dt;
+        step_time += dt;
         window_loss += report.stats.loss as f64;
         window_steps += 1;
         bar.set_message(format!(
@@ -614,11 +615,6 @@ pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) ->
         crate::bail_input!("--batch {b} must be divisible by the number of ranks {world}");
     }
     Ok(())
-}
-
-fn tokenizer_kind(name: &str) -> Result<TokenizerKind> {
-    <TokenizerKind as clap::ValueEnum>::from_str(name, true)
-        .map_err(|_| Error::Input(format!("checkpoint names an unknown tokenizer '{name}'")))
 }
 
 pub fn progress_bar(visible: bool, total: u64, at: u64) -> indicatif::ProgressBar {
