@@ -473,7 +473,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     let bar = progress_bar(root, total_steps, start_step);
 
     let run_start = Instant::now();
-    let (mut window_loss, mut window_steps, mut window_time) = (0.0f64, 0u64, 0.0f64);
+    let mut window = Window::default();
     let (mut step_time, mut last_val) = (0.0f64, f32::NAN);
     let meta_at = |step: u64, cursor: DataCursor| CheckpointMeta {
         config,
@@ -490,10 +490,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let t0 = Instant::now();
         let report = trainer.step(&batch, b / world, t, step)?;
         let dt = t0.elapsed().as_secs_f64();
-        window_time += dt;
+        window.add(report.stats.loss, dt);
         step_time += dt;
-        window_loss += report.stats.loss as f64;
-        window_steps += 1;
         bar.set_message(format!(
             "loss {:.4} lr {:.2e} norm {:.2}",
             report.stats.loss, report.stats.lr, report.stats.grad_norm
@@ -509,20 +507,19 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let done = step + 1;
         let stop = interrupted(comm)?;
         if done % eval_every == 0 || done == total_steps || stop {
+            let (train_loss, tokens_per_s) = window.take(b * t);
             if let Some(log) = log.as_mut() {
-                let val = trainer.evaluate(&eval_set, t)?;
-                last_val = val;
+                last_val = trainer.evaluate(&eval_set, t)?;
                 let row = LossRow {
                     epoch: loader.epochs_done(),
-                    train_loss: (window_loss / window_steps as f64) as f32,
-                    val_loss: val,
-                    tokens_per_s: (window_steps * (b * t) as u64) as f64 / window_time,
+                    train_loss,
+                    val_loss: last_val,
+                    tokens_per_s,
                     elapsed_s: run_start.elapsed().as_secs_f64(),
                 };
                 bar.suspend(|| println!("{}", row.display()));
                 log.append(&row)?;
             }
-            (window_loss, window_steps, window_time) = (0.0, 0, 0.0);
         }
         let periodic = args.checkpoint_every > 0 && done % args.checkpoint_every == 0;
         if root && (periodic || done == total_steps || stop) {
@@ -628,6 +625,31 @@ pub fn progress_bar(visible: bool, total: u64, at: u64) -> indicatif::ProgressBa
     );
     bar.set_position(at);
     bar
+}
+
+/// Training losses and step time since the last `loss.tsv` row.
+#[derive(Default)]
+struct Window {
+    loss: f64,
+    steps: u64,
+    seconds: f64,
+}
+
+impl Window {
+    fn add(&mut self, loss: f32, seconds: f64) {
+        self.loss += loss as f64;
+        self.steps += 1;
+        self.seconds += seconds;
+    }
+
+    /// Mean training loss and tokens/s over the window; the next window starts empty.
+    fn take(&mut self, tokens_per_step: usize) -> (f32, f64) {
+        let w = std::mem::take(self);
+        (
+            (w.loss / w.steps as f64) as f32,
+            (w.steps * tokens_per_step as u64) as f64 / w.seconds,
+        )
+    }
 }
 
 /// One row of `loss.tsv`.

@@ -103,6 +103,12 @@ impl MpiComm {
     }
 }
 
+/// The message a rank printed just before MPI_Abort travels through the launcher's pipes;
+/// tearing the job down at once can lose it (seen with Hydra). A short pause lets it through.
+fn let_launcher_forward_output() {
+    std::thread::sleep(std::time::Duration::from_millis(300));
+}
+
 /// A panic on one rank (a bug) would unwind into MPI_Finalize while the other ranks wait
 /// in a collective: after the usual message, abort the job instead (exit code 101, Rust's
 /// for a panic).
@@ -111,6 +117,7 @@ fn abort_job_on_panic() {
     std::panic::set_hook(Box::new(move |info| {
         report(info);
         if !mpi::environment::is_finalized() {
+            let_launcher_forward_output();
             // SAFETY: MPI is initialised (the hook is set after MPI_Init) and not finalized.
             // The panicking thread may be a CPU worker, not the one FUNNELED allows to call
             // MPI; MPI_Abort is a last resort that need not return either way.
@@ -222,6 +229,7 @@ impl Comm for MpiComm {
     }
 
     fn abort(&self, exit_code: u8) {
+        let_launcher_forward_output();
         // MPI_Abort makes mpirun end every rank, with this exit code.
         self.world.abort(exit_code as c_int)
     }
