@@ -4,11 +4,9 @@
 //! Kept beside the flash kernels (`flash.rs`) for comparison: GPT2_CUDA_ATTENTION=gemm.
 
 use super::blas::Gemm;
-use super::{args, blocks, CudaBackend};
+use super::{args, blocks, CudaBackend, THREADS};
 use crate::backend::DevPtr;
 use crate::error::{Error, Result};
-
-const THREADS: usize = 256;
 
 /// Column-major batched GEMM over the B·NH heads, all operands with stride = one matrix.
 #[allow(clippy::too_many_arguments)]

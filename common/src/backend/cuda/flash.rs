@@ -1,4 +1,4 @@
-//! Launchers of the flash attention kernels (`kernels/flash_attention.cu`): forward keeps the
+//! Launchers of the flash attention kernels (`kernels/flash_attention.cuh`): forward keeps the
 //! output and a base-2 log-sum-exp per row, (B,NH,T); backward computes delta = rowsum(dout·out)
 //! into scratch, then dK/dV per key tile and dQ per query tile. Kernels exist for head sizes up
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.

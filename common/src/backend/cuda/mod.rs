@@ -29,6 +29,8 @@ use nvrtc::Kernels;
 pub use memory::CudaBuffer;
 pub use nvrtc::{compile, kernel_names, kernel_sources, nvrtc_present, nvrtc_version};
 
+/// Threads per block of the elementwise and row kernels.
+const THREADS: usize = 256;
 /// cuBLAS's workspace: NVIDIA recommends 32 MiB on Hopper.
 const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// Most blocks of the first pass of a grid-wide reduction (their partial sums are kept).
@@ -57,7 +59,7 @@ pub struct CudaBackend {
 /// How causal attention runs. Both are kept so that they can be compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionPath {
-    /// Flash kernels (`kernels/flash_attention.cu`): saves (B,NH,T) log-sum-exps.
+    /// Flash kernels (`kernels/flash_attention.cuh`): saves (B,NH,T) log-sum-exps.
     Flash,
     /// Batched cuBLAS GEMMs around a softmax kernel: saves the (B,NH,T,T) probabilities.
     Gemm,
@@ -177,6 +179,11 @@ impl CudaBackend {
     }
 
     /// Queues kernel `name` on the stream. Integer arguments must fit an `int`.
+    /// Queues elementwise kernel `name` over `n` items, one thread each.
+    fn launch_1d(&self, name: &str, n: usize, args: &[Arg]) {
+        self.launch(name, blocks(n, THREADS), (THREADS as u32, 1, 1), args);
+    }
+
     fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) {
         if let Err(e) = self.try_launch(name, grid, block, args) {
             self.fail(e);

@@ -15,52 +15,55 @@ use crate::error::{Error, Result};
 const PRELUDE: &str = include_str!("kernels/prelude.cuh");
 
 /// Every kernel file, by name. Each holds kernels only; its launchers live in Rust. The flash
-/// attention templates are prepended to each of their instantiation files, so that the
-/// heavy compiles run in parallel.
+/// attention kernels are generated per head size (`flash_source`) and compiled as files of
+/// their own, so that the heavy compiles run in parallel.
 const KERNEL_FILES: &[(&str, &str)] = &[
     ("encoder.cu", include_str!("kernels/encoder.cu")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("layernorm.cu", include_str!("kernels/layernorm.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
-    (
-        "flash_d16.cu",
-        concat!(
-            include_str!("kernels/flash_attention.cuh"),
-            include_str!("kernels/flash_d16.cu")
-        ),
-    ),
-    (
-        "flash_d32.cu",
-        concat!(
-            include_str!("kernels/flash_attention.cuh"),
-            include_str!("kernels/flash_d32.cu")
-        ),
-    ),
-    (
-        "flash_d64.cu",
-        concat!(
-            include_str!("kernels/flash_attention.cuh"),
-            include_str!("kernels/flash_d64.cu")
-        ),
-    ),
-    (
-        "flash_d128.cu",
-        concat!(
-            include_str!("kernels/flash_attention.cuh"),
-            include_str!("kernels/flash_d128.cu")
-        ),
-    ),
     ("gelu.cu", include_str!("kernels/gelu.cu")),
     ("crossentropy.cu", include_str!("kernels/crossentropy.cu")),
     ("reduce.cu", include_str!("kernels/reduce.cu")),
     ("adamw.cu", include_str!("kernels/adamw.cu")),
 ];
 
+/// Flash attention templates (`flash_forward<D, SPLIT>` and the two backward kernels).
+const FLASH_TEMPLATES: &str = include_str!("kernels/flash_attention.cuh");
+
+/// Head sizes the flash kernels are built for (a head is padded up to the next one), with
+/// the name each compiled file goes by.
+const FLASH_FILES: [(usize, &str); 4] = [
+    (16, "flash_d16.cu"),
+    (32, "flash_d32.cu"),
+    (64, "flash_d64.cu"),
+    (128, "flash_d128.cu"),
+];
+
+/// The templates and their instances for head size `d`: TF32 split 1 (`tf32`) and 3 (`fp32`).
+fn flash_source(d: usize) -> String {
+    let mut src = format!("{FLASH_TEMPLATES}\n// Instances for head sizes padded to {d}.\n");
+    for split in [1, 3] {
+        for (kernel, params, args) in [
+            ("flash_forward", "FWD_PARAMS", "FWD_ARGS"),
+            ("flash_backward_dkdv", "BWD_PARAMS", "BWD_ARGS"),
+            ("flash_backward_dq", "BWD_PARAMS", "BWD_ARGS"),
+        ] {
+            src += &format!(
+                "extern \"C\" __global__ void {kernel}_d{d}_s{split}({params}) {{ {kernel}<{d}, {split}>({args}); }}\n"
+            );
+        }
+    }
+    src
+}
+
 /// The sources exactly as NVRTC sees them: (file name, prelude + file).
 pub fn kernel_sources() -> Vec<(&'static str, String)> {
-    KERNEL_FILES
-        .iter()
-        .map(|(name, src)| (*name, format!("{PRELUDE}\n{src}")))
+    let files = KERNEL_FILES.iter().map(|&(name, src)| (name, src.to_string()));
+    let flash = FLASH_FILES.iter().map(|&(d, name)| (name, flash_source(d)));
+    files
+        .chain(flash)
+        .map(|(name, src)| (name, format!("{PRELUDE}\n{src}")))
         .collect()
 }
 

@@ -5,12 +5,11 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 
 use super::blas::Gemm;
 use super::memory::device_err;
-use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS};
+use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
 use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 
 /// Threads per block for elementwise kernels.
-const THREADS: usize = 256;
 /// Rows (one warp each) per block for the row-wise kernels.
 const ROWS_PER_BLOCK: usize = THREADS / 32;
 /// Rows per block of the column reductions (layernorm dw/db, matmul dbias).
@@ -105,30 +104,15 @@ impl Backend for CudaBackend {
     }
 
     fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
-        self.launch(
-            "accumulate_kernel",
-            blocks(n, THREADS),
-            (THREADS as u32, 1, 1),
-            args![dst, src, n],
-        );
+        self.launch_1d("accumulate_kernel", n, args![dst, src, n]);
     }
 
     fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
-        self.launch(
-            "add_kernel",
-            blocks(n, THREADS),
-            (THREADS as u32, 1, 1),
-            args![out, a, b, n],
-        );
+        self.launch_1d("add_kernel", n, args![out, a, b, n]);
     }
 
     fn scale(&self, dst: DevPtr, n: usize, s: f32) {
-        self.launch(
-            "scale_kernel",
-            blocks(n, THREADS),
-            (THREADS as u32, 1, 1),
-            args![dst, n, s],
-        );
+        self.launch_1d("scale_kernel", n, args![dst, n, s]);
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -149,30 +133,20 @@ impl Backend for CudaBackend {
     // ---- layers ---------------------------------------------------------------------
 
     fn encoder_forward(&self, out: DevPtr, tokens: DevPtr, wte: DevPtr, wpe: DevPtr, b: usize, t: usize, c: usize) {
-        let n = b * t * c;
-        let grid = blocks(n, THREADS);
-        self.launch(
+        self.launch_1d(
             "encoder_forward_kernel",
-            grid,
-            (THREADS as u32, 1, 1),
+            b * t * c,
             args![out, tokens, wte, wpe, b, t, c],
         );
     }
 
     fn encoder_backward(&self, dwte: DevPtr, dwpe: DevPtr, dout: DevPtr, tokens: DevPtr, b: usize, t: usize, c: usize) {
-        let block = (THREADS as u32, 1, 1);
-        self.launch(
+        self.launch_1d(
             "encoder_backward_wte_kernel",
-            blocks(b * t * c, THREADS),
-            block,
+            b * t * c,
             args![dwte, dout, tokens, b, t, c],
         );
-        self.launch(
-            "encoder_backward_wpe_kernel",
-            blocks(t * c, THREADS),
-            block,
-            args![dwpe, dout, b, t, c],
-        );
+        self.launch_1d("encoder_backward_wpe_kernel", t * c, args![dwpe, dout, b, t, c]);
     }
 
     fn matmul_forward(
@@ -215,12 +189,7 @@ impl Backend for CudaBackend {
             batch: 1,
         });
         if let Some(bias) = bias {
-            self.launch(
-                "add_bias_kernel",
-                blocks(bt * oc, THREADS),
-                (THREADS as u32, 1, 1),
-                args![out, bias, bt, oc],
-            );
+            self.launch_1d("add_bias_kernel", bt * oc, args![out, bias, bt, oc]);
         }
     }
 
@@ -371,21 +340,11 @@ impl Backend for CudaBackend {
     }
 
     fn gelu_forward(&self, out: DevPtr, inp: DevPtr, n: usize) {
-        self.launch(
-            "gelu_forward_kernel",
-            blocks(n, THREADS),
-            (THREADS as u32, 1, 1),
-            args![out, inp, n],
-        );
+        self.launch_1d("gelu_forward_kernel", n, args![out, inp, n]);
     }
 
     fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize) {
-        self.launch(
-            "gelu_backward_kernel",
-            blocks(n, THREADS),
-            (THREADS as u32, 1, 1),
-            args![dinp, inp, dout, n],
-        );
+        self.launch_1d("gelu_backward_kernel", n, args![dinp, inp, dout, n]);
     }
 
     fn crossentropy_forward(&self, losses: DevPtr, logits: DevPtr, targets: DevPtr, bt: usize, v: usize, vp: usize) {
@@ -482,6 +441,6 @@ impl Backend for CudaBackend {
             bias1,
             bias2
         ];
-        self.launch("adamw_kernel", blocks(n, THREADS), (THREADS as u32, 1, 1), args);
+        self.launch_1d("adamw_kernel", n, args);
     }
 }
