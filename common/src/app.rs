@@ -4,22 +4,22 @@
 
 use crate::backend::Backend;
 use crate::checkpoint;
-use crate::cli::{Cli, Command, ExecArgs, GenerateArgs, TokenizeArgs};
+use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::generate::{self, SampleOptions};
 use crate::model::Gpt2;
 use crate::tokenizer::Tokenizer;
-use crate::{autograd::Pool, backend::DeviceBuffer, data};
-use clap::Parser;
+use crate::{autograd::Pool, data};
+use clap::{CommandFactory, FromArgMatches};
 use std::io::Write;
 use std::process::ExitCode;
 
-/// How a stage executes: its name, whether it runs on a GPU, how to make its backend.
+/// How a stage executes: its name, where it runs, how to make its backend.
 pub struct Stage<'a, B> {
     pub name: &'a str,
-    pub gpu: bool,
-    pub backend: &'a dyn Fn(&ExecArgs, &dyn Comm) -> Result<B>,
+    pub kind: StageKind,
+    pub backend: &'a dyn Fn(&DeviceArgs, &dyn Comm) -> Result<B>,
 }
 
 pub fn main<B: Backend>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode {
@@ -48,11 +48,53 @@ fn say(line: &str) {
     let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
+/// Why a command line was refused.
+enum Refused {
+    /// clap's own error, or help / version (which exit 0).
+    Clap(clap::Error),
+    /// A flag given to a stage it does not apply to, or a conflicting pair.
+    Flags(String),
+}
+
+/// Parses and checks the command line (see [`check_flags`]).
+fn parse(name: &str, kind: StageKind) -> std::result::Result<Cli, Refused> {
+    let matches = Cli::command().try_get_matches().map_err(Refused::Clap)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(Refused::Clap)?;
+    check_flags(&matches, kind, name).map_err(Refused::Flags)?;
+    Ok(cli)
+}
+
+impl Refused {
+    /// 0 for help and version, 2 for an error.
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            Refused::Clap(e) if e.exit_code() == 0 => ExitCode::SUCCESS,
+            _ => ExitCode::from(2),
+        }
+    }
+
+    /// Help and version in full; an error as one line.
+    fn print(&self, name: &str) -> ExitCode {
+        match self {
+            Refused::Clap(e) if e.exit_code() == 0 => {
+                let _ = e.print();
+            }
+            Refused::Clap(e) => {
+                let text = e.render().to_string();
+                let first = text.lines().next().unwrap_or("error: bad command line");
+                say(&format!("{name}: {first} (see {name} --help)"));
+            }
+            Refused::Flags(msg) => say(&format!("{name}: error: {msg}")),
+        }
+        self.exit_code()
+    }
+}
+
 /// Parses the command line on every rank of a job and agrees on the outcome, so flags
 /// that fail on some ranks only (different flags per rank) stop every rank instead of
 /// leaving the others waiting. Help, or an error every rank shares, is printed by rank 0.
-pub fn parse_cli(name: &str, comm: &dyn Comm) -> std::result::Result<Cli, ExitCode> {
-    let parsed = Cli::try_parse();
+pub fn parse_cli(name: &str, kind: StageKind, comm: &dyn Comm) -> std::result::Result<Cli, ExitCode> {
+    let parsed = parse(name, kind);
     let mut failed = vec![0.0f32; comm.size()];
     failed[comm.rank()] = parsed.is_err() as u8 as f32;
     if let Err(e) = comm.all_reduce_sum_host(&mut failed) {
@@ -72,24 +114,21 @@ pub fn parse_cli(name: &str, comm: &dyn Comm) -> std::result::Result<Cli, ExitCo
             ));
             Err(ExitCode::from(2))
         }
-        Err(e) => {
-            if comm.is_root() || failed.len() < comm.size() {
-                let _ = e.print();
-            }
-            Err(ExitCode::from(e.exit_code().clamp(0, 255) as u8))
-        }
+        // Every rank refused the same line: rank 0 alone says why.
+        Err(refused) if comm.is_root() || failed.len() < comm.size() => Err(refused.print(name)),
+        Err(refused) => Err(refused.exit_code()),
     }
 }
 
 fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => {
-            let be = (stage.backend)(&args.exec, comm)?;
+            let be = (stage.backend)(&args.device, comm)?;
             crate::train::train(&be, comm, &args)
         }
         Command::Bench(args) => {
-            let be = (stage.backend)(&args.exec, comm)?;
-            let report = crate::bench::bench(&be, comm, &args, stage.gpu)?;
+            let be = (stage.backend)(&args.device, comm)?;
+            let report = crate::bench::bench(&be, comm, &args, stage.kind.gpu)?;
             if comm.is_root() {
                 println!(
                     "{}: {} | {} params | batch {}x{} x {} rank(s) | {:.1} ms/step ({:.1} compute, {:.1} comm) | {:.0} tokens/s | {:.1} GFLOP/s",
@@ -102,8 +141,13 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
         }
         Command::Generate(args) => {
             if comm.is_root() {
-                let be = (stage.backend)(&args.exec, comm)?;
-                generate_cmd(&be, &args)
+                // The inputs first: a bad checkpoint or prompt is the same error on any machine.
+                let ckpt = checkpoint::load(&args.checkpoint)?;
+                if args.temperature.is_nan() || (args.temperature <= 0.0 && !args.greedy) {
+                    crate::bail_input!("--temperature must be positive (or use --greedy)");
+                }
+                let be = (stage.backend)(&args.device, comm)?;
+                generate_cmd(&be, ckpt, &args)
             } else {
                 Ok(())
             }
@@ -125,12 +169,11 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
     }
 }
 
-fn generate_cmd<B: Backend>(be: &B, args: &GenerateArgs) -> Result<()> {
-    let ckpt = checkpoint::load(&args.checkpoint)?;
+fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &GenerateArgs) -> Result<()> {
     let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
     let tok = Tokenizer::new(kind)?;
     let model = Gpt2::new(be, ckpt.meta.config)?;
-    be.upload_f32(model.params.ptr(), &ckpt.params)?;
+    be.write(&model.params, 0, &ckpt.params)?;
     let trained_seq_len = ckpt
         .meta
         .train
@@ -150,9 +193,6 @@ fn generate_cmd<B: Backend>(be: &B, args: &GenerateArgs) -> Result<()> {
         seed: args.seed,
         context: trained_seq_len.unwrap_or(model.config.max_seq_len),
     };
-    if args.temperature.is_nan() || (args.temperature <= 0.0 && !args.greedy) {
-        crate::bail_input!("--temperature must be positive (or use --greedy)");
-    }
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", args.prompt);
     // Stream text as it comes; bytes of a multi-byte character are held until complete.

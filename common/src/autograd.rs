@@ -9,11 +9,18 @@
 //! has consumed it (or passes to an input of an add, whose gradient is the same), and the
 //! logits' gradient overwrites the logits when nothing else reads them. Parameters are
 //! views into the model's flat parameter buffer, and their gradients are views into the
-//! flat gradient buffer.
+//! flat gradient buffer, borrowed for the graph's lifetime.
+//!
+//! Safety: the graph is the safe face of the backend's `unsafe` ops. Every pointer it
+//! passes them comes from a buffer it holds (pooled) or borrows for its lifetime `'a`
+//! (parameters and their gradients, checked against the tensor's shape), and every op
+//! checks its operands' shapes before it runs, so each pointer covers the extent the op
+//! uses (see [`crate::backend`]'s contract).
 
-use crate::backend::{Backend, DevPtr, DeviceBuffer};
-use crate::error::Result;
+use crate::backend::{check_range, Backend, DevPtr, DeviceBuffer};
+use crate::error::{Error, Result};
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// Handle to a value in a [`Graph`]: an index, cheap to copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +39,7 @@ struct Value {
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Encoder {
-        tokens: DevPtr,
+        tokens: DevPtr<i32>,
         wte: Tensor,
         wpe: Tensor,
         b: usize,
@@ -66,7 +73,7 @@ enum Op {
     },
     CrossEntropy {
         logits: Tensor,
-        targets: DevPtr,
+        targets: DevPtr<i32>,
         /// (R) per-row losses, which the in-place backward reads.
         losses: DevPtr,
         v: usize,
@@ -96,7 +103,7 @@ fn size_class(n: usize) -> usize {
 
 /// Caching allocator: buffers handed back are kept by size class and reused.
 pub struct Pool<B: Backend> {
-    free: HashMap<usize, Vec<B::Buffer>>,
+    free: HashMap<usize, Vec<B::Buffer<f32>>>,
 }
 
 impl<B: Backend> Default for Pool<B> {
@@ -106,7 +113,7 @@ impl<B: Backend> Default for Pool<B> {
 }
 
 impl<B: Backend> Pool<B> {
-    fn take(&mut self, be: &B, n: usize) -> Result<B::Buffer> {
+    fn take(&mut self, be: &B, n: usize) -> Result<B::Buffer<f32>> {
         let class = size_class(n);
         match self.free.get_mut(&class).and_then(|v| v.pop()) {
             Some(buf) => Ok(buf),
@@ -114,7 +121,7 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    fn give(&mut self, buf: B::Buffer) {
+    fn give(&mut self, buf: B::Buffer<f32>) {
         self.free.entry(buf.len()).or_default().push(buf);
     }
 }
@@ -125,9 +132,9 @@ pub struct Graph<'a, B: Backend> {
     values: Vec<Value>,
     tape: Vec<Node>,
     /// Buffers owned for the graph's lifetime (activations, saved state, token ids).
-    held: Vec<B::Buffer>,
+    held: Vec<B::Buffer<f32>>,
     /// Pooled gradient buffers of activations, by value index.
-    grads: HashMap<usize, B::Buffer>,
+    grads: HashMap<usize, B::Buffer<f32>>,
     record: bool,
 }
 
@@ -157,16 +164,50 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.values[x.0].shape
     }
 
-    /// A parameter: memory owned by the caller, gradient accumulated at `grad` (if any).
-    pub fn param(&mut self, ptr: DevPtr, grad: Option<DevPtr>, shape: [usize; 2]) -> Tensor {
-        self.push(ptr, shape, grad, true)
+    /// A parameter of `shape` at `range` of `params`, its gradient accumulated at the same
+    /// range of `grads` (when given). Both are borrowed for the graph's lifetime.
+    pub fn param(
+        &mut self,
+        params: &'a B::Buffer<f32>,
+        grads: Option<&'a B::Buffer<f32>>,
+        range: Range<usize>,
+        shape: [usize; 2],
+    ) -> Result<Tensor> {
+        assert_eq!(range.len(), shape[0] * shape[1], "param: range and shape differ");
+        check_range("parameter", params.len(), range.start, range.len())?;
+        if let Some(g) = grads {
+            check_range("parameter gradient", g.len(), range.start, range.len())?;
+        }
+        let grad = grads.map(|g| g.ptr().add(range.start));
+        Ok(self.push(params.ptr().add(range.start), shape, grad, true))
     }
 
     /// Copies token ids to backend memory for the graph's lifetime.
-    pub fn tokens(&mut self, ids: &[i32]) -> Result<DevPtr> {
-        let p = self.alloc(ids.len())?;
-        self.be.upload_i32(p, ids)?;
+    fn tokens(&mut self, ids: &[i32]) -> Result<DevPtr<i32>> {
+        let p = self.alloc(ids.len())?.cast::<i32>();
+        // SAFETY: a fresh pooled buffer of `ids.len()` 4-byte elements.
+        unsafe { self.be.upload(p, ids)? };
         Ok(p)
+    }
+
+    /// Copies the first `dst.len()` values of `x` into `dst`.
+    pub fn read(&self, x: Tensor, dst: &mut [f32]) -> Result<()> {
+        let [r, c] = self.shape(x);
+        check_range("read", r * c, 0, dst.len())?;
+        // SAFETY: `x` holds r·c values (checked above against `dst`).
+        unsafe { self.be.download(self.ptr(x), dst) }
+    }
+
+    /// Writes `x` over `dst[at..at + len(x)]` (e.g. the loss, into the optimiser's stats).
+    pub fn copy_into(&self, x: Tensor, dst: &B::Buffer<f32>, at: usize) -> Result<()> {
+        let [r, c] = self.shape(x);
+        check_range("copy", dst.len(), at, r * c)?;
+        // SAFETY: the range was checked against the live buffer `dst`; `x` holds r·c values.
+        unsafe {
+            self.be.zero(dst.ptr().add(at), r * c);
+            self.be.accumulate(dst.ptr().add(at), self.ptr(x), r * c);
+        }
+        Ok(())
     }
 
     fn push(&mut self, ptr: DevPtr, shape: [usize; 2], grad: Option<DevPtr>, is_param: bool) -> Tensor {
@@ -197,16 +238,19 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     // ---- ops ------------------------------------------------------------------------
 
-    /// (B·T, C) = wte[tokens] + wpe[0..T].
-    pub fn encoder(&mut self, tokens: DevPtr, wte: Tensor, wpe: Tensor, b: usize, t: usize) -> Result<Tensor> {
-        let c = self.shape(wte)[1];
-        assert!(
-            self.shape(wpe)[1] == c && t <= self.shape(wpe)[0],
-            "encoder: position table too small"
-        );
+    /// (B·T, C) = wte[ids] + wpe[0..T], for `ids` (B·T) rows of `wte`.
+    pub fn encoder(&mut self, ids: &[i32], wte: Tensor, wpe: Tensor, b: usize, t: usize) -> Result<Tensor> {
+        let ([rows, c], [positions, pc]) = (self.shape(wte), self.shape(wpe));
+        assert!(pc == c && t <= positions, "encoder: position table too small");
+        assert_eq!(ids.len(), b * t, "encoder: ids must be B·T");
+        check_ids("token id", ids, rows)?;
+        let tokens = self.tokens(ids)?;
         let out = self.output([b * t, c], Op::Encoder { tokens, wte, wpe, b, t })?;
-        self.be
-            .encoder_forward(self.ptr(out), tokens, self.ptr(wte), self.ptr(wpe), b, t, c);
+        // SAFETY: shapes checked above; every id is a row of wte.
+        unsafe {
+            self.be
+                .encoder_forward(self.ptr(out), tokens, self.ptr(wte), self.ptr(wpe), b, t, c);
+        }
         Ok(out)
     }
 
@@ -214,19 +258,32 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn matmul(&mut self, inp: Tensor, w: Tensor, bias: Option<Tensor>) -> Result<Tensor> {
         let ([r, c], [oc, wc]) = (self.shape(inp), self.shape(w));
         assert_eq!(c, wc, "matmul: inner dimensions differ");
+        if let Some(b) = bias {
+            assert_eq!(self.shape(b), [1, oc], "matmul: bias must be (1, OC)");
+        }
         let out = self.output([r, oc], Op::Matmul { inp, w, bias })?;
         let bias_ptr = bias.map(|b| self.ptr(b));
-        self.be
-            .matmul_forward(self.ptr(out), self.ptr(inp), self.ptr(w), bias_ptr, r, c, oc);
+        // SAFETY: shapes checked above.
+        unsafe {
+            self.be
+                .matmul_forward(self.ptr(out), self.ptr(inp), self.ptr(w), bias_ptr, r, c, oc);
+        }
         Ok(out)
     }
 
     pub fn layernorm(&mut self, inp: Tensor, w: Tensor, b: Tensor) -> Result<Tensor> {
         let [r, c] = self.shape(inp);
+        assert!(
+            self.shape(w) == [1, c] && self.shape(b) == [1, c],
+            "layernorm: w and b must be (1, C)"
+        );
         let (mean, rstd) = (self.alloc(r)?, self.alloc(r)?);
         let out = self.output([r, c], Op::LayerNorm { inp, w, b, mean, rstd })?;
-        self.be
-            .layernorm_forward(self.ptr(out), mean, rstd, self.ptr(inp), self.ptr(w), self.ptr(b), r, c);
+        // SAFETY: shapes checked above; mean and rstd hold r values.
+        unsafe {
+            self.be
+                .layernorm_forward(self.ptr(out), mean, rstd, self.ptr(inp), self.ptr(w), self.ptr(b), r, c);
+        }
         Ok(out)
     }
 
@@ -235,17 +292,22 @@ impl<'a, B: Backend> Graph<'a, B> {
         let [r, c3] = self.shape(qkv);
         assert!(r == b * t && c3 % 3 == 0, "attention: qkv must be (B·T, 3C)");
         let c = c3 / 3;
+        assert!(nh > 0 && c % nh == 0, "attention: {nh} heads do not divide C = {c}");
         let saved = self.alloc(self.be.attention_saved_len(b, t, nh))?;
         let out = self.output([r, c], Op::Attention { qkv, saved, b, t, nh })?;
-        self.be
-            .attention_forward(self.ptr(out), saved, self.ptr(qkv), b, t, c, nh);
+        // SAFETY: shapes checked above; `saved` is the length the backend asked for.
+        unsafe {
+            self.be
+                .attention_forward(self.ptr(out), saved, self.ptr(qkv), b, t, c, nh);
+        }
         Ok(out)
     }
 
     pub fn gelu(&mut self, inp: Tensor) -> Result<Tensor> {
         let shape = self.shape(inp);
         let out = self.output(shape, Op::Gelu { inp })?;
-        self.be.gelu_forward(self.ptr(out), self.ptr(inp), shape[0] * shape[1]);
+        // SAFETY: out has inp's shape.
+        unsafe { self.be.gelu_forward(self.ptr(out), self.ptr(inp), shape[0] * shape[1]) };
         Ok(out)
     }
 
@@ -254,13 +316,20 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert_eq!(shape, self.shape(b), "add: shapes differ");
         let n = shape[0] * shape[1];
         let out = self.output(shape, Op::Add { a, b })?;
-        self.be.add(self.ptr(out), self.ptr(a), self.ptr(b), n);
+        // SAFETY: out, a and b have one shape; out is fresh.
+        unsafe { self.be.add(self.ptr(out), self.ptr(a), self.ptr(b), n) };
         Ok(out)
     }
 
-    /// Mean cross-entropy of logits (R, Vp) against `targets` (R i32 ids < `v`) → (1, 1).
-    pub fn cross_entropy(&mut self, logits: Tensor, targets: DevPtr, v: usize) -> Result<Tensor> {
+    /// Mean cross-entropy of logits (R, Vp) against `targets` (R ids below `v` ≤ Vp) → (1, 1).
+    pub fn cross_entropy(&mut self, logits: Tensor, targets: &[i32], v: usize) -> Result<Tensor> {
         let [r, vp] = self.shape(logits);
+        assert!(
+            v <= vp && targets.len() == r,
+            "cross_entropy: {r} targets below {v} ≤ Vp = {vp} expected"
+        );
+        check_ids("target id", targets, v)?;
+        let targets = self.tokens(targets)?;
         let losses = self.alloc(r)?;
         let out = self.output(
             [1, 1],
@@ -271,9 +340,12 @@ impl<'a, B: Backend> Graph<'a, B> {
                 v,
             },
         )?;
-        self.be
-            .crossentropy_forward(losses, self.ptr(logits), targets, r, v, vp);
-        self.be.mean(self.ptr(out), losses, r);
+        // SAFETY: shapes checked above; every target is below v.
+        unsafe {
+            self.be
+                .crossentropy_forward(losses, self.ptr(logits), targets, r, v, vp);
+            self.be.mean(self.ptr(out), losses, r);
+        }
         Ok(out)
     }
 
@@ -308,7 +380,8 @@ impl<'a, B: Backend> Graph<'a, B> {
         }
         let [r, c] = self.values[x.0].shape;
         let buf = self.pool.take(self.be, r * c)?;
-        self.be.zero(buf.ptr(), r * c);
+        // SAFETY: a pooled buffer of at least r·c values.
+        unsafe { self.be.zero(buf.ptr(), r * c) };
         let g = buf.ptr();
         self.grads.insert(x.0, buf);
         self.values[x.0].grad = Some(g);
@@ -376,6 +449,22 @@ impl<'a, B: Backend> Graph<'a, B> {
     fn backward_op(&mut self, tape: &[Node], node: &Node, dout: DevPtr, seed: f32) -> Result<()> {
         let be = self.be;
         let [r, c] = self.shape(node.out);
+        // SAFETY: each op's operands were shape-checked when it was recorded, and gradient
+        // slots have their value's shape; all are held or borrowed for the graph's lifetime.
+        unsafe { self.run_backward(be, tape, node, dout, seed, r, c) }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_backward(
+        &mut self,
+        be: &B,
+        tape: &[Node],
+        node: &Node,
+        dout: DevPtr,
+        seed: f32,
+        r: usize,
+        c: usize,
+    ) -> Result<()> {
         match node.op {
             Op::Encoder { tokens, wte, wpe, b, t } => {
                 let (dwte, dwpe) = (self.grad_slot(wte)?, self.grad_slot(wpe)?);
@@ -437,6 +526,17 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// Is `x` a parameter (memory owned outside the graph)?
     pub fn is_param(&self, x: Tensor) -> bool {
         self.values[x.0].is_param
+    }
+}
+
+/// Every id must index one of `n` rows: an Input error names the first that does not.
+pub(crate) fn check_ids(what: &str, ids: &[i32], n: usize) -> Result<()> {
+    match ids.iter().position(|&id| id < 0 || id as usize >= n) {
+        Some(i) => Err(Error::Input(format!(
+            "{what} {} at position {i} is outside the vocabulary of {n}",
+            ids[i]
+        ))),
+        None => Ok(()),
     }
 }
 

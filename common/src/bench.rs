@@ -2,13 +2,15 @@
 //! a JSON line last (tokens/s, ms/step, memory, GFLOP/s, MFU on GPUs, comm share).
 
 use crate::backend::Backend;
-use crate::cli::{BenchArgs, Precision};
-use crate::comm::{agree, Comm};
+use crate::backend::Precision;
+use crate::cli::BenchArgs;
+use crate::comm::{agree, check_same_everywhere, Comm};
 use crate::data::Batch;
 use crate::error::Result;
 use crate::model::ModelConfig;
 use crate::optim::OptimConfig;
-use crate::train::{check_same_everywhere, validate_shape, Trainer};
+use crate::report::progress;
+use crate::train::{validate_shape, Trainer, TrainerSettings};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::time::Instant;
@@ -58,7 +60,7 @@ pub fn gpu_peak_flops(device: &str, precision: Precision) -> Option<f64> {
 
 pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool) -> Result<BenchReport> {
     let mut same_everywhere = args.clone();
-    same_everywhere.exec.threads = 0; // may differ per host; timings only
+    same_everywhere.device.threads = None; // may differ per host; timings only
     check_same_everywhere(comm, &format!("bench {same_everywhere:?}"))?;
     let (b, t, world) = (args.batch, args.seq_len, comm.size());
     let config = agree(comm, bench_model(args))?;
@@ -73,7 +75,8 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         eps: 1e-8,
         grad_clip: 1.0,
     };
-    let mut trainer = Trainer::new(be, comm, config, optim, args.exec.clone())?;
+    let sync = args.sync.mode();
+    let mut trainer = Trainer::new(be, comm, config, TrainerSettings { optim, sync })?;
     trainer.init_weights(1)?;
     let mut rng = ChaCha8Rng::seed_from_u64(comm.rank() as u64);
     let mut random_batch = || {
@@ -86,7 +89,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         }
     };
     let root = comm.is_root();
-    let bar = crate::train::progress_bar(root, args.warmup + args.steps, 0);
+    let bar = progress::bar(root, args.warmup + args.steps, 0);
     for step in 0..args.warmup {
         trainer.step(&random_batch(), b, t, step)?;
         bar.inc(1);
@@ -123,7 +126,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         peak_device_mb: be.peak_memory_bytes() as f64 / (1 << 20) as f64,
         gflops: flops / 1e9,
         mfu: if is_gpu {
-            gpu_peak_flops(&device, args.exec.precision).map(|p| flops / world as f64 / p)
+            gpu_peak_flops(&device, args.device.precision()).map(|p| flops / world as f64 / p)
         } else {
             None
         },

@@ -5,23 +5,27 @@
 //! ```text
 //! offset  size      field (all integers little-endian)
 //! 0       8         magic b"GPT2RSCK"
-//! 8       4         u32 format version (1)
+//! 8       4         u32 format version (2)
 //! 12      4         u32 reserved (0)
 //! 16      8         u64 meta length L
-//! 24      L         CheckpointMeta as JSON
+//! 24      L         JSON: CheckpointMeta's fields, and "tensors": the parameter table
+//!                   as laid out for this config, [[name, offset, rows, cols], ...]
 //! 24+L    8         u64 parameter count N (= ParamLayout::new(&meta.config).total)
 //! 32+L    4N        params  f32
 //!         4N        m       f32 (AdamW first moment)
 //!         4N        v       f32 (AdamW second moment)
-//!         8         u64 checksum of every byte above (see `Checksum`)
+//!         8         u64 xxHash64 (seed 0) of every byte above
 //! ```
 
+use crate::atomic_file;
 use crate::error::{io_err, Error, Result};
+use crate::model::params::ParamEntry;
 use crate::model::{ModelConfig, ParamLayout};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use xxhash_rust::xxh64::Xxh64;
 
 // The arrays are written as the machine's own bytes (no per-element conversion), which is
 // the little-endian layout the format promises only on little-endian machines.
@@ -29,10 +33,11 @@ use std::path::{Path, PathBuf};
 compile_error!("the checkpoint format stores f32 arrays as raw little-endian bytes");
 
 pub const MAGIC: [u8; 8] = *b"GPT2RSCK";
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 1 (FNV-1a checksum) is refused: its checksum missed paired bit flips.
+pub const FORMAT_VERSION: u32 = 2;
 /// Magic, version, reserved and meta length.
 const HEADER_LEN: u64 = 24;
-/// Large enough that the big arrays are written and read in few system calls.
+/// Large enough that the big arrays are read in few system calls.
 const IO_BUF: usize = 1 << 20;
 
 /// Everything but the three big arrays. Serialized as JSON inside the file.
@@ -51,6 +56,29 @@ pub struct CheckpointMeta {
     pub train: serde_json::Value,
 }
 
+/// The checkpoint's header JSON: the metadata and the tensor list it was written with.
+#[derive(Serialize)]
+struct HeaderOut<'a> {
+    #[serde(flatten)]
+    meta: &'a CheckpointMeta,
+    tensors: Vec<TensorRecord>,
+}
+
+#[derive(Deserialize)]
+struct HeaderIn {
+    #[serde(flatten)]
+    meta: CheckpointMeta,
+    tensors: Vec<TensorRecord>,
+}
+
+/// One tensor of the parameter table: name, offset in the flat arrays, (rows, cols).
+type TensorRecord = (String, usize, usize, usize);
+
+fn tensor_records(layout: &ParamLayout) -> Vec<TensorRecord> {
+    let record = |e: &ParamEntry| (e.name.clone(), e.range.start, e.shape[0], e.shape[1]);
+    layout.entries.iter().map(record).collect()
+}
+
 pub struct Checkpoint {
     pub meta: CheckpointMeta,
     pub params: Vec<f32>,
@@ -60,16 +88,16 @@ pub struct Checkpoint {
     pub v: Vec<f32>,
 }
 
-/// Write a checkpoint. Atomic: writes `<path>.tmp` in the same directory, fsyncs it,
-/// renames it over `path` and fsyncs the directory, so a crash leaves either the old or
-/// the new file, never a torn one. The slices are borrowed so a backend can pass its own
-/// memory without copying.
+/// Write a checkpoint, atomically (see [`crate::atomic_file`]): a crash leaves either the
+/// old file or the new one. The slices are borrowed so a backend can pass its own memory
+/// without copying.
 pub fn save(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: &[f32]) -> Result<()> {
     let shown = path.display();
     meta.config
         .validate()
         .map_err(|e| Error::Input(format!("{shown}: cannot save checkpoint: model config is invalid: {e}")))?;
-    let n = ParamLayout::new(&meta.config).total;
+    let layout = ParamLayout::new(&meta.config);
+    let n = layout.total;
     let wrong: Vec<String> = [("params", params.len()), ("m", m.len()), ("v", v.len())]
         .iter()
         .filter(|&&(_, len)| len != n)
@@ -81,58 +109,31 @@ pub fn save(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: &[
             wrong.join(", ")
         );
     }
-    let json = serde_json::to_vec(meta)
+    let header = HeaderOut {
+        meta,
+        tensors: tensor_records(&layout),
+    };
+    let json = serde_json::to_vec(&header)
         .map_err(|e| Error::Input(format!("{shown}: cannot encode checkpoint metadata: {e}")))?;
-
-    let Some(tmp) = tmp_path(path) else {
-        crate::bail_input!("{shown}: checkpoint path must name a file");
-    };
-    let written = write_file(&tmp, &json, n, [params, m, v]);
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path))) {
-        let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
-        return Err(e);
-    }
-    // The rename is durable only once the directory entry is on disk.
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    sync_dir(dir)
-}
-
-#[cfg(unix)]
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
-}
-
-/// Directories cannot be opened for syncing here; the rename is as durable as the OS makes it.
-#[cfg(not(unix))]
-fn sync_dir(_dir: &Path) -> Result<()> {
-    Ok(())
-}
-
-fn write_file(tmp: &Path, json: &[u8], n: usize, arrays: [&[f32]; 3]) -> Result<()> {
-    let file = File::create(tmp).map_err(io_err(tmp))?;
-    let mut out = HashingWriter {
-        inner: BufWriter::with_capacity(IO_BUF, file),
-        sum: Checksum::new(),
-    };
-    let mut header = Vec::with_capacity(HEADER_LEN as usize);
-    header.extend_from_slice(&MAGIC);
-    header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    header.extend_from_slice(&0u32.to_le_bytes());
-    header.extend_from_slice(&(json.len() as u64).to_le_bytes());
-    out.put(&header).map_err(io_err(tmp))?;
-    out.put(json).map_err(io_err(tmp))?;
-    out.put(&(n as u64).to_le_bytes()).map_err(io_err(tmp))?;
-    for array in arrays {
-        out.put(bytemuck::cast_slice(array)).map_err(io_err(tmp))?;
-    }
-    let sum = out.sum.finish();
-    let mut writer = out.inner;
-    writer.write_all(&sum.to_le_bytes()).map_err(io_err(tmp))?;
-    let file = writer.into_inner().map_err(|e| e.into_error()).map_err(io_err(tmp))?;
-    file.sync_all().map_err(io_err(tmp))
+    atomic_file::write(path, |file| {
+        let mut out = HashingWriter {
+            inner: file,
+            sum: Xxh64::new(0),
+        };
+        let mut header = Vec::with_capacity(HEADER_LEN as usize);
+        header.extend_from_slice(&MAGIC);
+        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        header.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.put(&header)?;
+        out.put(&json)?;
+        out.put(&(n as u64).to_le_bytes())?;
+        for array in [params, m, v] {
+            out.put(bytemuck::cast_slice(array))?;
+        }
+        let sum = out.sum.digest();
+        out.inner.write_all(&sum.to_le_bytes())
+    })
 }
 
 /// Read a whole checkpoint, validating header, metadata, config, sizes and checksum.
@@ -143,7 +144,7 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
     for array in &mut arrays {
         head.input.take(bytemuck::cast_slice_mut(array)).map_err(io_err(path))?;
     }
-    let computed = head.input.sum.finish();
+    let computed = head.input.sum.digest();
     let mut stored = [0u8; 8];
     head.input.inner.read_exact(&mut stored).map_err(io_err(path))?;
     let stored = u64::from_le_bytes(stored);
@@ -226,7 +227,7 @@ fn read_head(path: &Path) -> Result<Head> {
     let file_len = file.metadata().map_err(io_err(path))?.len();
     let mut input = HashingReader {
         inner: BufReader::with_capacity(IO_BUF, file),
-        sum: Checksum::new(),
+        sum: Xxh64::new(0),
     };
     let truncated_min = |expected: u64| {
         Error::Input(format!(
@@ -270,12 +271,26 @@ fn read_head(path: &Path) -> Result<Head> {
     input.take(&mut count).map_err(io_err(path))?;
     let stored_n = u64::from_le_bytes(count);
 
-    let meta: CheckpointMeta = serde_json::from_slice(&json)
+    let HeaderIn { meta, tensors } = serde_json::from_slice(&json)
         .map_err(|e| Error::Input(format!("{shown}: checkpoint metadata is invalid: {e}")))?;
     meta.config
         .validate()
         .map_err(|e| Error::Input(format!("{shown}: checkpoint model config is invalid: {e}")))?;
-    let n = ParamLayout::new(&meta.config).total;
+    let layout = ParamLayout::new(&meta.config);
+    let expected_tensors = tensor_records(&layout);
+    if tensors != expected_tensors {
+        let differ = tensors.iter().zip(&expected_tensors).find(|(a, b)| a != b);
+        let what = match differ {
+            Some((have, want)) => format!("it has {have:?} where this build has {want:?}"),
+            None => format!(
+                "it lists {} tensors, this build {}",
+                tensors.len(),
+                expected_tensors.len()
+            ),
+        };
+        crate::bail_input!("{shown}: checkpoint's tensors differ from this build's parameter table: {what}");
+    }
+    let n = layout.total;
     if stored_n != n as u64 {
         crate::bail_input!("{shown}: checkpoint holds {stored_n} parameters but its model config needs {n}");
     }
@@ -292,12 +307,12 @@ fn read_head(path: &Path) -> Result<Head> {
     Ok(Head { meta, n, input })
 }
 
-struct HashingWriter {
-    inner: BufWriter<File>,
-    sum: Checksum,
+struct HashingWriter<'a> {
+    inner: &'a mut BufWriter<File>,
+    sum: Xxh64,
 }
 
-impl HashingWriter {
+impl HashingWriter<'_> {
     fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.inner.write_all(bytes)?;
         self.sum.update(bytes);
@@ -307,7 +322,7 @@ impl HashingWriter {
 
 struct HashingReader {
     inner: BufReader<File>,
-    sum: Checksum,
+    sum: Xxh64,
 }
 
 impl HashingReader {
@@ -316,73 +331,4 @@ impl HashingReader {
         self.sum.update(buf);
         Ok(())
     }
-}
-
-/// FNV-1a 64 over little-endian u64 words instead of bytes (8x fewer dependent multiplies,
-/// which matters at gigabytes per save): the tail is zero-padded to a word and the total
-/// byte count is mixed in last. Every step is a bijection of the state, so any single
-/// changed word, hence any flipped byte, changes the result.
-#[derive(Clone, Debug)]
-struct Checksum {
-    state: u64,
-    pending: [u8; 8],
-    pending_len: usize,
-    total: u64,
-}
-
-impl Checksum {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-
-    fn new() -> Self {
-        Checksum {
-            state: Self::OFFSET,
-            pending: [0; 8],
-            pending_len: 0,
-            total: 0,
-        }
-    }
-
-    fn mix(&mut self, word: u64) {
-        self.state = (self.state ^ word).wrapping_mul(Self::PRIME);
-    }
-
-    fn update(&mut self, mut bytes: &[u8]) {
-        self.total += bytes.len() as u64;
-        if self.pending_len > 0 {
-            let k = (8 - self.pending_len).min(bytes.len());
-            self.pending[self.pending_len..self.pending_len + k].copy_from_slice(&bytes[..k]);
-            self.pending_len += k;
-            bytes = &bytes[k..];
-            if self.pending_len < 8 {
-                return;
-            }
-            self.mix(u64::from_le_bytes(self.pending));
-            self.pending_len = 0;
-        }
-        let words = bytes.chunks_exact(8);
-        let tail = words.remainder();
-        for word in words {
-            self.mix(u64::from_le_bytes(word.try_into().unwrap()));
-        }
-        self.pending[..tail.len()].copy_from_slice(tail);
-        self.pending_len = tail.len();
-    }
-
-    fn finish(&self) -> u64 {
-        let mut end = self.clone();
-        if end.pending_len > 0 {
-            end.pending[end.pending_len..].fill(0);
-            end.mix(u64::from_le_bytes(end.pending));
-        }
-        end.mix(end.total);
-        end.state
-    }
-}
-
-/// `<dir>/<name>.tmp`: beside the target, so the rename never crosses file systems.
-fn tmp_path(path: &Path) -> Option<PathBuf> {
-    let mut name = path.file_name()?.to_os_string();
-    name.push(".tmp");
-    Some(path.with_file_name(name))
 }

@@ -1,18 +1,29 @@
 //! The command line shared by all four stages (clap): `train`, `generate`, `tokenize`,
 //! `bench`. Each stage binary parses this and runs it on its own backend and comm.
 
+use crate::backend::Precision;
+use crate::grad_sync::SyncMode;
 use crate::model::{ConfigOverrides, ModelConfig};
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
-/// Arithmetic precision of the GPU backend's matrix products.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
-pub enum Precision {
+/// `--precision`: the GPU backend's arithmetic (mapped onto [`Precision`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionFlag {
     /// Strict IEEE fp32 everywhere.
     Fp32,
     /// fp32 storage, TF32 tensor-core matrix products.
     Tf32,
+}
+
+impl From<PrecisionFlag> for Precision {
+    fn from(flag: PrecisionFlag) -> Self {
+        match flag {
+            PrecisionFlag::Fp32 => Precision::Fp32,
+            PrecisionFlag::Tf32 => Precision::Tf32,
+        }
+    }
 }
 
 #[derive(Parser, Debug)]
@@ -99,22 +110,129 @@ impl ModelArgs {
     }
 }
 
-/// How the stage executes (ignored where it does not apply).
-#[derive(Args, Debug, Clone)]
-pub struct ExecArgs {
-    /// CPU worker threads per process (0: cores / ranks on this host).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
-    /// GPU matmul precision.
-    #[arg(long, value_enum, default_value_t = Precision::Tf32)]
-    pub precision: Precision,
-    /// Stage 1: allreduce per-layer gradient buckets with nonblocking MPI while the
-    /// backward pass goes on.
+/// The device a stage computes on. Each flag applies to some stages only (see
+/// [`STAGE_FLAGS`]); given to another, it is refused.
+#[derive(Args, Debug, Clone, Default)]
+pub struct DeviceArgs {
+    /// CPU stages: worker threads per process [default: the host's cores / its ranks].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// GPU stages: arithmetic of the matrix products [default: tf32].
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionFlag>,
+}
+
+impl DeviceArgs {
+    /// Worker threads asked for (0: the default).
+    pub fn threads(&self) -> usize {
+        self.threads.unwrap_or(0)
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision.unwrap_or(PrecisionFlag::Tf32).into()
+    }
+}
+
+/// How ranks synchronise (multi-process stages only, see [`STAGE_FLAGS`]).
+#[derive(Args, Debug, Clone, Default)]
+pub struct SyncArgs {
+    /// Multi-process stages: sum each block's gradients while the backward pass goes on
+    /// through the blocks below it.
     #[arg(long)]
     pub overlap: bool,
-    /// Stage 1: local SGD, average parameters every K steps instead of gradients every step.
+    /// Multi-process stages: local SGD, average parameters every K steps instead of
+    /// gradients every step.
     #[arg(long, value_name = "K")]
     pub sync_every: Option<u64>,
+}
+
+impl SyncArgs {
+    /// How gradients are synchronised across ranks.
+    pub fn mode(&self) -> SyncMode {
+        match (self.sync_every, self.overlap) {
+            (Some(every), _) => SyncMode::LocalSgd { every },
+            (None, true) => SyncMode::Overlapped,
+            (None, false) => SyncMode::Allreduce,
+        }
+    }
+}
+
+/// Where a stage runs, which decides the execution flags that apply to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageKind {
+    pub gpu: bool,
+    /// Several processes (MPI ranks).
+    pub distributed: bool,
+}
+
+/// (clap id, the stages it applies to in words, the same as a test).
+pub type StageFlag = (&'static str, &'static str, fn(StageKind) -> bool);
+
+/// Flags (by clap id) that apply to some stages only: given to another stage, each is
+/// refused with one line instead of being ignored.
+pub const STAGE_FLAGS: &[StageFlag] = &[
+    ("threads", "the CPU stages (stage0_serial, stage1_mpi)", |s| !s.gpu),
+    ("precision", "the GPU stages (stage2_cuda, stage3_mpi_cuda)", |s| s.gpu),
+    (
+        "overlap",
+        "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
+        |s| s.distributed,
+    ),
+    (
+        "sync_every",
+        "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
+        |s| s.distributed,
+    ),
+];
+
+/// Pairs of flags (by clap id) refused together, and why.
+pub const CONFLICTS: &[(&str, &str, &str)] = &[
+    (
+        "overlap",
+        "sync_every",
+        "local SGD sums no gradients during backward, so there is nothing to overlap",
+    ),
+    ("steps", "epochs", "both set the length of the run"),
+    (
+        "greedy",
+        "temperature",
+        "greedy decoding takes the most likely token and never samples",
+    ),
+    (
+        "greedy",
+        "top_k",
+        "greedy decoding takes the most likely token and never samples",
+    ),
+];
+
+/// `sync_every` → `--sync-every`.
+pub fn flag_name(id: &str) -> String {
+    format!("--{}", id.replace('_', "-"))
+}
+
+/// Refuses a flag given to a stage it does not apply to, and a pair of conflicting flags,
+/// with one line each. `matches` is the whole command line's.
+pub fn check_flags(matches: &clap::ArgMatches, stage: StageKind, stage_name: &str) -> Result<(), String> {
+    let Some((_, sub)) = matches.subcommand() else {
+        return Ok(());
+    };
+    let given = |id: &str| {
+        sub.ids().any(|i| i.as_str() == id) && sub.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+    };
+    for &(id, applies_to, applies) in STAGE_FLAGS {
+        if given(id) && !applies(stage) {
+            return Err(format!(
+                "{} applies to {applies_to} only; {stage_name} does not use it",
+                flag_name(id)
+            ));
+        }
+    }
+    for &(a, b, why) in CONFLICTS {
+        if given(a) && given(b) {
+            return Err(format!("{} cannot be used with {}: {why}", flag_name(a), flag_name(b)));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug, Clone)]
@@ -131,7 +249,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = crate::tokenizer::TokenizerKind::Byte)]
     pub tokenizer: crate::tokenizer::TokenizerKind,
     /// Optimizer steps to run (default: 2 epochs' worth).
-    #[arg(long, conflicts_with = "epochs")]
+    #[arg(long)]
     pub steps: Option<u64>,
     /// Passes over the training windows (an epoch visits each window once).
     #[arg(long)]
@@ -179,7 +297,9 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 400)]
     pub sample_len: usize,
     #[command(flatten)]
-    pub exec: ExecArgs,
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub sync: SyncArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -206,7 +326,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     #[command(flatten)]
-    pub exec: ExecArgs,
+    pub device: DeviceArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -240,5 +360,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2)]
     pub warmup: u64,
     #[command(flatten)]
-    pub exec: ExecArgs,
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub sync: SyncArgs,
 }

@@ -21,8 +21,7 @@ const HEADER_BYTES: usize = 256 * 4;
 /// Spreads consecutive epoch numbers over the seed space (2^64 / golden ratio).
 const EPOCH_SEED_MIX: u64 = 0x9E3779B97F4A7C15;
 
-/// Write `tokens` as uint16 after the llm.c header. Atomic: a crash leaves either the old file
-/// or the new one, never a half-written file that `read_bin` would have to reject.
+/// Write `tokens` as uint16 after the llm.c header, atomically (see [`crate::atomic_file`]).
 pub fn write_bin(path: &Path, tokens: &[u32]) -> Result<()> {
     if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t > u16::MAX as u32) {
         bail_input!(
@@ -46,31 +45,7 @@ pub fn write_bin(path: &Path, tokens: &[u32]) -> Result<()> {
         bytes.extend_from_slice(&(t as u16).to_le_bytes());
     }
 
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if file_name.is_empty() {
-        bail_input!("{}: not a file path", path.display());
-    }
-    let tmp = path.with_file_name(format!(".{file_name}.tmp{}", std::process::id()));
-    let write = || -> Result<()> {
-        let mut file = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-        file.write_all(&bytes).map_err(io_err(&tmp))?;
-        file.sync_all().map_err(io_err(&tmp))
-    };
-    if let Err(e) = write() {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    fs::rename(&tmp, path).map_err(io_err(path))?;
-    // Make the rename itself durable; not every platform lets a directory be opened, so best effort.
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if let Ok(dir) = fs::File::open(dir) {
-            let _ = dir.sync_all();
-        }
-    }
-    Ok(())
+    crate::atomic_file::write(path, |file| file.write_all(&bytes))
 }
 
 /// Read an llm.c `.bin` file, checking the header, the exact size and every token id.

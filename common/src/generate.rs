@@ -45,7 +45,7 @@ pub fn generate<B: Backend>(
         {
             let mut g = Graph::new(be, pool, false);
             let fwd = model.forward(&mut g, window, None, 1, window.len(), true)?;
-            be.download_f32(g.ptr(fwd.logits), &mut logits)?;
+            g.read(fwd.logits, &mut logits)?;
         }
         let next = pick(&logits[..cfg.vocab_size], opts, &mut rng);
         on_token(next);

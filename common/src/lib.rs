@@ -1,9 +1,12 @@
 //! `common`: everything the four GPT-2 training stages share. Read bottom-up:
 //! `backend` (the hardware boundary), `autograd` (tensors on a tape), `model` (GPT-2),
 //! then the training pieces (`tokenizer`, `data`, `optim`, `checkpoint`, `generate`),
-//! `comm` (single process, MPI, NCCL) and finally `train`, the one loop for all stages.
+//! `comm` (single process, MPI, NCCL) and `grad_sync` (how gradients meet across ranks),
+//! `report` (loss log, progress, results tables), and finally `train`, the one loop for
+//! all stages; `bench`, `cli` and `app` sit on top.
 
 pub mod app;
+pub mod atomic_file;
 pub mod autograd;
 pub mod backend;
 pub mod bench;
@@ -13,6 +16,7 @@ pub mod comm;
 pub mod data;
 pub mod error;
 pub mod generate;
+pub mod grad_sync;
 pub mod model;
 pub mod optim;
 pub mod report;

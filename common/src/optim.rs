@@ -2,7 +2,7 @@
 //! rate schedule (linear warmup, then cosine decay to a floor). Runs on the backend, so
 //! moments stay where the parameters are and clipping needs no host round trip.
 
-use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
+use crate::backend::{check_range, AdamWStep, Backend, DeviceBuffer};
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -35,16 +35,20 @@ impl OptimConfig {
     }
 }
 
-/// Words of the optimiser's small device scratch: Σg², then [norm, clip factor, loss].
+/// The optimiser's small device scratch: Σg², then [norm, clip factor, loss], so that
+/// one copy brings back what a step reports.
 const SCRATCH: usize = 4;
+const LOSS_SLOT: usize = 3;
 
 pub struct AdamW<B: Backend> {
     pub config: OptimConfig,
     /// First and second moments, in the parameter layout.
-    pub m: B::Buffer,
-    pub v: B::Buffer,
-    scratch: B::Buffer,
+    pub m: B::Buffer<f32>,
+    pub v: B::Buffer<f32>,
+    scratch: B::Buffer<f32>,
     segments: Vec<(Range<usize>, bool)>,
+    /// Parameters in the layout.
+    n: usize,
 }
 
 /// What one step reports (read back in one small copy).
@@ -63,19 +67,53 @@ impl<B: Backend> AdamW<B> {
             v: be.alloc(layout.total)?,
             scratch: be.alloc(SCRATCH)?,
             segments: layout.decay_segments(),
+            n: layout.total,
         })
     }
 
-    /// Clips and applies one update for 0-based `step`, then reads back the loss (from
-    /// `loss_ptr`) together with the gradient norm: the step's only host copy.
-    pub fn step(&mut self, be: &B, params: DevPtr, grads: DevPtr, loss_ptr: DevPtr, step: u64) -> Result<StepStats> {
-        let c = &self.config;
-        let n = self.segments.last().map_or(0, |s| s.0.end);
+    /// Where the step's loss goes (a buffer and an offset) for [`AdamW::step`] to report it
+    /// with the gradient norm in one copy.
+    pub fn loss_slot(&self) -> (&B::Buffer<f32>, usize) {
+        (&self.scratch, LOSS_SLOT)
+    }
+
+    /// Clips and applies one update for 0-based `step`, then reads back the gradient norm
+    /// and the loss left in [`AdamW::loss_slot`]: the step's only host copy.
+    pub fn step(&mut self, be: &B, params: &B::Buffer<f32>, grads: &B::Buffer<f32>, step: u64) -> Result<StepStats> {
+        let (c, n) = (&self.config, self.n);
+        for (what, buf) in [
+            ("parameters", params),
+            ("gradients", grads),
+            ("m", &self.m),
+            ("v", &self.v),
+        ] {
+            check_range(what, buf.len(), 0, n)?;
+        }
         let s = self.scratch.ptr();
-        be.zero(s, SCRATCH);
-        be.sum_squares(s, grads, n);
-        be.clip_factor(s.add(1), s, c.grad_clip);
         let lr = c.lr_at(step);
+        // SAFETY: params, grads, m and v hold the layout's n values (checked above); every
+        // segment lies inside 0..n; the scratch holds SCRATCH values.
+        unsafe {
+            be.zero(s, LOSS_SLOT);
+            be.sum_squares(s, grads.ptr(), n);
+            be.clip_factor(s.add(1), s, c.grad_clip);
+            self.update(be, params, grads, lr, step);
+        }
+        let mut host = [0.0f32; 3];
+        be.read(&self.scratch, 1, &mut host)?;
+        Ok(StepStats {
+            loss: host[2],
+            grad_norm: host[0],
+            lr,
+        })
+    }
+
+    /// AdamW over each decay segment, gradients scaled by the clip factor in the scratch.
+    ///
+    /// # Safety
+    /// `params` and `grads` hold the layout's values.
+    unsafe fn update(&self, be: &B, params: &B::Buffer<f32>, grads: &B::Buffer<f32>, lr: f32, step: u64) {
+        let (c, s) = (&self.config, self.scratch.ptr());
         for (range, decay) in &self.segments {
             let hp = AdamWStep {
                 lr,
@@ -87,8 +125,8 @@ impl<B: Backend> AdamW<B> {
             };
             let (o, len) = (range.start, range.len());
             be.adamw(
-                params.add(o),
-                grads.add(o),
+                params.ptr().add(o),
+                grads.ptr().add(o),
                 self.m.ptr().add(o),
                 self.v.ptr().add(o),
                 len,
@@ -96,14 +134,6 @@ impl<B: Backend> AdamW<B> {
                 hp,
             );
         }
-        be.accumulate(s.add(3), loss_ptr, 1);
-        let mut host = [0.0f32; 3];
-        be.download_f32(s.add(1), &mut host)?;
-        Ok(StepStats {
-            loss: host[2],
-            grad_norm: host[0],
-            lr,
-        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! independent checksum), atomic replacement, and one test per way a file can be wrong.
 
 use common::checkpoint::{self, CheckpointMeta};
-use common::model::{ConfigOverrides, ModelConfig};
+use common::model::{ConfigOverrides, ModelConfig, ParamLayout};
 use common::Error;
 use std::path::{Path, PathBuf};
 
@@ -72,18 +72,25 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// The format's checksum, written independently of the library: FNV-1a 64 over
-/// little-endian u64 words, tail zero-padded, then the byte count.
+/// The format's checksum: xxHash64 (seed 0) of every byte before it.
 fn checksum(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut mix = |w: u64| h = (h ^ w).wrapping_mul(0x100_0000_01b3);
-    for chunk in bytes.chunks(8) {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        mix(u64::from_le_bytes(word));
-    }
-    mix(bytes.len() as u64);
-    h
+    xxhash_rust::xxh64::xxh64(bytes, 0)
+}
+
+/// The header JSON the format documents: the metadata's fields and the tensor list.
+fn header_value(meta: &CheckpointMeta) -> serde_json::Value {
+    let layout = ParamLayout::new(&meta.config);
+    let mut value = serde_json::to_value(meta).unwrap();
+    value["tensors"] = layout
+        .entries
+        .iter()
+        .map(|e| serde_json::json!([e.name, e.range.start, e.shape[0], e.shape[1]]))
+        .collect();
+    value
+}
+
+fn header_json(meta: &CheckpointMeta) -> Vec<u8> {
+    serde_json::to_vec(&header_value(meta)).unwrap()
 }
 
 /// A checkpoint file built by hand from the documented layout, with a valid checksum.
@@ -151,7 +158,7 @@ fn file_follows_documented_layout() {
     let meta_len = u64::from_le_bytes(file[16..24].try_into().unwrap()) as usize;
     let json = &file[24..24 + meta_len];
     assert_eq!(serde_json::from_slice::<CheckpointMeta>(json).unwrap(), meta);
-    let expected = build(1, json, tiny().num_params() as u64, [&p, &m, &v]);
+    let expected = build(2, json, tiny().num_params() as u64, [&p, &m, &v]);
     assert_eq!(file.len(), expected.len());
     assert!(file == expected, "saved bytes differ from the documented layout");
 }
@@ -223,17 +230,62 @@ fn wrong_magic_says_what_was_found() {
 }
 
 #[test]
-fn future_version_is_refused_by_number() {
+fn other_versions_are_refused_naming_both() {
     let dir = TempDir::new("version");
     let (path, meta, p, m, v) = saved(&dir);
-    let json = serde_json::to_vec(&meta).unwrap();
+    let json = header_json(&meta);
+    // Version 1 is the FNV-checksummed format of earlier builds; 3 a future one.
+    for version in [1, 3] {
+        std::fs::write(&path, build(version, &json, p.len() as u64, [&p, &m, &v])).unwrap();
+        for msg in [
+            input_err(&path, checkpoint::load(&path)),
+            input_err(&path, checkpoint::load_meta(&path)),
+        ] {
+            assert!(
+                msg.contains(&format!("unsupported checkpoint format version {version}")),
+                "{msg}"
+            );
+            assert!(msg.contains("reads version 2"), "{msg}");
+        }
+    }
+}
+
+#[test]
+fn a_tensor_table_other_than_this_builds_is_refused() {
+    let dir = TempDir::new("tensors");
+    let (path, meta, p, m, v) = saved(&dir);
+    let mut value = header_value(&meta);
+    value["tensors"][3][0] = "h0.renamed".into();
+    let json = serde_json::to_vec(&value).unwrap();
     std::fs::write(&path, build(2, &json, p.len() as u64, [&p, &m, &v])).unwrap();
-    for msg in [
-        input_err(&path, checkpoint::load(&path)),
-        input_err(&path, checkpoint::load_meta(&path)),
+    let msg = input_err(&path, checkpoint::load(&path));
+    assert!(
+        msg.contains("differ from this build's parameter table") && msg.contains("h0.renamed"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn paired_sign_bit_flips_are_corrupt() {
+    // Two sign flips 8 bytes apart cancel in a checksum that XORs aligned words into a
+    // linear state (the format-1 FNV over words missed them); xxHash64 does not.
+    let dir = TempDir::new("paired");
+    let (path, ..) = saved(&dir);
+    let full = std::fs::read(&path).unwrap();
+    let n = tiny().num_params();
+    let arrays_at = full.len() - 8 - 12 * n;
+    for (first, gap) in [
+        (arrays_at + 3, 8),
+        (arrays_at + 4 * n + 7, 8),
+        (arrays_at + 11, 4),
+        (arrays_at + 3, 16),
     ] {
-        assert!(msg.contains("unsupported checkpoint format version 2"), "{msg}");
-        assert!(msg.contains("reads version 1"), "{msg}");
+        let mut bytes = full.clone();
+        bytes[first] ^= 0x80;
+        bytes[first + gap] ^= 0x80;
+        std::fs::write(&path, &bytes).unwrap();
+        let msg = input_err(&path, checkpoint::load(&path));
+        assert!(msg.contains("checksum"), "flips at {first} and +{gap}: {msg}");
     }
 }
 
@@ -309,10 +361,10 @@ fn flipped_byte_is_corrupt() {
 fn parameter_count_must_match_config() {
     let dir = TempDir::new("count");
     let path = dir.file("count.ckpt");
-    let json = serde_json::to_vec(&meta(tiny(), 1)).unwrap();
+    let json = header_json(&meta(tiny(), 1));
     let n = tiny().num_params();
     let extra = random_bits(n + 1, 4);
-    std::fs::write(&path, build(1, &json, n as u64 + 1, [&extra, &extra, &extra])).unwrap();
+    std::fs::write(&path, build(2, &json, n as u64 + 1, [&extra, &extra, &extra])).unwrap();
     for msg in [
         input_err(&path, checkpoint::load(&path)),
         input_err(&path, checkpoint::load_meta(&path)),
@@ -329,15 +381,15 @@ fn bad_meta_and_bad_config_are_named() {
     let n = tiny().num_params();
     let zeros = vec![0.0; n];
 
-    std::fs::write(&path, build(1, b"{\"config\": ", n as u64, [&zeros, &zeros, &zeros])).unwrap();
+    std::fs::write(&path, build(2, b"{\"config\": ", n as u64, [&zeros, &zeros, &zeros])).unwrap();
     let msg = input_err(&path, checkpoint::load(&path));
     assert!(msg.contains("metadata is invalid"), "{msg}");
 
     // n_head = 3 does not divide n_embd = 32.
-    let mut value = serde_json::to_value(meta(tiny(), 1)).unwrap();
+    let mut value = header_value(&meta(tiny(), 1));
     value["config"]["n_head"] = 3.into();
     let json = serde_json::to_vec(&value).unwrap();
-    std::fs::write(&path, build(1, &json, n as u64, [&zeros, &zeros, &zeros])).unwrap();
+    std::fs::write(&path, build(2, &json, n as u64, [&zeros, &zeros, &zeros])).unwrap();
     let msg = input_err(&path, checkpoint::load(&path));
     assert!(
         msg.contains("model config is invalid") && msg.contains("--heads 3"),

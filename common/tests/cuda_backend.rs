@@ -8,8 +8,8 @@
 
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
+use common::backend::Precision;
 use common::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
-use common::cli::Precision;
 
 const FP32_TOL: f32 = 1e-4;
 
@@ -42,21 +42,21 @@ fn random_ids(n: usize, seed: u64, below: usize) -> Vec<i32> {
         .collect()
 }
 
-fn upload<B: Backend>(be: &B, data: &[f32]) -> B::Buffer {
+fn upload<B: Backend>(be: &B, data: &[f32]) -> B::Buffer<f32> {
     let buf = be.alloc(data.len()).expect("alloc");
-    be.upload_f32(buf.ptr(), data).expect("upload");
+    be.write(&buf, 0, data).expect("upload");
     buf
 }
 
-fn upload_ids<B: Backend>(be: &B, data: &[i32]) -> B::Buffer {
+fn upload_ids<B: Backend>(be: &B, data: &[i32]) -> B::Buffer<i32> {
     let buf = be.alloc(data.len()).expect("alloc");
-    be.upload_i32(buf.ptr(), data).expect("upload");
+    be.write(&buf, 0, data).expect("upload");
     buf
 }
 
-fn download<B: Backend>(be: &B, buf: &B::Buffer) -> Vec<f32> {
+fn download<B: Backend>(be: &B, buf: &B::Buffer<f32>) -> Vec<f32> {
     let mut out = vec![0.0; buf.len()];
-    be.download_f32(buf.ptr(), &mut out).expect("download");
+    be.read(buf, 0, &mut out).expect("download");
     be.synchronize().expect("synchronize");
     out
 }
@@ -102,11 +102,11 @@ fn encoder_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, v: usize) -> V
     let wte = upload(be, &random(v * c, 2, 1.0));
     let wpe = upload(be, &random(t * c, 3, 1.0));
     let out = be.alloc(b * t * c).unwrap();
-    be.encoder_forward(out.ptr(), tokens.ptr(), wte.ptr(), wpe.ptr(), b, t, c);
+    unsafe { be.encoder_forward(out.ptr(), tokens.ptr(), wte.ptr(), wpe.ptr(), b, t, c) };
     let dout = upload(be, &random(b * t * c, 4, 1.0));
     let dwte = upload(be, &random(v * c, 5, 1.0));
     let dwpe = upload(be, &random(t * c, 6, 1.0));
-    be.encoder_backward(dwte.ptr(), dwpe.ptr(), dout.ptr(), tokens.ptr(), b, t, c);
+    unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), dout.ptr(), tokens.ptr(), b, t, c) };
     vec![download(be, &out), download(be, &dwte), download(be, &dwpe)]
 }
 
@@ -135,23 +135,25 @@ fn matmul_case<B: Backend>(be: &B, bt: usize, c: usize, oc: usize, with_bias: bo
     let bias = upload(be, &random(oc, 13, 1.0));
     let out = be.alloc(bt * oc).unwrap();
     let bias_ptr = with_bias.then(|| bias.ptr());
-    be.matmul_forward(out.ptr(), inp.ptr(), w.ptr(), bias_ptr, bt, c, oc);
+    unsafe { be.matmul_forward(out.ptr(), inp.ptr(), w.ptr(), bias_ptr, bt, c, oc) };
     let dout = upload(be, &random(bt * oc, 14, 1.0));
     let dinp = upload(be, &random(bt * c, 15, 1.0));
     let dw = upload(be, &random(oc * c, 16, 1.0));
     let dbias = upload(be, &random(oc, 17, 1.0));
     let dbias_ptr = with_bias.then(|| dbias.ptr());
-    be.matmul_backward(
-        dinp.ptr(),
-        dw.ptr(),
-        dbias_ptr,
-        dout.ptr(),
-        inp.ptr(),
-        w.ptr(),
-        bt,
-        c,
-        oc,
-    );
+    unsafe {
+        be.matmul_backward(
+            dinp.ptr(),
+            dw.ptr(),
+            dbias_ptr,
+            dout.ptr(),
+            inp.ptr(),
+            w.ptr(),
+            bt,
+            c,
+            oc,
+        )
+    };
     vec![
         download(be, &out),
         download(be, &dinp),
@@ -205,23 +207,25 @@ fn layernorm_case<B: Backend>(be: &B, bt: usize, c: usize) -> Vec<Vec<f32>> {
     let w = upload(be, &random(c, 22, 1.0));
     let b = upload(be, &random(c, 23, 1.0));
     let (out, mean, rstd) = (be.alloc(bt * c).unwrap(), be.alloc(bt).unwrap(), be.alloc(bt).unwrap());
-    be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c);
+    unsafe { be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c) };
     let dout = upload(be, &random(bt * c, 24, 1.0));
     let dinp = upload(be, &random(bt * c, 25, 1.0));
     let dw = upload(be, &random(c, 26, 1.0));
     let db = upload(be, &random(c, 27, 1.0));
-    be.layernorm_backward(
-        dinp.ptr(),
-        dw.ptr(),
-        db.ptr(),
-        dout.ptr(),
-        inp.ptr(),
-        w.ptr(),
-        mean.ptr(),
-        rstd.ptr(),
-        bt,
-        c,
-    );
+    unsafe {
+        be.layernorm_backward(
+            dinp.ptr(),
+            dw.ptr(),
+            db.ptr(),
+            dout.ptr(),
+            inp.ptr(),
+            w.ptr(),
+            mean.ptr(),
+            rstd.ptr(),
+            bt,
+            c,
+        )
+    };
     vec![
         download(be, &out),
         download(be, &mean),
@@ -249,10 +253,10 @@ fn attention_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, nh: usize) -
     let qkv = upload(be, &random(b * t * 3 * c, 31, 1.0));
     let out = be.alloc(b * t * c).unwrap();
     let saved = be.alloc(be.attention_saved_len(b, t, nh)).unwrap();
-    be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh);
+    unsafe { be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh) };
     let dout = upload(be, &random(b * t * c, 32, 1.0));
     let dqkv = upload(be, &random(b * t * 3 * c, 33, 1.0));
-    be.attention_backward(dqkv.ptr(), dout.ptr(), qkv.ptr(), out.ptr(), saved.ptr(), b, t, c, nh);
+    unsafe { be.attention_backward(dqkv.ptr(), dout.ptr(), qkv.ptr(), out.ptr(), saved.ptr(), b, t, c, nh) };
     vec![download(be, &out), download(be, &dqkv)]
 }
 
@@ -334,10 +338,10 @@ fn flash_attention_saves_one_value_per_row() {
 fn gelu_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
     let inp = upload(be, &random(n, 41, 4.0));
     let out = be.alloc(n).unwrap();
-    be.gelu_forward(out.ptr(), inp.ptr(), n);
+    unsafe { be.gelu_forward(out.ptr(), inp.ptr(), n) };
     let dout = upload(be, &random(n, 42, 1.0));
     let dinp = upload(be, &random(n, 43, 1.0));
-    be.gelu_backward(dinp.ptr(), inp.ptr(), dout.ptr(), n);
+    unsafe { be.gelu_backward(dinp.ptr(), inp.ptr(), dout.ptr(), n) };
     vec![download(be, &out), download(be, &dinp)]
 }
 
@@ -355,12 +359,12 @@ fn crossentropy_case<B: Backend>(be: &B, bt: usize, v: usize, vp: usize) -> Vec<
     let logits = upload(be, &random(bt * vp, 51, 4.0));
     let targets = upload_ids(be, &random_ids(bt, 52, v));
     let losses = be.alloc(bt).unwrap();
-    be.crossentropy_forward(losses.ptr(), logits.ptr(), targets.ptr(), bt, v, vp);
+    unsafe { be.crossentropy_forward(losses.ptr(), logits.ptr(), targets.ptr(), bt, v, vp) };
     // Padding columns of dlogits must come back untouched, so they start random too.
     let dlogits = upload(be, &random(bt * vp, 53, 1.0));
-    be.crossentropy_backward(dlogits.ptr(), logits.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp);
+    unsafe { be.crossentropy_backward(dlogits.ptr(), logits.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp) };
     // In place: the logits become their gradient (padding 0).
-    be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp);
+    unsafe { be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp) };
     vec![download(be, &losses), download(be, &dlogits), download(be, &logits)]
 }
 
@@ -385,12 +389,12 @@ fn crossentropy_matches_cpu() {
 fn reductions_case<B: Backend>(be: &B, n: usize, max_norm: f32) -> Vec<Vec<f32>> {
     let inp = upload(be, &random(n, 61, 1.0));
     let mean = upload(be, &[7.0]); // overwritten
-    be.mean(mean.ptr(), inp.ptr(), n);
+    unsafe { be.mean(mean.ptr(), inp.ptr(), n) };
     let sumsq = upload(be, &[0.25]); // accumulated into
-    be.sum_squares(sumsq.ptr(), inp.ptr(), n);
-    be.sum_squares(sumsq.ptr(), inp.ptr(), n / 2);
+    unsafe { be.sum_squares(sumsq.ptr(), inp.ptr(), n) };
+    unsafe { be.sum_squares(sumsq.ptr(), inp.ptr(), n / 2) };
     let clip = be.alloc(2).unwrap();
-    be.clip_factor(clip.ptr(), sumsq.ptr(), max_norm);
+    unsafe { be.clip_factor(clip.ptr(), sumsq.ptr(), max_norm) };
     vec![download(be, &mean), download(be, &sumsq), download(be, &clip)]
 }
 
@@ -426,16 +430,18 @@ fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
         weight_decay: 0.1,
         t,
     };
-    be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp);
-    be.adamw(
-        params.ptr(),
-        grads.ptr(),
-        m.ptr(),
-        v.ptr(),
-        n,
-        scale.ptr(),
-        AdamWStep { t: t + 1, ..hp },
-    );
+    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp) };
+    unsafe {
+        be.adamw(
+            params.ptr(),
+            grads.ptr(),
+            m.ptr(),
+            v.ptr(),
+            n,
+            scale.ptr(),
+            AdamWStep { t: t + 1, ..hp },
+        )
+    };
     vec![download(be, &params), download(be, &m), download(be, &v)]
 }
 
@@ -461,13 +467,13 @@ fn memory_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
     let fresh = be.alloc(n).unwrap(); // must be zero-filled
     let a = upload(be, &random(n, 81, 1.0));
     let b = upload(be, &random(n, 82, 1.0));
-    be.accumulate(a.ptr(), b.ptr(), n);
+    unsafe { be.accumulate(a.ptr(), b.ptr(), n) };
     let z = upload(be, &random(n, 83, 1.0));
-    be.zero(z.ptr().add(1), n - 2); // first and last word survive
+    unsafe { be.zero(z.ptr().add(1), n - 2) }; // first and last word survive
     let scaled = upload(be, &random(n, 84, 1.0));
-    be.scale(scaled.ptr(), n, -0.3);
+    unsafe { be.scale(scaled.ptr(), n, -0.3) };
     let sum = upload(be, &random(n, 85, 1.0)); // overwritten
-    be.add(sum.ptr(), b.ptr(), scaled.ptr(), n);
+    unsafe { be.add(sum.ptr(), b.ptr(), scaled.ptr(), n) };
     vec![
         download(be, &fresh),
         download(be, &a),
@@ -496,14 +502,14 @@ fn memory_ops_match_cpu() {
 fn peak_memory_counts_allocations() {
     let gpu = gpu(Precision::Fp32);
     let before = gpu.peak_memory_bytes();
-    let big = gpu.alloc(1 << 24).unwrap();
+    let big = gpu.alloc::<f32>(1 << 24).unwrap();
     assert!(
         gpu.peak_memory_bytes() >= before + (4 << 24),
         "peak {} after 64 MiB",
         gpu.peak_memory_bytes()
     );
     drop(big);
-    let _small = gpu.alloc(16).unwrap();
+    let _small = gpu.alloc::<f32>(16).unwrap();
     assert!(
         gpu.peak_memory_bytes() >= before + (4 << 24),
         "peak must not drop after a free"
@@ -515,7 +521,7 @@ fn peak_memory_counts_allocations() {
 #[ignore = "needs a CUDA device"]
 fn out_of_memory_is_a_device_error() {
     let gpu = gpu(Precision::Fp32);
-    let err = gpu.alloc(1 << 40).err().expect("4 TiB must not fit"); // 4 TiB
+    let err = gpu.alloc::<f32>(1 << 40).err().expect("4 TiB must not fit"); // 4 TiB
     let msg = err.to_string();
     assert!(matches!(err, common::Error::Device(_)), "{msg}");
     assert!(
@@ -532,7 +538,7 @@ fn out_of_memory_is_a_device_error() {
 fn a_bad_launch_surfaces_at_synchronize() {
     // C not divisible by NH cannot be run: the error waits for synchronize, then clears.
     let gpu = gpu(Precision::Fp32);
-    gpu.attention_forward(DevPtr(0), DevPtr(0), DevPtr(0), 1, 4, 10, 3);
+    unsafe { gpu.attention_forward(DevPtr::default(), DevPtr::default(), DevPtr::default(), 1, 4, 10, 3) };
     let err = gpu.synchronize().expect_err("must report");
     assert!(err.to_string().contains("multiple of NH"), "{err}");
     gpu.synchronize().expect("error is reported once");

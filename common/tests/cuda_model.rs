@@ -8,13 +8,14 @@
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::CudaBackend;
-use common::backend::{Backend, DeviceBuffer};
-use common::cli::{ExecArgs, Precision};
+use common::backend::Backend;
+use common::backend::Precision;
 use common::comm::Single;
 use common::data::Batch;
+use common::grad_sync::SyncMode;
 use common::model::{ConfigOverrides, Gpt2, ModelConfig};
 use common::optim::OptimConfig;
-use common::train::Trainer;
+use common::train::{Trainer, TrainerSettings};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
@@ -82,10 +83,10 @@ fn step0<B: Backend>(be: &B, cfg: ModelConfig, batch: &Batch, b: usize, t: usize
     let loss = fwd.loss.expect("targets given");
     g.backward(loss, 1.0).expect("backward");
     let mut l = [0.0f32];
-    be.download_f32(g.ptr(loss), &mut l).expect("loss");
+    g.read(loss, &mut l).expect("loss");
     drop(g);
     let mut grads = vec![0.0f32; model.num_params()];
-    be.download_f32(model.grads.ptr(), &mut grads).expect("grads");
+    be.read(&model.grads, 0, &mut grads).expect("grads");
     be.synchronize().expect("synchronize");
     (l[0], grads)
 }
@@ -120,7 +121,8 @@ fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
         bad.push(format!("loss: {loss_err:.3e}"));
     }
     let mut worst = 0.0f32;
-    for (tensor, range) in model_layout.named(&cfg) {
+    for e in &model_layout.entries {
+        let (tensor, range) = (&e.name, e.range.clone());
         let err = rel_err(&gpu_grads[range.clone()], &cpu_grads[range]);
         worst = if err.is_nan() { err } else { worst.max(err) };
         if err.is_nan() || err > GRAD_TOL {
@@ -129,7 +131,7 @@ fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
     }
     eprintln!(
         "PARITY model {name:<8} grads      worst tensor rel_err={worst:.2e} over {} tensors, tol={GRAD_TOL:.0e}",
-        model_layout.named(&cfg).len()
+        model_layout.entries.len()
     );
     assert!(bad.is_empty(), "{name}: {}", bad.join(", "));
 }
@@ -161,13 +163,11 @@ fn train_losses<B: Backend>(be: &B, cfg: ModelConfig, batches: &[Batch], b: usiz
         eps: 1e-8,
         grad_clip: 1.0,
     };
-    let exec = ExecArgs {
-        threads: 0,
-        precision: Precision::Fp32,
-        overlap: false,
-        sync_every: None,
+    let settings = TrainerSettings {
+        optim,
+        sync: SyncMode::Allreduce,
     };
-    let mut trainer = Trainer::new(be, &Single, cfg, optim, exec).expect("trainer");
+    let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
     trainer.init_weights(1337).expect("init");
     batches
         .iter()

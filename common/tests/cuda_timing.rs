@@ -7,8 +7,8 @@
 use std::time::Instant;
 
 use common::backend::cuda::{AttentionPath, CudaBackend};
+use common::backend::Precision;
 use common::backend::{AdamWStep, Backend, DeviceBuffer};
-use common::cli::Precision;
 
 const B: usize = 16;
 const T: usize = 1024;
@@ -20,12 +20,12 @@ const VP: usize = 50_304;
 const BT: usize = B * T;
 const PARAMS: usize = 124_475_904;
 
-fn filled(be: &CudaBackend, n: usize, seed: u32) -> <CudaBackend as Backend>::Buffer {
+fn filled(be: &CudaBackend, n: usize, seed: u32) -> <CudaBackend as Backend>::Buffer<f32> {
     let data: Vec<f32> = (0..n)
         .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
         .collect();
     let buf = be.alloc(n).expect("alloc");
-    be.upload_f32(buf.ptr(), &data).expect("upload");
+    be.write(&buf, 0, &data).expect("upload");
     buf
 }
 
@@ -41,9 +41,9 @@ fn time(be: &CudaBackend, mut f: impl FnMut()) -> f64 {
     start.elapsed().as_secs_f64() * 1e3 / 5.0
 }
 
-fn assert_finite(be: &CudaBackend, what: &str, buf: &<CudaBackend as Backend>::Buffer) {
+fn assert_finite(be: &CudaBackend, what: &str, buf: &<CudaBackend as Backend>::Buffer<f32>) {
     let mut host = vec![0.0f32; buf.len()];
-    be.download_f32(buf.ptr(), &mut host).expect("download");
+    be.read(buf, 0, &mut host).expect("download");
     assert!(host.iter().all(|x| x.is_finite()), "{what}: non-finite values");
 }
 
@@ -57,25 +57,22 @@ fn gpt2_step_table(precision: Precision) {
     let mut rows: Vec<(String, f64, usize)> = Vec::new(); // (op, ms, times per step)
     let mut row = |name: &str, ms: f64, per_step: usize| rows.push((name.to_string(), ms, per_step));
 
-    let tokens = be.alloc(BT).unwrap();
-    be.upload_i32(
-        tokens.ptr(),
-        &(0..BT).map(|i| (i * 7919 % V) as i32).collect::<Vec<_>>(),
-    )
-    .unwrap();
+    let tokens = be.alloc::<i32>(BT).unwrap();
+    be.write(&tokens, 0, &(0..BT).map(|i| (i * 7919 % V) as i32).collect::<Vec<_>>())
+        .unwrap();
     let (wte, wpe) = (filled(&be, VP * C, 1), filled(&be, T * C, 2));
     let (x, dx) = (filled(&be, BT * C, 3), filled(&be, BT * C, 4));
     let (dwte, dwpe) = (be.alloc(VP * C).unwrap(), be.alloc(T * C).unwrap());
     row(
         "encoder fwd",
-        time(&be, || {
+        time(&be, || unsafe {
             be.encoder_forward(x.ptr(), tokens.ptr(), wte.ptr(), wpe.ptr(), B, T, C)
         }),
         1,
     );
     row(
         "encoder bwd",
-        time(&be, || {
+        time(&be, || unsafe {
             be.encoder_backward(dwte.ptr(), dwpe.ptr(), dx.ptr(), tokens.ptr(), B, T, C)
         }),
         1,
@@ -85,9 +82,10 @@ fn gpt2_step_table(precision: Precision) {
     let (w, bias) = (filled(&be, C, 5), filled(&be, C, 6));
     let (ln, mean, rstd) = (be.alloc(BT * C).unwrap(), be.alloc(BT).unwrap(), be.alloc(BT).unwrap());
     let (dw, db) = (be.alloc(C).unwrap(), be.alloc(C).unwrap());
-    let ln_f = || be.layernorm_forward(ln.ptr(), mean.ptr(), rstd.ptr(), x.ptr(), w.ptr(), bias.ptr(), BT, C);
+    let ln_f =
+        || unsafe { be.layernorm_forward(ln.ptr(), mean.ptr(), rstd.ptr(), x.ptr(), w.ptr(), bias.ptr(), BT, C) };
     row("layernorm fwd", time(&be, ln_f), 2 * L + 1);
-    let ln_b = || {
+    let ln_b = || unsafe {
         be.layernorm_backward(
             dx.ptr(),
             dw.ptr(),
@@ -121,18 +119,18 @@ fn gpt2_step_table(precision: Precision) {
         );
         let bias_ptr = has_bias.then(|| bs.ptr());
         let dbias_ptr = has_bias.then(|| dbs.ptr());
-        let fwd = time(&be, || {
+        let fwd = time(&be, || unsafe {
             be.matmul_forward(out.ptr(), inp.ptr(), wt.ptr(), bias_ptr, BT, c, oc)
         });
         if has_bias {
             // The same product as a GEMM and a separate bias pass (before the fused epilogue).
             be.synchronize().unwrap();
-            let unfused = time(&plain, || {
+            let unfused = time(&plain, || unsafe {
                 plain.matmul_forward(out.ptr(), inp.ptr(), wt.ptr(), bias_ptr, BT, c, oc)
             });
             row(&format!("(matmul {name} fwd, bias unfused)"), unfused, 0);
         }
-        let bwd = time(&be, || {
+        let bwd = time(&be, || unsafe {
             be.matmul_backward(
                 dinp.ptr(),
                 dwt.ptr(),
@@ -161,12 +159,13 @@ fn gpt2_step_table(precision: Precision) {
     let saved = be.alloc(be.attention_saved_len(B, T, NH)).unwrap();
     row(
         "attention fwd",
-        time(&be, || {
+        time(&be, || unsafe {
             be.attention_forward(att_out.ptr(), saved.ptr(), qkv.ptr(), B, T, C, NH)
         }),
         L,
     );
-    let att_b = || be.attention_backward(dqkv.ptr(), x.ptr(), qkv.ptr(), att_out.ptr(), saved.ptr(), B, T, C, NH);
+    let att_b =
+        || unsafe { be.attention_backward(dqkv.ptr(), x.ptr(), qkv.ptr(), att_out.ptr(), saved.ptr(), B, T, C, NH) };
     row("attention bwd", time(&be, att_b), L);
     assert_finite(&be, "attention out", &att_out);
     assert_finite(&be, "attention dqkv", &dqkv);
@@ -174,9 +173,11 @@ fn gpt2_step_table(precision: Precision) {
     be.synchronize().unwrap();
     {
         let saved = plain.alloc(plain.attention_saved_len(B, T, NH)).unwrap();
-        let fwd = || plain.attention_forward(att_out.ptr(), saved.ptr(), qkv.ptr(), B, T, C, NH);
+        let fwd = || unsafe { plain.attention_forward(att_out.ptr(), saved.ptr(), qkv.ptr(), B, T, C, NH) };
         row("(attention fwd, gemm)", time(&plain, fwd), 0);
-        let bwd = || plain.attention_backward(dqkv.ptr(), x.ptr(), qkv.ptr(), att_out.ptr(), saved.ptr(), B, T, C, NH);
+        let bwd = || unsafe {
+            plain.attention_backward(dqkv.ptr(), x.ptr(), qkv.ptr(), att_out.ptr(), saved.ptr(), B, T, C, NH)
+        };
         row("(attention bwd, gemm)", time(&plain, bwd), 0);
     }
 
@@ -187,26 +188,30 @@ fn gpt2_step_table(precision: Precision) {
     );
     row(
         "gelu fwd",
-        time(&be, || be.gelu_forward(gh.ptr(), h.ptr(), BT * 4 * C)),
+        time(&be, || unsafe { be.gelu_forward(gh.ptr(), h.ptr(), BT * 4 * C) }),
         L,
     );
     row(
         "gelu bwd",
-        time(&be, || be.gelu_backward(dh.ptr(), h.ptr(), gh.ptr(), BT * 4 * C)),
+        time(&be, || unsafe {
+            be.gelu_backward(dh.ptr(), h.ptr(), gh.ptr(), BT * 4 * C)
+        }),
         L,
     );
     let sum = be.alloc(BT * C).unwrap();
     row(
         "residual add",
-        time(&be, || be.add(sum.ptr(), x.ptr(), dx.ptr(), BT * C)),
+        time(&be, || unsafe { be.add(sum.ptr(), x.ptr(), dx.ptr(), BT * C) }),
         2 * L,
     );
     row(
         "residual accumulate",
-        time(&be, || be.accumulate(dx.ptr(), x.ptr(), BT * C)),
+        time(&be, || unsafe { be.accumulate(dx.ptr(), x.ptr(), BT * C) }),
         4 * L,
     );
-    let add_ms = time(&be, || be.add(h.ptr(), h.ptr().add(BT * 2 * C), gh.ptr(), BT * 2 * C));
+    let add_ms = time(&be, || unsafe {
+        be.add(h.ptr(), h.ptr().add(BT * 2 * C), gh.ptr(), BT * 2 * C)
+    });
     eprintln!(
         "TIMING ceiling: add kernel over {} M floats moves {:.0} GB/s (bytes read + written)",
         BT * 2 * C / 1_000_000,
@@ -217,17 +222,23 @@ fn gpt2_step_table(precision: Precision) {
     let (losses, dlogits, loss) = (be.alloc(BT).unwrap(), be.alloc(BT * VP).unwrap(), be.alloc(1).unwrap());
     row(
         "crossentropy fwd",
-        time(&be, || {
+        time(&be, || unsafe {
             be.crossentropy_forward(losses.ptr(), logits.ptr(), tokens.ptr(), BT, V, VP)
         }),
         1,
     );
-    let ce_b = || be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP);
+    let ce_b =
+        || unsafe { be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP) };
     row("(crossentropy bwd, accumulate)", time(&be, ce_b), 0);
-    let ce_in_place =
-        || be.crossentropy_backward_in_place(dlogits.ptr(), losses.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP);
+    let ce_in_place = || unsafe {
+        be.crossentropy_backward_in_place(dlogits.ptr(), losses.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP)
+    };
     row("crossentropy bwd in place", time(&be, ce_in_place), 1);
-    row("mean (loss)", time(&be, || be.mean(loss.ptr(), losses.ptr(), BT)), 1);
+    row(
+        "mean (loss)",
+        time(&be, || unsafe { be.mean(loss.ptr(), losses.ptr(), BT) }),
+        1,
+    );
     assert_finite(&be, "losses", &losses);
     drop((logits, dlogits));
 
@@ -238,15 +249,15 @@ fn gpt2_step_table(precision: Precision) {
         be.alloc(PARAMS).unwrap(),
     );
     let (sumsq, clip) = (be.alloc(1).unwrap(), be.alloc(2).unwrap());
-    row("zero grads", time(&be, || be.zero(grads.ptr(), PARAMS)), 1);
+    row("zero grads", time(&be, || unsafe { be.zero(grads.ptr(), PARAMS) }), 1);
     row(
         "sum_squares",
-        time(&be, || be.sum_squares(sumsq.ptr(), params.ptr(), PARAMS)),
+        time(&be, || unsafe { be.sum_squares(sumsq.ptr(), params.ptr(), PARAMS) }),
         1,
     );
     row(
         "clip_factor",
-        time(&be, || be.clip_factor(clip.ptr(), sumsq.ptr(), 1.0)),
+        time(&be, || unsafe { be.clip_factor(clip.ptr(), sumsq.ptr(), 1.0) }),
         1,
     );
     let hp = AdamWStep {
@@ -260,7 +271,7 @@ fn gpt2_step_table(precision: Precision) {
     let clip_ptr = clip.ptr().add(1);
     row(
         "adamw",
-        time(&be, || {
+        time(&be, || unsafe {
             be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), PARAMS, clip_ptr, hp)
         }),
         1,

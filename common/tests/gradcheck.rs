@@ -20,27 +20,27 @@ fn randn(n: usize, scale: f32, r: &mut ChaCha8Rng) -> Vec<f32> {
         .collect()
 }
 
-fn upload(be: &CpuBackend, data: &[f32]) -> CpuBuffer {
+fn upload(be: &CpuBackend, data: &[f32]) -> CpuBuffer<f32> {
     let b = be.alloc(data.len()).unwrap();
-    be.upload_f32(b.ptr(), data).unwrap();
+    be.write(&b, 0, data).unwrap();
     b
 }
 
-fn read(be: &CpuBackend, b: &CpuBuffer) -> Vec<f32> {
+fn read(be: &CpuBackend, b: &CpuBuffer<f32>) -> Vec<f32> {
     let mut v = vec![0.0; b.len()];
-    be.download_f32(b.ptr(), &mut v).unwrap();
+    be.read(b, 0, &mut v).unwrap();
     v
 }
 
-fn tokens(be: &CpuBackend, ids: &[i32]) -> CpuBuffer {
+fn tokens(be: &CpuBackend, ids: &[i32]) -> CpuBuffer<i32> {
     let b = be.alloc(ids.len()).unwrap();
-    be.upload_i32(b.ptr(), ids).unwrap();
+    be.write(&b, 0, ids).unwrap();
     b
 }
 
 /// Compares `analytic` with central differences of `loss` w.r.t. the values in `x`,
 /// at up to 40 coordinates spread over the array.
-fn check(name: &str, be: &CpuBackend, x: &CpuBuffer, analytic: &[f32], mut loss: impl FnMut() -> f64) {
+fn check(name: &str, be: &CpuBackend, x: &CpuBuffer<f32>, analytic: &[f32], mut loss: impl FnMut() -> f64) {
     let h = 1e-2f32;
     let n = x.len();
     let stride = (n / 40).max(1);
@@ -49,13 +49,13 @@ fn check(name: &str, be: &CpuBackend, x: &CpuBuffer, analytic: &[f32], mut loss:
         let mut v = read(be, x);
         let orig = v[i];
         v[i] = orig + h;
-        be.upload_f32(x.ptr(), &v).unwrap();
+        be.write(x, 0, &v).unwrap();
         let up = loss();
         v[i] = orig - h;
-        be.upload_f32(x.ptr(), &v).unwrap();
+        be.write(x, 0, &v).unwrap();
         let down = loss();
         v[i] = orig;
-        be.upload_f32(x.ptr(), &v).unwrap();
+        be.write(x, 0, &v).unwrap();
         let numeric = ((up - down) / (2.0 * h as f64)) as f32;
         let a = analytic[i];
         let err = (a - numeric).abs();
@@ -77,7 +77,7 @@ fn check(name: &str, be: &CpuBackend, x: &CpuBuffer, analytic: &[f32], mut loss:
 }
 
 /// Σ out ⊙ r in f64.
-fn weighted(be: &CpuBackend, out: &CpuBuffer, r: &[f32]) -> f64 {
+fn weighted(be: &CpuBackend, out: &CpuBuffer<f32>, r: &[f32]) -> f64 {
     read(be, out).iter().zip(r).map(|(&a, &b)| a as f64 * b as f64).sum()
 }
 
@@ -99,9 +99,9 @@ fn encoder_backward_matches_finite_differences() {
     let out = be.alloc(b * t * c).unwrap();
     let rw = randn(b * t * c, 1.0, &mut r);
     let (dwte, dwpe) = (be.alloc(v * c).unwrap(), be.alloc(t * c).unwrap());
-    be.encoder_backward(dwte.ptr(), dwpe.ptr(), upload(&be, &rw).ptr(), tok.ptr(), b, t, c);
+    unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), upload(&be, &rw).ptr(), tok.ptr(), b, t, c) };
     let mut f = || {
-        be.encoder_forward(out.ptr(), tok.ptr(), wte.ptr(), wpe.ptr(), b, t, c);
+        unsafe { be.encoder_forward(out.ptr(), tok.ptr(), wte.ptr(), wpe.ptr(), b, t, c) };
         weighted(&be, &out, &rw)
     };
     check("dwte", &be, &wte, &read(&be, &dwte), &mut f);
@@ -126,21 +126,23 @@ fn matmul_backward_matches_finite_differences() {
     );
     // Pre-fill gradients to check that backward accumulates instead of overwriting.
     let pre = randn(oc, 1.0, &mut r);
-    be.upload_f32(db.ptr(), &pre).unwrap();
-    be.matmul_backward(
-        dinp.ptr(),
-        dw.ptr(),
-        Some(db.ptr()),
-        upload(&be, &rw).ptr(),
-        inp.ptr(),
-        w.ptr(),
-        bt,
-        c,
-        oc,
-    );
+    be.write(&db, 0, &pre).unwrap();
+    unsafe {
+        be.matmul_backward(
+            dinp.ptr(),
+            dw.ptr(),
+            Some(db.ptr()),
+            upload(&be, &rw).ptr(),
+            inp.ptr(),
+            w.ptr(),
+            bt,
+            c,
+            oc,
+        )
+    };
     let out = be.alloc(bt * oc).unwrap();
     let mut f = || {
-        be.matmul_forward(out.ptr(), inp.ptr(), w.ptr(), Some(bias.ptr()), bt, c, oc);
+        unsafe { be.matmul_forward(out.ptr(), inp.ptr(), w.ptr(), Some(bias.ptr()), bt, c, oc) };
         weighted(&be, &out, &rw)
     };
     check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
@@ -161,22 +163,24 @@ fn layernorm_backward_matches_finite_differences() {
     );
     let (out, mean, rstd) = (be.alloc(bt * c).unwrap(), be.alloc(bt).unwrap(), be.alloc(bt).unwrap());
     let rw = randn(bt * c, 1.0, &mut r);
-    be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c);
+    unsafe { be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c) };
     let (dinp, dw, db) = (be.alloc(bt * c).unwrap(), be.alloc(c).unwrap(), be.alloc(c).unwrap());
-    be.layernorm_backward(
-        dinp.ptr(),
-        dw.ptr(),
-        db.ptr(),
-        upload(&be, &rw).ptr(),
-        inp.ptr(),
-        w.ptr(),
-        mean.ptr(),
-        rstd.ptr(),
-        bt,
-        c,
-    );
+    unsafe {
+        be.layernorm_backward(
+            dinp.ptr(),
+            dw.ptr(),
+            db.ptr(),
+            upload(&be, &rw).ptr(),
+            inp.ptr(),
+            w.ptr(),
+            mean.ptr(),
+            rstd.ptr(),
+            bt,
+            c,
+        )
+    };
     let mut f = || {
-        be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c);
+        unsafe { be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c) };
         weighted(&be, &out, &rw)
     };
     check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
@@ -195,21 +199,23 @@ fn attention_backward_matches_finite_differences() {
         be.alloc(be.attention_saved_len(b, t, nh)).unwrap(),
     );
     let rw = randn(b * t * c, 1.0, &mut r);
-    be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh);
+    unsafe { be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh) };
     let dqkv = be.alloc(b * t * 3 * c).unwrap();
-    be.attention_backward(
-        dqkv.ptr(),
-        upload(&be, &rw).ptr(),
-        qkv.ptr(),
-        out.ptr(),
-        saved.ptr(),
-        b,
-        t,
-        c,
-        nh,
-    );
+    unsafe {
+        be.attention_backward(
+            dqkv.ptr(),
+            upload(&be, &rw).ptr(),
+            qkv.ptr(),
+            out.ptr(),
+            saved.ptr(),
+            b,
+            t,
+            c,
+            nh,
+        )
+    };
     let mut f = || {
-        be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh);
+        unsafe { be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh) };
         weighted(&be, &out, &rw)
     };
     check("dqkv", &be, &qkv, &read(&be, &dqkv), &mut f);
@@ -227,7 +233,7 @@ fn attention_is_causal() {
             be.alloc(b * t * c).unwrap(),
             be.alloc(be.attention_saved_len(b, t, nh)).unwrap(),
         );
-        be.attention_forward(out.ptr(), saved.ptr(), upload(&be, x).ptr(), b, t, c, nh);
+        unsafe { be.attention_forward(out.ptr(), saved.ptr(), upload(&be, x).ptr(), b, t, c, nh) };
         read(&be, &out)
     };
     let before = run(&x);
@@ -248,9 +254,9 @@ fn gelu_backward_matches_finite_differences() {
     let out = be.alloc(n).unwrap();
     let rw = randn(n, 1.0, &mut r);
     let dinp = be.alloc(n).unwrap();
-    be.gelu_backward(dinp.ptr(), inp.ptr(), upload(&be, &rw).ptr(), n);
+    unsafe { be.gelu_backward(dinp.ptr(), inp.ptr(), upload(&be, &rw).ptr(), n) };
     let mut f = || {
-        be.gelu_forward(out.ptr(), inp.ptr(), n);
+        unsafe { be.gelu_forward(out.ptr(), inp.ptr(), n) };
         weighted(&be, &out, &rw)
     };
     check("dgelu", &be, &inp, &read(&be, &dinp), &mut f);
@@ -266,9 +272,9 @@ fn crossentropy_backward_matches_finite_differences() {
     let losses = be.alloc(bt).unwrap();
     let dlogits = be.alloc(bt * vp).unwrap();
     let dloss = 0.7;
-    be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), dloss, bt, v, vp);
+    unsafe { be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), dloss, bt, v, vp) };
     let mut f = || {
-        be.crossentropy_forward(losses.ptr(), logits.ptr(), tg.ptr(), bt, v, vp);
+        unsafe { be.crossentropy_forward(losses.ptr(), logits.ptr(), tg.ptr(), bt, v, vp) };
         read(&be, &losses).iter().map(|&l| l as f64 * dloss as f64).sum()
     };
     let d = read(&be, &dlogits);
@@ -291,9 +297,9 @@ fn in_place_crossentropy_backward_equals_the_accumulating_one_into_zeros() {
     let x = randn(bt * vp, 3.0, &mut r);
     let (logits, tg) = (upload(&be, &x), tokens(&be, &[0, 10, 4, 4, 7]));
     let (dlogits, losses) = (be.alloc(bt * vp).unwrap(), be.alloc(bt).unwrap());
-    be.crossentropy_forward(losses.ptr(), logits.ptr(), tg.ptr(), bt, v, vp);
-    be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), 0.3, bt, v, vp);
-    be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), tg.ptr(), 0.3, bt, v, vp);
+    unsafe { be.crossentropy_forward(losses.ptr(), logits.ptr(), tg.ptr(), bt, v, vp) };
+    unsafe { be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), 0.3, bt, v, vp) };
+    unsafe { be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), tg.ptr(), 0.3, bt, v, vp) };
     let (want, got) = (read(&be, &dlogits), read(&be, &logits));
     let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
@@ -308,7 +314,7 @@ fn add_is_elementwise_sum() {
     let mut r = rng(13);
     let (a, b) = (randn(40_000, 1.0, &mut r), randn(40_000, 1.0, &mut r));
     let (da, db, out) = (upload(&be, &a), upload(&be, &b), be.alloc(40_000).unwrap());
-    be.add(out.ptr(), da.ptr(), db.ptr(), 40_000);
+    unsafe { be.add(out.ptr(), da.ptr(), db.ptr(), 40_000) };
     let got = read(&be, &out);
     assert!(got.iter().zip(a.iter().zip(&b)).all(|(o, (x, y))| *o == x + y));
 }
@@ -335,7 +341,7 @@ fn adamw_matches_the_reference_formula() {
         weight_decay: 0.1,
         t: 3,
     };
-    be.adamw(p.ptr(), gb.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp);
+    unsafe { be.adamw(p.ptr(), gb.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp) };
     let (pn, mn, vn) = (read(&be, &p), read(&be, &m), read(&be, &v));
     for i in 0..n {
         let gi = g[i] as f64 * 0.5;
@@ -356,13 +362,13 @@ fn clip_factor_and_sum_squares() {
     let be = be();
     let g = upload(&be, &[3.0, 4.0]);
     let s = be.alloc(4).unwrap();
-    be.sum_squares(s.ptr(), g.ptr(), 2);
-    be.clip_factor(s.ptr().add(1), s.ptr(), 1.0);
+    unsafe { be.sum_squares(s.ptr(), g.ptr(), 2) };
+    unsafe { be.clip_factor(s.ptr().add(1), s.ptr(), 1.0) };
     let v = read(&be, &s);
     assert_eq!(v[0], 25.0);
     assert_eq!(v[1], 5.0);
     assert!((v[2] - 0.2).abs() < 1e-6);
-    be.clip_factor(s.ptr().add(1), s.ptr(), 10.0);
+    unsafe { be.clip_factor(s.ptr().add(1), s.ptr(), 10.0) };
     assert_eq!(read(&be, &s)[2], 1.0, "no clipping under the ceiling");
 }
 
@@ -378,12 +384,12 @@ fn tiny_model(be: &CpuBackend) -> Gpt2<CpuBackend> {
     model.init_weights(be, 7).unwrap();
     // Larger weights than GPT-2's init, so every path carries a visible gradient.
     let mut p = vec![0.0; model.num_params()];
-    be.download_f32(model.params.ptr(), &mut p).unwrap();
+    be.read(&model.params, 0, &mut p).unwrap();
     let mut r = rng(9);
     for (x, n) in p.iter_mut().zip(randn(model.num_params(), 0.3, &mut r)) {
         *x += n;
     }
-    be.upload_f32(model.params.ptr(), &p).unwrap();
+    be.write(&model.params, 0, &p).unwrap();
     model
 }
 
@@ -391,7 +397,7 @@ fn model_loss(be: &CpuBackend, model: &Gpt2<CpuBackend>, pool: &mut Pool<CpuBack
     let mut g = Graph::new(be, pool, false);
     let fwd = model.forward(&mut g, inp, Some(tg), 2, 5, false).unwrap();
     let mut l = [0.0f32];
-    be.download_f32(g.ptr(fwd.loss.unwrap()), &mut l).unwrap();
+    g.read(fwd.loss.unwrap(), &mut l).unwrap();
     l[0] as f64
 }
 
@@ -408,12 +414,13 @@ fn whole_model_gradient_matches_finite_differences() {
         g.backward(fwd.loss.unwrap(), 1.0).unwrap();
     }
     let mut grads = vec![0.0; model.num_params()];
-    be.download_f32(model.grads.ptr(), &mut grads).unwrap();
+    be.read(&model.grads, 0, &mut grads).unwrap();
     let cfg = model.config;
     let h = 1e-2f32;
     let mut params = vec![0.0; model.num_params()];
-    be.download_f32(model.params.ptr(), &mut params).unwrap();
-    for (name, range) in model.layout.named(&cfg) {
+    be.read(&model.params, 0, &mut params).unwrap();
+    for e in &model.layout.entries {
+        let (name, range) = (&e.name, e.range.clone());
         // Padded vocabulary rows and unused positions have no gradient: skip them.
         let used = match name.as_str() {
             "wte" => range.start..range.start + cfg.vocab_size * cfg.n_embd,
@@ -424,7 +431,7 @@ fn whole_model_gradient_matches_finite_differences() {
             let orig = params[i];
             let mut at = |x: f32| {
                 params[i] = x;
-                be.upload_f32(model.params.ptr(), &params).unwrap();
+                be.write(&model.params, 0, &params).unwrap();
                 model_loss(&be, &model, &mut pool, &inp, &tg)
             };
             let numeric = ((at(orig + h) - at(orig - h)) / (2.0 * h as f64)) as f32;
@@ -454,7 +461,7 @@ fn cpu_results_do_not_depend_on_thread_count() {
         g.backward(fwd.loss.unwrap(), 1.0).unwrap();
         drop(g);
         let mut v = vec![0.0; model.num_params()];
-        be.download_f32(model.grads.ptr(), &mut v).unwrap();
+        be.read(&model.grads, 0, &mut v).unwrap();
         v
     };
     let (a, b) = (grads_of(&one), grads_of(&two));

@@ -45,6 +45,16 @@ fn train_args<'a>(data: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str
     v
 }
 
+/// `args` with `flag`'s value replaced (or the flag added): command lines are edited by
+/// flag name, never by position.
+fn with_flag<'a>(mut args: Vec<&'a str>, flag: &'a str, value: &'a str) -> Vec<&'a str> {
+    match args.iter().position(|a| *a == flag) {
+        Some(at) => args[at + 1] = value,
+        None => args.extend([flag, value]),
+    }
+    args
+}
+
 /// Asserts a clean failure: exit code 2, one line on stderr naming `needle`, no panic.
 fn assert_bad_input(out: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -290,9 +300,8 @@ fn bad_checkpoints_fail_cleanly() {
     }
     // A checkpoint trained with another batch size (the data cursor would mean other windows).
     let ok = run_dir.join("model.ckpt");
-    let mut other_batch = train_args(data, out, &["--steps", "10", "--resume", ok.to_str().unwrap()]);
-    other_batch[8] = "2"; // --batch 2
-    assert_bad_input(&run(&other_batch), "--batch");
+    let other_batch = train_args(data, out, &["--steps", "10", "--resume", ok.to_str().unwrap()]);
+    assert_bad_input(&run(&with_flag(other_batch, "--batch", "2")), "--batch");
     // A checkpoint whose config conflicts with the flags.
     let ok = run_dir.join("model.ckpt");
     let o = run(&train_args(
@@ -311,26 +320,22 @@ fn impossible_dimensions_fail_cleanly() {
     let out = d.join("o");
     let out = out.to_str().unwrap();
     assert_bad_input(&run(&train_args(data, out, &["--heads", "3"])), "divide");
-    let mut zero = train_args(data, out, &[]);
-    zero[8] = "0"; // --batch 0
-    assert_bad_input(&run(&zero), "batch");
-    let mut long = train_args(data, out, &[]);
-    long[10] = "65"; // tiny's max sequence length is 64
-    assert_bad_input(&run(&long), "seq-len");
+    assert_bad_input(&run(&with_flag(train_args(data, out, &[]), "--batch", "0")), "batch");
+    // tiny's max sequence length is 64
+    assert_bad_input(
+        &run(&with_flag(train_args(data, out, &[]), "--seq-len", "65")),
+        "seq-len",
+    );
     assert_bad_input(&run(&train_args(data, out, &["--layers", "100000000000"])), "too large");
     assert_bad_input(
         &run(&train_args(data, out, &["--width", "4000000000", "--heads", "1"])),
         "too large",
     );
-    let mut no_eval = train_args(data, out, &[]);
-    let at = no_eval.iter().position(|a| *a == "--eval-batches").unwrap();
-    no_eval[at + 1] = "0";
+    let no_eval = with_flag(train_args(data, out, &[]), "--eval-batches", "0");
     assert_bad_input(&run(&no_eval), "eval-batches");
     let bench = ["bench", "--model", "tiny", "--vocab", "0", "--steps", "1"];
     assert_bad_input(&run(&bench), "vocabulary");
-    let mut preset = train_args(data, out, &[]);
-    preset[6] = "gpt5"; // --model gpt5
-    assert_bad_input(&run(&preset), "gpt5");
+    assert_bad_input(&run(&with_flag(train_args(data, out, &[]), "--model", "gpt5")), "gpt5");
 }
 
 #[test]
@@ -377,4 +382,64 @@ fn ctrl_c_saves_a_checkpoint_that_resumes() {
     let more = (step + 2).to_string();
     let o = run(&train_args(data, out_s, &["--steps", &more, "--resume", ck]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A flag of another stage, or a pair of flags that conflict: one line, exit 2, before
+/// anything runs (`cli::STAGE_FLAGS` and `cli::CONFLICTS`). One test per entry.
+fn refused(extra: &[&str], needle: &str) {
+    let d = tmpdir(&format!("refused-{}", needle.replace(['-', ' '], "")));
+    let data = corpus(&d);
+    let out = d.join("o");
+    assert_bad_input(
+        &run(&train_args(data.to_str().unwrap(), out.to_str().unwrap(), extra)),
+        needle,
+    );
+    assert!(!out.exists(), "nothing may run before the flags are checked");
+}
+
+#[test]
+fn precision_is_refused_on_the_cpu() {
+    refused(&["--precision", "fp32"], "--precision applies to the GPU stages");
+}
+
+#[test]
+fn overlap_is_refused_in_one_process() {
+    refused(&["--overlap"], "--overlap applies to the multi-process stages");
+}
+
+#[test]
+fn sync_every_is_refused_in_one_process() {
+    refused(
+        &["--sync-every", "2"],
+        "--sync-every applies to the multi-process stages",
+    );
+}
+
+#[test]
+fn steps_with_epochs_is_refused() {
+    refused(
+        &["--steps", "3", "--epochs", "1"],
+        "--steps cannot be used with --epochs",
+    );
+}
+
+#[test]
+fn greedy_with_temperature_is_refused() {
+    let o = run(&["generate", "--checkpoint", "x.ckpt", "--greedy", "--temperature", "0.5"]);
+    assert_bad_input(&o, "--greedy cannot be used with --temperature");
+}
+
+#[test]
+fn greedy_with_top_k_is_refused() {
+    let o = run(&["generate", "--checkpoint", "x.ckpt", "--greedy", "--top-k", "5"]);
+    assert_bad_input(&o, "--greedy cannot be used with --top-k");
+}
+
+#[test]
+fn an_unknown_flag_is_one_line() {
+    assert_bad_input(
+        &run(&["train", "--data", "x", "--out", "y", "--lr-max", "1"]),
+        "--lr-max",
+    );
+    assert_bad_input(&run(&["generate", "--checkpoint", "x", "--overlap"]), "--overlap");
 }

@@ -4,28 +4,35 @@
 
 use common::app::{self, Stage};
 use common::backend::cpu::CpuBackend;
+use common::cli::StageKind;
 use common::comm::mpi::MpiComm;
 use std::process::ExitCode;
+
+const NAME: &str = "stage1_mpi";
+const KIND: StageKind = StageKind {
+    gpu: false,
+    distributed: true,
+};
 
 fn main() -> ExitCode {
     let comm = match MpiComm::init() {
         Ok(comm) => comm,
         Err(e) => {
-            eprintln!("stage1_mpi: error: {e}");
+            eprintln!("{NAME}: error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let cli = match app::parse_cli("stage1_mpi", &comm) {
+    let cli = match app::parse_cli(NAME, KIND, &comm) {
         Ok(cli) => cli,
         Err(code) => return code,
     };
     let stage = Stage {
-        name: "stage1_mpi",
-        gpu: false,
+        name: NAME,
+        kind: KIND,
         // By default the ranks on a host share its cores evenly.
-        backend: &|exec, _comm| {
+        backend: &|device, _comm| {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let threads = match exec.threads {
+            let threads = match device.threads() {
                 0 => (cores / comm.local_size()).max(1),
                 n => n,
             };

@@ -148,8 +148,9 @@ fn key_bias_mask(dir: &Path) -> Vec<bool> {
     let layout = common::model::ParamLayout::new(&config);
     let c = config.n_embd;
     let mut mask = vec![false; layout.total];
-    for l in &layout.layers {
-        mask[l.qkvb + c..l.qkvb + 2 * c].fill(true);
+    for l in 0..config.n_layer {
+        let qkvb = layout.block(l, common::model::Param::QkvB).range.start;
+        mask[qkvb + c..qkvb + 2 * c].fill(true);
     }
     mask
 }
@@ -207,6 +208,8 @@ fn reproduces_stage0_with_and_without_overlap() {
             }
         }
         let params = final_params(&out);
+        assert_eq!(params.len(), want_params.len());
+        assert_eq!(params.len(), noise_only.len());
         let worst = params
             .iter()
             .zip(&want_params)
@@ -261,6 +264,30 @@ fn flags_that_differ_between_ranks_fail_every_rank() {
         assert!(line.contains("differ"), "{line}");
     }
     assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+}
+
+/// Refused by every rank before anything runs: one line from rank 0, exit 2.
+fn refused(extra: &[&str], needle: &str) {
+    let d = tmpdir(&format!("refused-{}", needle.replace(['-', ' '], "")));
+    let out = d.join("run");
+    let o = mpirun(2, &train_args(&corpus(&d), &out, extra), &[]);
+    assert_eq!(o.code, Some(2), "stderr: {}", o.stderr);
+    assert_eq!(o.stderr.trim().lines().count(), 1, "one line: {}", o.stderr);
+    assert!(o.stderr.contains(needle), "{}", o.stderr);
+    assert!(!out.exists(), "nothing may run before the flags are checked");
+}
+
+#[test]
+fn overlap_with_sync_every_is_refused() {
+    refused(
+        &["--overlap", "--sync-every", "2"],
+        "--overlap cannot be used with --sync-every",
+    );
+}
+
+#[test]
+fn precision_is_refused_on_the_cpu_ranks() {
+    refused(&["--precision", "tf32"], "--precision applies to the GPU stages");
 }
 
 #[test]
@@ -384,7 +411,9 @@ fn validation_covers_the_same_windows_at_any_rank_count() {
     assert_ok(&o);
     let out = d.join("stage1");
     assert_ok(&mpirun(2, &sized(&out), &[]));
-    for (g, w) in loss_table(&out).iter().zip(&loss_table(&reference)) {
+    let (got, want) = (loss_table(&out), loss_table(&reference));
+    assert_eq!(got.len(), want.len(), "stage 1 {got:?} vs stage 0 {want:?}");
+    for (g, w) in got.iter().zip(&want) {
         assert!(
             (g[2] - w[2]).abs() <= LOSS_TOL + 1e-6,
             "val loss: stage 1 {g:?} vs stage 0 {w:?}"

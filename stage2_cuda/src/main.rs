@@ -1,18 +1,26 @@
 //! Stage 2: GPT-2 on one GPU (cudarc: NVRTC-compiled kernels, cuBLAS matmuls). The model
 //! and the training loop are stage 0's; only the backend differs.
 
-use clap::Parser;
 use common::app::{self, Stage};
 use common::backend::cuda::CudaBackend;
-use common::cli::Cli;
+use common::cli::StageKind;
 use common::comm::Single;
 use std::process::ExitCode;
 
+const NAME: &str = "stage2_cuda";
+const KIND: StageKind = StageKind {
+    gpu: true,
+    distributed: false,
+};
+
 fn main() -> ExitCode {
     let stage = Stage {
-        name: "stage2_cuda",
-        gpu: true,
-        backend: &|exec, _comm| CudaBackend::new(0, exec.precision),
+        name: NAME,
+        kind: KIND,
+        backend: &|device, _comm| CudaBackend::new(0, device.precision()),
     };
-    app::main(stage, &Single, Cli::parse())
+    match app::parse_cli(NAME, KIND, &Single) {
+        Ok(cli) => app::main(stage, &Single, cli),
+        Err(code) => code,
+    }
 }

@@ -150,12 +150,37 @@ fn bench_prints_json_with_throughput_memory_and_mfu() {
     }
 }
 
+/// The checkpoint is read before the GPU is opened, so this runs anywhere.
 #[test]
-#[ignore = "needs a CUDA device"]
 fn a_bad_input_is_one_line_and_exit_2() {
     let o = run(&["generate", "--checkpoint", "/nonexistent/model.ckpt"]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Flags of other stages are refused at parse time, before any GPU is opened: these run
+/// anywhere (`cli::STAGE_FLAGS`).
+#[test]
+fn cpu_and_multi_process_flags_are_refused() {
+    let d = tmpdir("refused");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    for (extra, needle) in [
+        (&["--threads", "2"][..], "--threads applies to the CPU stages"),
+        (&["--overlap"][..], "--overlap applies to the multi-process stages"),
+        (
+            &["--sync-every", "2"][..],
+            "--sync-every applies to the multi-process stages",
+        ),
+    ] {
+        let mut args = vec!["train", "--data", data, "--out", "/nonexistent/out"];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
 }

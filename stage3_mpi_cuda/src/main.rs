@@ -5,34 +5,41 @@
 
 use common::app::{self, Stage};
 use common::backend::cuda::CudaBackend;
+use common::cli::StageKind;
 use common::comm::mpi::MpiComm;
 use common::comm::nccl::NcclComm;
 use std::process::ExitCode;
+
+const NAME: &str = "stage3_mpi_cuda";
+const KIND: StageKind = StageKind {
+    gpu: true,
+    distributed: true,
+};
 
 fn main() -> ExitCode {
     let mpi = match MpiComm::init() {
         Ok(comm) => comm,
         Err(e) => {
-            eprintln!("stage3_mpi_cuda: error: {e}");
+            eprintln!("{NAME}: error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let cli = match app::parse_cli("stage3_mpi_cuda", &mpi) {
+    let cli = match app::parse_cli(NAME, KIND, &mpi) {
         Ok(cli) => cli,
         Err(code) => return code,
     };
     let comm = match NcclComm::init(mpi) {
         Ok(comm) => comm,
         Err(e) => {
-            eprintln!("stage3_mpi_cuda: error: {e}");
+            eprintln!("{NAME}: error: {e}");
             return ExitCode::FAILURE;
         }
     };
     let device = comm.device();
     let stage = Stage {
-        name: "stage3_mpi_cuda",
-        gpu: true,
-        backend: &|exec, _comm| CudaBackend::new(device, exec.precision),
+        name: NAME,
+        kind: KIND,
+        backend: &|args, _comm| CudaBackend::new(device, args.precision()),
     };
     let code = app::main(stage, &comm, cli);
     drop(comm);

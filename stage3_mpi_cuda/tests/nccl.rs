@@ -40,13 +40,6 @@ fn mpirun(np: usize, args: &[&str]) -> Output {
     cmd.output().expect("mpirun runs (is MPICH installed? `make deps`)")
 }
 
-fn gpus() -> usize {
-    Command::new("nvidia-smi")
-        .args(["--query-gpu=name", "--format=csv,noheader"])
-        .output()
-        .map_or(0, |o| String::from_utf8_lossy(&o.stdout).lines().count())
-}
-
 fn table(dir: &Path) -> Vec<Vec<f32>> {
     let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
     text.lines()
@@ -55,13 +48,17 @@ fn table(dir: &Path) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// With no GPU visible (none on the machine, or CUDA_VISIBLE_DEVICES empty on one that
+/// has some) the job ends with a line that names the missing GPU.
 #[test]
 fn without_a_gpu_it_fails_cleanly() {
-    if gpus() > 0 {
-        eprintln!("skipped: this machine has a GPU");
-        return;
-    }
-    let o = mpirun(1, &["bench", "--model", "tiny", "--vocab", "256", "--steps", "1"]);
+    let mut cmd = Command::new("timeout");
+    cmd.args(["120", "mpirun", "-n", "1"]).arg(bin());
+    cmd.args(["bench", "--model", "tiny", "--vocab", "256", "--steps", "1"]);
+    let o = cmd
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .expect("mpirun runs (is MPICH installed? `make deps`)");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_ne!(o.status.code(), Some(0));
     assert!(!err.contains("panicked"), "no panic: {err}");
@@ -69,6 +66,16 @@ fn without_a_gpu_it_fails_cleanly() {
         err.contains("libcuda.so") || err.contains("GPU"),
         "names the missing GPU: {err}"
     );
+}
+
+/// A CPU flag is refused at parse time, before NCCL or a GPU is touched: runs anywhere.
+#[test]
+fn a_cpu_flag_is_refused_before_any_gpu_is_opened() {
+    let o = mpirun(2, &["bench", "--model", "tiny", "--threads", "2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--threads applies to the CPU stages"), "{err}");
 }
 
 #[test]

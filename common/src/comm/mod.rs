@@ -1,26 +1,37 @@
 //! Communication between ranks, behind one small trait. `Single` is the one-process
 //! no-op used by stages 0 and 2; `mpi` (stage 1) and `nccl` (stage 3) live in their own
-//! feature-gated modules.
+//! feature-gated modules; `agree` holds what keeps ranks in step (one outcome for all,
+//! rank 0's data for all, the same configuration everywhere).
 
+mod agree;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 
 use crate::backend::DevPtr;
-use crate::error::{Error, Result};
+use crate::error::Result;
+
+pub use agree::{agree, broadcast_f32, check_same_everywhere, from_root};
 
 pub trait Comm {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
     /// Sums `n` f32 values at `buf` over all ranks, in place. `buf` is backend memory:
     /// host memory for the CPU backend, device memory for NCCL.
-    fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()>;
+    ///
+    /// # Safety
+    /// `buf` addresses `n` live values of the backend this communicator serves, which
+    /// nothing else reads or writes during the call.
+    unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()>;
     /// Starts summing `n` values at `buf` over all ranks and returns at once, so the
-    /// caller can go on computing (gradient buckets during backward). `buf` must hold its
-    /// final values now, and must be neither read nor written until
-    /// [`Comm::finish_all_reduces`] returns. Default: the blocking sum.
-    fn start_all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+    /// caller can go on computing (gradient buckets during backward). Default: the
+    /// blocking sum.
+    ///
+    /// # Safety
+    /// As [`Comm::all_reduce_sum`], and `buf` must hold its final values now and be neither
+    /// read, written nor freed until [`Comm::finish_all_reduces`] returns.
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
         self.all_reduce_sum(buf, n)
     }
     /// Waits for every sum started with [`Comm::start_all_reduce_sum`].
@@ -54,7 +65,7 @@ impl Comm for Single {
     fn size(&self) -> usize {
         1
     }
-    fn all_reduce_sum(&self, _buf: DevPtr, _n: usize) -> Result<()> {
+    unsafe fn all_reduce_sum(&self, _buf: DevPtr, _n: usize) -> Result<()> {
         Ok(())
     }
     fn all_reduce_sum_host(&self, _v: &mut [f32]) -> Result<()> {
@@ -62,52 +73,5 @@ impl Comm for Single {
     }
     fn broadcast_bytes(&self, _data: &mut Vec<u8>) -> Result<()> {
         Ok(())
-    }
-}
-
-/// Broadcasts a host f32 array from rank 0 (through `broadcast_bytes`), in pieces: the
-/// byte copies stay small next to a 500 MB parameter array.
-pub fn broadcast_f32(comm: &dyn Comm, v: &mut Vec<f32>) -> Result<()> {
-    if comm.size() == 1 {
-        return Ok(());
-    }
-    let mut len = (v.len() as u64).to_le_bytes().to_vec();
-    comm.broadcast_bytes(&mut len)?;
-    let len = <[u8; 8]>::try_from(len.as_slice())
-        .map_err(|_| Error::Device("broadcast from rank 0: a length of unexpected size".into()))?;
-    v.resize(u64::from_le_bytes(len) as usize, 0.0);
-    for piece in v.chunks_mut(1 << 22) {
-        let mut bytes = bytemuck::cast_slice::<f32, u8>(piece).to_vec();
-        comm.broadcast_bytes(&mut bytes)?;
-        if bytes.len() != piece.len() * 4 {
-            return Err(Error::Device(
-                "broadcast from rank 0: pieces of unexpected length".into(),
-            ));
-        }
-        bytemuck::cast_slice_mut::<f32, u8>(piece).copy_from_slice(&bytes);
-    }
-    Ok(())
-}
-
-/// Settles a step that each rank ran on its own (parsing its flags, reading a file): if
-/// it failed on any rank, every rank returns an error together (its own, or one naming the
-/// ranks that failed), so none is left waiting in a collective for a rank that quit.
-pub fn agree<T>(comm: &dyn Comm, result: Result<T>) -> Result<T> {
-    if comm.size() == 1 {
-        return result;
-    }
-    let mut failed = vec![0.0f32; comm.size()];
-    failed[comm.rank()] = result.is_err() as u8 as f32;
-    comm.all_reduce_sum_host(&mut failed)?;
-    let ranks: Vec<String> = (0..failed.len())
-        .filter(|&r| failed[r] > 0.0)
-        .map(|r| r.to_string())
-        .collect();
-    match result {
-        Err(e) => Err(e.on_every_rank()),
-        Ok(_) if !ranks.is_empty() => {
-            Err(Error::Input(format!("rank {} failed (its message says why)", ranks.join(", "))).on_every_rank())
-        }
-        ok => ok,
     }
 }

@@ -151,10 +151,10 @@ impl Comm for MpiComm {
         self.size
     }
 
-    fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
-        // SAFETY: the Comm contract makes `buf` backend memory of `n` f32, and MpiComm is
-        // only paired with the CPU backend, whose DevPtr is the address of a live Vec<f32>.
-        unsafe { self.all_reduce_in_place(buf.0 as *mut f32, n) }
+    unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+        // The Comm contract makes `buf` backend memory of `n` f32, and MpiComm is only
+        // paired with the CPU backend, whose DevPtr is a host address.
+        self.all_reduce_in_place(buf.addr() as *mut f32, n)
     }
 
     fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()> {
@@ -162,9 +162,9 @@ impl Comm for MpiComm {
         unsafe { self.all_reduce_in_place(v.as_mut_ptr(), v.len()) }
     }
 
-    fn start_all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
         let mut pending = self.pending.borrow_mut();
-        for (piece, count) in pieces(buf.0 as *mut f32, n) {
+        for (piece, count) in pieces(buf.addr() as *mut f32, n) {
             // SAFETY: as in `all_reduce_sum`; the caller leaves the memory alone until
             // `finish_all_reduces` has waited for this request (the trait's contract).
             let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };

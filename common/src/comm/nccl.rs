@@ -119,8 +119,8 @@ impl Comm for NcclComm {
     fn size(&self) -> usize {
         self.mpi.size()
     }
-    fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
-        let p = buf.0 as *mut std::ffi::c_void;
+    unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+        let p = buf.addr() as *mut std::ffi::c_void;
         // SAFETY: `buf` is device memory of at least `n` floats on this rank's GPU (the
         // CUDA backend's gradient buffer); in place is allowed by NCCL.
         unsafe {

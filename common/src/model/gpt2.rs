@@ -1,9 +1,11 @@
 //! GPT-2 over any backend: the flat parameter and gradient buffers, GPT-2's
 //! initialisation, and the forward pass written as autograd ops. Backward is the tape's.
+//! Which tensors exist, their shapes and initialisation come from the parameter table.
 
+use super::params::{Init, Param, ParamEntry};
 use super::{ModelConfig, ParamLayout};
 use crate::autograd::{Graph, Tensor};
-use crate::backend::{Backend, DevPtr, DeviceBuffer};
+use crate::backend::Backend;
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -12,9 +14,9 @@ pub struct Gpt2<B: Backend> {
     pub config: ModelConfig,
     pub layout: ParamLayout,
     /// Every parameter, in one buffer (see [`ParamLayout`]).
-    pub params: B::Buffer,
+    pub params: B::Buffer<f32>,
     /// Gradients, same layout as `params`.
-    pub grads: B::Buffer,
+    pub grads: B::Buffer<f32>,
 }
 
 /// What a forward pass returns.
@@ -44,34 +46,32 @@ impl<B: Backend> Gpt2<B> {
         self.layout.total
     }
 
-    /// GPT-2's initialisation: weights N(0, 0.02), the two residual projections of each
-    /// block N(0, 0.02/√(2·layers)), biases 0, layernorm gains 1. Padded vocabulary rows
-    /// stay 0. Filled tensor by tensor so the host never holds a full copy.
+    /// Initialises every tensor by its rule in the parameter table, in buffer order, from
+    /// one seeded stream. Filled tensor by tensor so the host never holds a full copy.
     pub fn init_weights(&self, be: &B, seed: u64) -> Result<()> {
         let cfg = &self.config;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let residual_std = 0.02 / ((2 * cfg.n_layer) as f32).sqrt();
-        for (name, range) in self.layout.named(cfg) {
-            let kind = name.rsplit('.').next().unwrap_or(&name);
-            let mut host = vec![0.0f32; range.len()];
-            match kind {
-                "ln1w" | "ln2w" | "lnfw" => host.fill(1.0),
-                "wte" => fill_normal(&mut host[..cfg.vocab_size * cfg.n_embd], 0.02, &mut rng),
-                "wpe" | "qkvw" | "fcw" => fill_normal(&mut host, 0.02, &mut rng),
-                "attprojw" | "fcprojw" => fill_normal(&mut host, residual_std, &mut rng),
-                _ => {} // biases
+        for e in &self.layout.entries {
+            let mut host = vec![0.0f32; e.range.len()];
+            match e.spec.init {
+                Init::Zeros => {}
+                Init::Ones => host.fill(1.0),
+                Init::Normal => fill_normal(&mut host, 0.02, &mut rng),
+                Init::NormalVocabRows => fill_normal(&mut host[..cfg.vocab_size * e.shape[1]], 0.02, &mut rng),
+                Init::ResidualNormal => fill_normal(&mut host, residual_std, &mut rng),
             }
-            be.upload_f32(self.params.ptr().add(range.start), &host)?;
+            be.write(&self.params, e.range.start, &host)?;
         }
         Ok(())
     }
 
     /// Builds the forward pass for `inputs` (B·T token ids) on `g`. With `targets`, also
     /// the mean cross-entropy. With `last_only` (forward-only graphs), the LM head runs
-    /// on each sequence's last position alone.
-    pub fn forward(
-        &self,
-        g: &mut Graph<B>,
+    /// on each sequence's last position alone. An id outside the vocabulary is an error.
+    pub fn forward<'a>(
+        &'a self,
+        g: &mut Graph<'a, B>,
         inputs: &[i32],
         targets: Option<&[i32]>,
         b: usize,
@@ -79,41 +79,39 @@ impl<B: Backend> Gpt2<B> {
         last_only: bool,
     ) -> Result<Forward> {
         let cfg = &self.config;
-        let (c, nh) = (cfg.n_embd, cfg.n_head);
-        let (pp, gp) = (self.params.ptr(), self.grads.ptr());
-        let training = targets.is_some() && !last_only;
-        let p = |g: &mut Graph<B>, off: usize, shape: [usize; 2]| {
-            let grad = training.then(|| gp.add(off));
-            g.param(pp.add(off), grad, shape)
-        };
+        let vocab = cfg.vocab_size;
+        let grads = (targets.is_some() && !last_only).then_some(&self.grads);
         let lay = &self.layout;
-        let wte = p(g, lay.wte, [cfg.padded_vocab_size, c]);
-        let wpe = p(g, lay.wpe, [cfg.max_seq_len, c]);
-        let tokens = g.tokens(inputs)?;
-        let mut x = g.encoder(tokens, wte, wpe, b, t)?; // (BT, C)
-        for (i, l) in lay.layers.iter().enumerate() {
-            // In backward, passing this mark means block i's gradients are complete.
-            g.mark(i);
+        let param = |g: &mut Graph<'a, B>, e: &ParamEntry| g.param(&self.params, grads, e.range.clone(), e.shape);
+        let block = |g: &mut Graph<'a, B>, l: usize, p: Param| param(g, lay.block(l, p));
+        // Token ids index the real vocabulary only (the padding rows of wte are never used).
+        crate::autograd::check_ids("token id", inputs, vocab)?;
+        let wte = param(g, lay.get(Param::Wte))?;
+        let wpe = param(g, lay.get(Param::Wpe))?;
+        let mut x = g.encoder(inputs, wte, wpe, b, t)?; // (BT, C)
+        for l in 0..cfg.n_layer {
+            // In backward, passing this mark means block l's gradients are complete.
+            g.mark(l);
             // attention sub-block: x = x + proj(attn(ln1(x)))
-            let (w, bias) = (p(g, l.ln1w, [1, c]), p(g, l.ln1b, [1, c]));
+            let (w, bias) = (block(g, l, Param::Ln1W)?, block(g, l, Param::Ln1B)?);
             let h = g.layernorm(x, w, bias)?;
-            let (w, bias) = (p(g, l.qkvw, [3 * c, c]), p(g, l.qkvb, [1, 3 * c]));
+            let (w, bias) = (block(g, l, Param::QkvW)?, block(g, l, Param::QkvB)?);
             let qkv = g.matmul(h, w, Some(bias))?; // (BT, 3C)
-            let a = g.attention(qkv, b, t, nh)?; // (BT, C)
-            let (w, bias) = (p(g, l.attprojw, [c, c]), p(g, l.attprojb, [1, c]));
+            let a = g.attention(qkv, b, t, cfg.n_head)?; // (BT, C)
+            let (w, bias) = (block(g, l, Param::AttProjW)?, block(g, l, Param::AttProjB)?);
             let proj = g.matmul(a, w, Some(bias))?;
             x = g.add(x, proj)?;
             // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x))))
-            let (w, bias) = (p(g, l.ln2w, [1, c]), p(g, l.ln2b, [1, c]));
+            let (w, bias) = (block(g, l, Param::Ln2W)?, block(g, l, Param::Ln2B)?);
             let h = g.layernorm(x, w, bias)?;
-            let (w, bias) = (p(g, l.fcw, [4 * c, c]), p(g, l.fcb, [1, 4 * c]));
+            let (w, bias) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
             let fc = g.matmul(h, w, Some(bias))?; // (BT, 4C)
             let act = g.gelu(fc)?;
-            let (w, bias) = (p(g, l.fcprojw, [c, 4 * c]), p(g, l.fcprojb, [1, c]));
+            let (w, bias) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
             let proj = g.matmul(act, w, Some(bias))?;
             x = g.add(x, proj)?;
         }
-        let (w, bias) = (p(g, lay.lnfw, [1, c]), p(g, lay.lnfb, [1, c]));
+        let (w, bias) = (param(g, lay.get(Param::LnfW))?, param(g, lay.get(Param::LnfB))?);
         let mut h = g.layernorm(x, w, bias)?;
         if last_only {
             // (B, C): the last row of each sequence. With B = 1 a plain view suffices.
@@ -121,13 +119,7 @@ impl<B: Backend> Gpt2<B> {
             h = g.rows(h, t - 1, 1);
         }
         let logits = g.matmul(h, wte, None)?; // tied LM head: (BT, Vp)
-        let loss = match targets {
-            Some(tg) => {
-                let tp: DevPtr = g.tokens(tg)?;
-                Some(g.cross_entropy(logits, tp, cfg.vocab_size)?)
-            }
-            None => None,
-        };
+        let loss = targets.map(|tg| g.cross_entropy(logits, tg, vocab)).transpose()?;
         Ok(Forward { logits, loss })
     }
 }

@@ -1,10 +1,10 @@
-//! The GPT-2 model: configuration, the flat parameter layout, and the forward pass
-//! written as a sequence of autograd ops.
+//! The GPT-2 model: configuration, the parameter table and its flat layout, and the
+//! forward pass written as a sequence of autograd ops.
 
 mod config;
-mod params;
+mod gpt2;
+pub mod params;
 
 pub use config::{round_up, ConfigOverrides, ModelConfig, PRESETS};
-pub use params::{LayerParams, ParamLayout};
-mod gpt2;
 pub use gpt2::{Forward, Gpt2};
+pub use params::{Param, ParamLayout};

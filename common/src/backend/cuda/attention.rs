@@ -49,8 +49,10 @@ pub(super) fn head_size(c: usize, nh: usize) -> Result<usize> {
 }
 
 impl CudaBackend {
+    /// # Safety
+    /// `q`, `k`, `v`: B·NH·T·HS each; `qkv`: B·T·3·NH·HS.
     #[allow(clippy::too_many_arguments)]
-    fn permute(&self, q: DevPtr, k: DevPtr, v: DevPtr, qkv: DevPtr, b: usize, t: usize, nh: usize, hs: usize) {
+    unsafe fn permute(&self, q: DevPtr, k: DevPtr, v: DevPtr, qkv: DevPtr, b: usize, t: usize, nh: usize, hs: usize) {
         let grid = blocks(b * t * nh * hs, THREADS);
         self.launch(
             "attention_permute_kernel",
@@ -60,8 +62,10 @@ impl CudaBackend {
         );
     }
 
+    /// # Safety
+    /// The contract of [`Backend::attention_forward`](crate::backend::Backend::attention_forward).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention_forward_gemm(
+    pub(super) unsafe fn attention_forward_gemm(
         &self,
         out: DevPtr,
         saved: DevPtr,
@@ -121,8 +125,10 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// # Safety
+    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention_backward_gemm(
+    pub(super) unsafe fn attention_backward_gemm(
         &self,
         dqkv: DevPtr,
         dout: DevPtr,

@@ -12,7 +12,7 @@ use cudarc::cublas::sys::{
 use cudarc::driver::sys::CUstream;
 
 use crate::backend::DevPtr;
-use crate::cli::Precision;
+use crate::backend::Precision;
 use crate::error::{Error, Result};
 
 pub(super) struct Blas {
@@ -82,7 +82,7 @@ impl Blas {
             blas_sys::cublasSetMathMode(handle, math)
                 .result()
                 .map_err(|e| err("set math mode", e))?;
-            blas_sys::cublasSetWorkspace_v2(handle, workspace.0 as *mut c_void, workspace_bytes)
+            blas_sys::cublasSetWorkspace_v2(handle, workspace.addr() as *mut c_void, workspace_bytes)
                 .result()
                 .map_err(|e| err("set workspace", e))?;
         }
@@ -90,7 +90,10 @@ impl Blas {
     }
 
     /// Runs `g` (strided-batched when `g.batch > 1`) on the handle's stream.
-    pub(super) fn gemm(&self, g: &Gemm) -> Result<()> {
+    ///
+    /// # Safety
+    /// `g`'s pointers are device memory covering its shapes, strides and batch.
+    pub(super) unsafe fn gemm(&self, g: &Gemm) -> Result<()> {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
         }
@@ -99,7 +102,11 @@ impl Blas {
         let alpha = 1.0f32;
         let f32_t = cudaDataType_t::CUDA_R_32F;
         let algo = cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
-        let (a, b, c) = (g.a.0 as *const c_void, g.b.0 as *const c_void, g.c.0 as *mut c_void);
+        let (a, b, c) = (
+            g.a.addr() as *const c_void,
+            g.b.addr() as *const c_void,
+            g.c.addr() as *mut c_void,
+        );
         let alpha = &alpha as *const f32 as *const c_void;
         let beta = &g.beta as *const f32 as *const c_void;
         // SAFETY: pointers are device addresses the caller sized for these shapes.

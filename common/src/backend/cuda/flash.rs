@@ -5,7 +5,7 @@
 
 use super::{args, blocks, CudaBackend};
 use crate::backend::DevPtr;
-use crate::cli::Precision;
+use crate::backend::Precision;
 use crate::error::{Error, Result};
 
 const THREADS: u32 = 128;
@@ -35,7 +35,7 @@ fn variant(hs: usize, precision: Precision) -> Result<String> {
 /// 1 when the kernels may copy rows in 16-byte pieces: head size (hence every row stride) a
 /// multiple of 4 floats and every matrix 16-byte aligned; else 0 (4-byte loads).
 fn vectorizable(hs: usize, ptrs: &[DevPtr]) -> usize {
-    (hs.is_multiple_of(4) && ptrs.iter().all(|p| p.0.is_multiple_of(16))) as usize
+    (hs.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(16))) as usize
 }
 
 impl CudaBackend {
@@ -51,8 +51,10 @@ impl CudaBackend {
         Ok((heads as u32, tiles as u32, 1))
     }
 
+    /// # Safety
+    /// The contract of [`Backend::attention_forward`](crate::backend::Backend::attention_forward).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention_forward_flash(
+    pub(super) unsafe fn attention_forward_flash(
         &self,
         out: DevPtr,
         lse: DevPtr,
@@ -77,8 +79,10 @@ impl CudaBackend {
         )
     }
 
+    /// # Safety
+    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention_backward_flash(
+    pub(super) unsafe fn attention_backward_flash(
         &self,
         dqkv: DevPtr,
         dout: DevPtr,

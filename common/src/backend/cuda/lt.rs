@@ -15,7 +15,7 @@ use cudarc::cublaslt::sys::{
 use cudarc::driver::sys::CUstream;
 
 use crate::backend::DevPtr;
-use crate::cli::Precision;
+use crate::backend::Precision;
 use crate::error::{Error, Result};
 
 /// Shape and operand alignments: what an algorithm choice depends on.
@@ -71,10 +71,10 @@ fn lt_err(what: &str) -> impl Fn(lt::CublasError) -> Error + '_ {
 
 /// Largest power of two (at most 256) dividing the address.
 fn alignment(p: DevPtr) -> u32 {
-    if p.0 == 0 {
+    if p.addr() == 0 {
         256
     } else {
-        (1u64 << p.0.trailing_zeros().min(8)) as u32
+        (1u64 << p.addr().trailing_zeros().min(8)) as u32
     }
 }
 
@@ -101,8 +101,11 @@ impl LtMatmul {
     /// out (BT,OC) = inp (BT,C) · wᵀ + bias, row-major. Column-major for cuBLASLt:
     /// outᵀ (OC,BT) = op(w) · inpᵀ with op = transpose, the bias broadcast along columns.
     /// Returns false (having queued nothing) when no algorithm fits; the caller falls back.
+    ///
+    /// # Safety
+    /// `out`: BT·OC, `inp`: BT·C, `w`: OC·C, `bias`: OC elements of device memory.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn matmul_bias(
+    pub(super) unsafe fn matmul_bias(
         &self,
         stream: CUstream,
         out: DevPtr,
@@ -137,7 +140,7 @@ impl LtMatmul {
         // SAFETY: the plan's descriptors are live; pointers are device addresses sized by the
         // caller for these shapes; the workspace is ours and outlives the call.
         unsafe {
-            let bias_ptr = bias.0 as *const c_void;
+            let bias_ptr = bias.addr() as *const c_void;
             lt::set_matmul_desc_attribute(
                 plan.desc,
                 cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -150,16 +153,16 @@ impl LtMatmul {
                 plan.desc,
                 &alpha as *const f32 as *const c_void,
                 &beta as *const f32 as *const c_void,
-                w.0 as *const c_void,
+                w.addr() as *const c_void,
                 plan.a,
-                inp.0 as *const c_void,
+                inp.addr() as *const c_void,
                 plan.b,
-                out.0 as *const c_void,
+                out.addr() as *const c_void,
                 plan.d,
-                out.0 as *mut c_void,
+                out.addr() as *mut c_void,
                 plan.d,
                 &plan.algo,
-                self.workspace.0 as *mut c_void,
+                self.workspace.addr() as *mut c_void,
                 self.workspace_bytes,
                 stream as lt_sys::cudaStream_t,
             )

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaStream, DriverError};
 
-use crate::backend::{DevPtr, DeviceBuffer};
+use crate::backend::{DevPtr, DeviceBuffer, Elem};
 use crate::error::{Error, Result};
 
 /// The context, the one stream, and the byte counters; shared by the backend and its buffers.
@@ -32,26 +32,26 @@ impl DeviceMemory {
         self.peak.load(Ordering::Relaxed)
     }
 
-    /// `words` zero-filled 4-byte words (the zeroing is queued on the stream).
-    pub(super) fn alloc(self: &Arc<Self>, words: usize) -> Result<CudaBuffer> {
-        if words == 0 {
+    /// `len` zero-filled elements (the zeroing is queued on the stream).
+    pub(super) fn alloc<T: Elem>(self: &Arc<Self>, len: usize) -> Result<CudaBuffer<T>> {
+        if len == 0 {
             return Ok(CudaBuffer {
-                ptr: DevPtr(0),
-                words,
+                ptr: DevPtr::from_addr(0),
+                len,
                 memory: Arc::clone(self),
             });
         }
-        let bytes = words
-            .checked_mul(4)
-            .ok_or_else(|| Error::Device(format!("cannot allocate {words} words: size overflows")))?;
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::Device(format!("cannot allocate {len} elements: size overflows")))?;
         self.ctx
             .bind_to_thread()
             .map_err(|e| device_err("binding the CUDA context", e))?;
         // SAFETY: a plain allocation; the pointer is owned by the returned buffer.
         let ptr = unsafe { driver::malloc_sync(bytes) }.map_err(|e| self.alloc_error(bytes, e))?;
         let buffer = CudaBuffer {
-            ptr: DevPtr(ptr),
-            words,
+            ptr: DevPtr::from_addr(ptr),
+            len,
             memory: Arc::clone(self),
         };
         let now = self.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
@@ -88,25 +88,25 @@ pub(super) fn device_err(what: &str, e: DriverError) -> Error {
     Error::Device(format!("{what}: {e}"))
 }
 
-/// An owned device allocation of `len()` 4-byte words, freed on drop.
-pub struct CudaBuffer {
-    ptr: DevPtr,
-    words: usize,
+/// An owned device allocation of `len()` elements of `T`, freed on drop.
+pub struct CudaBuffer<T = f32> {
+    ptr: DevPtr<T>,
+    len: usize,
     memory: Arc<DeviceMemory>,
 }
 
-impl DeviceBuffer for CudaBuffer {
-    fn ptr(&self) -> DevPtr {
+impl<T: Elem> DeviceBuffer<T> for CudaBuffer<T> {
+    fn ptr(&self) -> DevPtr<T> {
         self.ptr
     }
     fn len(&self) -> usize {
-        self.words
+        self.len
     }
 }
 
-impl Drop for CudaBuffer {
+impl<T> Drop for CudaBuffer<T> {
     fn drop(&mut self) {
-        if self.ptr.0 == 0 {
+        if self.ptr.addr() == 0 {
             return;
         }
         let memory = &self.memory;
@@ -114,7 +114,9 @@ impl Drop for CudaBuffer {
         let _ = memory.ctx.bind_to_thread();
         let _ = memory.stream.synchronize();
         // SAFETY: allocated by `DeviceMemory::alloc`, freed exactly once, no work pending on it.
-        let _ = unsafe { driver::free_sync(self.ptr.0) };
-        memory.in_use.fetch_sub(4 * self.words as u64, Ordering::Relaxed);
+        let _ = unsafe { driver::free_sync(self.ptr.addr()) };
+        memory
+            .in_use
+            .fetch_sub((self.len * std::mem::size_of::<T>()) as u64, Ordering::Relaxed);
     }
 }

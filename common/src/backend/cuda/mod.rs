@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext};
 
+use crate::backend::Precision;
 use crate::backend::{DevPtr, DeviceBuffer};
-use crate::cli::Precision;
 use crate::error::{Error, Result};
 use blas::Blas;
 use lt::LtMatmul;
@@ -118,10 +118,6 @@ impl CudaBackend {
         };
         let reduce_partials = memory.alloc(MAX_REDUCE_BLOCKS)?;
         let attention = AttentionPath::from_env()?;
-        let precision_name = match precision {
-            Precision::Fp32 => "fp32",
-            Precision::Tf32 => "tf32",
-        };
         Ok(CudaBackend {
             kernels,
             blas,
@@ -131,7 +127,7 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             error: Mutex::new(None),
             memory,
-            name: format!("{gpu} ({arch}, {precision_name})"),
+            name: format!("{gpu} ({arch}, {})", precision.name()),
             precision,
             attention,
         })
@@ -178,19 +174,27 @@ impl CudaBackend {
             .map_err(|e| device_err("binding the CUDA context", e))
     }
 
-    /// Queues kernel `name` on the stream. Integer arguments must fit an `int`.
     /// Queues elementwise kernel `name` over `n` items, one thread each.
-    fn launch_1d(&self, name: &str, n: usize, args: &[Arg]) {
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    unsafe fn launch_1d(&self, name: &str, n: usize, args: &[Arg]) {
         self.launch(name, blocks(n, THREADS), (THREADS as u32, 1, 1), args);
     }
 
-    fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) {
+    /// Queues kernel `name` on the stream; a failure is latched for `synchronize`.
+    /// Integer arguments must fit an `int`.
+    ///
+    /// # Safety
+    /// The arguments match the kernel's signature, and every pointer covers what the
+    /// kernel reads and writes at this grid (the Backend contract of the calling op).
+    unsafe fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) {
         if let Err(e) = self.try_launch(name, grid, block, args) {
             self.fail(e);
         }
     }
 
-    fn try_launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<()> {
+    unsafe fn try_launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(()); // nothing to do
         }
@@ -202,7 +206,7 @@ impl CudaBackend {
         let mut storage = Vec::with_capacity(args.len());
         for arg in args {
             storage.push(match *arg {
-                Arg::Ptr(p) => p.0,
+                Arg::Ptr(addr) => addr,
                 Arg::Int(x) => i32::try_from(x)
                     .map_err(|_| Error::Device(format!("{name}: size {x} does not fit a 32-bit int")))?
                     as u32 as u64,
@@ -217,7 +221,7 @@ impl CudaBackend {
             .map_err(|e| device_err(&format!("launching {name}"), e))
     }
 
-    /// A device scratch area of at least `words` words, valid until the next call.
+    /// A device scratch area of at least `words` f32s, valid until the next call.
     fn scratch(&self, words: usize) -> Result<DevPtr> {
         let mut slot = self
             .scratch
@@ -263,14 +267,15 @@ fn check_libraries() -> Result<()> {
 /// One kernel argument.
 #[derive(Clone, Copy)]
 enum Arg {
-    Ptr(DevPtr),
+    /// A device address.
+    Ptr(u64),
     Int(usize),
     F32(f32),
 }
 
-impl From<DevPtr> for Arg {
-    fn from(p: DevPtr) -> Self {
-        Arg::Ptr(p)
+impl<T> From<DevPtr<T>> for Arg {
+    fn from(p: DevPtr<T>) -> Self {
+        Arg::Ptr(p.addr())
     }
 }
 impl From<usize> for Arg {

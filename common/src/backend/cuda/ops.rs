@@ -6,7 +6,7 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 use super::blas::Gemm;
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
-use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
+use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer, Elem};
 use crate::error::{Error, Result};
 
 /// Threads per block for elementwise kernels.
@@ -30,24 +30,17 @@ fn column_reduce_launch(n: usize, c: usize) -> LaunchShape {
 /// The float4 column reductions: 128 columns × 8 warps per block, when `c` and every
 /// matrix allow 16-byte loads.
 fn vec4_column_reduce(n: usize, c: usize, ptrs: &[DevPtr]) -> Option<LaunchShape> {
-    let aligned = c.is_multiple_of(4) && ptrs.iter().all(|p| p.0.is_multiple_of(16));
+    let aligned = c.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(16));
     let grid = (c.div_ceil(128) as u32, n.div_ceil(VEC4_CHUNK_ROWS) as u32, 1);
     aligned.then_some((grid, (256, 1, 1)))
 }
 
 impl CudaBackend {
-    fn upload_words<T>(&self, dst: DevPtr, src: &[T]) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: `dst` is a device address with room for `src` (the caller's contract); the
-        // pageable source is staged before the call returns, so `src` may go right after.
-        unsafe { driver::memcpy_htod_async(dst.0, src, self.stream()) }
-            .map_err(|e| device_err("host-to-device copy", e))
-    }
-
-    fn gemm(&self, g: Gemm) {
+    /// Queues `g` on cuBLAS; a failure is latched for `synchronize`.
+    ///
+    /// # Safety
+    /// `g`'s pointers cover its shapes (the contract of the calling op).
+    unsafe fn gemm(&self, g: Gemm) {
         if let Err(e) = self.bind().and_then(|()| self.blas.gemm(&g)) {
             self.fail(e);
         }
@@ -55,7 +48,7 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    type Buffer = CudaBuffer;
+    type Buffer<T: Elem> = CudaBuffer<T>;
 
     fn name(&self) -> String {
         self.name.clone()
@@ -63,38 +56,36 @@ impl Backend for CudaBackend {
 
     // ---- memory ---------------------------------------------------------------------
 
-    fn alloc(&self, words: usize) -> Result<CudaBuffer> {
-        self.memory.alloc(words)
+    fn alloc<T: Elem>(&self, n: usize) -> Result<CudaBuffer<T>> {
+        self.memory.alloc(n)
     }
 
-    fn upload_f32(&self, dst: DevPtr, src: &[f32]) -> Result<()> {
-        self.upload_words(dst, src)
+    unsafe fn upload<T: Elem>(&self, dst: DevPtr<T>, src: &[T]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // The pageable source is staged before the call returns, so `src` may go right after.
+        driver::memcpy_htod_async(dst.addr(), src, self.stream()).map_err(|e| device_err("host-to-device copy", e))
     }
 
-    fn upload_i32(&self, dst: DevPtr, src: &[i32]) -> Result<()> {
-        self.upload_words(dst, src)
-    }
-
-    fn download_f32(&self, src: DevPtr, dst: &mut [f32]) -> Result<()> {
+    unsafe fn download<T: Elem>(&self, src: DevPtr<T>, dst: &mut [T]) -> Result<()> {
         self.take_error()?;
         if dst.is_empty() {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: `src` holds `dst.len()` floats (the caller's contract); the stream is
-        // synchronised before `dst` is read.
-        unsafe { driver::memcpy_dtoh_async(dst, src.0, self.stream()) }
-            .map_err(|e| device_err("device-to-host copy", e))?;
+        // The stream is synchronised before `dst` is read.
+        driver::memcpy_dtoh_async(dst, src.addr(), self.stream()).map_err(|e| device_err("device-to-host copy", e))?;
         self.synchronize()
     }
 
-    fn zero(&self, dst: DevPtr, n: usize) {
+    unsafe fn zero(&self, dst: DevPtr, n: usize) {
         if n == 0 {
             return;
         }
         let queued = self.bind().and_then(|()| {
-            // SAFETY: `dst` holds `n` words (the caller's contract).
-            unsafe { driver_sys::cuMemsetD32Async(dst.0, 0, n, self.stream()) }
+            driver_sys::cuMemsetD32Async(dst.addr(), 0, n, self.stream())
                 .result()
                 .map_err(|e| device_err("zeroing device memory", e))
         });
@@ -103,15 +94,15 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
+    unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
         self.launch_1d("accumulate_kernel", n, args![dst, src, n]);
     }
 
-    fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
+    unsafe fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
         self.launch_1d("add_kernel", n, args![out, a, b, n]);
     }
 
-    fn scale(&self, dst: DevPtr, n: usize, s: f32) {
+    unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32) {
         self.launch_1d("scale_kernel", n, args![dst, n, s]);
     }
 
@@ -132,7 +123,16 @@ impl Backend for CudaBackend {
 
     // ---- layers ---------------------------------------------------------------------
 
-    fn encoder_forward(&self, out: DevPtr, tokens: DevPtr, wte: DevPtr, wpe: DevPtr, b: usize, t: usize, c: usize) {
+    unsafe fn encoder_forward(
+        &self,
+        out: DevPtr,
+        tokens: DevPtr<i32>,
+        wte: DevPtr,
+        wpe: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) {
         self.launch_1d(
             "encoder_forward_kernel",
             b * t * c,
@@ -140,7 +140,16 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn encoder_backward(&self, dwte: DevPtr, dwpe: DevPtr, dout: DevPtr, tokens: DevPtr, b: usize, t: usize, c: usize) {
+    unsafe fn encoder_backward(
+        &self,
+        dwte: DevPtr,
+        dwpe: DevPtr,
+        dout: DevPtr,
+        tokens: DevPtr<i32>,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) {
         self.launch_1d(
             "encoder_backward_wte_kernel",
             b * t * c,
@@ -149,7 +158,7 @@ impl Backend for CudaBackend {
         self.launch_1d("encoder_backward_wpe_kernel", t * c, args![dwpe, dout, b, t, c]);
     }
 
-    fn matmul_forward(
+    unsafe fn matmul_forward(
         &self,
         out: DevPtr,
         inp: DevPtr,
@@ -193,7 +202,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn matmul_backward(
+    unsafe fn matmul_backward(
         &self,
         dinp: DevPtr,
         dw: DevPtr,
@@ -255,7 +264,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn layernorm_forward(
+    unsafe fn layernorm_forward(
         &self,
         out: DevPtr,
         mean: DevPtr,
@@ -275,7 +284,7 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn layernorm_backward(
+    unsafe fn layernorm_backward(
         &self,
         dinp: DevPtr,
         dw: DevPtr,
@@ -308,7 +317,16 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn attention_forward(&self, out: DevPtr, saved: DevPtr, qkv: DevPtr, b: usize, t: usize, c: usize, nh: usize) {
+    unsafe fn attention_forward(
+        &self,
+        out: DevPtr,
+        saved: DevPtr,
+        qkv: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
         let queued = match self.attention {
             AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
             AttentionPath::Gemm => self.attention_forward_gemm(out, saved, qkv, b, t, c, nh),
@@ -318,7 +336,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn attention_backward(
+    unsafe fn attention_backward(
         &self,
         dqkv: DevPtr,
         dout: DevPtr,
@@ -339,24 +357,32 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn gelu_forward(&self, out: DevPtr, inp: DevPtr, n: usize) {
+    unsafe fn gelu_forward(&self, out: DevPtr, inp: DevPtr, n: usize) {
         self.launch_1d("gelu_forward_kernel", n, args![out, inp, n]);
     }
 
-    fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize) {
+    unsafe fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize) {
         self.launch_1d("gelu_backward_kernel", n, args![dinp, inp, dout, n]);
     }
 
-    fn crossentropy_forward(&self, losses: DevPtr, logits: DevPtr, targets: DevPtr, bt: usize, v: usize, vp: usize) {
+    unsafe fn crossentropy_forward(
+        &self,
+        losses: DevPtr,
+        logits: DevPtr,
+        targets: DevPtr<i32>,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
         let args = args![losses, logits, targets, bt, v, vp];
         self.launch("crossentropy_forward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
     }
 
-    fn crossentropy_backward(
+    unsafe fn crossentropy_backward(
         &self,
         dlogits: DevPtr,
         logits: DevPtr,
-        targets: DevPtr,
+        targets: DevPtr<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
@@ -366,18 +392,18 @@ impl Backend for CudaBackend {
         self.launch("crossentropy_backward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
     }
 
-    fn crossentropy_backward_in_place(
+    unsafe fn crossentropy_backward_in_place(
         &self,
         logits: DevPtr,
         losses: DevPtr,
-        targets: DevPtr,
+        targets: DevPtr<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
         // 16-byte accesses when every row starts 16-byte aligned.
-        let vec = (vp.is_multiple_of(4) && logits.0.is_multiple_of(16)) as usize;
+        let vec = (vp.is_multiple_of(4) && logits.addr().is_multiple_of(16)) as usize;
         let args = args![logits, losses, targets, dloss, bt, v, vp, vec];
         self.launch(
             "crossentropy_backward_in_place_kernel",
@@ -389,11 +415,11 @@ impl Backend for CudaBackend {
 
     // ---- reductions and the optimiser ---------------------------------------------
 
-    fn mean(&self, out: DevPtr, inp: DevPtr, n: usize) {
+    unsafe fn mean(&self, out: DevPtr, inp: DevPtr, n: usize) {
         self.launch("mean_kernel", (1, 1, 1), (1024, 1, 1), args![out, inp, n]);
     }
 
-    fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize) {
+    unsafe fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize) {
         if n == 0 {
             return;
         }
@@ -414,11 +440,20 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32) {
+    unsafe fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32) {
         self.launch("clip_factor_kernel", (1, 1, 1), (32, 1, 1), args![out, sumsq, max_norm]);
     }
 
-    fn adamw(&self, params: DevPtr, grads: DevPtr, m: DevPtr, v: DevPtr, n: usize, grad_scale: DevPtr, hp: AdamWStep) {
+    unsafe fn adamw(
+        &self,
+        params: DevPtr,
+        grads: DevPtr,
+        m: DevPtr,
+        v: DevPtr,
+        n: usize,
+        grad_scale: DevPtr,
+        hp: AdamWStep,
+    ) {
         let Ok(t) = i32::try_from(hp.t) else {
             self.fail(Error::Device(format!("AdamW step {} out of range", hp.t)));
             return;

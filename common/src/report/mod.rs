@@ -1,7 +1,11 @@
 //! The `report` subcommand: gathers finished runs (each a `loss.tsv` plus the
 //! `summary.json` that `train` writes) into `results/README.md` — a time table, a
 //! loss-per-epoch table with a column per stage, the largest loss gap between stages —
-//! and `results/loss.png`, the loss curves.
+//! and `results/loss.png`, the loss curves. `log` and `progress` are what a run reports
+//! while it goes.
+
+pub mod log;
+pub mod progress;
 
 use crate::error::{io_err, Error, Result};
 use std::fmt::Write as _;

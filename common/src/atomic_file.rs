@@ -1,0 +1,56 @@
+//! The one way this crate replaces a file: write a temporary file beside it, sync it,
+//! rename it over the target and sync the directory, so a crash leaves either the old file
+//! or the new one, never a torn one (checkpoints, `.bin` token files).
+
+use crate::error::{io_err, Error, Result};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Large enough that big arrays go out in few system calls.
+const IO_BUF: usize = 1 << 20;
+
+/// Replaces `path` with what `fill` writes. On any error the temporary file is removed and
+/// `path` is left as it was.
+pub fn write(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<()> {
+    let tmp = tmp_path(path)?;
+    let written = write_synced(&tmp, fill).and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
+        return Err(e);
+    }
+    // The rename is durable only once the directory entry is on disk.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    sync_dir(dir)
+}
+
+fn write_synced(tmp: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<()> {
+    let mut out = BufWriter::with_capacity(IO_BUF, File::create(tmp).map_err(io_err(tmp))?);
+    fill(&mut out).and_then(|()| out.flush()).map_err(io_err(tmp))?;
+    let file = out.into_inner().map_err(|e| e.into_error()).map_err(io_err(tmp))?;
+    file.sync_all().map_err(io_err(tmp))
+}
+
+/// `<dir>/.<name>.<pid>.tmp`: beside the target, so the rename never crosses file systems,
+/// and one per process, so two writers never share it.
+fn tmp_path(path: &Path) -> Result<PathBuf> {
+    let Some(name) = path.file_name() else {
+        return Err(Error::Input(format!("{}: not a file path", path.display())));
+    };
+    let name = format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id());
+    Ok(path.with_file_name(name))
+}
+
+#[cfg(unix)]
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+}
+
+/// Directories cannot be opened for syncing here; the rename is as durable as the OS makes it.
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> Result<()> {
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! Causal multi-head self-attention, one task per (batch, head), saving the softmax
+//! probabilities (B,NH,T,T) for the backward pass. Keys and values are transposed to
+//! (hs, T) per task so the inner loops run over contiguous positions (they vectorise).
+
+use super::elementwise::axpy;
+use super::fastmath;
+use rayon::prelude::*;
+
+#[derive(Clone, Copy)]
+pub(super) struct Dims {
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+    pub nh: usize,
+}
+
+/// Dot product with 8 independent accumulators: vectorises, and the order is fixed.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, ra) = a.split_at(a.len() / 8 * 8);
+    let (cb, rb) = b.split_at(ca.len());
+    for (x, y) in ca.chunks_exact(8).zip(cb.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// The (T, hs) rows given by `row` as an (hs, T) matrix.
+fn transpose_head<'a>(t: usize, hs: usize, row: impl Fn(usize) -> &'a [f32]) -> Vec<f32> {
+    let mut out = vec![0.0f32; hs * t];
+    for tj in 0..t {
+        for (d, &x) in row(tj).iter().enumerate() {
+            out[d * t + tj] = x;
+        }
+    }
+    out
+}
+
+/// out (B,T,C) and the probabilities att (B,NH,T,T) from qkv (B,T,3C).
+pub(super) fn forward(out: &mut [f32], att: &mut [f32], qkv: &[f32], d: Dims) {
+    let Dims { b, t, c, nh } = d;
+    let hs = c / nh;
+    let scale = 1.0 / (hs as f32).sqrt();
+    assert!(out.len() >= b * t * c && att.len() >= b * nh * t * t && qkv.len() >= b * t * 3 * c);
+    let (out, att) = (SyncPtr(out.as_mut_ptr()), SyncPtr(att.as_mut_ptr()));
+    (0..b * nh).into_par_iter().for_each(|i| {
+        let (bi, h) = (i / nh, i % nh);
+        let row = |tj: usize, part: usize| &qkv[(bi * t + tj) * 3 * c + part * c + h * hs..][..hs];
+        let kt = transpose_head(t, hs, |tj| row(tj, 1));
+        for ti in 0..t {
+            // SAFETY: task (b,h) alone writes att rows (b,h,·) and out[b,·,h*hs..][..hs],
+            // all inside the slices checked above.
+            let att = unsafe { att.slice((i * t + ti) * t, t) };
+            let out = unsafe { out.slice((bi * t + ti) * c + h * hs, hs) };
+            let (scores, rest) = att.split_at_mut(ti + 1);
+            scores.fill(0.0);
+            for (d, &qd) in row(ti, 0).iter().enumerate() {
+                axpy(scores, qd * scale, &kt[d * t..][..=ti]);
+            }
+            let maxv = scores.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            for a in scores.iter_mut() {
+                *a = fastmath::exp(*a - maxv);
+            }
+            let inv = 1.0 / scores.iter().sum::<f32>();
+            out.fill(0.0);
+            for (tj, a) in scores.iter_mut().enumerate() {
+                *a *= inv;
+                axpy(out, *a, row(tj, 2));
+            }
+            rest.fill(0.0);
+        }
+    });
+}
+
+/// dqkv (B,T,3C) += the gradient through attention, from dout (B,T,C).
+pub(super) fn backward(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], att: &[f32], d: Dims) {
+    let Dims { b, t, c, nh } = d;
+    let hs = c / nh;
+    let scale = 1.0 / (hs as f32).sqrt();
+    assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && att.len() >= b * nh * t * t);
+    let dqkv = SyncPtr(dqkv.as_mut_ptr());
+    // One task per (batch, head): dk and dv rows collect from every later query, so time
+    // runs sequentially inside the task. Values are transposed to (hs, T) and key gradients
+    // gathered transposed, so inner loops run over positions.
+    (0..b * nh).into_par_iter().for_each(|i| {
+        let (bi, h) = (i / nh, i % nh);
+        let row = |tj: usize, part: usize| &qkv[(bi * t + tj) * 3 * c + part * c + h * hs..][..hs];
+        // SAFETY: task (b,h) alone touches the head-h columns of batch b's rows, inside
+        // the slice checked above.
+        let drow = |tj: usize, part: usize| unsafe { dqkv.slice((bi * t + tj) * 3 * c + part * c + h * hs, hs) };
+        let vt = transpose_head(t, hs, |tj| row(tj, 2));
+        let mut dkt = vec![0.0f32; hs * t];
+        let mut dpre = vec![0.0f32; t];
+        for ti in 0..t {
+            let a = &att[(i * t + ti) * t..][..=ti];
+            let dy = &dout[(bi * t + ti) * c + h * hs..][..hs];
+            // through out = att · v: datt = dy · vᵀ, dv += att ⊗ dy
+            let datt = &mut dpre[..=ti];
+            datt.fill(0.0);
+            for (d, &g) in dy.iter().enumerate() {
+                axpy(datt, g, &vt[d * t..][..=ti]);
+            }
+            for (tj, &aj) in a.iter().enumerate() {
+                axpy(drow(tj, 2), aj, dy);
+            }
+            // through the softmax: dpre = a ⊙ (datt − Σ a·datt), then the scale
+            let s = dot(a, datt);
+            for (dp, &aj) in datt.iter_mut().zip(a) {
+                *dp = aj * (*dp - s) * scale;
+            }
+            // through scores = q · kᵀ
+            let dq = drow(ti, 0);
+            for (tj, &dp) in datt.iter().enumerate() {
+                axpy(dq, dp, row(tj, 1));
+            }
+            for (d, &qd) in row(ti, 0).iter().enumerate() {
+                axpy(&mut dkt[d * t..][..=ti], qd, datt);
+            }
+        }
+        for tj in 0..t {
+            let dk = drow(tj, 1);
+            for d in 0..hs {
+                dk[d] += dkt[d * t + tj];
+            }
+        }
+    });
+}
+
+/// A raw pointer that parallel tasks may share when each writes a disjoint region.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+impl SyncPtr {
+    /// # Safety
+    /// `offset..offset + n` lies inside the slice this pointer came from, and no other
+    /// task touches it meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice<'a>(&self, offset: usize, n: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(offset), n)
+    }
+}

@@ -1,0 +1,67 @@
+//! Elementwise ops (zero, add, scale, GELU) over fixed-size chunks, so results never depend
+//! on the thread count, and the small vector helpers the other op families share.
+
+use super::fastmath;
+use rayon::prelude::*;
+
+/// Elementwise work is split in chunks this long (a constant, so results never depend
+/// on the thread count).
+pub(super) const CHUNK: usize = 1 << 14;
+
+const GELU_SCALE: f32 = 0.797_884_6; // sqrt(2/pi)
+
+/// y += a · x
+#[inline]
+pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+pub(super) fn zero(dst: &mut [f32]) {
+    dst.par_chunks_mut(CHUNK).for_each(|c| c.fill(0.0));
+}
+
+pub(super) fn accumulate(dst: &mut [f32], src: &[f32]) {
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| axpy(d, 1.0, s));
+}
+
+pub(super) fn add(out: &mut [f32], a: &[f32], b: &[f32]) {
+    out.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+        .for_each(|(o, (a, b))| {
+            for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                *o = a + b;
+            }
+        });
+}
+
+pub(super) fn scale(dst: &mut [f32], s: f32) {
+    dst.par_chunks_mut(CHUNK)
+        .for_each(|c| c.iter_mut().for_each(|x| *x *= s));
+}
+
+/// GELU, tanh approximation.
+pub(super) fn gelu_forward(out: &mut [f32], inp: &[f32]) {
+    out.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(o, x)| {
+        for (o, &x) in o.iter_mut().zip(x) {
+            *o = 0.5 * x * (1.0 + fastmath::tanh(GELU_SCALE * (x + 0.044715 * x * x * x)));
+        }
+    });
+}
+
+pub(super) fn gelu_backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
+    dinp.par_chunks_mut(CHUNK)
+        .zip(inp.par_chunks(CHUNK).zip(dout.par_chunks(CHUNK)))
+        .for_each(|(d, (x, dy))| {
+            for ((d, &x), &dy) in d.iter_mut().zip(x).zip(dy) {
+                let u = GELU_SCALE * (x + 0.044715 * x * x * x);
+                let th = fastmath::tanh(u);
+                let sech2 = 1.0 - th * th;
+                let grad = 0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * x * x);
+                *d += grad * dy;
+            }
+        });
+}

@@ -1,0 +1,395 @@
+//! CPU backend: rayon for parallel loops and the `gemm` crate (AVX2/AVX-512 kernels) for
+//! matrix products. Every reduction runs in a fixed order that does not depend on the
+//! thread count (work is split by output element or by fixed-size blocks, never by
+//! thread), so a run is bit-for-bit reproducible and stage 1's ranks can match stage 0.
+//!
+//! This file holds the buffers and the [`Backend`] impl, which is the one place where raw
+//! pointers become slices (under the trait's safety contract); the numerics live in one
+//! file per op family and work on plain slices: `elementwise`, `encoder`, `matmul`,
+//! `layernorm`, `attention`, `loss`, `optim`.
+
+// Index loops read like the formulas in these numeric kernels.
+#![allow(clippy::needless_range_loop)]
+
+mod attention;
+mod elementwise;
+mod encoder;
+mod fastmath;
+mod layernorm;
+mod loss;
+mod matmul;
+mod optim;
+
+use super::{AdamWStep, Backend, DevPtr, DeviceBuffer, Elem};
+use crate::error::{Error, Result};
+use std::ptr::NonNull;
+
+/// Host memory standing in for device memory: an owned allocation reached only through
+/// raw pointers (so ops may write it while the buffer is shared, as device memory is).
+pub struct CpuBuffer<T> {
+    ptr: NonNull<T>,
+    len: usize,
+}
+
+impl<T: Elem> DeviceBuffer<T> for CpuBuffer<T> {
+    fn ptr(&self) -> DevPtr<T> {
+        DevPtr::from_addr(self.ptr.as_ptr() as u64)
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl<T> Drop for CpuBuffer<T> {
+    fn drop(&mut self) {
+        // SAFETY: made by `Box::into_raw` of a boxed slice of `len` elements in `alloc`.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)) });
+    }
+}
+
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+impl CpuBackend {
+    /// A backend with its own pool of `threads` workers (0: one per core).
+    pub fn new(threads: usize) -> Result<Self> {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| Error::Device(format!("cannot start {threads} CPU threads: {e}")))?;
+        Ok(CpuBackend { pool, threads })
+    }
+
+    /// Runs `f` on this backend's thread pool.
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+// ---- raw memory views --------------------------------------------------------------
+// Under the Backend trait's contract every pointer covers the extent the op uses and an
+// op's outputs never alias its inputs; these turn such pointers into slices.
+
+unsafe fn view<'a, T>(p: DevPtr<T>, n: usize) -> &'a [T] {
+    std::slice::from_raw_parts(p.addr() as *const T, n)
+}
+#[allow(clippy::mut_from_ref)]
+unsafe fn view_mut<'a, T>(p: DevPtr<T>, n: usize) -> &'a mut [T] {
+    std::slice::from_raw_parts_mut(p.addr() as *mut T, n)
+}
+
+impl Backend for CpuBackend {
+    type Buffer<T: Elem> = CpuBuffer<T>;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.threads)
+    }
+
+    fn alloc<T: Elem>(&self, n: usize) -> Result<CpuBuffer<T>> {
+        let mut v: Vec<T> = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| {
+            let mib = (n as u128 * std::mem::size_of::<T>() as u128) >> 20;
+            Error::Device(format!("out of host memory allocating {mib} MiB"))
+        })?;
+        v.resize(n, T::zeroed());
+        let len = v.len();
+        let raw = Box::into_raw(v.into_boxed_slice()) as *mut T;
+        let ptr = NonNull::new(raw).expect("Box pointers are never null");
+        Ok(CpuBuffer { ptr, len })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn peak_memory_bytes(&self) -> u64 {
+        peak_rss_bytes()
+    }
+
+    unsafe fn upload<T: Elem>(&self, dst: DevPtr<T>, src: &[T]) -> Result<()> {
+        view_mut(dst, src.len()).copy_from_slice(src);
+        Ok(())
+    }
+
+    unsafe fn download<T: Elem>(&self, src: DevPtr<T>, dst: &mut [T]) -> Result<()> {
+        dst.copy_from_slice(view(src, dst.len()));
+        Ok(())
+    }
+
+    unsafe fn zero(&self, dst: DevPtr, n: usize) {
+        self.run(|| elementwise::zero(view_mut(dst, n)));
+    }
+
+    unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
+        if dst == src {
+            return self.scale(dst, n, 2.0);
+        }
+        self.run(|| elementwise::accumulate(view_mut(dst, n), view(src, n)));
+    }
+
+    unsafe fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
+        self.run(|| elementwise::add(view_mut(out, n), view(a, n), view(b, n)));
+    }
+
+    unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32) {
+        self.run(|| elementwise::scale(view_mut(dst, n), s));
+    }
+
+    unsafe fn encoder_forward(
+        &self,
+        out: DevPtr,
+        tokens: DevPtr<i32>,
+        wte: DevPtr,
+        wpe: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) {
+        let tokens = view(tokens, b * t);
+        let vocab = tokens.iter().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let (out, wte, wpe) = (view_mut(out, b * t * c), view(wte, vocab * c), view(wpe, t * c));
+        self.run(|| encoder::forward(out, tokens, wte, wpe, t, c));
+    }
+
+    unsafe fn encoder_backward(
+        &self,
+        dwte: DevPtr,
+        dwpe: DevPtr,
+        dout: DevPtr,
+        tokens: DevPtr<i32>,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) {
+        let tokens = view(tokens, b * t);
+        let vocab = tokens.iter().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let (dwte, dwpe, dout) = (view_mut(dwte, vocab * c), view_mut(dwpe, t * c), view(dout, b * t * c));
+        self.run(|| encoder::backward(dwte, dwpe, dout, tokens, b, t, c));
+    }
+
+    unsafe fn matmul_forward(
+        &self,
+        out: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let out = view_mut(out, bt * oc);
+        let (inp, w, bias) = (view(inp, bt * c), view(w, oc * c), bias.map(|p| view(p, oc)));
+        self.run(|| matmul::forward(out, inp, w, bias, c, oc, self.threads));
+    }
+
+    unsafe fn matmul_backward(
+        &self,
+        dinp: DevPtr,
+        dw: DevPtr,
+        dbias: Option<DevPtr>,
+        dout: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let grads = matmul::Grads {
+            dinp: view_mut(dinp, bt * c),
+            dw: view_mut(dw, oc * c),
+            dbias: dbias.map(|p| view_mut(p, oc)),
+        };
+        let (dout, inp, w) = (view(dout, bt * oc), view(inp, bt * c), view(w, oc * c));
+        self.run(|| matmul::backward(grads, dout, inp, w, c, oc, self.threads));
+    }
+
+    unsafe fn layernorm_forward(
+        &self,
+        out: DevPtr,
+        mean: DevPtr,
+        rstd: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        b: DevPtr,
+        bt: usize,
+        c: usize,
+    ) {
+        let stats = layernorm::Stats {
+            mean: view_mut(mean, bt),
+            rstd: view_mut(rstd, bt),
+        };
+        let (out, inp, w, b) = (view_mut(out, bt * c), view(inp, bt * c), view(w, c), view(b, c));
+        self.run(|| layernorm::forward(out, stats, inp, w, b));
+    }
+
+    unsafe fn layernorm_backward(
+        &self,
+        dinp: DevPtr,
+        dw: DevPtr,
+        db: DevPtr,
+        dout: DevPtr,
+        inp: DevPtr,
+        w: DevPtr,
+        mean: DevPtr,
+        rstd: DevPtr,
+        bt: usize,
+        c: usize,
+    ) {
+        let grads = layernorm::Grads {
+            dinp: view_mut(dinp, bt * c),
+            dw: view_mut(dw, c),
+            db: view_mut(db, c),
+        };
+        let (dout, inp, w) = (view(dout, bt * c), view(inp, bt * c), view(w, c));
+        let (mean, rstd) = (view(mean, bt), view(rstd, bt));
+        self.run(|| layernorm::backward(grads, dout, inp, w, mean, rstd));
+    }
+
+    fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
+        b * nh * t * t // softmax probabilities, (B,NH,T,T)
+    }
+
+    unsafe fn attention_forward(
+        &self,
+        out: DevPtr,
+        saved: DevPtr,
+        qkv: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        let dims = attention::Dims { b, t, c, nh };
+        let (out, att, qkv) = (
+            view_mut(out, b * t * c),
+            view_mut(saved, b * nh * t * t),
+            view(qkv, b * t * 3 * c),
+        );
+        self.run(|| attention::forward(out, att, qkv, dims));
+    }
+
+    unsafe fn attention_backward(
+        &self,
+        dqkv: DevPtr,
+        dout: DevPtr,
+        qkv: DevPtr,
+        _out: DevPtr,
+        saved: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        let dims = attention::Dims { b, t, c, nh };
+        let dqkv = view_mut(dqkv, b * t * 3 * c);
+        let (dout, qkv, att) = (
+            view(dout, b * t * c),
+            view(qkv, b * t * 3 * c),
+            view(saved, b * nh * t * t),
+        );
+        self.run(|| attention::backward(dqkv, dout, qkv, att, dims));
+    }
+
+    unsafe fn gelu_forward(&self, out: DevPtr, inp: DevPtr, n: usize) {
+        self.run(|| elementwise::gelu_forward(view_mut(out, n), view(inp, n)));
+    }
+
+    unsafe fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize) {
+        self.run(|| elementwise::gelu_backward(view_mut(dinp, n), view(inp, n), view(dout, n)));
+    }
+
+    unsafe fn crossentropy_forward(
+        &self,
+        losses: DevPtr,
+        logits: DevPtr,
+        targets: DevPtr<i32>,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        let (losses, logits, targets) = (view_mut(losses, bt), view(logits, bt * vp), view(targets, bt));
+        self.run(|| loss::forward(losses, logits, targets, v, vp));
+    }
+
+    unsafe fn crossentropy_backward(
+        &self,
+        dlogits: DevPtr,
+        logits: DevPtr,
+        targets: DevPtr<i32>,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        let dlogits = view_mut(dlogits, bt * vp);
+        let (logits, targets) = (view(logits, bt * vp), view(targets, bt));
+        self.run(|| loss::backward(dlogits, logits, targets, dloss, v, vp));
+    }
+
+    unsafe fn crossentropy_backward_in_place(
+        &self,
+        logits: DevPtr,
+        losses: DevPtr,
+        targets: DevPtr<i32>,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        let logits = view_mut(logits, bt * vp);
+        let (losses, targets) = (view(losses, bt), view(targets, bt));
+        self.run(|| loss::backward_in_place(logits, losses, targets, dloss, v, vp));
+    }
+
+    unsafe fn mean(&self, out: DevPtr, inp: DevPtr, n: usize) {
+        view_mut(out, 1)[0] = optim::mean(view(inp, n));
+    }
+
+    unsafe fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize) {
+        let inp = view(inp, n);
+        view_mut(out, 1)[0] += self.run(|| optim::sum_squares(inp));
+    }
+
+    unsafe fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32) {
+        let [norm, factor] = optim::clip_factor(view(sumsq, 1)[0], max_norm);
+        view_mut(out, 2).copy_from_slice(&[norm, factor]);
+    }
+
+    unsafe fn adamw(
+        &self,
+        params: DevPtr,
+        grads: DevPtr,
+        m: DevPtr,
+        v: DevPtr,
+        n: usize,
+        grad_scale: DevPtr,
+        hp: AdamWStep,
+    ) {
+        let state = optim::AdamWState {
+            params: view_mut(params, n),
+            m: view_mut(m, n),
+            v: view_mut(v, n),
+        };
+        let (grads, scale) = (view(grads, n), view(grad_scale, 1)[0]);
+        self.run(|| optim::adamw(state, grads, scale, hp));
+    }
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), in bytes; 0 if unknown.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}

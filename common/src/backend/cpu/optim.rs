@@ -1,0 +1,56 @@
+//! Reductions (mean, sum of squares, the clipping factor) and the AdamW update.
+
+use super::elementwise::CHUNK;
+use crate::backend::AdamWStep;
+use rayon::prelude::*;
+
+/// Mean in f64, in order.
+pub(super) fn mean(inp: &[f32]) -> f32 {
+    let s: f64 = inp.iter().map(|&x| x as f64).sum();
+    (s / inp.len() as f64) as f32
+}
+
+/// Σx², in f64 partial sums over fixed chunks added in order.
+pub(super) fn sum_squares(inp: &[f32]) -> f32 {
+    let partials: Vec<f64> = inp
+        .par_chunks(CHUNK)
+        .map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>())
+        .collect();
+    partials.iter().sum::<f64>() as f32
+}
+
+/// [global norm, factor that clips it to `max_norm`] from Σg².
+pub(super) fn clip_factor(sumsq: f32, max_norm: f32) -> [f32; 2] {
+    let norm = sumsq.sqrt();
+    let factor = if max_norm > 0.0 && norm > max_norm {
+        max_norm / (norm + 1e-6)
+    } else {
+        1.0
+    };
+    [norm, factor]
+}
+
+/// What AdamW updates in place.
+pub(super) struct AdamWState<'a> {
+    pub params: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub v: &'a mut [f32],
+}
+
+pub(super) fn adamw(s: AdamWState, grads: &[f32], scale: f32, hp: AdamWStep) {
+    let bc1 = 1.0 - hp.beta1.powi(hp.t as i32);
+    let bc2 = 1.0 - hp.beta2.powi(hp.t as i32);
+    s.params
+        .par_chunks_mut(CHUNK)
+        .zip(grads.par_chunks(CHUNK))
+        .zip(s.m.par_chunks_mut(CHUNK).zip(s.v.par_chunks_mut(CHUNK)))
+        .for_each(|((p, g), (m, v))| {
+            for i in 0..p.len() {
+                let g = g[i] * scale;
+                m[i] = hp.beta1 * m[i] + (1.0 - hp.beta1) * g;
+                v[i] = hp.beta2 * v[i] + (1.0 - hp.beta2) * g * g;
+                let (mhat, vhat) = (m[i] / bc1, v[i] / bc2);
+                p[i] -= hp.lr * (mhat / (vhat.sqrt() + hp.eps) + hp.weight_decay * p[i]);
+            }
+        });
+}

@@ -1,0 +1,145 @@
+//! Gradient synchronisation across ranks, on top of [`crate::comm`]: how each rank's
+//! gradients (or, for local SGD, parameters) become the same on every rank.
+//!
+//! - `Allreduce` (the default): backward, then one sum of the whole gradient buffer.
+//! - `Overlapped` (`--overlap`): each block's gradients are summed as soon as backward has
+//!   finished them, while it goes on through the blocks below; the embeddings and the final
+//!   layernorm (finished last) follow.
+//! - `LocalSgd` (`--sync-every K`): no gradient sums; parameters are averaged every K steps
+//!   and after the last.
+//!
+//! Gradients are averaged by seeding the backward pass with 1/world, so every sum is plain.
+
+use crate::autograd::{Graph, Tensor};
+use crate::backend::{Backend, DeviceBuffer};
+use crate::comm::Comm;
+use crate::error::Result;
+use crate::model::ParamLayout;
+use std::ops::Range;
+use std::time::Instant;
+
+/// How gradients are synchronised (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    Allreduce,
+    Overlapped,
+    LocalSgd { every: u64 },
+}
+
+/// The synchronisation plan of one model: its mode and its gradient buckets.
+pub struct GradSync {
+    mode: SyncMode,
+    /// Per-block buckets, summed during backward when overlapped.
+    blocks: Vec<Range<usize>>,
+    /// What lies outside the blocks, finished only at the end of backward.
+    outside: Vec<Range<usize>>,
+    total: usize,
+}
+
+impl GradSync {
+    pub fn new(mode: SyncMode, layout: &ParamLayout) -> Self {
+        GradSync {
+            mode,
+            blocks: layout.blocks.clone(),
+            outside: layout.outside_blocks(),
+            total: layout.total,
+        }
+    }
+
+    pub fn mode(&self) -> SyncMode {
+        self.mode
+    }
+
+    /// d(loss) to seed backward with: 1/world when gradients are averaged (local SGD
+    /// steps each rank on its own mean gradient).
+    pub fn loss_scale(&self, world: usize) -> f32 {
+        match self.mode {
+            _ if world == 1 => 1.0,
+            SyncMode::LocalSgd { .. } => 1.0,
+            SyncMode::Allreduce | SyncMode::Overlapped => 1.0 / world as f32,
+        }
+    }
+
+    /// Back-propagates from `loss` and leaves the summed gradients in `grads` on every
+    /// rank. Returns the seconds spent inside communication calls (waiting included: the
+    /// part of communication that computing did not hide).
+    pub fn backward<B: Backend>(
+        &self,
+        g: &mut Graph<'_, B>,
+        loss: Tensor,
+        comm: &dyn Comm,
+        grads: &B::Buffer<f32>,
+    ) -> Result<f64> {
+        let (be, world) = (g.backend(), comm.size());
+        let seed = self.loss_scale(world);
+        assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
+        let sum = |range: &Range<usize>, comm_s: &mut f64| {
+            // SAFETY: every range lies in the layout, inside `grads` (checked above), which
+            // the caller keeps alive and untouched until `finish_all_reduces` returns.
+            timed(comm_s, || unsafe {
+                comm.start_all_reduce_sum(grads.ptr().add(range.start), range.len())
+            })
+        };
+        let mut comm_s = 0.0;
+        match self.mode {
+            SyncMode::Overlapped if world > 1 => {
+                g.backward_with(loss, seed, |block| {
+                    // The kernels that wrote this block's gradients may still be queued (GPU),
+                    // and NCCL reads on its own stream: wait for them first (a no-op on the CPU).
+                    be.synchronize()?;
+                    sum(&self.blocks[block], &mut comm_s)
+                })?;
+                be.synchronize()?;
+                for range in &self.outside {
+                    sum(range, &mut comm_s)?;
+                }
+                timed(&mut comm_s, || comm.finish_all_reduces())?;
+            }
+            SyncMode::Allreduce | SyncMode::Overlapped if world > 1 => {
+                g.backward(loss, seed)?;
+                be.synchronize()?;
+                // SAFETY: the whole layout, inside `grads` (checked above).
+                timed(&mut comm_s, || unsafe { comm.all_reduce_sum(grads.ptr(), self.total) })?;
+            }
+            _ => g.backward(loss, seed)?,
+        }
+        Ok(comm_s)
+    }
+
+    /// After the optimiser's update of 0-based `step`: local SGD averages the parameters
+    /// every K steps and after the last. Returns the seconds spent communicating.
+    pub fn after_update<B: Backend>(
+        &self,
+        be: &B,
+        comm: &dyn Comm,
+        params: &B::Buffer<f32>,
+        step: u64,
+        total_steps: u64,
+    ) -> Result<f64> {
+        let world = comm.size();
+        let SyncMode::LocalSgd { every } = self.mode else {
+            return Ok(0.0);
+        };
+        let done = step + 1;
+        if world == 1 || !(done.is_multiple_of(every) || done == total_steps) {
+            return Ok(0.0);
+        }
+        assert!(params.len() >= self.total, "parameter buffer smaller than the layout");
+        let mut comm_s = 0.0;
+        be.synchronize()?; // the update must be written before the sum reads it
+                           // SAFETY: the whole layout, inside `params` (checked above).
+        unsafe {
+            timed(&mut comm_s, || comm.all_reduce_sum(params.ptr(), self.total))?;
+            be.scale(params.ptr(), self.total, 1.0 / world as f32);
+        }
+        Ok(comm_s)
+    }
+}
+
+/// Runs `f`, adding its duration to `seconds`.
+fn timed<T>(seconds: &mut f64, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let started = Instant::now();
+    let out = f();
+    *seconds += started.elapsed().as_secs_f64();
+    out
+}

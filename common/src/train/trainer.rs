@@ -1,0 +1,165 @@
+//! [`Trainer`]: the model, its optimiser, the gradient synchronisation plan and the memory
+//! pool on one backend and one communicator, with the operations a training run is made
+//! of: one step, an evaluation, a sample, saving and restoring. `train` and `bench` both
+//! drive it.
+
+use crate::autograd::{Graph, Pool};
+use crate::backend::Backend;
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
+use crate::comm::{broadcast_f32, Comm};
+use crate::data::Batch;
+use crate::error::Result;
+use crate::generate::{self, SampleOptions};
+use crate::grad_sync::{GradSync, SyncMode};
+use crate::model::{Gpt2, ModelConfig};
+use crate::optim::{AdamW, OptimConfig, StepStats};
+use crate::tokenizer::Tokenizer;
+use std::path::Path;
+use std::time::Instant;
+
+/// How a trainer updates and synchronises; the CLI's flags map onto it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainerSettings {
+    pub optim: OptimConfig,
+    pub sync: SyncMode,
+}
+
+pub struct Trainer<'a, B: Backend> {
+    pub be: &'a B,
+    pub comm: &'a dyn Comm,
+    pub model: Gpt2<B>,
+    pub opt: AdamW<B>,
+    sync: GradSync,
+    pool: Pool<B>,
+}
+
+/// One step's report; times in seconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepReport {
+    /// Loss averaged over ranks, gradient norm and learning rate.
+    pub stats: StepStats,
+    pub compute_s: f64,
+    pub comm_s: f64,
+}
+
+impl<'a, B: Backend> Trainer<'a, B> {
+    pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
+        let model = Gpt2::new(be, config)?;
+        let opt = AdamW::new(be, &model.layout, settings.optim)?;
+        let sync = GradSync::new(settings.sync, &model.layout);
+        Ok(Trainer {
+            be,
+            comm,
+            model,
+            opt,
+            sync,
+            pool: Pool::default(),
+        })
+    }
+
+    /// Rank 0 initialises the parameters and every rank receives them.
+    pub fn init_weights(&mut self, seed: u64) -> Result<()> {
+        if self.comm.is_root() {
+            self.model.init_weights(self.be, seed)?;
+        }
+        if self.comm.size() > 1 {
+            let mut host = self.fetch(&self.model.params)?;
+            broadcast_f32(self.comm, &mut host)?;
+            self.be.write(&self.model.params, 0, &host)?;
+        }
+        Ok(())
+    }
+
+    /// zero grads → forward → backward (gradients summed over ranks) → clip + AdamW.
+    /// `batch` is this rank's (b, t) shard; `step` is 0-based.
+    pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
+        let (be, comm) = (self.be, self.comm);
+        let started = Instant::now();
+        be.zero_buffer(&self.model.grads);
+        let mut comm_s = {
+            let mut g = Graph::new(be, &mut self.pool, true);
+            let fwd = self
+                .model
+                .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
+            let loss = fwd.loss.expect("targets given");
+            let comm_s = self.sync.backward(&mut g, loss, comm, &self.model.grads)?;
+            let (slot, at) = self.opt.loss_slot();
+            g.copy_into(loss, slot, at)?;
+            comm_s
+        };
+        let mut stats = self.opt.step(be, &self.model.params, &self.model.grads, step)?;
+        let total_steps = self.opt.config.total_steps;
+        comm_s += self
+            .sync
+            .after_update(be, comm, &self.model.params, step, total_steps)?;
+        if comm.size() > 1 {
+            let t0 = Instant::now();
+            let mut v = [stats.loss];
+            comm.all_reduce_sum_host(&mut v)?;
+            stats.loss = v[0] / comm.size() as f32;
+            comm_s += t0.elapsed().as_secs_f64();
+        }
+        let total = started.elapsed().as_secs_f64();
+        Ok(StepReport {
+            stats,
+            compute_s: total - comm_s,
+            comm_s,
+        })
+    }
+
+    /// Mean loss over evaluation batches (forward only), weighted by rows.
+    pub fn evaluate(&mut self, batches: &[Batch], t: usize) -> Result<f32> {
+        let (mut sum, mut rows) = (0.0f64, 0usize);
+        for batch in batches {
+            let b = batch.inputs.len() / t;
+            let mut g = Graph::new(self.be, &mut self.pool, false);
+            let fwd = self
+                .model
+                .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
+            let mut loss = [0.0f32];
+            g.read(fwd.loss.expect("targets given"), &mut loss)?;
+            sum += loss[0] as f64 * b as f64;
+            rows += b;
+        }
+        Ok((sum / rows.max(1) as f64) as f32)
+    }
+
+    /// Writes parameters, moments and progress atomically (rank 0 only).
+    pub fn save(&self, path: &Path, meta: &CheckpointMeta) -> Result<()> {
+        let p = self.fetch(&self.model.params)?;
+        let m = self.fetch(&self.opt.m)?;
+        let v = self.fetch(&self.opt.v)?;
+        checkpoint::save(path, meta, &p, &m, &v)
+    }
+
+    /// Loads parameters and moments from rank 0's checkpoint (`None` elsewhere) into every rank.
+    pub fn restore(&mut self, ckpt: Option<Checkpoint>) -> Result<()> {
+        let n = self.model.num_params();
+        let (mut p, mut m, mut v) = match ckpt {
+            Some(c) => (c.params, c.m, c.v),
+            None => (vec![0.0; n], vec![0.0; n], vec![0.0; n]),
+        };
+        for (host, dst) in [
+            (&mut p, &self.model.params),
+            (&mut m, &self.opt.m),
+            (&mut v, &self.opt.v),
+        ] {
+            broadcast_f32(self.comm, host)?;
+            self.be.write(dst, 0, host)?;
+        }
+        Ok(())
+    }
+
+    /// Text continuing `prompt`.
+    pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<String> {
+        let ids = tok.encode(prompt);
+        let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {})?;
+        Ok(tok.decode(&out))
+    }
+
+    fn fetch(&self, buf: &B::Buffer<f32>) -> Result<Vec<f32>> {
+        let mut host = vec![0.0f32; self.model.num_params()];
+        self.be.read(buf, 0, &mut host)?;
+        Ok(host)
+    }
+}
