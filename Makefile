@@ -7,8 +7,6 @@ SHELL := /bin/bash
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NP ?= 2
-# Stage 1 bench batch per rank: 2 ranks x 2 = stage 0's bench batch of 4.
-MPI_BENCH_BATCH ?= 2
 RUN_DIR := runs
 BIN := target/release
 
@@ -21,7 +19,7 @@ SHORT_FLAGS := --data data/tinyshakespeare.txt --model char --steps 100 --eval-e
 # libnvrtc from the PyPI wheel (no GPU needed), for the kernel-compile test.
 NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
 
-.PHONY: all deps build run test bench results clean
+.PHONY: all deps build run test bench llmc-compare results clean
 
 # GPU results copied back from a device run (see stage2_cuda/gpu/), when present.
 GPU_RUNS = $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(1)$(s)/loss.tsv),--run "$(s)=results/runs/$(1)$(s)"))
@@ -51,25 +49,29 @@ run: deps
 
 test: deps
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH REQUIRE_NVRTC=1 $(CARGO) test --workspace
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --quiet
 
+# Stages 0 and 1 on GPT-2 124M and the char model, 3 runs each in turns: results/cpu-bench.md.
 bench: build
-	@echo "== stage 0, GPT-2 124M, batch 4, seq 64 (2-core target: <= 2 s/step, <= 2.5 GiB)"
-	$(BIN)/stage0_serial bench --model gpt2 --batch 4 --seq-len 64 --steps 5
-	@echo "== stage 0, char model, batch 16, seq 128"
-	$(BIN)/stage0_serial bench --model char --vocab 256 --batch 16 --seq-len 128 --steps 20
-	@echo "== stage 1, GPT-2 124M, $(NP) ranks x batch $(MPI_BENCH_BATCH), seq 64; then with the allreduce overlapped"
-	mpirun -n $(NP) $(BIN)/stage1_mpi bench --model gpt2 --batch $(MPI_BENCH_BATCH) --seq-len 64 --steps 3
-	mpirun -n $(NP) $(BIN)/stage1_mpi bench --model gpt2 --batch $(MPI_BENCH_BATCH) --seq-len 64 --steps 3 --overlap
+	NP=$(NP) stage0_serial/cpu-bench.sh
+
+# Stage 0 against llm.c's train_gpt2.c on GPT-2 124M, alternating: results/llmc-cpu.md.
+llmc-compare: build
+	stage0_serial/llmc/compare.sh
 
 # Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch (with the
 # GPU stages' runs that stage3_mpi_cuda/gpu/run.sh brought back into results/runs/), then
 # the side-by-side tables and plot in results/README.md.
 results: build
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out results/runs/stage0
+	results/describe-machine.sh > results/runs/stage0/env.txt
 	mpirun -n $(NP) $(BIN)/stage1_mpi train $(TRAIN_FLAGS) --out results/runs/stage1
+	results/describe-machine.sh > results/runs/stage1/env.txt
 	$(BIN)/stage0_serial report --run stage0=results/runs/stage0 --run "stage1 ($(NP) ranks)=results/runs/stage1" $(call GPU_RUNS,) --out results
 	$(BIN)/stage0_serial train $(SHORT_FLAGS) --out results/runs/short-stage0
+	results/describe-machine.sh > results/runs/short-stage0/env.txt
 	mpirun -n $(NP) $(BIN)/stage1_mpi train $(SHORT_FLAGS) --out results/runs/short-stage1
+	results/describe-machine.sh > results/runs/short-stage1/env.txt
 	$(BIN)/stage0_serial report --run stage0=results/runs/short-stage0 --run "stage1 ($(NP) ranks)=results/runs/short-stage1" $(call GPU_RUNS,short-) --out results/short
 
 clean:

@@ -1,6 +1,6 @@
 //! Reverse-mode autograd over a tape of coarse ops (about ten per transformer block).
 //! A [`Graph`] lives for one forward/backward pass: each op runs its forward kernel at
-//! once and appends a [`Node`]; [`Graph::backward`] walks the tape in reverse and calls
+//! once and appends a node; [`Graph::backward`] walks the tape in reverse and calls
 //! each op's backward kernel, which accumulates into the inputs' gradients.
 //!
 //! Memory: activations, saved state and activation gradients come from a [`Pool`], a
@@ -238,7 +238,7 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     // ---- ops ------------------------------------------------------------------------
 
-    /// (B·T, C) = wte[ids] + wpe[0..T], for `ids` (B·T) rows of `wte`.
+    /// `(B·T, C) = wte[ids] + wpe[0..T]`, for `ids` (B·T) rows of `wte`.
     pub fn encoder(&mut self, ids: &[i32], wte: Tensor, wpe: Tensor, b: usize, t: usize) -> Result<Tensor> {
         let ([rows, c], [positions, pc]) = (self.shape(wte), self.shape(wpe));
         assert!(pc == c && t <= positions, "encoder: position table too small");

@@ -172,16 +172,6 @@ pub fn load_meta(path: &Path) -> Result<CheckpointMeta> {
 /// Return an Input error naming every field where the checkpoint disagrees with the model
 /// the flags describe (used by `train --resume` when model flags are also given).
 pub fn check_compatible(meta: &CheckpointMeta, config: &ModelConfig, tokenizer: &str) -> Result<()> {
-    // Destructured so that a new config field cannot be forgotten here.
-    let ModelConfig {
-        vocab_size,
-        padded_vocab_size,
-        n_layer,
-        n_head,
-        n_embd,
-        max_seq_len,
-    } = *config;
-    let have = &meta.config;
     let mut conflicts = Vec::new();
     if meta.tokenizer != tokenizer {
         conflicts.push(format!(
@@ -189,14 +179,7 @@ pub fn check_compatible(meta: &CheckpointMeta, config: &ModelConfig, tokenizer: 
             meta.tokenizer
         ));
     }
-    for (name, ckpt, flag) in [
-        ("vocab_size", have.vocab_size, vocab_size),
-        ("padded_vocab_size", have.padded_vocab_size, padded_vocab_size),
-        ("n_layer", have.n_layer, n_layer),
-        ("n_head", have.n_head, n_head),
-        ("n_embd", have.n_embd, n_embd),
-        ("max_seq_len", have.max_seq_len, max_seq_len),
-    ] {
+    for ((name, ckpt), (_, flag)) in meta.config.fields().into_iter().zip(config.fields()) {
         if ckpt != flag {
             conflicts.push(format!("{name}={ckpt} but the flags ask for {name}={flag}"));
         }

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Stage 2 on a GPU host, in one go: benches (ours and the PyTorch eager baseline, fp32 and
-# tf32, GPT-2 124M at B=16 T=1024), the GPU tests, the per-op timing table; a short table last.
-# Run from the project root after `../shared/gpu/bundle.sh -p stage2_cuda -p common --features cuda`:
-#   stage2_cuda/gpu/run.sh [bench] [ablate] [tests] [timing]     (default: all four)
-# Logs go to $OUT (default /tmp/out; six files). The PyTorch script is read from this folder.
+# tf32, GPT-2 124M at B=16 T=1024), the GPU tests, the per-op timing table, the results runs
+# (`make results`' settings, fp32), a determinism check (two same-seed runs); tables last.
+# Run from the project root after `../shared/gpu/bundle.sh` (and `git rev-parse --short HEAD
+# > .gpu/commit`, which names the commit in the tables):
+#   stage2_cuda/gpu/run.sh [bench] [ablate] [tests] [timing] [results] [determinism]
+#   (default: bench ablate tests timing)
+# Logs go to $OUT (default /tmp/out): bench.jsonl, gpu-bench.md (the table, with the machine),
+# results.tgz (runs with env.txt), tests.log, timing.log. The PyTorch script is read from here.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -12,7 +16,8 @@ want() { [[ " $parts " == *" $1 "* ]]; }
 
 source "$here/cuda-env.sh"
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)
-echo "gpu: $gpu"
+machine=$(results/describe-machine.sh)
+echo "gpu: $gpu"; echo "machine: $machine"
 export PYTHONUNBUFFERED=1 REQUIRE_NVRTC=1 STAGE2_CUDA_BIN=$(command -v stage2_cuda)
 
 # One bench: label, then the command; its last stdout line (JSON) goes to $OUT/bench.jsonl.
@@ -63,26 +68,56 @@ if want timing; then
   grep -E "^TIMING" "$OUT/timing.log"
 fi
 
+if want results; then  # make results' settings (the Makefile holds them once), fp32
+  rm -rf /tmp/res; mkdir -p /tmp/res
+  for run in "stage2:TRAIN_FLAGS" "short-stage2:SHORT_FLAGS"; do
+    dir=/tmp/res/${run%%:*}; flags=$(sed -n "s/^${run#*:} := //p" Makefile)
+    mkdir -p "$dir"; echo "$machine" >"$dir/env.txt"
+    timeout 300 stage2_cuda train $flags --precision fp32 --out "$dir" >>"$OUT/results.log" 2>&1 || { rc=1; echo "results run $run FAILED"; }
+  done
+  rm -f /tmp/res/*/model.ckpt; tar -C /tmp/res -czf "$OUT/results.tgz" .
+fi
+if want determinism; then  # two runs, same seed: equal loss tables and final parameters?
+  flags=$(sed -n "s/^SHORT_FLAGS := //p" Makefile)
+  for p in fp32 tf32; do
+    for i in 1 2; do
+      timeout 120 stage2_cuda train $flags --precision $p --out /tmp/det-$p-$i >/dev/null 2>&1 || echo "determinism run $p $i FAILED"
+    done
+    same_table=$(cmp -s <(cut -f1-3 /tmp/det-$p-1/loss.tsv) <(cut -f1-3 /tmp/det-$p-2/loss.tsv) && echo equal || echo DIFFERENT)
+    same_ckpt=$(cmp -s /tmp/det-$p-1/model.ckpt /tmp/det-$p-2/model.ckpt && echo equal || echo DIFFERENT)
+    echo "DETERMINISM $p: loss.tsv (epoch, train, val) $same_table; final checkpoint $same_ckpt; last rows: $(tail -1 /tmp/det-$p-1/loss.tsv | cut -f1-3 | tr '\t' ' ') / $(tail -1 /tmp/det-$p-2/loss.tsv | cut -f1-3 | tr '\t' ' ')" | tee -a "$OUT/determinism.log"
+  done
+fi
+
 echo; echo "==== failures"; grep -hE "panicked|FAILED|^---- " "$OUT/tests.log" "$OUT/timing.log" 2>/dev/null | head -30
 echo "==== parity (max|gpu-cpu|/max|cpu| unless stated)"; grep -hE "^PARITY" "$OUT/tests.log" 2>/dev/null | sed 's/^PARITY //' | sort | tail -60
 echo "==== tests"; grep -hE "^test result|^test .* (FAILED|ignored)$" "$OUT/tests.log" "$OUT/timing.log" 2>/dev/null
 echo "==== GPT-2 124M, B=16 T=1024, $gpu"
-python3 - "$OUT/bench.jsonl" <<'PY'
+python3 - "$OUT/bench.jsonl" "$machine" >"$OUT/gpu-bench.md" <<'PY'
 import json, sys
 try:
     rows = [json.loads(l) for l in open(sys.argv[1])]
 except OSError:
     rows = []
 by = {r["label"]: r for r in rows}
-print(f"{'run':<28} {'tokens/s':>9} {'ms/step':>8} {'peak MiB':>9} {'mfu':>6}  vs torch (speed, memory)")
+print("# GPU benchmark: GPT-2 124M, B=16, T=1024\n")
+print(f"Written by `stage2_cuda/gpu/run.sh bench`. Measured on: {sys.argv[2]}.\n")
+print("Ours (`stage2_cuda bench`) and PyTorch eager (`pytorch_gpt2.py`, same shapes, AdamW with clipping) "
+      "alternate in one call, 3 warm-up and 10 timed steps each; `-rN` is the N-th round. Peak memory: ours "
+      "is the backend's allocation high-water mark, PyTorch's `torch.cuda.max_memory_allocated()`.\n")
+print("| run | tokens/s | ms/step | peak MiB | MFU | vs PyTorch, same round: speed | memory |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
     p = "tf32" if "tf32" in r["label"] else "fp32"
     rep = r["label"].rsplit("-", 1)[-1] if r["label"][-3:-1] == "-r" else "r1"
     t = by.get(f"torch-{p}-{rep}")
-    ratio = ""
+    speed = mem = ""
     if t and not r["label"].startswith("torch"):
-        ratio = f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x  {r['peak_device_mb'] / t['peak_device_mb']:.2f}x"
+        speed = f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x"
+        mem = f"{r['peak_device_mb'] / t['peak_device_mb']:.2f}x"
     mfu = f"{r['mfu']:.3f}" if r.get("mfu") is not None else "-"
-    print(f"{r['label']:<28} {r['tokens_per_s']:>9.0f} {r['ms_per_step']:>8.1f} {r['peak_device_mb']:>9.0f} {mfu:>6}  {ratio}")
+    print(f"| {r['label']} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.1f} | {r['peak_device_mb']:.0f} | {mfu} | {speed} | {mem} |")
 PY
+cat "$OUT/gpu-bench.md"
+grep -h "^DETERMINISM" "$OUT/determinism.log" 2>/dev/null
 exit $rc

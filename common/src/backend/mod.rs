@@ -196,7 +196,7 @@ pub trait Backend {
     unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32);
 
     // ---- layers: forward and backward ---------------------------------------------
-    /// out (B,T,C) = wte[tokens] + wpe[t]; `tokens` is (B,T).
+    /// `out (B,T,C) = wte[tokens] + wpe[t]`; `tokens` is (B,T).
     /// # Safety
     /// `out`: B·T·C; `tokens`: B·T ids, each a row of `wte`; `wte`: (its rows)·C; `wpe`: T·C.
     #[allow(clippy::too_many_arguments)]
@@ -328,7 +328,7 @@ pub trait Backend {
     /// `dinp`, `inp`, `dout`: `n` elements each.
     unsafe fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize);
 
-    /// losses (BT) = -log softmax(logits[:, :V])[target], logits (BT,Vp), targets (BT).
+    /// `losses (BT) = -log softmax(logits[:, :V])[target]`, logits (BT,Vp), targets (BT).
     /// # Safety
     /// `losses`: BT; `logits`: BT·Vp; `targets`: BT ids, each below V; V ≤ Vp.
     #[allow(clippy::too_many_arguments)]
@@ -375,11 +375,11 @@ pub trait Backend {
     );
 
     // ---- reductions and the optimiser ---------------------------------------------
-    /// out[0] = mean of `inp[0..n]` (a fixed reduction order on the CPU).
+    /// `out[0]` = mean of `inp[0..n]` (a fixed reduction order on the CPU).
     /// # Safety
     /// `out`: 1; `inp`: `n`.
     unsafe fn mean(&self, out: DevPtr, inp: DevPtr, n: usize);
-    /// out[0] += Σ inp[i]² over `n` values.
+    /// `out[0] += Σ inp[i]²` over `n` values.
     /// # Safety
     /// `out`: 1; `inp`: `n`.
     unsafe fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize);

@@ -62,7 +62,9 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    pub fn validate(&self) -> Result<()> {
+    /// Every field with its name, for messages that compare configs.
+    pub fn fields(&self) -> [(&'static str, usize); 6] {
+        // Destructured so that a new field cannot be forgotten here.
         let ModelConfig {
             vocab_size,
             padded_vocab_size,
@@ -71,6 +73,19 @@ impl ModelConfig {
             n_embd,
             max_seq_len,
         } = *self;
+        [
+            ("vocab_size", vocab_size),
+            ("padded_vocab_size", padded_vocab_size),
+            ("n_layer", n_layer),
+            ("n_head", n_head),
+            ("n_embd", n_embd),
+            ("max_seq_len", max_seq_len),
+        ]
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let [(_, vocab_size), (_, padded_vocab_size), (_, n_layer), (_, n_head), (_, n_embd), (_, max_seq_len)] =
+            self.fields();
         if vocab_size == 0 || n_layer == 0 || n_head == 0 || n_embd == 0 || max_seq_len == 0 {
             crate::bail_input!("model dimensions must be positive (layers {n_layer}, heads {n_head}, width {n_embd}, max seq-len {max_seq_len}, vocab {vocab_size})");
         }

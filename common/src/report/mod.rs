@@ -33,6 +33,8 @@ struct Run {
     label: String,
     rows: Vec<[f64; 5]>, // epoch, train_loss, val_loss, tokens_per_s, elapsed_s
     summary: RunSummary,
+    /// Where it was measured: `DIR/env.txt`, as `results/describe-machine.sh` writes it.
+    env: Option<String>,
 }
 
 fn read_run(spec: &str) -> Result<Run> {
@@ -58,10 +60,14 @@ fn read_run(spec: &str) -> Result<Run> {
         Ok(s) => serde_json::from_str(&s).map_err(|e| Error::Input(format!("{}: {e}", sj.display())))?,
         Err(_) => RunSummary::default(),
     };
+    let env = std::fs::read_to_string(dir.join("env.txt"))
+        .ok()
+        .map(|s| s.trim().to_string());
     Ok(Run {
         label: label.to_string(),
         rows,
         summary,
+        env,
     })
 }
 
@@ -80,7 +86,15 @@ pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
          Model: {} parameters, batch {}×{}, {} steps, same seed for every stage.\n",
         s0.params, s0.batch, s0.seq_len, s0.steps
     );
-    let _ = writeln!(md, "## Table 1: training and inference time\n");
+    let _ = writeln!(
+        md,
+        "Where each run was measured (`results/describe-machine.sh` at run time):\n"
+    );
+    let _ = writeln!(md, "| stage | machine, software and commit |\n| --- | --- |");
+    for r in &runs {
+        let _ = writeln!(md, "| {} | {} |", r.label, r.env.as_deref().unwrap_or("not recorded"));
+    }
+    let _ = writeln!(md, "\n## Table 1: training and inference time\n");
     let _ = writeln!(md, "| stage | device | ranks | training time (s) | speed-up | train tokens/s | inference tokens/s | final val loss |");
     let _ = writeln!(md, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let base = s0.train_time_s;
