@@ -2,7 +2,8 @@
 # One line naming where a result was measured: the device, the GPU driver, CUDA, NCCL, MPI and
 # the commit. Every script that writes under results/ records it (runs: DIR/env.txt, which
 # `report` shows; benches: the table's header). On a GPU host the commit comes from
-# .gpu/commit (the bundle is built from a checkout; the copy sent to the GPU has no .git).
+# .gpu/commit, written where the bundle was built (the copy on the GPU host may carry an
+# older .git, or none).
 cd "$(dirname "$0")/.." || exit 1
 have() { command -v "$1" >/dev/null 2>&1; }
 cpu=$(sed -n 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1)
@@ -15,7 +16,10 @@ fi
 cuda=$(have nvcc && nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 torch_versions=$(have python3 && python3 -c "import torch; print(torch.__version__, '.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '')" 2>/dev/null)
 mpi=$(have mpirun && mpirun --version 2>&1 | sed -n 's/^ *Version: *\([0-9.]*\).*/MPICH \1/p' | head -1)
-commit=$(git rev-parse --short HEAD 2>/dev/null || cat .gpu/commit 2>/dev/null || echo unknown)
-[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+changes"
+if [ -n "${driver:-}" ] && [ -f .gpu/commit ]; then
+  commit=$(cat .gpu/commit)  # what the bundle was built from (`git describe --always --dirty`)
+else
+  commit=$(git describe --always --dirty 2>/dev/null || echo unknown)
+fi
 torch=${torch_versions%% *}; nccl=${torch_versions#* }
 echo "device: $device; driver: ${driver:--}; CUDA: ${cuda:--}; NCCL: ${nccl:--}; MPI: ${mpi:--}; PyTorch: ${torch:--}; commit: $commit"
