@@ -11,7 +11,7 @@ use crate::generate::{self, SampleOptions};
 use crate::model::Gpt2;
 use crate::tokenizer::Tokenizer;
 use crate::{autograd::Pool, data};
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -58,7 +58,7 @@ enum Refused {
 
 /// Parses and checks the command line (see [`check_flags`]).
 fn parse(name: &str, kind: StageKind) -> std::result::Result<Cli, Refused> {
-    let matches = Cli::command().try_get_matches().map_err(Refused::Clap)?;
+    let matches = Cli::grammar().try_get_matches().map_err(Refused::Clap)?;
     let cli = Cli::from_arg_matches(&matches).map_err(Refused::Clap)?;
     check_flags(&matches, kind, name).map_err(Refused::Flags)?;
     Ok(cli)

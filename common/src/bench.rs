@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::model::ModelConfig;
 use crate::optim::OptimConfig;
 use crate::report::progress;
-use crate::train::{validate_shape, Trainer, TrainerSettings};
+use crate::train::{check_fits, validate_shape, Trainer, TrainerSettings};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::time::Instant;
@@ -75,6 +75,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         eps: 1e-8,
         grad_clip: 1.0,
     };
+    agree(comm, check_fits(be, &config, b, t))?;
     let sync = args.sync.mode();
     let mut trainer = Trainer::new(be, comm, config, TrainerSettings { optim, sync })?;
     trainer.init_weights(1)?;

@@ -54,6 +54,9 @@ pub struct CheckpointMeta {
     pub seed: u64,
     /// The run's settings (lr, batch, seq_len, ...), opaque to this module.
     pub train: serde_json::Value,
+    /// Where the run's log stood (rows written, time so far, the steps since the last
+    /// row), opaque to this module.
+    pub progress: serde_json::Value,
 }
 
 /// The checkpoint's header JSON: the metadata and the tensor list it was written with.
@@ -109,6 +112,11 @@ pub fn save(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: &[
             wrong.join(", ")
         );
     }
+    if let Some(bad) = first_non_finite([params, m, v]) {
+        return Err(Error::Training(format!(
+            "{shown}: not saving a checkpoint that holds {bad}: the model has diverged"
+        )));
+    }
     let header = HeaderOut {
         meta,
         tensors: tensor_records(&layout),
@@ -150,11 +158,17 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
     let stored = u64::from_le_bytes(stored);
     if stored != computed {
         crate::bail_input!(
-            "{}: checkpoint is corrupt (checksum mismatch: stored {stored:016x}, computed {computed:016x})",
+            "{}: checkpoint is corrupt (its checksum does not match its contents)",
             path.display()
         );
     }
     let [params, m, v] = arrays;
+    if let Some(bad) = first_non_finite([&params, &m, &v]) {
+        crate::bail_input!(
+            "{}: checkpoint holds {bad}: refusing to load a diverged model",
+            path.display()
+        );
+    }
     Ok(Checkpoint {
         meta: head.meta,
         params,
@@ -167,6 +181,14 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
 /// e.g. to build the model before loading. Sizes are still checked against the file length.
 pub fn load_meta(path: &Path) -> Result<CheckpointMeta> {
     Ok(read_head(path)?.meta)
+}
+
+/// The first non-finite value of the three arrays, described ("params[7] = NaN").
+fn first_non_finite(arrays: [&[f32]; 3]) -> Option<String> {
+    ["params", "m", "v"].into_iter().zip(arrays).find_map(|(name, a)| {
+        let i = a.iter().position(|x| !x.is_finite())?;
+        Some(format!("{name}[{i}] = {}", a[i]))
+    })
 }
 
 /// Return an Input error naming every field where the checkpoint disagrees with the model

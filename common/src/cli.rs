@@ -43,7 +43,21 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The command line's grammar, with negative numbers read as values (so `--lr -1` is
+    /// refused for its value, naming --lr, rather than as an unknown flag `-1`).
+    pub fn grammar() -> clap::Command {
+        <Cli as clap::CommandFactory>::command().mut_subcommands(|sub| {
+            sub.mut_args(|arg| {
+                let takes_value = arg.get_action().takes_values();
+                arg.allow_negative_numbers(takes_value)
+            })
+        })
+    }
+}
+
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum Command {
     /// Train a model; writes OUT/loss.tsv, OUT/model.ckpt and prints the loss table.
     Train(TrainArgs),
@@ -76,16 +90,16 @@ pub struct ModelArgs {
     #[arg(long = "model")]
     pub preset: Option<String>,
     /// Override the number of transformer blocks.
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     pub layers: Option<usize>,
     /// Override the number of attention heads (must divide --width).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     pub heads: Option<usize>,
     /// Override the embedding width.
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     pub width: Option<usize>,
     /// Override the longest sequence the position embedding covers.
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     pub max_seq_len: Option<usize>,
 }
 
@@ -114,8 +128,9 @@ impl ModelArgs {
 /// [`STAGE_FLAGS`]); given to another, it is refused.
 #[derive(Args, Debug, Clone, Default)]
 pub struct DeviceArgs {
-    /// CPU stages: worker threads per process [default: the host's cores / its ranks].
-    #[arg(long)]
+    /// CPU stages: worker threads per process, at most 4 per core [default: the host's
+    /// cores / its ranks].
+    #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
     /// GPU stages: arithmetic of the matrix products [default: tf32].
     #[arg(long, value_enum)]
@@ -142,7 +157,7 @@ pub struct SyncArgs {
     pub overlap: bool,
     /// Multi-process stages: local SGD, average parameters every K steps instead of
     /// gradients every step.
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = at_least_one_u64)]
     pub sync_every: Option<u64>,
 }
 
@@ -245,47 +260,50 @@ pub struct TrainArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Tokenizer for text input: byte (256 symbols) or gpt2 (BPE, 50257).
-    #[arg(long, value_enum, default_value_t = crate::tokenizer::TokenizerKind::Byte)]
-    pub tokenizer: crate::tokenizer::TokenizerKind,
-    /// Optimizer steps to run (default: 2 epochs' worth).
-    #[arg(long)]
+    /// Tokenizer for text input: byte (256 symbols) or gpt2 (BPE, 50257) [default: byte;
+    /// when resuming, the checkpoint's].
+    #[arg(long, value_enum)]
+    pub tokenizer: Option<crate::tokenizer::TokenizerKind>,
+    /// Optimizer steps to run [default: 2 epochs' worth; when resuming, the checkpoint's].
+    #[arg(long, value_parser = at_least_one_u64)]
     pub steps: Option<u64>,
     /// Passes over the training windows (an epoch visits each window once).
-    #[arg(long)]
+    #[arg(long, value_parser = positive_f64)]
     pub epochs: Option<f64>,
-    /// Global batch size, in sequences (split over ranks).
-    #[arg(long, default_value_t = 32)]
-    pub batch: usize,
-    /// Sequence length T (at most the model's max sequence length).
-    #[arg(long, default_value_t = 128)]
-    pub seq_len: usize,
+    /// Global batch size, in sequences, split over ranks [default: 32; when resuming, the
+    /// checkpoint's].
+    #[arg(long, value_parser = at_least_one)]
+    pub batch: Option<usize>,
+    /// Sequence length T, at most the model's max sequence length [default: 128; when
+    /// resuming, the checkpoint's].
+    #[arg(long, value_parser = at_least_one)]
+    pub seq_len: Option<usize>,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 3e-3, value_parser = positive_f32)]
     pub lr: f32,
     /// Linear warmup steps.
     #[arg(long, default_value_t = 50)]
     pub warmup: u64,
-    /// The cosine schedule ends at lr × this.
-    #[arg(long, default_value_t = 0.1)]
+    /// The cosine schedule ends at lr × this (0 to 1).
+    #[arg(long, default_value_t = 0.1, value_parser = fraction_f32)]
     pub min_lr_frac: f32,
     /// AdamW decoupled weight decay (matrices and embeddings only).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = non_negative_f32)]
     pub weight_decay: f32,
     /// Clip the global gradient norm to this (0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative_f32)]
     pub grad_clip: f32,
-    /// Seed for initialisation and data order.
-    #[arg(long, default_value_t = 1337)]
-    pub seed: u64,
-    /// Evaluate and write a loss.tsv row every N steps (default: once per epoch).
+    /// Seed for initialisation and data order [default: 1337; when resuming, the checkpoint's].
     #[arg(long)]
+    pub seed: Option<u64>,
+    /// Evaluate and write a loss.tsv row every N steps (default: once per epoch).
+    #[arg(long, value_parser = at_least_one_u64)]
     pub eval_every: Option<u64>,
     /// Validation batches per evaluation (at most).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = at_least_one)]
     pub eval_batches: usize,
-    /// Fraction of the corpus held out for validation (taken from the end).
-    #[arg(long, default_value_t = 0.1)]
+    /// Fraction of the corpus held out for validation (taken from the end; above 0, below 1).
+    #[arg(long, default_value_t = 0.1, value_parser = open_fraction_f32)]
     pub val_fraction: f32,
     /// Save OUT/model.ckpt every N steps as well as at the end (0: only at the end).
     #[arg(long, default_value_t = 0)]
@@ -293,8 +311,16 @@ pub struct TrainArgs {
     /// Continue the run saved in this checkpoint.
     #[arg(long)]
     pub resume: Option<PathBuf>,
-    /// Length of the sample printed after training (0: none).
-    #[arg(long, default_value_t = 400)]
+    /// End the run after this many steps (counted from the start of the run, like --steps),
+    /// with a checkpoint, without changing the schedule; --resume continues it.
+    #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
+    pub stop_after: Option<u64>,
+    /// Stop after this many consecutive steps with a non-finite loss or gradient norm (each
+    /// is skipped: the model is left as it was).
+    #[arg(long, default_value_t = 3, value_name = "N", value_parser = at_least_one_u64)]
+    pub max_bad_steps: u64,
+    /// Length of the sample printed after training (0: none; at most 1,000,000).
+    #[arg(long, default_value_t = 400, value_parser = token_count)]
     pub sample_len: usize,
     #[command(flatten)]
     pub device: DeviceArgs,
@@ -310,14 +336,14 @@ pub struct GenerateArgs {
     /// Text to continue.
     #[arg(long, default_value = "\n")]
     pub prompt: String,
-    /// Tokens to generate.
-    #[arg(long, default_value_t = 300)]
+    /// Tokens to generate (at most 1,000,000).
+    #[arg(long, default_value_t = 300, value_parser = token_count)]
     pub max_new_tokens: usize,
     /// Pick the most likely token each time (deterministic).
     #[arg(long)]
     pub greedy: bool,
-    /// Softmax temperature for sampling.
-    #[arg(long, default_value_t = 0.8)]
+    /// Softmax temperature for sampling (above 0).
+    #[arg(long, default_value_t = 0.8, value_parser = positive_f32)]
     pub temperature: f32,
     /// Sample among the K most likely tokens only (0: all).
     #[arg(long, default_value_t = 40)]
@@ -346,15 +372,16 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Vocabulary size of the random tokens (50257 = GPT-2's).
-    #[arg(long, default_value_t = 50257)]
+    #[arg(long, default_value_t = 50257, value_parser = at_least_one)]
     pub vocab: usize,
     /// Batch size per process.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = at_least_one)]
     pub batch: usize,
-    #[arg(long, default_value_t = 64)]
+    /// Sequence length.
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub seq_len: usize,
     /// Timed steps.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = at_least_one_u64)]
     pub steps: u64,
     /// Untimed steps first.
     #[arg(long, default_value_t = 2)]
@@ -363,4 +390,223 @@ pub struct BenchArgs {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub sync: SyncArgs,
+}
+
+// ---- value checks: every numeric flag is checked as it is parsed ------------------------
+// (clap prints the message after "invalid value 'X' for '--flag'"; see `app` for the one line)
+
+fn number<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.trim().parse().map_err(|_| "not a number".to_string())
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match number::<usize>(s)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+fn at_least_one_u64(s: &str) -> Result<u64, String> {
+    match number::<u64>(s)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+/// `train --seed`, `--batch` and `--seq-len` when none is given (and not resuming).
+pub const DEFAULT_SEED: u64 = 1337;
+pub const DEFAULT_BATCH: usize = 32;
+pub const DEFAULT_SEQ_LEN: usize = 128;
+
+/// The most tokens `generate` and the training sample produce.
+pub const MAX_NEW_TOKENS: usize = 1_000_000;
+
+fn token_count(s: &str) -> Result<usize, String> {
+    match number::<usize>(s)? {
+        n if n > MAX_NEW_TOKENS => Err(format!("must be at most {MAX_NEW_TOKENS}")),
+        n => Ok(n),
+    }
+}
+
+/// Threads per process: at least 1, at most 4 per core of this host.
+fn thread_count(s: &str) -> Result<usize, String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match number::<usize>(s)? {
+        0 => Err("must be at least 1 (leave --threads out for the default)".into()),
+        n if n > 4 * cores => Err(format!(
+            "must be at most {} (4 per core; this host has {cores})",
+            4 * cores
+        )),
+        n => Ok(n),
+    }
+}
+
+fn finite_f32(s: &str) -> Result<f32, String> {
+    match number::<f32>(s)? {
+        x if x.is_finite() => Ok(x),
+        _ => Err("must be a finite number".into()),
+    }
+}
+
+fn positive_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| if x > 0.0 { Ok(x) } else { Err("must be above 0".into()) })
+}
+
+fn non_negative_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| {
+        if x >= 0.0 {
+            Ok(x)
+        } else {
+            Err("must be 0 or more".into())
+        }
+    })
+}
+
+fn fraction_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| {
+        if (0.0..=1.0).contains(&x) {
+            Ok(x)
+        } else {
+            Err("must be between 0 and 1".into())
+        }
+    })
+}
+
+fn open_fraction_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| {
+        if x > 0.0 && x < 1.0 {
+            Ok(x)
+        } else {
+            Err("must be above 0 and below 1".into())
+        }
+    })
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match number::<f64>(s)? {
+        x if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err("must be a finite number above 0".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values each flag must refuse (both `--flag value` and `--flag=value`), by subcommand
+    /// and flag; an empty list marks a flag with nothing numeric to check (paths, names,
+    /// switches). Every flag of every subcommand must be listed: see the test below.
+    const BAD_VALUES: &[(&str, &str, &[&str])] = &[
+        ("train", "data", &[]),
+        ("train", "out", &[]),
+        ("train", "preset", &[]),
+        ("train", "layers", &["0", "-1", "x"]),
+        ("train", "heads", &["0", "1.5"]),
+        ("train", "width", &["0"]),
+        ("train", "max_seq_len", &["0"]),
+        ("train", "tokenizer", &["bpe"]),
+        ("train", "steps", &["0", "-3"]),
+        ("train", "epochs", &["0", "-1", "nan", "inf"]),
+        ("train", "batch", &["0", "4000000000000000000000"]),
+        ("train", "seq_len", &["0"]),
+        ("train", "lr", &["0", "-1", "nan", "inf", "1e99"]),
+        ("train", "warmup", &["-1", "nan"]),
+        ("train", "min_lr_frac", &["-0.1", "1.5", "nan"]),
+        ("train", "weight_decay", &["-1", "nan"]),
+        ("train", "grad_clip", &["-1", "nan", "inf"]),
+        ("train", "seed", &["-1", "x"]),
+        ("train", "eval_every", &["0"]),
+        ("train", "eval_batches", &["0"]),
+        ("train", "val_fraction", &["0", "1", "nan", "-0.5"]),
+        ("train", "checkpoint_every", &["-1"]),
+        ("train", "resume", &[]),
+        ("train", "stop_after", &["0"]),
+        ("train", "max_bad_steps", &["0"]),
+        ("train", "sample_len", &["1000001", "18446744073709551615"]),
+        ("train", "threads", &["0", "100000"]),
+        ("train", "precision", &["fp16"]),
+        ("train", "overlap", &[]),
+        ("train", "sync_every", &["0"]),
+        ("generate", "checkpoint", &[]),
+        ("generate", "prompt", &[]),
+        ("generate", "max_new_tokens", &["1000001", "18446744073709551615"]),
+        ("generate", "greedy", &[]),
+        ("generate", "temperature", &["0", "-1", "nan"]),
+        ("generate", "top_k", &["-1"]),
+        ("generate", "seed", &["-1"]),
+        ("generate", "threads", &["0", "100000"]),
+        ("generate", "precision", &["bf8"]),
+        ("tokenize", "input", &[]),
+        ("tokenize", "output", &[]),
+        ("tokenize", "tokenizer", &["words"]),
+        ("bench", "preset", &[]),
+        ("bench", "layers", &["0"]),
+        ("bench", "heads", &["0"]),
+        ("bench", "width", &["0"]),
+        ("bench", "max_seq_len", &["0"]),
+        ("bench", "vocab", &["0"]),
+        ("bench", "batch", &["0"]),
+        ("bench", "seq_len", &["0"]),
+        ("bench", "steps", &["0"]),
+        ("bench", "warmup", &["-1"]),
+        ("bench", "threads", &["0", "100000"]),
+        ("bench", "precision", &["fp64"]),
+        ("bench", "overlap", &[]),
+        ("bench", "sync_every", &["0"]),
+        ("report", "runs", &[]),
+        ("report", "out", &[]),
+    ];
+
+    /// Arguments that make each subcommand parse, before the flag under test.
+    fn base(sub: &'static str) -> Vec<&'static str> {
+        match sub {
+            "train" => vec!["train", "--data", "d", "--out", "o"],
+            "generate" => vec!["generate", "--checkpoint", "c"],
+            "tokenize" => vec!["tokenize", "--input", "i", "--output", "o"],
+            "report" => vec!["report", "--run", "a=b"],
+            _ => vec![sub],
+        }
+    }
+
+    #[test]
+    fn every_flag_of_every_subcommand_is_in_the_table() {
+        let cli = Cli::grammar();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments().filter(|a| a.get_long().is_some()) {
+                let (s, id) = (sub.get_name(), arg.get_id().as_str());
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                assert!(
+                    BAD_VALUES.iter().any(|&(ts, tid, _)| ts == s && tid == id),
+                    "{s} --{}: add it to BAD_VALUES",
+                    arg.get_long().unwrap()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_bad_value_is_refused_in_both_forms() {
+        let cli = Cli::grammar();
+        for &(sub, id, values) in BAD_VALUES {
+            let arg = cli
+                .find_subcommand(sub)
+                .and_then(|s| s.get_arguments().find(|a| a.get_id() == id))
+                .unwrap_or_else(|| panic!("{sub} has no flag {id}"));
+            let long = format!("--{}", arg.get_long().unwrap());
+            for value in values {
+                for form in [vec![long.clone(), value.to_string()], vec![format!("{long}={value}")]] {
+                    let mut line = vec!["stage".to_string()];
+                    line.extend(base(sub).iter().map(|s| s.to_string()));
+                    line.extend(form.iter().cloned());
+                    let err = Cli::grammar().try_get_matches_from(&line).err();
+                    let err = err.unwrap_or_else(|| panic!("accepted: {line:?}"));
+                    let first = err.render().to_string();
+                    let first = first.lines().next().unwrap_or("");
+                    assert!(first.contains(&long), "{line:?}: the message must name {long}: {first}");
+                }
+            }
+        }
+    }
 }

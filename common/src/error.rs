@@ -19,6 +19,10 @@ pub enum Error {
     /// The hardware or a runtime library refused (no GPU, out of memory, MPI failure).
     #[error("{0}")]
     Device(String),
+    /// Training could not go on (e.g. the loss stayed non-finite); the message says why
+    /// and where the last good checkpoint is.
+    #[error("{0}")]
+    Training(String),
     /// The run was interrupted (Ctrl-C); state was saved first.
     #[error("interrupted: {0}")]
     Interrupted(String),
@@ -33,7 +37,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Input(_) | Error::Io { .. } => 2,
-            Error::Device(_) => 1,
+            Error::Device(_) | Error::Training(_) => 1,
             Error::Interrupted(_) => 130,
             Error::OnEveryRank(e) => e.exit_code(),
         }

@@ -57,6 +57,8 @@ pub struct StepStats {
     pub loss: f32,
     pub grad_norm: f32,
     pub lr: f32,
+    /// The update was skipped: the loss or the gradient norm was not finite.
+    pub skipped: bool,
 }
 
 impl<B: Backend> AdamW<B> {
@@ -71,41 +73,47 @@ impl<B: Backend> AdamW<B> {
         })
     }
 
-    /// Where the step's loss goes (a buffer and an offset) for [`AdamW::step`] to report it
-    /// with the gradient norm in one copy.
+    /// Where the step's loss goes (a buffer and an offset) for [`AdamW::measure`] to report
+    /// it with the gradient norm in one copy.
     pub fn loss_slot(&self) -> (&B::Buffer<f32>, usize) {
         (&self.scratch, LOSS_SLOT)
     }
 
-    /// Clips and applies one update for 0-based `step`, then reads back the gradient norm
-    /// and the loss left in [`AdamW::loss_slot`]: the step's only host copy.
-    pub fn step(&mut self, be: &B, params: &B::Buffer<f32>, grads: &B::Buffer<f32>, step: u64) -> Result<StepStats> {
-        let (c, n) = (&self.config, self.n);
-        for (what, buf) in [
-            ("parameters", params),
-            ("gradients", grads),
-            ("m", &self.m),
-            ("v", &self.v),
-        ] {
-            check_range(what, buf.len(), 0, n)?;
-        }
+    /// The global gradient norm, its clipping factor (kept on the device for [`AdamW::step`])
+    /// and the loss left in [`AdamW::loss_slot`], read back in the step's one host copy.
+    pub fn measure(&mut self, be: &B, grads: &B::Buffer<f32>, step: u64) -> Result<StepStats> {
+        check_range("gradients", grads.len(), 0, self.n)?;
         let s = self.scratch.ptr();
-        let lr = c.lr_at(step);
-        // SAFETY: params, grads, m and v hold the layout's n values (checked above); every
-        // segment lies inside 0..n; the scratch holds SCRATCH values.
+        // SAFETY: grads holds the layout's n values (checked above); the scratch SCRATCH.
         unsafe {
             be.zero(s, LOSS_SLOT);
-            be.sum_squares(s, grads.ptr(), n);
-            be.clip_factor(s.add(1), s, c.grad_clip);
-            self.update(be, params, grads, lr, step);
+            be.sum_squares(s, grads.ptr(), self.n);
+            be.clip_factor(s.add(1), s, self.config.grad_clip);
         }
         let mut host = [0.0f32; 3];
         be.read(&self.scratch, 1, &mut host)?;
         Ok(StepStats {
             loss: host[2],
             grad_norm: host[0],
-            lr,
+            lr: self.config.lr_at(step),
+            skipped: false,
         })
+    }
+
+    /// Applies the update of 0-based `step` with the gradients [`AdamW::measure`] clipped.
+    pub fn step(&mut self, be: &B, params: &B::Buffer<f32>, grads: &B::Buffer<f32>, step: u64) -> Result<()> {
+        for (what, buf) in [
+            ("parameters", params),
+            ("gradients", grads),
+            ("m", &self.m),
+            ("v", &self.v),
+        ] {
+            check_range(what, buf.len(), 0, self.n)?;
+        }
+        // SAFETY: params, grads, m and v hold the layout's n values (checked above); every
+        // segment lies inside 0..n.
+        unsafe { self.update(be, params, grads, self.config.lr_at(step), step) };
+        Ok(())
     }
 
     /// AdamW over each decay segment, gradients scaled by the clip factor in the scratch.

@@ -41,6 +41,7 @@ fn tiny() -> ModelConfig {
 
 fn meta(config: ModelConfig, step: u64) -> CheckpointMeta {
     CheckpointMeta {
+        progress: serde_json::json!({"rows": 3}),
         config,
         tokenizer: "byte".to_string(),
         step,

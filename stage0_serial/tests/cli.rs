@@ -97,7 +97,7 @@ fn train_writes_table_and_checkpoint_and_learns() {
     let table = loss_table(&out);
     assert_eq!(
         table[0].join("\t"),
-        "epoch\ttrain_loss\tval_loss\ttokens_per_s\telapsed_s"
+        "epoch\ttrain_loss\tval_loss\tbad_steps\ttokens_per_s\telapsed_s"
     );
     assert_eq!(table.len(), 4, "3 evaluation rows expected: {table:?}");
     let val = |r: usize| table[r][2].parse::<f32>().unwrap();
@@ -108,33 +108,86 @@ fn train_writes_table_and_checkpoint_and_learns() {
     assert!(out.join("model.ckpt").exists());
 }
 
+/// `loss.tsv` without the two time columns (tokens/s, elapsed), as written.
+fn table_without_times(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+    text.lines()
+        .map(|l| l.split('\t').take(4).collect::<Vec<_>>().join("\t"))
+        .collect()
+}
+
+fn params_of(dir: &Path) -> Vec<u32> {
+    let ck = common::checkpoint::load(&dir.join("model.ckpt")).unwrap();
+    ck.params.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The schedule past the warmup (5 steps), evaluated every 10 steps.
+const SCHEDULE: [&str; 6] = ["--steps", "40", "--warmup", "5", "--eval-every", "10"];
+
 #[test]
-fn same_seed_gives_identical_losses_and_resume_continues_exactly() {
+fn same_seed_gives_identical_losses_and_stop_after_resumes_as_the_same_run() {
     let d = tmpdir("resume");
     let data = corpus(&d);
     let data = data.to_str().unwrap();
     let (a, b) = (d.join("a"), d.join("b"));
-    let straight = ["--steps", "30", "--eval-every", "10"];
-    assert!(run(&train_args(data, a.to_str().unwrap(), &straight)).status.success());
-    // Same run, cut after 20 steps, then resumed to 30.
-    let first = ["--steps", "20", "--eval-every", "10"];
-    assert!(run(&train_args(data, b.to_str().unwrap(), &first)).status.success());
+    assert!(run(&train_args(data, a.to_str().unwrap(), &SCHEDULE)).status.success());
+    // The same run, stopped inside an evaluation window (step 17), then resumed without
+    // --steps: the schedule, the window and the clock come from the checkpoint.
+    let first = [&SCHEDULE[..], &["--stop-after", "17"]].concat();
+    let o = run(&train_args(data, b.to_str().unwrap(), &first));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("stopped after step 17"));
+    assert_eq!(
+        table_without_times(&b).len(),
+        2,
+        "rows of steps 10 only, no partial row"
+    );
     let ckpt = b.join("model.ckpt");
     let resume = [
-        "--steps",
-        "30",
-        "--eval-every",
-        "10",
         "--resume",
         ckpt.to_str().unwrap(),
+        "--warmup",
+        "5",
+        "--eval-every",
+        "10",
     ];
     let o = run(&train_args(data, b.to_str().unwrap(), &resume));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (ta, tb) = (loss_table(&a), loss_table(&b));
-    assert_eq!(ta.len(), tb.len());
-    for (ra, rb) in ta.iter().zip(&tb).skip(1) {
-        assert_eq!(ra[..3], rb[..3], "epoch, train and val loss must match bit for bit");
-    }
+    assert_eq!(
+        table_without_times(&a),
+        table_without_times(&b),
+        "every column but the times, byte for byte"
+    );
+    assert_eq!(params_of(&a), params_of(&b), "final parameters bit for bit");
+    // Elapsed time continued from the checkpoint rather than from 0.
+    let elapsed = |dir: &Path| -> Vec<f64> {
+        let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+        text.lines()
+            .skip(1)
+            .map(|l| l.split('\t').nth(5).unwrap().parse().unwrap())
+            .collect()
+    };
+    let e = elapsed(&b);
+    assert!(e.windows(2).all(|w| w[1] >= w[0]), "elapsed_s never goes back: {e:?}");
+}
+
+#[test]
+fn resuming_with_another_length_says_so() {
+    let d = tmpdir("relength");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    let out = d.join("run");
+    let first = [&SCHEDULE[..], &["--stop-after", "12"]].concat();
+    assert!(run(&train_args(data, out.to_str().unwrap(), &first)).status.success());
+    let ckpt = out.join("model.ckpt");
+    let o = run(&train_args(
+        data,
+        out.to_str().unwrap(),
+        &["--resume", ckpt.to_str().unwrap(), "--steps", "30"],
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("schedule changes from 40 to 30 steps"), "{stdout}");
 }
 
 #[test]
@@ -339,15 +392,26 @@ fn impossible_dimensions_fail_cleanly() {
 }
 
 #[test]
-fn ctrl_c_saves_a_checkpoint_that_resumes() {
+fn ctrl_c_saves_a_checkpoint_and_the_resumed_run_is_the_same_run() {
     let d = tmpdir("sigint");
     let data = corpus(&d);
-    let out = d.join("run");
-    let mut args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "100000"]);
-    args.push("--eval-every");
-    args.push("1000000");
+    let data = data.to_str().unwrap();
+    let schedule = [
+        "--steps",
+        "1500",
+        "--warmup",
+        "5",
+        "--eval-every",
+        "100",
+        "--eval-batches",
+        "1",
+    ];
+    let (straight, out) = (d.join("straight"), d.join("run"));
+    assert!(run(&train_args(data, straight.to_str().unwrap(), &schedule))
+        .status
+        .success());
     let child = Command::new(BIN)
-        .args(&args)
+        .args(train_args(data, out.to_str().unwrap(), &schedule))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -360,86 +424,70 @@ fn ctrl_c_saves_a_checkpoint_that_resumes() {
     assert!(killed.success());
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "interrupted runs exit 130: {err}");
+    assert_eq!(
+        o.status.code(),
+        Some(130),
+        "interrupted runs exit 130 (did the run end first?): {err}"
+    );
     assert!(err.contains("--resume"), "the message says how to continue: {err}");
     let ckpt = out.join("model.ckpt");
-    let table = loss_table(&out);
-    assert!(
-        table.len() >= 2,
-        "the loss row of the interrupted step is kept: {table:?}"
-    );
+    let (out_s, ck) = (out.to_str().unwrap(), ckpt.to_str().unwrap());
     // Asking for fewer steps than were done names the checkpoint's step...
-    let (data, out_s, ck) = (data.to_str().unwrap(), out.to_str().unwrap(), ckpt.to_str().unwrap());
     let o = run(&train_args(data, out_s, &["--steps", "1", "--resume", ck]));
     assert_bad_input(&o, "--steps");
-    let err = String::from_utf8_lossy(&o.stderr);
-    let step: u64 = err
-        .split("at step ")
-        .nth(1)
-        .and_then(|s| s.split(',').next()?.trim().parse().ok())
-        .expect(&err);
-    // ...and two more steps from there run.
-    let more = (step + 2).to_string();
-    let o = run(&train_args(data, out_s, &["--steps", &more, "--resume", ck]));
+    // ...and without --steps the run continues its own schedule, as if never stopped.
+    let rest = [
+        "--resume",
+        ck,
+        "--warmup",
+        "5",
+        "--eval-every",
+        "100",
+        "--eval-batches",
+        "1",
+    ];
+    let o = run(&train_args(data, out_s, &rest));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(table_without_times(&straight), table_without_times(&out));
+    assert_eq!(params_of(&straight), params_of(&out));
 }
 
-/// A flag of another stage, or a pair of flags that conflict: one line, exit 2, before
-/// anything runs (`cli::STAGE_FLAGS` and `cli::CONFLICTS`). One test per entry.
-fn refused(extra: &[&str], needle: &str) {
-    let d = tmpdir(&format!("refused-{}", needle.replace(['-', ' '], "")));
+#[test]
+fn non_finite_steps_are_skipped_counted_and_stop_the_run() {
+    let d = tmpdir("diverge");
     let data = corpus(&d);
-    let out = d.join("o");
-    assert_bad_input(
-        &run(&train_args(data.to_str().unwrap(), out.to_str().unwrap(), extra)),
-        needle,
-    );
-    assert!(!out.exists(), "nothing may run before the flags are checked");
-}
-
-#[test]
-fn precision_is_refused_on_the_cpu() {
-    refused(&["--precision", "fp32"], "--precision applies to the GPU stages");
-}
-
-#[test]
-fn overlap_is_refused_in_one_process() {
-    refused(&["--overlap"], "--overlap applies to the multi-process stages");
-}
-
-#[test]
-fn sync_every_is_refused_in_one_process() {
-    refused(
-        &["--sync-every", "2"],
-        "--sync-every applies to the multi-process stages",
-    );
-}
-
-#[test]
-fn steps_with_epochs_is_refused() {
-    refused(
-        &["--steps", "3", "--epochs", "1"],
-        "--steps cannot be used with --epochs",
-    );
-}
-
-#[test]
-fn greedy_with_temperature_is_refused() {
-    let o = run(&["generate", "--checkpoint", "x.ckpt", "--greedy", "--temperature", "0.5"]);
-    assert_bad_input(&o, "--greedy cannot be used with --temperature");
-}
-
-#[test]
-fn greedy_with_top_k_is_refused() {
-    let o = run(&["generate", "--checkpoint", "x.ckpt", "--greedy", "--top-k", "5"]);
-    assert_bad_input(&o, "--greedy cannot be used with --top-k");
-}
-
-#[test]
-fn an_unknown_flag_is_one_line() {
-    assert_bad_input(
-        &run(&["train", "--data", "x", "--out", "y", "--lr-max", "1"]),
-        "--lr-max",
-    );
-    assert_bad_input(&run(&["generate", "--checkpoint", "x", "--overlap"]), "--overlap");
+    let out = d.join("run");
+    // lr 1e4: the first steps blow the parameters up, the losses turn NaN.
+    let extra = [
+        "--steps",
+        "60",
+        "--warmup",
+        "1",
+        "--lr",
+        "1e4",
+        "--eval-every",
+        "1",
+        "--checkpoint-every",
+        "1",
+    ];
+    let o = run(&train_args(data.to_str().unwrap(), out.to_str().unwrap(), &extra));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("3 steps in a row") && err.contains("non-finite"), "{err}");
+    let table = loss_table(&out);
+    let bad: u64 = table[1..].iter().map(|r| r[3].parse::<u64>().unwrap()).sum();
+    assert_eq!(bad, 3, "three skipped steps are counted in bad_steps: {table:?}");
+    // Whatever checkpoint was written holds finite values only, and generation takes it.
+    let ckpt = out.join("model.ckpt");
+    if ckpt.exists() {
+        let o = run(&[
+            "generate",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--max-new-tokens",
+            "5",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
 }

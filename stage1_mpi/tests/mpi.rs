@@ -383,6 +383,72 @@ fn a_crashed_run_resumes_exactly() {
     assert_eq!(final_params(&straight), final_params(&crashed));
 }
 
+/// `loss.tsv` without the two time columns (tokens/s, elapsed), as written.
+fn table_without_times(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+    text.lines()
+        .map(|l| l.split('\t').take(4).collect::<Vec<_>>().join("\t"))
+        .collect()
+}
+
+#[test]
+fn a_run_stopped_by_stop_after_or_ctrl_c_resumes_as_the_same_run() {
+    let d = tmpdir("stopped");
+    let data = corpus(&d);
+    // Past the warmup (5 steps); evaluated every 10 steps.
+    let schedule = ["--steps", "40", "--eval-every", "10"];
+    let straight = d.join("straight");
+    assert_ok(&mpirun(2, &train_args(&data, &straight, &schedule), &[]));
+    let resume = |out: &Path| {
+        let ckpt = out.join("model.ckpt");
+        let rest = ["--eval-every", "10", "--resume", ckpt.to_str().unwrap()];
+        assert_ok(&mpirun(2, &train_args(&data, out, &rest), &[]));
+        assert_eq!(
+            table_without_times(&straight),
+            table_without_times(out),
+            "{}",
+            out.display()
+        );
+        assert_eq!(final_params(&straight), final_params(out), "{}", out.display());
+    };
+    // --stop-after, inside an evaluation window.
+    let stopped = d.join("stop-after");
+    let first = [&schedule[..], &["--stop-after", "17"]].concat();
+    assert_ok(&mpirun(2, &train_args(&data, &stopped, &first), &[]));
+    resume(&stopped);
+    // Ctrl-C: SIGINT to mpirun, which passes it to both ranks; they stop at the same step.
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let long = ["--steps", "2000", "--eval-every", "100"];
+    let interrupted = d.join("ctrl-c");
+    let mut args = vec!["-n".to_string(), "2".to_string(), BIN.to_string()];
+    args.extend(train_args(&data, &interrupted, &long));
+    let child = Command::new("mpirun")
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "the run must not have ended before the interrupt: {err}"
+    );
+    assert!(err.contains("--resume"), "{err}");
+    drop(_one);
+    let straight_long = d.join("straight-long");
+    assert_ok(&mpirun(2, &train_args(&data, &straight_long, &long), &[]));
+    let ckpt = interrupted.join("model.ckpt");
+    let rest = ["--eval-every", "100", "--resume", ckpt.to_str().unwrap()];
+    assert_ok(&mpirun(2, &train_args(&data, &interrupted, &rest), &[]));
+    assert_eq!(table_without_times(&straight_long), table_without_times(&interrupted));
+    assert_eq!(final_params(&straight_long), final_params(&interrupted));
+}
+
 #[test]
 fn validation_covers_the_same_windows_at_any_rank_count() {
     // 15 validation windows: per-rank-sized batches would cover 12, global ones 8; rank 0

@@ -171,6 +171,9 @@ pub trait Backend {
     fn synchronize(&self) -> Result<()>;
     /// Highest memory in use so far, in bytes (device memory on a GPU, RSS on the CPU).
     fn peak_memory_bytes(&self) -> u64;
+    /// All the memory this backend computes in, in bytes (the GPU's, or the host's RAM),
+    /// when known: sizes above it are refused before anything is allocated.
+    fn memory_capacity_bytes(&self) -> Option<u64>;
 
     // ---- memory: raw -------------------------------------------------------------------
     /// # Safety

@@ -115,6 +115,22 @@ impl ModelConfig {
         super::ParamLayout::new(self).total
     }
 
+    /// A lower bound on what training at (b, t) holds, in values: (the largest single
+    /// activation, all activations kept for backward), `attention_saved` being what the
+    /// backend keeps per attention call. Per token and block, at least 18·C values are kept
+    /// (layernorms, qkv, attention output, projections, the MLP's 4C twice, residuals).
+    pub fn activation_values(&self, b: usize, t: usize, attention_saved: usize) -> (u128, u128) {
+        let (bt, c, vp) = (
+            b as u128 * t as u128,
+            self.n_embd as u128,
+            self.padded_vocab_size as u128,
+        );
+        let logits = bt * vp;
+        let per_block = bt * 18 * c + attention_saved as u128;
+        let largest = logits.max(bt * 4 * c).max(attention_saved as u128);
+        (largest, self.n_layer as u128 * per_block + bt * 2 * c + logits)
+    }
+
     /// Training FLOPs per token at sequence length `t`: llm.c's 6N + 6·L·C·T
     /// (N counts every parameter, padding included, as llm.c does).
     pub fn flops_per_token(&self, t: usize) -> f64 {

@@ -1,32 +1,46 @@
 //! What a run writes as it goes: `OUT/loss.tsv` (one row per evaluation, flushed at once
-//! so an interrupted run keeps its table) and the window of training losses and step times
-//! each row summarises.
+//! so an interrupted run keeps its table) and the window of training steps each row
+//! summarises. A checkpoint carries the open window and the row count, so a resumed run
+//! writes the rows an uninterrupted one would have written.
 
+use crate::atomic_file;
 use crate::error::{io_err, Result};
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Training losses and step time since the last `loss.tsv` row.
-#[derive(Default)]
+/// The steps since the last `loss.tsv` row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Window {
-    loss: f64,
+    /// Sum of the training losses of the steps that updated the model.
+    loss_sum: f64,
     steps: u64,
+    /// Steps skipped for a non-finite loss or gradient norm.
+    bad_steps: u64,
     seconds: f64,
 }
 
 impl Window {
-    pub fn add(&mut self, loss: f32, seconds: f64) {
-        self.loss += loss as f64;
-        self.steps += 1;
+    /// A step that took `seconds`: its loss counts unless the step was skipped.
+    pub fn add(&mut self, loss: f32, skipped: bool, seconds: f64) {
+        if skipped {
+            self.bad_steps += 1;
+        } else {
+            self.loss_sum += loss as f64;
+            self.steps += 1;
+        }
         self.seconds += seconds;
     }
 
-    /// Mean training loss and tokens/s over the window; the next window starts empty.
-    pub fn take(&mut self, tokens_per_step: usize) -> (f32, f64) {
+    /// (mean training loss, skipped steps, tokens/s) over the window; the next one starts empty.
+    pub fn take(&mut self, tokens_per_step: usize) -> (f32, u64, f64) {
         let w = std::mem::take(self);
+        let all_steps = w.steps + w.bad_steps;
+        let mean = (w.loss_sum / w.steps as f64) as f32;
         (
-            (w.loss / w.steps as f64) as f32,
-            (w.steps * tokens_per_step as u64) as f64 / w.seconds,
+            mean,
+            w.bad_steps,
+            (all_steps * tokens_per_step as u64) as f64 / w.seconds,
         )
     }
 }
@@ -37,6 +51,7 @@ pub struct LossRow {
     pub epoch: f64,
     pub train_loss: f32,
     pub val_loss: f32,
+    pub bad_steps: u64,
     pub tokens_per_s: f64,
     pub elapsed_s: f64,
 }
@@ -44,16 +59,16 @@ pub struct LossRow {
 impl LossRow {
     fn tsv(&self) -> String {
         format!(
-            "{:.3}\t{:.4}\t{:.4}\t{:.0}\t{:.1}",
-            self.epoch, self.train_loss, self.val_loss, self.tokens_per_s, self.elapsed_s
+            "{:.3}\t{:.4}\t{:.4}\t{}\t{:.0}\t{:.1}",
+            self.epoch, self.train_loss, self.val_loss, self.bad_steps, self.tokens_per_s, self.elapsed_s
         )
     }
 
     /// The row as the terminal shows it, under [`LossLog::header`].
     pub fn display(&self) -> String {
         format!(
-            "{:>5.3}  {:>10.4}  {:>8.4}  {:>12.0}  {:>9.1}",
-            self.epoch, self.train_loss, self.val_loss, self.tokens_per_s, self.elapsed_s
+            "{:>5.3}  {:>10.4}  {:>8.4}  {:>9}  {:>12.0}  {:>9.1}",
+            self.epoch, self.train_loss, self.val_loss, self.bad_steps, self.tokens_per_s, self.elapsed_s
         )
     }
 }
@@ -62,37 +77,64 @@ impl LossRow {
 pub struct LossLog {
     file: std::fs::File,
     path: PathBuf,
+    rows: u64,
 }
 
 impl LossLog {
-    const HEADER: &'static str = "epoch\ttrain_loss\tval_loss\ttokens_per_s\telapsed_s";
+    pub const HEADER: &'static str = "epoch\ttrain_loss\tval_loss\tbad_steps\ttokens_per_s\telapsed_s";
 
     /// The column names as the terminal shows them.
     pub fn header() -> String {
         Self::HEADER.replace('\t', "  ")
     }
 
-    /// Opens `dir/loss.tsv`: appended to when `append` and it exists, else started anew.
-    pub fn open(dir: &Path, append: bool) -> Result<Self> {
+    /// Opens `dir/loss.tsv`. A new run starts it anew; a resumed one (`keep_rows`: the rows
+    /// its checkpoint had seen written) keeps that many rows and drops any written after
+    /// the checkpoint, so the table continues as if the run had never stopped.
+    pub fn open(dir: &Path, keep_rows: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let path = dir.join("loss.tsv");
-        let keep = append && path.exists();
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(keep)
-            .write(true)
-            .truncate(!keep)
+        let kept: Vec<String> = match keep_rows {
+            Some(n) => match std::fs::read_to_string(&path) {
+                Ok(text) => text.lines().skip(1).take(n as usize).map(str::to_string).collect(),
+                Err(_) => Vec::new(), // the table went missing: rows continue in a new one
+            },
+            None => Vec::new(),
+        };
+        atomic_file::write(&path, |f| {
+            writeln!(f, "{}", Self::HEADER)?;
+            kept.iter().try_for_each(|row| writeln!(f, "{row}"))
+        })?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
             .open(&path)
             .map_err(io_err(&path))?;
-        if !keep {
-            writeln!(file, "{}", Self::HEADER).map_err(io_err(&path))?;
-        }
-        Ok(LossLog { file, path })
+        Ok(LossLog {
+            file,
+            path,
+            rows: kept.len() as u64,
+        })
+    }
+
+    /// Rows written so far (kept ones included).
+    pub fn rows(&self) -> u64 {
+        self.rows
     }
 
     pub fn append(&mut self, row: &LossRow) -> Result<()> {
         writeln!(self.file, "{}", row.tsv())
             .and_then(|_| self.file.flush())
-            .map_err(io_err(&self.path))
+            .map_err(io_err(&self.path))?;
+        self.rows += 1;
+        Ok(())
     }
+}
+
+/// Where a run's log stands, saved in every checkpoint so that a resumed run continues the
+/// same table: the rows written, the training time so far and the open window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogState {
+    pub rows: u64,
+    pub elapsed_s: f64,
+    pub window: Window,
 }

@@ -44,13 +44,31 @@ fn read_run(spec: &str) -> Result<Run> {
     let dir = Path::new(dir);
     let tsv = dir.join("loss.tsv");
     let text = std::fs::read_to_string(&tsv).map_err(io_err(&tsv))?;
+    // Columns by name: tables from before the bad_steps column read the same.
+    let header: Vec<&str> = text.lines().next().unwrap_or("").split('\t').collect();
+    let wanted = ["epoch", "train_loss", "val_loss", "tokens_per_s", "elapsed_s"];
+    let Some(columns) = wanted
+        .iter()
+        .map(|w| header.iter().position(|h| h == w))
+        .collect::<Option<Vec<_>>>()
+    else {
+        crate::bail_input!(
+            "{}: the header must name the columns {}",
+            tsv.display(),
+            wanted.join(", ")
+        );
+    };
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate().skip(1) {
-        let vals: Vec<f64> = line.split('\t').filter_map(|x| x.parse().ok()).collect();
-        let Ok(row) = <[f64; 5]>::try_from(vals) else {
-            crate::bail_input!("{}: line {} is not 5 numbers", tsv.display(), i + 1);
+        let vals: Vec<f64> = line.split('\t').map(|x| x.parse().unwrap_or(f64::NAN)).collect();
+        let Some(row) = columns
+            .iter()
+            .map(|&c| vals.get(c).copied())
+            .collect::<Option<Vec<f64>>>()
+        else {
+            crate::bail_input!("{}: line {} has fewer columns than its header", tsv.display(), i + 1);
         };
-        rows.push(row);
+        rows.push(<[f64; 5]>::try_from(row).expect("five columns"));
     }
     if rows.is_empty() {
         crate::bail_input!("{}: no rows (did the run finish?)", tsv.display());

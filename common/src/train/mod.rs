@@ -6,7 +6,7 @@
 mod setup;
 mod trainer;
 
-pub use setup::{validate_shape, Run};
+pub use setup::{check_fits, validate_shape, Run};
 pub use trainer::{StepReport, Trainer, TrainerSettings};
 
 use crate::backend::Backend;
@@ -14,7 +14,7 @@ use crate::cli::TrainArgs;
 use crate::comm::{agree, Comm};
 use crate::error::{io_err, Error, Result};
 use crate::generate::SampleOptions;
-use crate::report::log::{LossLog, LossRow, Window};
+use crate::report::log::{LogState, LossLog, LossRow};
 use crate::report::{progress, RunSummary};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -24,47 +24,48 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     install_interrupt_handler();
     let mut run = Run::prepare(be, comm, args)?;
     let root = comm.is_root();
-    let mut log = agree(
-        comm,
-        root.then(|| LossLog::open(&args.out, args.resume.is_some()))
-            .transpose(),
-    )?;
+    let keep_rows = args.resume.is_some().then_some(run.log_state.rows);
+    let mut log = agree(comm, root.then(|| LossLog::open(&args.out, keep_rows)).transpose())?;
     if root {
         println!("{}\n{}", run.describe(), LossLog::header());
     }
-    let ckpt_path = args.out.join("model.ckpt");
+    let ckpt = args.out.join("model.ckpt");
     let (b, t, world) = (run.batch, run.seq_len, comm.size());
     let bar = progress::bar(root, run.total_steps, run.start_step);
-    let (started, mut window, mut step_time, mut last_val) = (Instant::now(), Window::default(), 0.0, f32::NAN);
+    // Time and the open window continue from the checkpoint when resuming.
+    let (started, earlier_s, mut window) = (Instant::now(), run.log_state.elapsed_s, run.log_state.window);
+    let elapsed = || earlier_s + started.elapsed().as_secs_f64();
+    let (mut step_time, mut last_val, mut bad_in_a_row, mut saved_at) = (0.0, f32::NAN, 0, None);
 
     for step in run.start_step..run.total_steps {
         fail_if_asked(comm, step)?;
         let batch = run.loader.next_batch();
         let t0 = Instant::now();
-        let report = run.trainer.step(&batch, b / world, t, step)?;
-        let (loss, dt) = (report.stats.loss, t0.elapsed().as_secs_f64());
-        window.add(loss, dt);
+        let s = run.trainer.step(&batch, b / world, t, step)?.stats;
+        let dt = t0.elapsed().as_secs_f64();
+        window.add(s.loss, s.skipped, dt);
         step_time += dt;
-        let s = report.stats;
-        bar.set_message(format!("loss {loss:.4} lr {:.2e} norm {:.2}", s.lr, s.grad_norm));
+        bar.set_message(format!("loss {:.4} lr {:.2e} norm {:.2}", s.loss, s.lr, s.grad_norm));
         bar.inc(1);
-        if !loss.is_finite() {
-            // The loss is averaged over ranks: every rank stops here together.
-            let e = Error::Device(format!("loss became {loss} at step {step}: lower --lr"));
-            return Err(e.on_every_rank());
+        bad_in_a_row = if s.skipped { bad_in_a_row + 1 } else { 0 };
+        if bad_in_a_row >= args.max_bad_steps {
+            bar.abandon();
+            return Err(diverged(bad_in_a_row, step, saved_at, &ckpt)); // every rank sees the same stats
         }
 
         let done = step + 1;
-        let stop = interrupted(comm)?;
-        if done % run.eval_every == 0 || done == run.total_steps || stop {
-            let (train_loss, tokens_per_s) = window.take(b * t);
+        let interrupted = interrupted(comm)?;
+        let stop_early = interrupted || run.stop_after == Some(done);
+        if done % run.eval_every == 0 || done == run.total_steps {
+            let (train_loss, bad_steps, tokens_per_s) = window.take(b * t);
             if let Some(log) = log.as_mut() {
                 last_val = run.trainer.evaluate(&run.eval_set, t)?;
-                let (epoch, elapsed_s) = (run.loader.epochs_done(), started.elapsed().as_secs_f64());
+                let (epoch, elapsed_s) = (run.loader.epochs_done(), elapsed());
                 let row = LossRow {
                     epoch,
                     train_loss,
                     val_loss: last_val,
+                    bad_steps,
                     tokens_per_s,
                     elapsed_s,
                 };
@@ -73,31 +74,47 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             }
         }
         let periodic = args.checkpoint_every > 0 && done % args.checkpoint_every == 0;
-        if root && (periodic || done == run.total_steps || stop) {
-            run.trainer.save(&ckpt_path, &run.checkpoint_meta(done))?;
+        if root && (periodic || done == run.total_steps || stop_early) {
+            let state = LogState {
+                rows: log.as_ref().map_or(0, LossLog::rows),
+                elapsed_s: elapsed(),
+                window,
+            };
+            run.trainer.save(&ckpt, &run.checkpoint_meta(done, &state))?;
+            saved_at = Some(done);
         }
-        if stop {
+        if stop_early {
             bar.abandon();
-            let shown = ckpt_path.display();
-            let e = Error::Interrupted(format!(
-                "stopped after step {done}; saved {shown} (continue with --resume {shown})"
-            ));
-            return Err(e.on_every_rank());
+            let how = format!("saved {0} (continue with --resume {0})", ckpt.display());
+            if interrupted {
+                return Err(Error::Interrupted(format!("stopped after step {done}; {how}")).on_every_rank());
+            }
+            if root {
+                println!("stopped after step {done} as --stop-after asked; {how}");
+            }
+            return Ok(());
         }
     }
     bar.finish_and_clear();
     if root {
-        println!("saved {}", ckpt_path.display());
+        println!("saved {}", ckpt.display());
         let tokens = ((run.total_steps - run.start_step) * (b * t) as u64) as f64;
-        finish(
-            &mut run,
-            args,
-            started.elapsed().as_secs_f64(),
-            tokens / step_time,
-            last_val,
-        )?;
+        finish(&mut run, args, elapsed(), tokens / step_time, last_val)?;
     }
     Ok(())
+}
+
+/// The error that ends a run after `n` skipped steps in a row, naming the last checkpoint.
+fn diverged(n: u64, step: u64, saved_at: Option<u64>, ckpt: &std::path::Path) -> Error {
+    let last = match saved_at {
+        Some(s) => format!("the last good checkpoint is {} (step {s})", ckpt.display()),
+        None => "no checkpoint was written in this run".to_string(),
+    };
+    let msg = format!(
+        "{n} steps in a row (to step {step}) had a non-finite loss or gradient norm and were skipped; \
+         stopping: {last}. Lower --lr, or raise --max-bad-steps"
+    );
+    Error::Training(msg).on_every_rank()
 }
 
 /// Rank 0, after the last step: the sample, and `OUT/summary.json` for `report`.

@@ -6,12 +6,13 @@
 use super::trainer::{Trainer, TrainerSettings};
 use crate::backend::Backend;
 use crate::checkpoint::{self, CheckpointMeta};
-use crate::cli::TrainArgs;
+use crate::cli::{TrainArgs, DEFAULT_BATCH, DEFAULT_SEED, DEFAULT_SEQ_LEN};
 use crate::comm::{agree, check_same_everywhere, from_root, Comm};
 use crate::data::{self, Batch, DataCursor, Loader};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use crate::optim::OptimConfig;
+use crate::report::log::LogState;
 use crate::tokenizer::{Tokenizer, TokenizerKind};
 use std::path::Path;
 
@@ -31,6 +32,10 @@ pub struct Run<'a, B: Backend> {
     pub total_steps: u64,
     pub steps_per_epoch: u64,
     pub eval_every: u64,
+    /// `--stop-after`: the step count at which to end early (a checkpoint, then exit 0).
+    pub stop_after: Option<u64>,
+    /// Where the log stood at the checkpoint resumed from (empty for a new run).
+    pub log_state: LogState,
     /// The run's settings, saved in checkpoints.
     settings: serde_json::Value,
 }
@@ -51,10 +56,9 @@ impl<'a, B: Backend> Run<'a, B> {
             Some(path) => Some(meta_from_root(comm, path)?),
             None => None,
         };
-        let (tok, config) = agree(comm, run_model(args, resumed.as_ref(), world))?;
-        let (b, t) = (args.batch, args.seq_len);
+        let (tok, config, b, t) = agree(comm, run_model(args, resumed.as_ref(), world))?;
         // A resumed run keeps its seed: it fixes the data order the cursor points into.
-        let seed = resumed.as_ref().map_or(args.seed, |m| m.seed);
+        let seed = agree(comm, run_seed(args, resumed.as_ref()))?;
 
         // Rank 0 reads and tokenizes the corpus; every rank gets the tokens.
         let bytes = from_root(comm, || {
@@ -68,15 +72,7 @@ impl<'a, B: Backend> Run<'a, B> {
         let eval_set = eval_pieces(data::eval_batches(&split.val, t, b, args.eval_batches), t, b / world);
 
         let steps_per_epoch = loader.steps_per_epoch();
-        let total_steps = match (args.steps, args.epochs) {
-            (Some(s), _) => s,
-            (None, Some(e)) => (e * steps_per_epoch as f64).ceil() as u64,
-            (None, None) => 2 * steps_per_epoch,
-        };
-        if args.eval_batches == 0 || args.sync.sync_every == Some(0) {
-            let e = Error::Input("--eval-batches and --sync-every must be at least 1".into());
-            return Err(e.on_every_rank());
-        }
+        let total_steps = schedule_length(args, resumed.as_ref(), steps_per_epoch, comm.is_root());
         if total_steps == 0 {
             let e = Error::Input("nothing to train: --steps / --epochs give 0 steps".into());
             return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
@@ -99,8 +95,9 @@ impl<'a, B: Backend> Run<'a, B> {
             "val_fraction": args.val_fraction, "world": world, "sync_every": args.sync.sync_every,
         });
 
+        agree(comm, check_fits(be, &config, b / world, t))?;
         let mut trainer = Trainer::new(be, comm, config, TrainerSettings { optim, sync })?;
-        let mut start_step = 0;
+        let (mut start_step, mut log_state) = (0, LogState::default());
         match (&args.resume, &resumed) {
             (Some(path), Some(meta)) => {
                 let ckpt = agree(comm, comm.is_root().then(|| checkpoint::load(path)).transpose())?;
@@ -111,12 +108,22 @@ impl<'a, B: Backend> Run<'a, B> {
                 };
                 agree(comm, loader.set_cursor(cursor))?;
                 start_step = meta.step;
+                log_state = serde_json::from_value(meta.progress.clone()).map_err(|e| {
+                    Error::Input(format!("cannot resume: the checkpoint's log state is unreadable ({e})"))
+                        .on_every_rank()
+                })?;
             }
             _ => trainer.init_weights(seed)?,
         }
         if start_step >= total_steps {
             let e = Error::Input(format!(
                 "checkpoint is at step {start_step}, not before the last step {total_steps}: raise --steps to continue"
+            ));
+            return Err(e.on_every_rank());
+        }
+        if let Some(n) = args.stop_after.filter(|&n| n <= start_step) {
+            let e = Error::Input(format!(
+                "--stop-after {n} is not past the checkpoint's step {start_step}: nothing would run"
             ));
             return Err(e.on_every_rank());
         }
@@ -133,12 +140,15 @@ impl<'a, B: Backend> Run<'a, B> {
             total_steps,
             steps_per_epoch,
             eval_every: args.eval_every.unwrap_or(steps_per_epoch).max(1),
+            stop_after: args.stop_after,
+            log_state,
             settings,
         })
     }
 
-    /// The checkpoint's metadata after `steps_done` steps, the loader where it is now.
-    pub fn checkpoint_meta(&self, steps_done: u64) -> CheckpointMeta {
+    /// The checkpoint's metadata after `steps_done` steps, the loader where it is now and
+    /// the log as `log` says.
+    pub fn checkpoint_meta(&self, steps_done: u64, log: &LogState) -> CheckpointMeta {
         let cursor = self.loader.cursor();
         CheckpointMeta {
             config: self.config,
@@ -148,6 +158,7 @@ impl<'a, B: Backend> Run<'a, B> {
             data_step_in_epoch: cursor.step_in_epoch,
             seed: self.seed,
             train: self.settings.clone(),
+            progress: serde_json::to_value(log).expect("plain data serialises"),
         }
     }
 
@@ -170,6 +181,26 @@ impl<'a, B: Backend> Run<'a, B> {
     }
 }
 
+/// Steps in the run: `--steps`, or `--epochs` worth, or the resumed checkpoint's schedule,
+/// or two epochs. A resumed run that is given another length says so in one line.
+fn schedule_length(args: &TrainArgs, resumed: Option<&CheckpointMeta>, steps_per_epoch: u64, root: bool) -> u64 {
+    let saved = resumed.and_then(|m| m.train.get("total_steps")?.as_u64());
+    let total = match (args.steps, args.epochs, saved) {
+        (Some(s), _, _) => s,
+        (None, Some(e), _) => (e * steps_per_epoch as f64).ceil() as u64,
+        (None, None, Some(s)) => s,
+        (None, None, None) => 2 * steps_per_epoch,
+    };
+    if let Some(old) = saved.filter(|&old| old != total) {
+        if root {
+            println!(
+                "note: the schedule changes from {old} to {total} steps (the learning rate follows the new length)"
+            );
+        }
+    }
+    total
+}
+
 /// Rank 0's checkpoint metadata, on every rank.
 fn meta_from_root(comm: &dyn Comm, path: &Path) -> Result<CheckpointMeta> {
     let json = from_root(comm, || {
@@ -179,9 +210,53 @@ fn meta_from_root(comm: &dyn Comm, path: &Path) -> Result<CheckpointMeta> {
     serde_json::from_slice(&json).map_err(|e| Error::Device(format!("checkpoint metadata from rank 0: {e}")))
 }
 
-/// The tokenizer and model of a run: from the flags, or from the checkpoint when resuming.
-fn run_model(args: &TrainArgs, resumed: Option<&CheckpointMeta>, world: usize) -> Result<(Tokenizer, ModelConfig)> {
-    let tok_kind = resumed.map_or(Ok(args.tokenizer), |m| TokenizerKind::from_checkpoint(&m.tokenizer))?;
+/// A setting the checkpoint fixes: when resuming, the checkpoint's value (a flag that asks
+/// for another is refused, saying `why` it is fixed); otherwise the flag or its default.
+fn fixed_by_checkpoint<T: PartialEq + std::fmt::Display + Copy>(
+    flag: &str,
+    given: Option<T>,
+    saved: Option<T>,
+    default: T,
+    why: &str,
+) -> Result<T> {
+    match (saved, given) {
+        (Some(s), Some(g)) if s != g => {
+            crate::bail_input!(
+                "cannot resume: the checkpoint was trained with {flag} {s} ({why}) but the flags ask for {g}"
+            )
+        }
+        (Some(s), _) => Ok(s),
+        (None, g) => Ok(g.unwrap_or(default)),
+    }
+}
+
+/// The run's seed: `--seed`, or the checkpoint's when resuming.
+fn run_seed(args: &TrainArgs, resumed: Option<&CheckpointMeta>) -> Result<u64> {
+    let why = "it fixes the data order";
+    fixed_by_checkpoint("--seed", args.seed, resumed.map(|m| m.seed), DEFAULT_SEED, why)
+}
+
+/// The tokenizer, model, batch and sequence length of a run: from the flags, or from the
+/// checkpoint when resuming.
+fn run_model(
+    args: &TrainArgs,
+    resumed: Option<&CheckpointMeta>,
+    world: usize,
+) -> Result<(Tokenizer, ModelConfig, usize, usize)> {
+    let tok_kind = match resumed {
+        Some(m) => {
+            let saved = TokenizerKind::from_checkpoint(&m.tokenizer)?;
+            if let Some(given) = args.tokenizer.filter(|&k| k != saved) {
+                crate::bail_input!(
+                    "cannot resume: the checkpoint was trained with --tokenizer {} but the flags ask for {}",
+                    saved.name(),
+                    given.name()
+                );
+            }
+            saved
+        }
+        None => args.tokenizer.unwrap_or(TokenizerKind::Byte),
+    };
     let tok = Tokenizer::new(tok_kind)?;
     let vocab = tok.vocab_size();
     let config = match resumed {
@@ -189,22 +264,17 @@ fn run_model(args: &TrainArgs, resumed: Option<&CheckpointMeta>, world: usize) -
             if args.model.given() {
                 checkpoint::check_compatible(meta, &args.model.config(vocab)?, tok_kind.name())?;
             }
-            // The data cursor counts windows of this batch and length.
-            for (key, flag, value) in [("batch", "--batch", args.batch), ("seq_len", "--seq-len", args.seq_len)] {
-                let saved = meta.train.get(key).and_then(|v| v.as_u64());
-                if saved.is_some_and(|s| s != value as u64) {
-                    crate::bail_input!(
-                        "cannot resume: the checkpoint was trained with {flag} {} but the flags ask for {value}",
-                        saved.unwrap_or_default()
-                    );
-                }
-            }
             meta.config
         }
         None => args.model.config(vocab)?,
     };
-    validate_shape(&config, args.batch, args.seq_len, world)?;
-    Ok((tok, config))
+    // The data cursor counts windows of this batch and length.
+    let why = "the data cursor counts windows of it";
+    let saved = |key: &str| resumed.and_then(|m| m.train.get(key)?.as_u64()).map(|v| v as usize);
+    let b = fixed_by_checkpoint("--batch", args.batch, saved("batch"), DEFAULT_BATCH, why)?;
+    let t = fixed_by_checkpoint("--seq-len", args.seq_len, saved("seq_len"), DEFAULT_SEQ_LEN, why)?;
+    validate_shape(&config, b, t, world)?;
+    Ok((tok, config, b, t))
 }
 
 /// Batch and sequence length must fit the model and split evenly over the ranks.
@@ -220,6 +290,30 @@ pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) ->
     }
     if !b.is_multiple_of(world) {
         crate::bail_input!("--batch {b} must be divisible by the number of ranks {world}");
+    }
+    Ok(())
+}
+
+/// Refuses a model and batch that cannot fit before anything is allocated: a tensor
+/// beyond the kernels' 32-bit indices, or (a lower bound of) parameters, gradients, AdamW
+/// moments and activations beyond the backend's memory. `b` is the per-process batch.
+pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize) -> Result<()> {
+    let saved = be.attention_saved_len(b, t, config.n_head);
+    let (largest, activations) = config.activation_values(b, t, saved);
+    if largest >= 1 << 31 {
+        crate::bail_input!(
+            "a batch of {b}×{t} is too large for this model: one activation would hold {largest} values (at most 2^31)"
+        );
+    }
+    let bytes = 4 * (4 * config.num_params() as u128 + activations);
+    if let Some(capacity) = be.memory_capacity_bytes().filter(|&c| bytes > c as u128) {
+        let gib = |x: u128| x as f64 / (1u64 << 30) as f64;
+        crate::bail_input!(
+            "a batch of {b}×{t} needs at least {:.1} GiB (parameters, gradients, AdamW moments, activations) but {} has {:.1} GiB",
+            gib(bytes),
+            be.name(),
+            gib(capacity as u128)
+        );
     }
     Ok(())
 }

@@ -70,8 +70,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok(())
     }
 
-    /// zero grads → forward → backward (gradients summed over ranks) → clip + AdamW.
-    /// `batch` is this rank's (b, t) shard; `step` is 0-based.
+    /// zero grads → forward → backward (gradients summed over ranks) → clip + AdamW. A step
+    /// whose loss (averaged over ranks) or gradient norm is not finite leaves the model as
+    /// it was (`stats.skipped`). `batch` is this rank's (b, t) shard; `step` is 0-based.
     pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
         let (be, comm) = (self.be, self.comm);
         let started = Instant::now();
@@ -87,11 +88,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             g.copy_into(loss, slot, at)?;
             comm_s
         };
-        let mut stats = self.opt.step(be, &self.model.params, &self.model.grads, step)?;
-        let total_steps = self.opt.config.total_steps;
-        comm_s += self
-            .sync
-            .after_update(be, comm, &self.model.params, step, total_steps)?;
+        let mut stats = self.opt.measure(be, &self.model.grads, step)?;
         if comm.size() > 1 {
             let t0 = Instant::now();
             let mut v = [stats.loss];
@@ -99,6 +96,15 @@ impl<'a, B: Backend> Trainer<'a, B> {
             stats.loss = v[0] / comm.size() as f32;
             comm_s += t0.elapsed().as_secs_f64();
         }
+        // Every rank sees the same averaged loss and (gradients summed) the same norm.
+        stats.skipped = !(stats.loss.is_finite() && stats.grad_norm.is_finite());
+        if !stats.skipped {
+            self.opt.step(be, &self.model.params, &self.model.grads, step)?;
+        }
+        let total_steps = self.opt.config.total_steps;
+        comm_s += self
+            .sync
+            .after_update(be, comm, &self.model.params, step, total_steps)?;
         let total = started.elapsed().as_secs_f64();
         Ok(StepReport {
             stats,

@@ -113,6 +113,16 @@ impl Backend for CpuBackend {
         peak_rss_bytes()
     }
 
+    fn memory_capacity_bytes(&self) -> Option<u64> {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kb = info
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))?
+            .split_whitespace()
+            .nth(1)?;
+        kb.parse::<u64>().ok().map(|kb| kb * 1024)
+    }
+
     unsafe fn upload<T: Elem>(&self, dst: DevPtr<T>, src: &[T]) -> Result<()> {
         view_mut(dst, src.len()).copy_from_slice(src);
         Ok(())

@@ -121,6 +121,11 @@ impl Backend for CudaBackend {
         self.memory.peak_bytes()
     }
 
+    fn memory_capacity_bytes(&self) -> Option<u64> {
+        self.bind().ok()?;
+        driver::mem_get_info().ok().map(|(_free, total)| total as u64)
+    }
+
     // ---- layers ---------------------------------------------------------------------
 
     unsafe fn encoder_forward(

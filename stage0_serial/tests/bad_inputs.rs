@@ -1,0 +1,314 @@
+//! Every bad input we know of, run through the stage 0 binary: each must end with one line
+//! on stderr naming the problem and exit code 2 (never a panic, never a run that goes on).
+//! The table below is also the README's "Bad inputs" table: `BLESS=1 cargo test -p
+//! stage0_serial --test bad_inputs` rewrites that section from what the binary printed,
+//! and without BLESS the test fails when the README no longer matches.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_stage0_serial");
+
+/// (what is wrong, the command line after the binary's name, a word the message must hold).
+/// Files named here are made by `fixtures` in the directory the commands run in.
+const CASES: &[(&str, &str, &str)] = &[
+    ("corpus missing", "train --data missing.txt --out o", "missing.txt"),
+    ("corpus empty", "train --data empty.txt --out o", "empty"),
+    (
+        "corpus too short for one window",
+        "train --data short.txt --out o",
+        "short",
+    ),
+    (
+        "corpus neither UTF-8 nor .bin",
+        "train --data binary.dat --out o",
+        "UTF-8",
+    ),
+    (
+        ".bin with a wrong magic number",
+        "train --data magic.bin --out o",
+        "magic",
+    ),
+    (
+        ".bin shorter than its header says",
+        "train --data size.bin --out o",
+        "bytes",
+    ),
+    (
+        ".bin with a token outside the vocabulary",
+        "train --data vocab.bin --out o",
+        "300",
+    ),
+    (
+        "unknown model preset",
+        "train --data corpus.txt --out o --model gpt5",
+        "gpt5",
+    ),
+    (
+        "heads that do not divide the width",
+        "train --data corpus.txt --out o --heads 3",
+        "divide",
+    ),
+    (
+        "a model too large to index",
+        "train --data corpus.txt --out o --width 4000000000 --heads 1",
+        "too large",
+    ),
+    (
+        "sequence longer than the model's",
+        "train --data corpus.txt --out o --model tiny --seq-len 65",
+        "--seq-len",
+    ),
+    ("batch of 0", "train --data corpus.txt --out o --batch 0", "--batch"),
+    (
+        "negative learning rate",
+        "train --data corpus.txt --out o --lr=-1",
+        "--lr",
+    ),
+    (
+        "learning rate not a number",
+        "train --data corpus.txt --out o --lr nan",
+        "--lr",
+    ),
+    (
+        "negative clipping norm",
+        "train --data corpus.txt --out o --grad-clip=-1",
+        "--grad-clip",
+    ),
+    (
+        "clipping norm not a number",
+        "train --data corpus.txt --out o --grad-clip nan",
+        "--grad-clip",
+    ),
+    (
+        "floor of the schedule not a number",
+        "train --data corpus.txt --out o --min-lr-frac nan",
+        "--min-lr-frac",
+    ),
+    (
+        "evaluation every 0 steps",
+        "train --data corpus.txt --out o --eval-every 0",
+        "--eval-every",
+    ),
+    (
+        "all of the corpus held out",
+        "train --data corpus.txt --out o --val-fraction 1",
+        "--val-fraction",
+    ),
+    (
+        "more threads than 4 per core",
+        "train --data corpus.txt --out o --threads 100000",
+        "--threads",
+    ),
+    (
+        "both --steps and --epochs",
+        "train --data corpus.txt --out o --steps 3 --epochs 1",
+        "--epochs",
+    ),
+    (
+        "a GPU flag on a CPU stage",
+        "train --data corpus.txt --out o --precision fp32",
+        "--precision",
+    ),
+    (
+        "a multi-process flag in one process",
+        "train --data corpus.txt --out o --overlap",
+        "--overlap",
+    ),
+    (
+        "checkpoint missing",
+        "generate --checkpoint missing.ckpt",
+        "missing.ckpt",
+    ),
+    (
+        "checkpoint truncated",
+        "generate --checkpoint truncated.ckpt",
+        "truncated",
+    ),
+    (
+        "checkpoint with a flipped byte",
+        "generate --checkpoint corrupt.ckpt",
+        "checksum",
+    ),
+    ("checkpoint holding NaN", "generate --checkpoint nan.ckpt", "NaN"),
+    (
+        "not a checkpoint",
+        "generate --checkpoint corpus.txt",
+        "not a checkpoint",
+    ),
+    (
+        "resume with another batch size",
+        "train --data corpus.txt --out o --resume good.ckpt --batch 2",
+        "--batch",
+    ),
+    (
+        "resume with another model",
+        "train --data corpus.txt --out o --resume good.ckpt --layers 3",
+        "n_layer",
+    ),
+    (
+        "resume with another seed",
+        "train --data corpus.txt --out o --resume good.ckpt --seed 7",
+        "--seed",
+    ),
+    (
+        "resume with another tokenizer",
+        "train --data corpus.txt --out o --resume good.ckpt --tokenizer gpt2",
+        "--tokenizer",
+    ),
+    (
+        "resume to a step already done",
+        "train --data corpus.txt --out o --resume good.ckpt --steps 2",
+        "--steps",
+    ),
+    (
+        "stop before the checkpoint's step",
+        "train --data corpus.txt --out o --resume good.ckpt --steps 10 --stop-after 2",
+        "--stop-after",
+    ),
+    (
+        "unbounded generation",
+        "generate --checkpoint good.ckpt --max-new-tokens 18446744073709551615",
+        "--max-new-tokens",
+    ),
+    (
+        "temperature 0 without --greedy",
+        "generate --checkpoint good.ckpt --temperature 0",
+        "--temperature",
+    ),
+    (
+        "--greedy with --top-k",
+        "generate --checkpoint good.ckpt --greedy --top-k 5",
+        "--top-k",
+    ),
+    ("empty prompt", "generate --checkpoint good.ckpt --prompt ''", "prompt"),
+    (
+        "a batch no memory holds",
+        "bench --model gpt2 --batch 4000000000000",
+        "too large",
+    ),
+    ("vocabulary of 0", "bench --vocab 0", "--vocab"),
+    (
+        "tokenize a missing file",
+        "tokenize --input missing.txt --output out.bin",
+        "missing.txt",
+    ),
+    ("unknown subcommand", "fly", "fly"),
+    ("unknown flag", "train --data corpus.txt --out o --lr-max 1", "--lr-max"),
+];
+
+/// Splits a command line on spaces; `''` is an empty argument.
+fn words(line: &str) -> Vec<String> {
+    line.split(' ')
+        .map(|w| if w == "''" { String::new() } else { w.to_string() })
+        .collect()
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) {
+    std::fs::write(dir.join(name), bytes).unwrap();
+}
+
+fn bin_file(magic: i32, count: i32, tokens: &[u16]) -> Vec<u8> {
+    let mut header = [0i32; 256];
+    (header[0], header[1], header[2]) = (magic, 1, count);
+    let mut bytes: Vec<u8> = header.iter().flat_map(|h| h.to_le_bytes()).collect();
+    bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    bytes
+}
+
+/// The files the cases name, in a fresh directory.
+fn fixtures() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stage0-bad-inputs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\n".repeat(60);
+    write(&dir, "corpus.txt", text.as_bytes());
+    write(&dir, "empty.txt", b"");
+    write(&dir, "short.txt", b"too short");
+    write(&dir, "binary.dat", &[0xff, 0xfe, 0x00, 0x80, 0x81]);
+    let tokens: Vec<u16> = (0..2000).map(|i| (i % 200) as u16).collect();
+    write(&dir, "magic.bin", &bin_file(12345, 2000, &tokens));
+    write(&dir, "size.bin", &bin_file(20240520, 3000, &tokens));
+    let mut big = tokens.clone();
+    big[77] = 300;
+    write(&dir, "vocab.bin", &bin_file(20240520, 2000, &big));
+    // A good checkpoint (tiny model, 4 steps) and broken copies of it.
+    let train = "train --data corpus.txt --out run --model tiny --batch 4 --seq-len 16 --steps 4 --sample-len 0 --eval-batches 1";
+    let o = Command::new(BIN).args(words(train)).current_dir(&dir).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let good = std::fs::read(dir.join("run/model.ckpt")).unwrap();
+    write(&dir, "good.ckpt", &good);
+    write(&dir, "truncated.ckpt", &good[..good.len() / 2]);
+    let mut flipped = good.clone();
+    let at = flipped.len() - 100;
+    flipped[at] ^= 0x40;
+    write(&dir, "corrupt.ckpt", &flipped);
+    // NaN as the first parameter, with a checksum that matches (the format's xxHash64).
+    let mut nan = good.clone();
+    let meta_len = u64::from_le_bytes(nan[16..24].try_into().unwrap()) as usize;
+    let params = 24 + meta_len + 8;
+    nan[params..params + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let body = nan.len() - 8;
+    let sum = xxhash_rust::xxh64::xxh64(&nan[..body], 0);
+    nan[body..].copy_from_slice(&sum.to_le_bytes());
+    write(&dir, "nan.ckpt", &nan);
+    dir
+}
+
+/// The message as the README shows it: what depends on this machine (its cores) or on the
+/// fixture run (the checkpoint's size, which holds the run's time) is named, not printed.
+fn machine_independent(msg: &str, checkpoint_bytes: usize) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    msg.replace(
+        &format!("at most {} (4 per core; this host has {cores})", 4 * cores),
+        "at most 4 × cores (4 per core)",
+    )
+    .replace(&format!("expected {checkpoint_bytes} bytes"), "expected SIZE bytes")
+    .replace(&format!("found {}", checkpoint_bytes / 2), "found SIZE/2")
+}
+
+#[test]
+fn every_bad_input_is_one_line_and_exit_2() {
+    let dir = fixtures();
+    let checkpoint_bytes = std::fs::metadata(dir.join("good.ckpt")).unwrap().len() as usize;
+    let mut table = String::from("| what is wrong | command | exit | message |\n| --- | --- | ---: | --- |\n");
+    let mut failures = Vec::new();
+    for &(what, line, needle) in CASES {
+        let o = Command::new(BIN).args(words(line)).current_dir(&dir).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
+        let code = o.status.code();
+        if code != Some(2) || err.lines().count() != 1 || !err.contains(needle) || err.contains("panicked") {
+            failures.push(format!("{what}: `{line}` gave {code:?}: {err}"));
+        }
+        if dir.join("o").exists() {
+            failures.push(format!("{what}: `{line}` wrote o/ before refusing"));
+        }
+        let shown = machine_independent(&err, checkpoint_bytes).replace('|', "\\|");
+        table.push_str(&format!(
+            "| {what} | `stage0_serial {line}` | {} | {shown} |\n",
+            code.unwrap_or(-1)
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    check_readme(&table);
+}
+
+/// The README's section between the markers must be `table` (BLESS=1 writes it).
+fn check_readme(table: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = ("<!-- bad-inputs: begin -->\n", "<!-- bad-inputs: end -->");
+    let (Some(a), Some(b)) = (readme.find(begin), readme.find(end)) else {
+        panic!("README.md has no {begin:?} ... {end:?} section");
+    };
+    let current = &readme[a + begin.len()..b];
+    if std::env::var_os("BLESS").is_some() {
+        let updated = format!("{}{begin}{table}{}", &readme[..a], &readme[b..]);
+        std::fs::write(&path, updated).unwrap();
+    } else {
+        assert_eq!(
+            current, table,
+            "README.md's bad-input table is out of date: run BLESS=1 cargo test -p stage0_serial --test bad_inputs"
+        );
+    }
+}
