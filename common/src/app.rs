@@ -9,6 +9,7 @@ use crate::comm::Comm;
 use crate::error::Result;
 use crate::generate::{self, SampleOptions};
 use crate::model::Gpt2;
+use crate::text::{self, TextStream};
 use crate::tokenizer::Tokenizer;
 use crate::{autograd::Pool, data};
 use clap::FromArgMatches;
@@ -194,19 +195,19 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
         context: trained_seq_len.unwrap_or(model.config.max_seq_len),
     };
     let mut out = std::io::stdout().lock();
-    let _ = write!(out, "{}", args.prompt);
+    // Everything on stdout follows one convention (see `text`): the prompt too, so a
+    // backslash or control character in it reads the same as one the model wrote.
+    let _ = write!(out, "{}", text::printable(args.prompt.as_bytes()));
     // Stream text as it comes; bytes of a multi-byte character are held until complete.
-    let mut pending: Vec<u32> = Vec::new();
+    let mut stream = TextStream::new(&tok);
     generate::generate(&model, be, &mut Pool::default(), &prompt, &opts, |id| {
-        pending.push(id);
-        let text = tok.decode(&pending);
-        if !text.ends_with('\u{FFFD}') || pending.len() > 4 {
-            let _ = write!(out, "{text}");
+        let piece = stream.push(id);
+        if !piece.is_empty() {
+            let _ = write!(out, "{piece}");
             let _ = out.flush();
-            pending.clear();
         }
     })?;
-    let _ = writeln!(out, "{}", tok.decode(&pending));
+    let _ = writeln!(out, "{}", stream.finish());
     Ok(())
 }
 

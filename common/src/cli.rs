@@ -62,6 +62,9 @@ pub enum Command {
     /// Train a model; writes OUT/loss.tsv, OUT/model.ckpt and prints the loss table.
     Train(TrainArgs),
     /// Generate text from a checkpoint.
+    ///
+    /// The text prints as valid UTF-8: newline and tab as they are, other control characters
+    /// and invalid bytes escaped (`\x1b`, `\xff`), a backslash doubled (`\\`).
     Generate(GenerateArgs),
     /// Tokenize a text file into llm.c's .bin format (uint16 tokens).
     Tokenize(TokenizeArgs),

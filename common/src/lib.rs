@@ -2,8 +2,8 @@
 //! `backend` (the hardware boundary), `autograd` (tensors on a tape), `model` (GPT-2),
 //! then the training pieces (`tokenizer`, `data`, `optim`, `checkpoint`, `generate`),
 //! `comm` (single process, MPI, NCCL) and `grad_sync` (how gradients meet across ranks),
-//! `report` (loss log, progress, results tables), and finally `train`, the one loop for
-//! all stages; `bench`, `cli` and `app` sit on top.
+//! `report` (loss log, progress, results tables), `text` (model output made printable), and
+//! finally `train`, the one loop for all stages; `bench`, `cli` and `app` sit on top.
 
 pub mod app;
 pub mod atomic_file;
@@ -20,6 +20,7 @@ pub mod grad_sync;
 pub mod model;
 pub mod optim;
 pub mod report;
+pub mod text;
 pub mod tokenizer;
 pub mod train;
 

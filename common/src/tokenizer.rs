@@ -80,32 +80,34 @@ impl Tokenizer {
     }
 
     /// Lossy: a sample may end inside a multi-byte character, and a model may emit ids outside
-    /// the vocabulary (padded logits); both become U+FFFD instead of an error.
+    /// the vocabulary (padded logits); both become U+FFFD instead of an error. For text to
+    /// print, use [`crate::text`], which escapes instead.
     pub fn decode(&self, tokens: &[u32]) -> String {
-        const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
-        let mut bytes = Vec::with_capacity(tokens.len() * 2);
+        String::from_utf8_lossy(&self.bytes(tokens)).into_owned()
+    }
+
+    /// The bytes `tokens` stand for, concatenated (see [`Tokenizer::token_bytes`]).
+    pub fn bytes(&self, tokens: &[u32]) -> Vec<u8> {
         match &self.bpe {
-            None => {
-                for &t in tokens {
-                    match u8::try_from(t) {
-                        Ok(b) => bytes.push(b),
-                        Err(_) => bytes.extend_from_slice(REPLACEMENT),
-                    }
-                }
-            }
+            None => tokens.iter().flat_map(|&t| self.token_bytes(t)).collect(),
             Some(bpe) => match bpe.decode_bytes(tokens) {
-                Ok(all) => bytes = all,
-                // Rare path: decode token by token so only the unknown ids are replaced.
-                Err(_) => {
-                    for &t in tokens {
-                        match bpe.decode_bytes(&[t]) {
-                            Ok(piece) => bytes.extend_from_slice(&piece),
-                            Err(_) => bytes.extend_from_slice(REPLACEMENT),
-                        }
-                    }
-                }
+                Ok(all) => all,
+                // Rare path: token by token so only the unknown ids are replaced.
+                Err(_) => tokens.iter().flat_map(|&t| self.token_bytes(t)).collect(),
             },
         }
-        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The bytes of one token: byte tokenizer, the byte itself; GPT-2, its piece (which may be
+    /// part of a character); `<|endoftext|>`, its 13 characters. An id outside the vocabulary
+    /// (a model with padded logits) gives U+FFFD's bytes, so it stays visible in the text
+    /// without being confused with a byte.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
+        let piece = match &self.bpe {
+            None => u8::try_from(id).ok().map(|b| vec![b]),
+            Some(bpe) => bpe.decode_bytes(&[id]).ok(),
+        };
+        piece.unwrap_or_else(|| REPLACEMENT.to_vec())
     }
 }

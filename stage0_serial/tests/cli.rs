@@ -228,6 +228,47 @@ fn generate_is_reproducible_and_greedy_is_deterministic() {
     );
 }
 
+/// Printable: valid UTF-8, and no control byte other than newline and tab.
+fn assert_printable(what: &str, bytes: &[u8]) {
+    let text = std::str::from_utf8(bytes).unwrap_or_else(|e| panic!("{what} is not UTF-8 ({e}): {bytes:?}"));
+    let bad: Vec<char> = text
+        .chars()
+        .filter(|&c| c.is_control() && c != '\n' && c != '\t')
+        .collect();
+    assert!(bad.is_empty(), "{what} holds raw control characters {bad:?}: {text:?}");
+}
+
+#[test]
+fn untrained_byte_model_output_is_printable() {
+    // One step leaves the model near uniform over all 256 bytes: it emits NUL, ESC, DEL,
+    // C1 bytes and broken UTF-8, which must reach the terminal escaped.
+    let d = tmpdir("printable");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "1"]);
+    let o = run(&with_flag(args, "--sample-len", "200"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_printable("train's sample", &o.stdout);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("---- sample ----"));
+    let ck = out.join("model.ckpt");
+    for seed in ["1", "2"] {
+        let o = run(&[
+            "generate",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "200",
+            "--seed",
+            seed,
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_printable("generate's output", &o.stdout);
+        assert!(o.stdout.starts_with(b"ROMEO:") && o.stdout.len() > 200);
+    }
+}
+
 #[test]
 fn tokenize_then_train_on_bin() {
     let d = tmpdir("bin");

@@ -26,6 +26,7 @@ pub struct RunSummary {
     /// Tokens generated for the sample, and how long that took (inference time).
     pub sample_tokens: usize,
     pub sample_time_s: f64,
+    /// The sample in printable form (`text::printable`), as `train` printed it.
     pub sample: String,
 }
 

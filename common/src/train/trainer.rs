@@ -156,11 +156,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok(())
     }
 
-    /// Text continuing `prompt`.
+    /// Text continuing `prompt`, in printable form ([`crate::text::printable`]: control bytes
+    /// and invalid UTF-8 escaped). That form is both what `train` prints and what
+    /// `summary.json` keeps, so the report's README never holds raw control bytes and no
+    /// byte the model wrote is lost to U+FFFD.
     pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<String> {
         let ids = tok.encode(prompt);
         let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {})?;
-        Ok(tok.decode(&out))
+        Ok(crate::text::printable(&tok.bytes(&out)))
     }
 
     fn fetch(&self, buf: &B::Buffer<f32>) -> Result<Vec<f32>> {
