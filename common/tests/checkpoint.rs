@@ -56,7 +56,8 @@ fn meta(config: ModelConfig, step: u64) -> CheckpointMeta {
     }
 }
 
-/// Arbitrary f32 bit patterns (NaN payloads, infinities, subnormals, -0.0 included).
+/// Arbitrary finite f32 bit patterns (subnormals, huge values and -0.0 included; an
+/// exponent of all ones, NaN or infinity, loses its top bit: such checkpoints are refused).
 fn random_bits(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed | 1;
     (0..n)
@@ -64,7 +65,13 @@ fn random_bits(n: usize, seed: u64) -> Vec<f32> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            f32::from_bits((x >> 32) as u32)
+            let bits = (x >> 32) as u32;
+            let finite = if bits & 0x7f80_0000 == 0x7f80_0000 {
+                bits ^ 0x4000_0000
+            } else {
+                bits
+            };
+            f32::from_bits(finite)
         })
         .collect()
 }
@@ -422,4 +429,20 @@ fn check_compatible_names_each_conflict() {
         !msg.contains("n_head") && !msg.contains("vocab") && !msg.contains("max_seq_len"),
         "{msg}"
     );
+}
+
+#[test]
+fn non_finite_values_are_neither_saved_nor_loaded() {
+    let dir = TempDir::new("nonfinite");
+    let (path, meta, p, m, v) = saved(&dir);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut v2 = v.clone();
+        v2[5] = bad;
+        let err = checkpoint::save(&path, &meta, &p, &m, &v2).unwrap_err().to_string();
+        assert!(err.contains("v[5]") && err.contains("diverged"), "{err}");
+        // The same values written by hand, with a valid checksum, are refused on loading.
+        std::fs::write(&path, build(2, &header_json(&meta), p.len() as u64, [&p, &m, &v2])).unwrap();
+        let msg = input_err(&path, checkpoint::load(&path));
+        assert!(msg.contains("v[5]"), "{msg}");
+    }
 }
