@@ -19,7 +19,7 @@
 
 use crate::atomic_file;
 use crate::error::{io_err, Error, Result};
-use crate::model::params::ParamEntry;
+use crate::model::params::{ParamEntry, ParamSpec, Scope, PARAMS};
 use crate::model::{ModelConfig, ParamLayout};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -76,6 +76,15 @@ struct HeaderIn {
 
 /// One tensor of the parameter table: name, offset in the flat arrays, (rows, cols).
 type TensorRecord = (String, usize, usize, usize);
+
+/// The length of [`tensor_records`] for `config`, without building the layout.
+fn tensor_count(config: &ModelConfig) -> usize {
+    let per_scope = |s: &ParamSpec| match s.scope {
+        Scope::Model => 1,
+        Scope::Block => config.n_layer,
+    };
+    PARAMS.iter().map(per_scope).sum()
+}
 
 fn tensor_records(layout: &ParamLayout) -> Vec<TensorRecord> {
     let record = |e: &ParamEntry| (e.name.clone(), e.range.start, e.shape[0], e.shape[1]);
@@ -281,19 +290,21 @@ fn read_head(path: &Path) -> Result<Head> {
     meta.config
         .validate()
         .map_err(|e| Error::Input(format!("{shown}: checkpoint model config is invalid: {e}")))?;
+    // The table below grows with n_layer: compare the list's length first, so that a header
+    // claiming thousands of layers costs no more memory than the list the file holds.
+    let expected_count = tensor_count(&meta.config);
+    if tensors.len() != expected_count {
+        crate::bail_input!(
+            "{shown}: checkpoint's tensors differ from this build's parameter table: it lists {} tensors, this build {expected_count}",
+            tensors.len()
+        );
+    }
     let layout = ParamLayout::new(&meta.config);
     let expected_tensors = tensor_records(&layout);
-    if tensors != expected_tensors {
-        let differ = tensors.iter().zip(&expected_tensors).find(|(a, b)| a != b);
-        let what = match differ {
-            Some((have, want)) => format!("it has {have:?} where this build has {want:?}"),
-            None => format!(
-                "it lists {} tensors, this build {}",
-                tensors.len(),
-                expected_tensors.len()
-            ),
-        };
-        crate::bail_input!("{shown}: checkpoint's tensors differ from this build's parameter table: {what}");
+    if let Some((have, want)) = tensors.iter().zip(&expected_tensors).find(|(a, b)| a != b) {
+        crate::bail_input!(
+            "{shown}: checkpoint's tensors differ from this build's parameter table: it has {have:?} where this build has {want:?}"
+        );
     }
     let n = layout.total;
     if stored_n != n as u64 {

@@ -19,8 +19,12 @@ pub enum TokenizerKind {
 impl TokenizerKind {
     /// The kind a checkpoint names (see [`TokenizerKind::name`]).
     pub fn from_checkpoint(name: &str) -> Result<Self> {
-        <Self as clap::ValueEnum>::from_str(name, true)
-            .map_err(|_| Error::Input(format!("checkpoint names an unknown tokenizer '{name}'")))
+        <Self as clap::ValueEnum>::from_str(name, true).map_err(|_| {
+            Error::Input(format!(
+                "checkpoint names an unknown tokenizer '{}'",
+                name.escape_debug()
+            ))
+        })
     }
 
     /// The name used on the command line and in checkpoints.

@@ -57,9 +57,10 @@ fn meta(config: ModelConfig, step: u64) -> CheckpointMeta {
 }
 
 /// Arbitrary finite f32 bit patterns (subnormals, huge values and -0.0 included; an
-/// exponent of all ones, NaN or infinity, loses its top bit: such checkpoints are refused).
+/// exponent of all ones, NaN or infinity, loses its top bit: such checkpoints are refused);
+/// a different sequence for every seed (so m and v differ and a loader mixing them up fails).
 fn random_bits(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed | 1;
+    let mut x = 2 * seed + 1;
     (0..n)
         .map(|_| {
             x ^= x << 13;
@@ -445,4 +446,134 @@ fn non_finite_values_are_neither_saved_nor_loaded() {
         let msg = input_err(&path, checkpoint::load(&path));
         assert!(msg.contains("v[5]"), "{msg}");
     }
+}
+
+/// The saved tiny checkpoint's bytes, where its arrays start, and its parameter count.
+fn saved_bytes(dir: &TempDir) -> (PathBuf, Vec<u8>, usize, usize) {
+    let (path, ..) = saved(dir);
+    let full = std::fs::read(&path).unwrap();
+    let n = tiny().num_params();
+    let arrays_at = full.len() - 8 - 12 * n;
+    (path, full, arrays_at, n)
+}
+
+/// Writes each corrupted copy and expects a checksum refusal from `load`.
+fn expect_checksum_refusal(path: &Path, cases: Vec<(String, Vec<u8>)>) {
+    for (what, bytes) in cases {
+        std::fs::write(path, &bytes).unwrap();
+        let msg = input_err(path, checkpoint::load(path));
+        assert!(msg.contains("corrupt") && msg.contains("checksum"), "{what}: {msg}");
+    }
+}
+
+#[test]
+fn swapped_words_are_corrupt() {
+    // A checksum that sums or XORs aligned words is blind to their order.
+    let dir = TempDir::new("swapped-words");
+    let (path, full, arrays_at, n) = saved_bytes(&dir);
+    let mut cases = Vec::new();
+    for (a, b) in [
+        (arrays_at, arrays_at + 8),
+        (arrays_at + 64, arrays_at + 4 * n + 64),
+        (arrays_at + 8 * 100, arrays_at + 8 * n + 8 * 7),
+        (arrays_at + 4 * n - 8, arrays_at + 4 * n),
+        (full.len() - 16, full.len() - 24),
+    ] {
+        let mut bytes = full.clone();
+        assert_ne!(bytes[a..a + 8], bytes[b..b + 8], "words at {a} and {b} are equal");
+        for i in 0..8 {
+            bytes.swap(a + i, b + i);
+        }
+        cases.push((format!("8-byte words at {a} and {b} swapped"), bytes));
+    }
+    // A rotation of three words: a permutation with no fixed point.
+    let mut bytes = full.clone();
+    let at = arrays_at + 4 * n + 40;
+    bytes[at..at + 24].rotate_left(8);
+    cases.push(("three words rotated".to_string(), bytes));
+    expect_checksum_refusal(&path, cases);
+}
+
+#[test]
+fn zeroed_blocks_are_corrupt() {
+    // A sector that reads back as zeros (a torn write, a sparse-file hole).
+    let dir = TempDir::new("zeroed");
+    let (path, full, arrays_at, n) = saved_bytes(&dir);
+    let mut cases = Vec::new();
+    for (start, len) in [
+        (arrays_at, 4096),
+        (arrays_at + 4 * n - 2048, 4096),
+        (arrays_at + 8 * n + 512, 512),
+        (full.len() - 8 - 4096, 4096),
+        (full.len() - 8 - 100, 108),
+    ] {
+        let mut bytes = full.clone();
+        bytes[start..start + len].fill(0);
+        cases.push((format!("{len} zero bytes at {start}"), bytes));
+    }
+    expect_checksum_refusal(&path, cases);
+}
+
+#[test]
+fn same_bit_flipped_twice_is_corrupt() {
+    // A checksum linear over words (XOR, sums mod 2^64 for the top bit) cancels two flips of
+    // one bit a whole number of words apart. Other bits and distances than the sign-bit test.
+    let dir = TempDir::new("same-bit");
+    let (path, full, arrays_at, n) = saved_bytes(&dir);
+    let mut cases = Vec::new();
+    for gap in [8, 16, 64, 4 * n, 8 * n] {
+        for (first, mask) in [(arrays_at + 2, 0x01), (arrays_at + 4 * n / 3 * 2 + 5, 0x40)] {
+            if first + gap >= full.len() - 8 {
+                continue;
+            }
+            let mut bytes = full.clone();
+            bytes[first] ^= mask;
+            bytes[first + gap] ^= mask;
+            cases.push((format!("bit {mask:#x} flipped at {first} and +{gap}"), bytes));
+        }
+    }
+    assert!(cases.len() >= 8);
+    expect_checksum_refusal(&path, cases);
+}
+
+#[test]
+fn checksum_and_data_flipped_together_are_corrupt() {
+    // One flip in the data and a matching-looking one in the stored checksum: they must not
+    // cancel (they would for a checksum that is a plain XOR of the words).
+    let dir = TempDir::new("sum-and-data");
+    let (path, full, arrays_at, n) = saved_bytes(&dir);
+    let sum_at = full.len() - 8;
+    let mut cases = Vec::new();
+    for (data_at, sum_byte, mask) in [
+        (arrays_at, 0, 0x01),
+        (arrays_at + 4 * n + 3, 3, 0x80),
+        (arrays_at + 8 * n + 8 * 9 + 6, 6, 0x10),
+        (sum_at - 1, 7, 0xff),
+    ] {
+        let mut bytes = full.clone();
+        bytes[data_at] ^= mask;
+        bytes[sum_at + sum_byte] ^= mask;
+        cases.push((format!("{mask:#x} at {data_at} and in checksum byte {sum_byte}"), bytes));
+    }
+    expect_checksum_refusal(&path, cases);
+}
+
+#[test]
+fn swapped_arrays_are_corrupt() {
+    // params, m and v stored in another order: same bytes, same length, same word multiset.
+    let dir = TempDir::new("swapped-arrays");
+    let (path, full, arrays_at, n) = saved_bytes(&dir);
+    let array = |k: usize| &full[arrays_at + 4 * n * k..arrays_at + 4 * n * (k + 1)];
+    assert!(array(0) != array(1) && array(1) != array(2) && array(0) != array(2));
+    let mut cases = Vec::new();
+    for order in [[1, 0, 2], [0, 2, 1], [2, 1, 0], [1, 2, 0], [2, 0, 1]] {
+        let mut bytes = full[..arrays_at].to_vec();
+        for k in order {
+            bytes.extend_from_slice(array(k));
+        }
+        bytes.extend_from_slice(&full[full.len() - 8..]);
+        assert_eq!(bytes.len(), full.len());
+        cases.push((format!("arrays in order {order:?}"), bytes));
+    }
+    expect_checksum_refusal(&path, cases);
 }

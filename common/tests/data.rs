@@ -60,6 +60,14 @@ fn byte_tokenizer_round_trip() {
 }
 
 #[test]
+fn unknown_tokenizer_in_a_checkpoint_is_named_on_one_line() {
+    // The name comes from the checkpoint's JSON, which may hold any character.
+    let msg = input_err(TokenizerKind::from_checkpoint("by\nte"));
+    assert!(msg.contains("unknown tokenizer 'by\\nte'"), "{msg}");
+    assert_eq!(TokenizerKind::from_checkpoint("GPT2").unwrap(), TokenizerKind::Gpt2);
+}
+
+#[test]
 fn gpt2_tokenizer_known_ids() {
     let tok = Tokenizer::new(TokenizerKind::Gpt2).unwrap();
     assert_eq!(tok.vocab_size(), 50257);
