@@ -448,6 +448,128 @@ fn a_run_stopped_by_stop_after_or_ctrl_c_resumes_as_the_same_run() {
     assert_eq!(final_params(&straight_long), final_params(&interrupted));
 }
 
+type LineReceiver = std::sync::mpsc::Receiver<String>;
+
+/// Starts a long run under `mpirun -n 2` with a checkpoint every 10 steps; returns the job,
+/// the lines it printed, and rank 1's PID, once rank 0 has printed its PID table and
+/// announced a checkpoint.
+fn long_run_with_checkpoints(out: &Path, data: &str) -> (std::process::Child, LineReceiver, Vec<String>, u32) {
+    let mut args = vec!["-n".to_string(), "2".to_string(), BIN.to_string()];
+    args.extend(train_args(
+        data,
+        out,
+        &["--steps", "100000", "--checkpoint-every", "10", "--eval-every", "1000"],
+    ));
+    let mut child = Command::new("mpirun")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut pid1, mut seen) = (None, Vec::new());
+    while pid1.is_none() || !seen.iter().any(|l: &String| l.starts_with("checkpoint: step")) {
+        assert!(
+            Instant::now() < deadline,
+            "no PID table or checkpoint within 30 s: {seen:?}"
+        );
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
+            if let Some(table) = line.strip_prefix("ranks: ") {
+                let entry = table
+                    .split(", ")
+                    .find(|e| e.starts_with("1 = PID "))
+                    .expect("rank 1 listed");
+                pid1 = entry.trim_start_matches("1 = PID ").parse().ok();
+            }
+            seen.push(line);
+        }
+    }
+    (child, rx, seen, pid1.unwrap())
+}
+
+/// Waits for the job (at most 60 s) and returns its exit code, stderr and the time it took
+/// after the kill.
+fn ends_within_a_minute(mut child: std::process::Child) -> (Option<i32>, String, Duration) {
+    let killed_at = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(60),
+            "the job did not end within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    (status.code(), err, killed_at.elapsed())
+}
+
+#[test]
+fn a_rank_stopped_by_sigterm_names_itself_and_the_last_checkpoint() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmpdir("sigterm");
+    let out = d.join("run");
+    let (child, _, _, pid1) = long_run_with_checkpoints(&out, &corpus(&d));
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid1.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let (code, err, took) = ends_within_a_minute(child);
+    assert_ne!(code, Some(0), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("stopped by SIGTERM"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("rank 1 of 2"), "{line}");
+    assert!(
+        line.contains("last good checkpoint is") && line.contains("model.ckpt (step"),
+        "{line}"
+    );
+    eprintln!("job ended {took:?} after the SIGTERM: {line}");
+    common::checkpoint::load(&out.join("model.ckpt")).expect("the named checkpoint loads");
+}
+
+#[test]
+fn a_rank_killed_outright_is_named_by_its_pid_and_the_checkpoints_are_announced() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmpdir("sigkill");
+    let out = d.join("run");
+    let (child, rx, printed, pid1) = long_run_with_checkpoints(&out, &corpus(&d));
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid1.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let (code, err, _) = ends_within_a_minute(child);
+    assert_ne!(code, Some(0), "{err}");
+    // The launcher names the PID (on stdout, Hydra's banner), which rank 0's table gave
+    // as rank 1's; rank 0 announced the checkpoint it wrote.
+    let after: Vec<String> = rx.iter().collect(); // to the end of its output
+    let banner = after
+        .iter()
+        .find(|l| l.contains(&format!("PID {pid1} ")))
+        .unwrap_or_else(|| panic!("{after:?} {err}"));
+    eprintln!("the launcher: {}", banner.trim());
+    let announced = printed.iter().find(|l| l.starts_with("checkpoint: step")).unwrap();
+    assert!(
+        announced.ends_with(&out.join("model.ckpt").display().to_string()),
+        "{announced}"
+    );
+    common::checkpoint::load(&out.join("model.ckpt")).expect("the last checkpoint loads");
+}
+
 #[test]
 fn validation_covers_the_same_windows_at_any_rank_count() {
     // 15 validation windows: per-rank-sized batches would cover 12, global ones 8; rank 0

@@ -8,11 +8,13 @@ mod agree;
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+mod watchdog;
 
 use crate::backend::DevPtr;
 use crate::error::Result;
 
 pub use agree::{agree, broadcast_f32, check_same_everywhere, from_root};
+pub use watchdog::{pid_table, Watchdog};
 
 pub trait Comm {
     fn rank(&self) -> usize;
@@ -53,6 +55,11 @@ pub trait Comm {
     /// ranks would otherwise wait forever in their next collective. Returns only where
     /// there are no other ranks (one process: exiting normally is enough).
     fn abort(&self, _exit_code: u8) {}
+    /// A function that ends the whole job from any thread (a watchdog's): `None` where
+    /// there is one process.
+    fn job_abort(&self) -> Option<fn(u8)> {
+        None
+    }
 }
 
 /// One process: every collective is the identity.

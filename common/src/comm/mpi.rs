@@ -109,6 +109,15 @@ fn let_launcher_forward_output() {
     std::thread::sleep(std::time::Duration::from_millis(300));
 }
 
+/// Ends the whole job from any thread: MPI_Abort on the world, after letting this rank's
+/// last message through.
+fn abort_world(exit_code: u8) {
+    let_launcher_forward_output();
+    // SAFETY: called while MPI is initialised (MpiComm's lifetime); like the panic hook's,
+    // a last resort from a thread FUNNELED does not cover, which need not return.
+    unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, exit_code as c_int) };
+}
+
 /// A panic on one rank (a bug) would unwind into MPI_Finalize while the other ranks wait
 /// in a collective: after the usual message, abort the job instead (exit code 101, Rust's
 /// for a panic).
@@ -232,5 +241,9 @@ impl Comm for MpiComm {
         let_launcher_forward_output();
         // MPI_Abort makes mpirun end every rank, with this exit code.
         self.world.abort(exit_code as c_int)
+    }
+
+    fn job_abort(&self) -> Option<fn(u8)> {
+        Some(abort_world)
     }
 }

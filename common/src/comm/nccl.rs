@@ -151,6 +151,9 @@ impl Comm for NcclComm {
     fn abort(&self, exit_code: u8) {
         self.mpi.abort(exit_code)
     }
+    fn job_abort(&self) -> Option<fn(u8)> {
+        self.mpi.job_abort()
+    }
 }
 
 impl Drop for NcclComm {

@@ -1,0 +1,95 @@
+//! When a rank of a job is stopped from outside, the job must end, and say which rank and
+//! where the last good checkpoint is. One implementation for MPI (stage 1) and NCCL
+//! (stage 3):
+//!
+//! - A rank stopped by a signal it can catch (SIGTERM, SIGHUP, SIGQUIT: a scheduler, a
+//!   user's `kill`) prints one line naming itself, the step and the last good checkpoint,
+//!   then ends the whole job (MPI_Abort), so no rank waits for it in a collective.
+//! - A rank killed outright (SIGKILL, the OOM killer) cannot speak: the launcher ends the
+//!   job and names the process by PID and host. Rank 0's first lines map each PID to its
+//!   rank ([`pid_table`]), and every checkpoint rank 0 writes is announced, so the output
+//!   says which rank died and where to resume from.
+
+use super::Comm;
+use crate::error::{Error, Result};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// What the watchdog knows of the run.
+#[derive(Default)]
+struct Progress {
+    step: u64,
+    /// The last checkpoint written: its path and step.
+    checkpoint: Option<(String, u64)>,
+}
+
+/// Listens for termination signals on a thread of its own; see the module documentation.
+pub struct Watchdog {
+    progress: Arc<Mutex<Progress>>,
+}
+
+/// Exit status of a job ended by signal `sig` (the shell's convention).
+fn status_for(sig: i32) -> u8 {
+    (128 + sig).clamp(0, 255) as u8
+}
+
+impl Watchdog {
+    /// Starts watching, where there is a job to end (`None` for one process: there a
+    /// signal's default action ends the run, and nobody waits for it).
+    pub fn start(comm: &dyn Comm) -> Result<Option<Self>> {
+        let Some(abort_job) = comm.job_abort() else {
+            return Ok(None);
+        };
+        use signal_hook::consts::{SIGHUP, SIGQUIT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGQUIT])
+            .map_err(|e| Error::Device(format!("cannot watch for termination signals: {e}")))?;
+        let progress = Arc::new(Mutex::new(Progress::default()));
+        let (seen, who) = (Arc::clone(&progress), comm.describe());
+        std::thread::Builder::new()
+            .name("watchdog".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    let p = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    let name = signal_hook::low_level::signal_name(sig).unwrap_or("a signal");
+                    let last = match &p.checkpoint {
+                        Some((path, step)) => format!("the last good checkpoint is {path} (step {step})"),
+                        None => "no checkpoint was written in this run".to_string(),
+                    };
+                    let line = format!("{who}: stopped by {name} at step {}; ending the job: {last}\n", p.step);
+                    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+                    abort_job(status_for(sig));
+                }
+            })
+            .map_err(|e| Error::Device(format!("cannot start the watchdog thread: {e}")))?;
+        Ok(Some(Watchdog { progress }))
+    }
+
+    /// The run is at (0-based) `step`.
+    pub fn at_step(&self, step: u64) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).step = step;
+    }
+
+    /// A checkpoint of `step` steps was written (by rank 0) to `path`.
+    pub fn saved(&self, path: &Path, step: u64) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        p.checkpoint = Some((path.display().to_string(), step));
+    }
+}
+
+/// Rank 0's line mapping each rank to its process id ("ranks: 0 = PID 4107, 1 = PID
+/// 4108"), so the PID a launcher names when a process is killed reads as a rank. Every rank
+/// takes part; `None` for one process.
+pub fn pid_table(comm: &dyn Comm) -> Result<Option<String>> {
+    if comm.size() == 1 {
+        return Ok(None);
+    }
+    // Two exact 16-bit halves per rank (an f32 holds integers below 2^24 exactly).
+    let pid = std::process::id();
+    let mut halves = vec![0.0f32; 2 * comm.size()];
+    halves[2 * comm.rank()] = (pid >> 16) as f32;
+    halves[2 * comm.rank() + 1] = (pid & 0xffff) as f32;
+    comm.all_reduce_sum_host(&mut halves)?;
+    let pids = halves.chunks(2).map(|h| ((h[0] as u32) << 16) | h[1] as u32);
+    let list: Vec<String> = pids.enumerate().map(|(r, p)| format!("{r} = PID {p}")).collect();
+    Ok(Some(format!("ranks: {}", list.join(", "))))
+}

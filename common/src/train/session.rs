@@ -1,0 +1,192 @@
+//! What a run writes and watches while it goes, beside the steps themselves: the loss
+//! table and its open window, the progress bar, the clock (continued from a checkpoint),
+//! checkpoints, the count of skipped steps, the watchdog, and how the run ends (its last
+//! step, Ctrl-C, `--stop-after`, or too many non-finite steps).
+
+use super::Run;
+use crate::backend::Backend;
+use crate::cli::TrainArgs;
+use crate::comm::{agree, pid_table, Comm, Watchdog};
+use crate::error::{Error, Result};
+use crate::optim::StepStats;
+use crate::report::log::{LogState, LossLog, LossRow, Window};
+use crate::report::progress;
+use indicatif::ProgressBar;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Why a run stops before its last step.
+pub enum Stop {
+    Interrupted,
+    StopAfter,
+}
+
+pub struct Session<'a> {
+    comm: &'a dyn Comm,
+    args: &'a TrainArgs,
+    /// Rank 0's loss table.
+    log: Option<LossLog>,
+    bar: ProgressBar,
+    watchdog: Option<Watchdog>,
+    ckpt: PathBuf,
+    window: Window,
+    /// Seconds trained before this process (resumed runs), and since.
+    earlier_s: f64,
+    started: Instant,
+    /// Seconds inside steps, for the summary's tokens/s.
+    pub step_time: f64,
+    pub last_val: f32,
+    bad_in_a_row: u64,
+    /// The step of the last checkpoint written.
+    saved_at: Option<u64>,
+}
+
+impl<'a> Session<'a> {
+    /// Opens the loss table (kept up to the checkpoint when resuming), prints the run's
+    /// first lines and starts the bar, the clock and the watchdog.
+    pub fn open<B: Backend>(run: &Run<B>, comm: &'a dyn Comm, args: &'a TrainArgs) -> Result<Self> {
+        let root = comm.is_root();
+        let keep_rows = args.resume.is_some().then_some(run.log_state.rows);
+        let log = agree(comm, root.then(|| LossLog::open(&args.out, keep_rows)).transpose())?;
+        // Every rank takes part in the PID table; a rank stopped from outside ends the job.
+        let pids = pid_table(comm)?;
+        let watchdog = Watchdog::start(comm)?;
+        if root {
+            println!("{}", run.describe());
+            pids.into_iter().for_each(|line| println!("{line}"));
+            println!("{}", LossLog::header());
+        }
+        Ok(Session {
+            comm,
+            args,
+            log,
+            bar: progress::bar(root, run.total_steps, run.start_step),
+            watchdog,
+            ckpt: args.out.join("model.ckpt"),
+            window: run.log_state.window,
+            earlier_s: run.log_state.elapsed_s,
+            started: Instant::now(),
+            step_time: 0.0,
+            last_val: f32::NAN,
+            bad_in_a_row: 0,
+            saved_at: None,
+        })
+    }
+
+    pub fn elapsed(&self) -> f64 {
+        self.earlier_s + self.started.elapsed().as_secs_f64()
+    }
+
+    /// Step `step` is about to run.
+    pub fn starting(&self, step: u64) {
+        if let Some(w) = &self.watchdog {
+            w.at_step(step);
+        }
+    }
+
+    /// Step `step` took `seconds`: into the window and the bar; an error once
+    /// `--max-bad-steps` steps in a row were skipped (every rank sees the same stats).
+    pub fn record(&mut self, step: u64, s: &StepStats, seconds: f64) -> Result<()> {
+        self.window.add(s.loss, s.skipped, seconds);
+        self.step_time += seconds;
+        self.bar
+            .set_message(format!("loss {:.4} lr {:.2e} norm {:.2}", s.loss, s.lr, s.grad_norm));
+        self.bar.inc(1);
+        self.bad_in_a_row = if s.skipped { self.bad_in_a_row + 1 } else { 0 };
+        if self.bad_in_a_row < self.args.max_bad_steps {
+            return Ok(());
+        }
+        self.bar.abandon();
+        let last = match self.saved_at {
+            Some(s) => format!("the last good checkpoint is {} (step {s})", self.ckpt.display()),
+            None => "no checkpoint was written in this run".to_string(),
+        };
+        let msg = format!(
+            "{} steps in a row (to step {step}) had a non-finite loss or gradient norm and were skipped; \
+             stopping: {last}. Lower --lr, or raise --max-bad-steps",
+            self.bad_in_a_row
+        );
+        Err(Error::Training(msg).on_every_rank())
+    }
+
+    /// Has the run been asked to stop after `done` steps? (Ctrl-C on any rank, agreed over
+    /// all ranks so they stop at the same step; or `--stop-after`.)
+    pub fn stop_requested<B: Backend>(&self, run: &Run<B>, done: u64) -> Result<Option<Stop>> {
+        let mut v = [super::STOP.load(std::sync::atomic::Ordering::SeqCst) as u8 as f32];
+        self.comm.all_reduce_sum_host(&mut v)?;
+        Ok(if v[0] > 0.0 {
+            Some(Stop::Interrupted)
+        } else {
+            (run.stop_after == Some(done)).then_some(Stop::StopAfter)
+        })
+    }
+
+    /// A `loss.tsv` row for the window that ends at this step (rank 0 evaluates).
+    pub fn log_row<B: Backend>(&mut self, run: &mut Run<B>) -> Result<()> {
+        let (train_loss, bad_steps, tokens_per_s) = self.window.take(run.batch * run.seq_len);
+        let Some(log) = self.log.as_mut() else {
+            return Ok(());
+        };
+        self.last_val = run.trainer.evaluate(&run.eval_set, run.seq_len)?;
+        let (epoch, elapsed_s) = (
+            run.loader.epochs_done(),
+            self.earlier_s + self.started.elapsed().as_secs_f64(),
+        );
+        let row = LossRow {
+            epoch,
+            train_loss,
+            val_loss: self.last_val,
+            bad_steps,
+            tokens_per_s,
+            elapsed_s,
+        };
+        self.bar.suspend(|| println!("{}", row.display()));
+        log.append(&row)
+    }
+
+    /// Rank 0 writes the checkpoint of `done` steps with where the log stands; every rank
+    /// notes it (the rule that decides is the same everywhere). `announce`: say so.
+    pub fn checkpoint<B: Backend>(&mut self, run: &Run<B>, done: u64, announce: bool) -> Result<()> {
+        if let Some(log) = &self.log {
+            let state = LogState {
+                rows: log.rows(),
+                elapsed_s: self.elapsed(),
+                window: self.window,
+            };
+            run.trainer.save(&self.ckpt, &run.checkpoint_meta(done, &state))?;
+            if announce {
+                self.bar
+                    .suspend(|| println!("checkpoint: step {done} saved to {}", self.ckpt.display()));
+            }
+        }
+        self.saved_at = Some(done);
+        if let Some(w) = &self.watchdog {
+            w.saved(&self.ckpt, done);
+        }
+        Ok(())
+    }
+
+    /// Ends a run stopped early after `done` steps: Ctrl-C is an error (exit 130), the
+    /// stop asked for by `--stop-after` is not.
+    pub fn stop(self, why: Stop, done: u64) -> Result<()> {
+        self.bar.abandon();
+        let how = format!("saved {0} (continue with --resume {0})", self.ckpt.display());
+        match why {
+            Stop::Interrupted => Err(Error::Interrupted(format!("stopped after step {done}; {how}")).on_every_rank()),
+            Stop::StopAfter => {
+                if self.log.is_some() {
+                    println!("stopped after step {done} as --stop-after asked; {how}");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// After the last step: clears the bar and names the checkpoint (rank 0).
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+        if self.log.is_some() {
+            println!("saved {}", self.ckpt.display());
+        }
+    }
+}
