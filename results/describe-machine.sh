@@ -19,7 +19,10 @@ mpi=$(have mpirun && mpirun --version 2>&1 | sed -n 's/^ *Version: *\([0-9.]*\).
 if [ -n "${driver:-}" ] && [ -f .gpu/commit ]; then
   commit=$(cat .gpu/commit)  # what the bundle was built from (`git describe --always --dirty`)
 else
-  commit=$(git describe --always --dirty 2>/dev/null || echo unknown)
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  # Changed code (not results or docs) makes it another build than the commit's.
+  git diff --quiet HEAD -- common stage0_serial stage1_mpi stage2_cuda stage3_mpi_cuda Cargo.toml Cargo.lock 2>/dev/null \
+    || commit="$commit with uncommitted code changes"
 fi
 torch=${torch_versions%% *}; nccl=${torch_versions#* }
 echo "device: $device; driver: ${driver:--}; CUDA: ${cuda:--}; NCCL: ${nccl:--}; MPI: ${mpi:--}; PyTorch: ${torch:--}; commit: $commit"
