@@ -17,6 +17,11 @@
 //! checks its operands' shapes before it runs, so each pointer covers the extent the op
 //! uses (see [`crate::backend`]'s contract).
 
+mod backward;
+mod pool;
+
+pub use pool::Pool;
+
 use crate::backend::{check_range, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -88,42 +93,6 @@ enum Op {
 struct Node {
     op: Op,
     out: Tensor,
-}
-
-/// Size classes for pooled buffers: exact below 4096 words, else rounded up to the next
-/// eighth of a power of two (at most 12.5% waste), so varying sizes (generation grows T
-/// by one each token) still reuse buffers.
-fn size_class(n: usize) -> usize {
-    if n <= 4096 {
-        return n.max(1);
-    }
-    let step = 1usize << (usize::BITS - n.leading_zeros() - 4);
-    n.div_ceil(step) * step
-}
-
-/// Caching allocator: buffers handed back are kept by size class and reused.
-pub struct Pool<B: Backend> {
-    free: HashMap<usize, Vec<B::Buffer<f32>>>,
-}
-
-impl<B: Backend> Default for Pool<B> {
-    fn default() -> Self {
-        Pool { free: HashMap::new() }
-    }
-}
-
-impl<B: Backend> Pool<B> {
-    fn take(&mut self, be: &B, n: usize) -> Result<B::Buffer<f32>> {
-        let class = size_class(n);
-        match self.free.get_mut(&class).and_then(|v| v.pop()) {
-            Some(buf) => Ok(buf),
-            None => be.alloc(class),
-        }
-    }
-
-    fn give(&mut self, buf: B::Buffer<f32>) {
-        self.free.entry(buf.len()).or_default().push(buf);
-    }
 }
 
 pub struct Graph<'a, B: Backend> {
@@ -371,158 +340,6 @@ impl<'a, B: Backend> Graph<'a, B> {
         }
     }
 
-    // ---- backward -------------------------------------------------------------------
-
-    /// Gradient slot of `x`, allocated (zeroed) from the pool on first use.
-    fn grad_slot(&mut self, x: Tensor) -> Result<DevPtr> {
-        if let Some(g) = self.values[x.0].grad {
-            return Ok(g);
-        }
-        let [r, c] = self.values[x.0].shape;
-        let buf = self.pool.take(self.be, r * c)?;
-        // SAFETY: a pooled buffer of at least r·c values.
-        unsafe { self.be.zero(buf.ptr(), r * c) };
-        let g = buf.ptr();
-        self.grads.insert(x.0, buf);
-        self.values[x.0].grad = Some(g);
-        Ok(g)
-    }
-
-    /// Gives `out`'s pooled gradient buffer to the first of `heirs` that is an activation with
-    /// no gradient yet, when that gradient equals `out`'s (an add's inputs): no zero fill and
-    /// no copy. `out`'s producer is running its backward, the buffer's last reader. Returns
-    /// the heir.
-    fn hand_down(&mut self, out: Tensor, heirs: [Tensor; 2]) -> Option<Tensor> {
-        let heir = heirs
-            .into_iter()
-            .find(|&x| !self.is_param(x) && self.values[x.0].grad.is_none())?;
-        let buf = self.grads.remove(&out.0)?;
-        self.values[out.0].grad = None;
-        self.values[heir.0].grad = Some(buf.ptr());
-        self.grads.insert(heir.0, buf);
-        Some(heir)
-    }
-
-    /// Back-propagates from `loss` (the last op, a cross-entropy) with d(loss) = `seed`,
-    /// accumulating into every parameter's gradient.
-    pub fn backward(&mut self, loss: Tensor, seed: f32) -> Result<()> {
-        self.backward_with(loss, seed, |_| Ok(()))
-    }
-
-    /// [`Graph::backward`], calling `on_mark(label)` as each [`Graph::mark`] is passed.
-    pub fn backward_with(
-        &mut self,
-        loss: Tensor,
-        seed: f32,
-        mut on_mark: impl FnMut(usize) -> Result<()>,
-    ) -> Result<()> {
-        let last = self
-            .tape
-            .last()
-            .expect("backward: empty tape (graph built without recording?)");
-        assert_eq!(last.out, loss, "backward: the loss must be the last op");
-        let tape = std::mem::take(&mut self.tape);
-        for node in tape.iter().rev() {
-            if let Op::Mark { label } = node.op {
-                on_mark(label)?;
-                continue;
-            }
-            let dout = if node.out == loss {
-                DevPtr::default()
-            } else {
-                match self.values[node.out.0].grad {
-                    Some(g) => g,
-                    None => continue, // nothing downstream depends on this value
-                }
-            };
-            self.backward_op(&tape, node, dout, seed)?;
-            // The producer has consumed its output's gradient: recycle it.
-            if let Some(buf) = self.grads.remove(&node.out.0) {
-                self.pool.give(buf);
-                self.values[node.out.0].grad = None;
-            }
-        }
-        self.tape = tape;
-        Ok(())
-    }
-
-    fn backward_op(&mut self, tape: &[Node], node: &Node, dout: DevPtr, seed: f32) -> Result<()> {
-        let be = self.be;
-        let [r, c] = self.shape(node.out);
-        // SAFETY: each op's operands were shape-checked when it was recorded, and gradient
-        // slots have their value's shape; all are held or borrowed for the graph's lifetime.
-        unsafe { self.run_backward(be, tape, node, dout, seed, r, c) }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn run_backward(
-        &mut self,
-        be: &B,
-        tape: &[Node],
-        node: &Node,
-        dout: DevPtr,
-        seed: f32,
-        r: usize,
-        c: usize,
-    ) -> Result<()> {
-        match node.op {
-            Op::Encoder { tokens, wte, wpe, b, t } => {
-                let (dwte, dwpe) = (self.grad_slot(wte)?, self.grad_slot(wpe)?);
-                be.encoder_backward(dwte, dwpe, dout, tokens, b, t, c);
-            }
-            Op::Matmul { inp, w, bias } => {
-                let [_, ic] = self.shape(inp);
-                let (dinp, dw) = (self.grad_slot(inp)?, self.grad_slot(w)?);
-                let dbias = bias.map(|b| self.grad_slot(b)).transpose()?;
-                be.matmul_backward(dinp, dw, dbias, dout, self.ptr(inp), self.ptr(w), r, ic, c);
-            }
-            Op::LayerNorm { inp, w, b, mean, rstd } => {
-                let (dinp, dw, db) = (self.grad_slot(inp)?, self.grad_slot(w)?, self.grad_slot(b)?);
-                be.layernorm_backward(dinp, dw, db, dout, self.ptr(inp), self.ptr(w), mean, rstd, r, c);
-            }
-            Op::Attention { qkv, saved, b, t, nh } => {
-                let dqkv = self.grad_slot(qkv)?;
-                be.attention_backward(dqkv, dout, self.ptr(qkv), self.ptr(node.out), saved, b, t, c, nh);
-            }
-            Op::Gelu { inp } => {
-                let dinp = self.grad_slot(inp)?;
-                be.gelu_backward(dinp, self.ptr(inp), dout, r * c);
-            }
-            Op::Add { a, b } => {
-                // Both inputs get dout; one may simply take over its buffer.
-                let heir = if a != b { self.hand_down(node.out, [b, a]) } else { None };
-                for x in [a, b] {
-                    if Some(x) != heir {
-                        let dx = self.grad_slot(x)?;
-                        be.accumulate(dx, dout, r * c);
-                    }
-                }
-            }
-            Op::CrossEntropy {
-                logits,
-                targets,
-                losses,
-                v,
-            } => {
-                let [rows, vp] = self.shape(logits);
-                let dloss = seed / rows as f32;
-                if self.values[logits.0].grad.is_none() && !self.is_param(logits) && !read_by_others(tape, logits, node)
-                {
-                    // Nothing else reads the logits: their gradient overwrites them (llm.c's
-                    // trick), which saves a (R, Vp) buffer, its zeroing and a read.
-                    let p = self.ptr(logits);
-                    be.crossentropy_backward_in_place(p, losses, targets, dloss, rows, v, vp);
-                    self.values[logits.0].grad = Some(p);
-                } else {
-                    let dlogits = self.grad_slot(logits)?;
-                    be.crossentropy_backward(dlogits, self.ptr(logits), targets, dloss, rows, v, vp);
-                }
-            }
-            Op::Mark { .. } => unreachable!("marks are handled by backward_with"),
-        }
-        Ok(())
-    }
-
     /// Is `x` a parameter (memory owned outside the graph)?
     pub fn is_param(&self, x: Tensor) -> bool {
         self.values[x.0].is_param
@@ -539,24 +356,6 @@ pub(crate) fn check_ids(what: &str, ids: &[i32], n: usize) -> Result<()> {
         None => Ok(()),
     }
 }
-
-/// Does any op on `tape` other than `node` take `x` as an input?
-fn read_by_others(tape: &[Node], x: Tensor, node: &Node) -> bool {
-    tape.iter().any(|other| {
-        !std::ptr::eq(other, node)
-            && match other.op {
-                Op::Encoder { wte, wpe, .. } => x == wte || x == wpe,
-                Op::Matmul { inp, w, bias } => x == inp || x == w || bias == Some(x),
-                Op::LayerNorm { inp, w, b, .. } => x == inp || x == w || x == b,
-                Op::Attention { qkv, .. } => x == qkv,
-                Op::Gelu { inp } => x == inp,
-                Op::Add { a, b } => x == a || x == b,
-                Op::CrossEntropy { logits, .. } => x == logits,
-                Op::Mark { .. } => false,
-            }
-    })
-}
-
 impl<B: Backend> Drop for Graph<'_, B> {
     fn drop(&mut self) {
         for buf in self.held.drain(..).chain(self.grads.drain().map(|(_, b)| b)) {

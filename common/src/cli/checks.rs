@@ -1,0 +1,180 @@
+//! What the command line refuses before anything runs: each numeric flag's range (its value
+//! parser), the flags that apply to some stages only, and the pairs that conflict. Each is
+//! one line and exit 2 (see `app`).
+
+use clap::parser::ValueSource;
+
+/// Where a stage runs, which decides the execution flags that apply to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageKind {
+    pub gpu: bool,
+    /// Several processes (MPI ranks).
+    pub distributed: bool,
+}
+
+/// (clap id, the stages it applies to in words, the same as a test).
+pub type StageFlag = (&'static str, &'static str, fn(StageKind) -> bool);
+
+/// Flags (by clap id) that apply to some stages only: given to another stage, each is
+/// refused with one line instead of being ignored.
+pub const STAGE_FLAGS: &[StageFlag] = &[
+    ("threads", "the CPU stages (stage0_serial, stage1_mpi)", |s| !s.gpu),
+    ("precision", "the GPU stages (stage2_cuda, stage3_mpi_cuda)", |s| s.gpu),
+    (
+        "overlap",
+        "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
+        |s| s.distributed,
+    ),
+    (
+        "sync_every",
+        "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
+        |s| s.distributed,
+    ),
+];
+
+/// Pairs of flags (by clap id) refused together, and why.
+pub const CONFLICTS: &[(&str, &str, &str)] = &[
+    (
+        "overlap",
+        "sync_every",
+        "local SGD sums no gradients during backward, so there is nothing to overlap",
+    ),
+    ("steps", "epochs", "both set the length of the run"),
+    (
+        "greedy",
+        "temperature",
+        "greedy decoding takes the most likely token and never samples",
+    ),
+    (
+        "greedy",
+        "top_k",
+        "greedy decoding takes the most likely token and never samples",
+    ),
+];
+
+/// `sync_every` → `--sync-every`.
+pub fn flag_name(id: &str) -> String {
+    format!("--{}", id.replace('_', "-"))
+}
+
+/// Refuses a flag given to a stage it does not apply to, and a pair of conflicting flags,
+/// with one line each. `matches` is the whole command line's.
+pub fn check_flags(matches: &clap::ArgMatches, stage: StageKind, stage_name: &str) -> Result<(), String> {
+    let Some((_, sub)) = matches.subcommand() else {
+        return Ok(());
+    };
+    let given = |id: &str| {
+        sub.ids().any(|i| i.as_str() == id) && sub.value_source(id) == Some(ValueSource::CommandLine)
+    };
+    for &(id, applies_to, applies) in STAGE_FLAGS {
+        if given(id) && !applies(stage) {
+            return Err(format!(
+                "{} applies to {applies_to} only; {stage_name} does not use it",
+                flag_name(id)
+            ));
+        }
+    }
+    for &(a, b, why) in CONFLICTS {
+        if given(a) && given(b) {
+            return Err(format!("{} cannot be used with {}: {why}", flag_name(a), flag_name(b)));
+        }
+    }
+    Ok(())
+}
+
+// ---- value checks: every numeric flag is checked as it is parsed ------------------------
+// (clap prints the message after "invalid value 'X' for '--flag'"; see `app` for the one line)
+
+fn number<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.trim().parse().map_err(|_| "not a number".to_string())
+}
+
+pub(super) fn at_least_one(s: &str) -> Result<usize, String> {
+    match number::<usize>(s)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+pub(super) fn at_least_one_u64(s: &str) -> Result<u64, String> {
+    match number::<u64>(s)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+/// `train --seed`, `--batch` and `--seq-len` when none is given (and not resuming).
+pub const DEFAULT_SEED: u64 = 1337;
+pub const DEFAULT_BATCH: usize = 32;
+pub const DEFAULT_SEQ_LEN: usize = 128;
+
+/// The most tokens `generate` and the training sample produce.
+pub const MAX_NEW_TOKENS: usize = 1_000_000;
+
+pub(super) fn token_count(s: &str) -> Result<usize, String> {
+    match number::<usize>(s)? {
+        n if n > MAX_NEW_TOKENS => Err(format!("must be at most {MAX_NEW_TOKENS}")),
+        n => Ok(n),
+    }
+}
+
+/// Threads per process: at least 1, at most 4 per core of this host.
+pub(super) fn thread_count(s: &str) -> Result<usize, String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match number::<usize>(s)? {
+        0 => Err("must be at least 1 (leave --threads out for the default)".into()),
+        n if n > 4 * cores => Err(format!(
+            "must be at most {} (4 per core; this host has {cores})",
+            4 * cores
+        )),
+        n => Ok(n),
+    }
+}
+
+pub(super) fn finite_f32(s: &str) -> Result<f32, String> {
+    match number::<f32>(s)? {
+        x if x.is_finite() => Ok(x),
+        _ => Err("must be a finite number".into()),
+    }
+}
+
+pub(super) fn positive_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| if x > 0.0 { Ok(x) } else { Err("must be above 0".into()) })
+}
+
+pub(super) fn non_negative_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| {
+        if x >= 0.0 {
+            Ok(x)
+        } else {
+            Err("must be 0 or more".into())
+        }
+    })
+}
+
+pub(super) fn fraction_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| {
+        if (0.0..=1.0).contains(&x) {
+            Ok(x)
+        } else {
+            Err("must be between 0 and 1".into())
+        }
+    })
+}
+
+pub(super) fn open_fraction_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| {
+        if x > 0.0 && x < 1.0 {
+            Ok(x)
+        } else {
+            Err("must be above 0 and below 1".into())
+        }
+    })
+}
+
+pub(super) fn positive_f64(s: &str) -> Result<f64, String> {
+    match number::<f64>(s)? {
+        x if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err("must be a finite number above 0".into()),
+    }
+}

@@ -1,0 +1,120 @@
+//! Every flag of every subcommand against the values it must refuse.
+
+use super::*;
+
+/// Values each flag must refuse (both `--flag value` and `--flag=value`), by subcommand
+/// and flag; an empty list marks a flag with nothing numeric to check (paths, names,
+/// switches). Every flag of every subcommand must be listed: see the test below.
+const BAD_VALUES: &[(&str, &str, &[&str])] = &[
+    ("train", "data", &[]),
+    ("train", "out", &[]),
+    ("train", "preset", &[]),
+    ("train", "layers", &["0", "-1", "x"]),
+    ("train", "heads", &["0", "1.5"]),
+    ("train", "width", &["0"]),
+    ("train", "max_seq_len", &["0"]),
+    ("train", "tokenizer", &["bpe"]),
+    ("train", "steps", &["0", "-3"]),
+    ("train", "epochs", &["0", "-1", "nan", "inf"]),
+    ("train", "batch", &["0", "4000000000000000000000"]),
+    ("train", "seq_len", &["0"]),
+    ("train", "lr", &["0", "-1", "nan", "inf", "1e99"]),
+    ("train", "warmup", &["-1", "nan"]),
+    ("train", "min_lr_frac", &["-0.1", "1.5", "nan"]),
+    ("train", "weight_decay", &["-1", "nan"]),
+    ("train", "grad_clip", &["-1", "nan", "inf"]),
+    ("train", "seed", &["-1", "x"]),
+    ("train", "eval_every", &["0"]),
+    ("train", "eval_batches", &["0"]),
+    ("train", "val_fraction", &["0", "1", "nan", "-0.5"]),
+    ("train", "checkpoint_every", &["-1"]),
+    ("train", "resume", &[]),
+    ("train", "stop_after", &["0"]),
+    ("train", "max_bad_steps", &["0"]),
+    ("train", "sample_len", &["1000001", "18446744073709551615"]),
+    ("train", "threads", &["0", "100000"]),
+    ("train", "precision", &["fp16"]),
+    ("train", "overlap", &[]),
+    ("train", "sync_every", &["0"]),
+    ("generate", "checkpoint", &[]),
+    ("generate", "prompt", &[]),
+    ("generate", "max_new_tokens", &["1000001", "18446744073709551615"]),
+    ("generate", "greedy", &[]),
+    ("generate", "temperature", &["0", "-1", "nan"]),
+    ("generate", "top_k", &["-1"]),
+    ("generate", "seed", &["-1"]),
+    ("generate", "threads", &["0", "100000"]),
+    ("generate", "precision", &["bf8"]),
+    ("tokenize", "input", &[]),
+    ("tokenize", "output", &[]),
+    ("tokenize", "tokenizer", &["words"]),
+    ("bench", "preset", &[]),
+    ("bench", "layers", &["0"]),
+    ("bench", "heads", &["0"]),
+    ("bench", "width", &["0"]),
+    ("bench", "max_seq_len", &["0"]),
+    ("bench", "vocab", &["0"]),
+    ("bench", "batch", &["0"]),
+    ("bench", "seq_len", &["0"]),
+    ("bench", "steps", &["0"]),
+    ("bench", "warmup", &["-1"]),
+    ("bench", "threads", &["0", "100000"]),
+    ("bench", "precision", &["fp64"]),
+    ("bench", "overlap", &[]),
+    ("bench", "sync_every", &["0"]),
+    ("report", "runs", &[]),
+    ("report", "out", &[]),
+];
+
+/// Arguments that make each subcommand parse, before the flag under test.
+fn base(sub: &'static str) -> Vec<&'static str> {
+    match sub {
+        "train" => vec!["train", "--data", "d", "--out", "o"],
+        "generate" => vec!["generate", "--checkpoint", "c"],
+        "tokenize" => vec!["tokenize", "--input", "i", "--output", "o"],
+        "report" => vec!["report", "--run", "a=b"],
+        _ => vec![sub],
+    }
+}
+
+#[test]
+fn every_flag_of_every_subcommand_is_in_the_table() {
+    let cli = Cli::grammar();
+    for sub in cli.get_subcommands() {
+        for arg in sub.get_arguments().filter(|a| a.get_long().is_some()) {
+            let (s, id) = (sub.get_name(), arg.get_id().as_str());
+            if id == "help" || id == "version" {
+                continue;
+            }
+            assert!(
+                BAD_VALUES.iter().any(|&(ts, tid, _)| ts == s && tid == id),
+                "{s} --{}: add it to BAD_VALUES",
+                arg.get_long().unwrap()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_bad_value_is_refused_in_both_forms() {
+    let cli = Cli::grammar();
+    for &(sub, id, values) in BAD_VALUES {
+        let arg = cli
+            .find_subcommand(sub)
+            .and_then(|s| s.get_arguments().find(|a| a.get_id() == id))
+            .unwrap_or_else(|| panic!("{sub} has no flag {id}"));
+        let long = format!("--{}", arg.get_long().unwrap());
+        for value in values {
+            for form in [vec![long.clone(), value.to_string()], vec![format!("{long}={value}")]] {
+                let mut line = vec!["stage".to_string()];
+                line.extend(base(sub).iter().map(|s| s.to_string()));
+                line.extend(form.iter().cloned());
+                let err = Cli::grammar().try_get_matches_from(&line).err();
+                let err = err.unwrap_or_else(|| panic!("accepted: {line:?}"));
+                let first = err.render().to_string();
+                let first = first.lines().next().unwrap_or("");
+                assert!(first.contains(&long), "{line:?}: the message must name {long}: {first}");
+            }
+        }
+    }
+}
