@@ -63,9 +63,8 @@ pub fn check_flags(matches: &clap::ArgMatches, stage: StageKind, stage_name: &st
     let Some((_, sub)) = matches.subcommand() else {
         return Ok(());
     };
-    let given = |id: &str| {
-        sub.ids().any(|i| i.as_str() == id) && sub.value_source(id) == Some(ValueSource::CommandLine)
-    };
+    let given =
+        |id: &str| sub.ids().any(|i| i.as_str() == id) && sub.value_source(id) == Some(ValueSource::CommandLine);
     for &(id, applies_to, applies) in STAGE_FLAGS {
         if given(id) && !applies(stage) {
             return Err(format!(

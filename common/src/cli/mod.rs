@@ -9,12 +9,12 @@ pub use checks::{
 };
 
 use crate::backend::Precision;
+use crate::grad_sync::SyncMode;
+use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
     at_least_one, at_least_one_u64, fraction_f32, non_negative_f32, open_fraction_f32, positive_f32, positive_f64,
     thread_count, token_count,
 };
-use crate::grad_sync::SyncMode;
-use crate::model::{ConfigOverrides, ModelConfig};
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
