@@ -554,14 +554,29 @@ fn a_rank_killed_outright_is_named_by_its_pid_and_the_checkpoints_are_announced(
         .success());
     let (code, err, _) = ends_within_a_minute(child);
     assert_ne!(code, Some(0), "{err}");
-    // The launcher names the PID (on stdout, Hydra's banner), which rank 0's table gave
-    // as rank 1's; rank 0 announced the checkpoint it wrote.
+    // The launcher names a PID (on stdout, Hydra's banner) that rank 0's table maps to a
+    // rank: rank 1's, or (when a survivor fails first on the broken link, whose transport
+    // then names the dead PID on stderr) a survivor's. Rank 0 announced its checkpoint.
     let after: Vec<String> = rx.iter().collect(); // to the end of its output
-    let banner = after
+    let table = printed.iter().find(|l| l.starts_with("ranks: ")).unwrap();
+    let named: String = after
         .iter()
-        .find(|l| l.contains(&format!("PID {pid1} ")))
-        .unwrap_or_else(|| panic!("{after:?} {err}"));
-    eprintln!("the launcher: {}", banner.trim());
+        .find_map(|l| l.trim_start_matches('=').trim().strip_prefix("PID "))
+        .unwrap_or_else(|| panic!("no PID from the launcher: {after:?} {err}"))
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    assert!(
+        table.contains(&format!("= PID {named}")),
+        "PID {named} is not in {table}"
+    );
+    if named != pid1.to_string() {
+        assert!(
+            err.contains(&format!("pid={pid1}")),
+            "the transport names the dead PID {pid1}: {err}"
+        );
+    }
+    eprintln!("the launcher named PID {named}; {table}");
     let announced = printed.iter().find(|l| l.starts_with("checkpoint: step")).unwrap();
     assert!(
         announced.ends_with(&out.join("model.ckpt").display().to_string()),

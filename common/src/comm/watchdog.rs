@@ -6,9 +6,11 @@
 //!   user's `kill`) prints one line naming itself, the step and the last good checkpoint,
 //!   then ends the whole job (MPI_Abort), so no rank waits for it in a collective.
 //! - A rank killed outright (SIGKILL, the OOM killer) cannot speak: the launcher ends the
-//!   job and names the process by PID and host. Rank 0's first lines map each PID to its
-//!   rank ([`pid_table`]), and every checkpoint rank 0 writes is announced, so the output
-//!   says which rank died and where to resume from.
+//!   job and names a process by PID and host (the first it saw fail: the killed rank, or
+//!   a survivor that failed first on the broken link, whose transport then names the dead
+//!   PID). Rank 0's first lines map each PID to its rank ([`pid_table`]), and every
+//!   checkpoint rank 0 writes is announced, so the output says which rank died and where to
+//!   resume from.
 
 use super::Comm;
 use crate::error::{Error, Result};
