@@ -9,7 +9,7 @@
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
-use common::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer};
+use common::backend::{token_order, AdamWStep, Backend, DevPtr, DeviceBuffer};
 
 const FP32_TOL: f32 = 1e-4;
 
@@ -98,7 +98,8 @@ fn check(test: &str, names: &[&str], gpu: &[Vec<f32>], cpu: &[Vec<f32>], tol: f3
 // ---- encoder ------------------------------------------------------------------------
 
 fn encoder_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, v: usize) -> Vec<Vec<f32>> {
-    let tokens = upload_ids(be, &random_ids(b * t, 1, v));
+    let ids = random_ids(b * t, 1, v);
+    let (tokens, order) = (upload_ids(be, &ids), upload_ids(be, &token_order(&ids)));
     let wte = upload(be, &random(v * c, 2, 1.0));
     let wpe = upload(be, &random(t * c, 3, 1.0));
     let out = be.alloc(b * t * c).unwrap();
@@ -106,7 +107,7 @@ fn encoder_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, v: usize) -> V
     let dout = upload(be, &random(b * t * c, 4, 1.0));
     let dwte = upload(be, &random(v * c, 5, 1.0));
     let dwpe = upload(be, &random(t * c, 6, 1.0));
-    unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), dout.ptr(), tokens.ptr(), b, t, c) };
+    unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), dout.ptr(), tokens.ptr(), order.ptr(), b, t, c) };
     vec![download(be, &out), download(be, &dwte), download(be, &dwpe)]
 }
 

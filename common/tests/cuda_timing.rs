@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
-use common::backend::{AdamWStep, Backend, DeviceBuffer};
+use common::backend::{token_order, AdamWStep, Backend, DeviceBuffer};
 
 const B: usize = 16;
 const T: usize = 1024;
@@ -57,9 +57,10 @@ fn gpt2_step_table(precision: Precision) {
     let mut rows: Vec<(String, f64, usize)> = Vec::new(); // (op, ms, times per step)
     let mut row = |name: &str, ms: f64, per_step: usize| rows.push((name.to_string(), ms, per_step));
 
-    let tokens = be.alloc::<i32>(BT).unwrap();
-    be.write(&tokens, 0, &(0..BT).map(|i| (i * 7919 % V) as i32).collect::<Vec<_>>())
-        .unwrap();
+    let ids: Vec<i32> = (0..BT).map(|i| (i * 7919 % V) as i32).collect();
+    let (tokens, order) = (be.alloc::<i32>(BT).unwrap(), be.alloc::<i32>(BT).unwrap());
+    be.write(&tokens, 0, &ids).unwrap();
+    be.write(&order, 0, &token_order(&ids)).unwrap();
     let (wte, wpe) = (filled(&be, VP * C, 1), filled(&be, T * C, 2));
     let (x, dx) = (filled(&be, BT * C, 3), filled(&be, BT * C, 4));
     let (dwte, dwpe) = (be.alloc(VP * C).unwrap(), be.alloc(T * C).unwrap());
@@ -73,7 +74,7 @@ fn gpt2_step_table(precision: Precision) {
     row(
         "encoder bwd",
         time(&be, || unsafe {
-            be.encoder_backward(dwte.ptr(), dwpe.ptr(), dx.ptr(), tokens.ptr(), B, T, C)
+            be.encoder_backward(dwte.ptr(), dwpe.ptr(), dx.ptr(), tokens.ptr(), order.ptr(), B, T, C)
         }),
         1,
     );

@@ -101,9 +101,16 @@ impl<B: Backend> Graph<'_, B> {
         c: usize,
     ) -> Result<()> {
         match node.op {
-            Op::Encoder { tokens, wte, wpe, b, t } => {
+            Op::Encoder {
+                tokens,
+                order,
+                wte,
+                wpe,
+                b,
+                t,
+            } => {
                 let (dwte, dwpe) = (self.grad_slot(wte)?, self.grad_slot(wpe)?);
-                be.encoder_backward(dwte, dwpe, dout, tokens, b, t, c);
+                be.encoder_backward(dwte, dwpe, dout, tokens, order, b, t, c);
             }
             Op::Matmul { inp, w, bias } => {
                 let [_, ic] = self.shape(inp);

@@ -22,7 +22,7 @@ mod pool;
 
 pub use pool::Pool;
 
-use crate::backend::{check_range, Backend, DevPtr, DeviceBuffer};
+use crate::backend::{check_range, token_order, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -45,6 +45,8 @@ struct Value {
 enum Op {
     Encoder {
         tokens: DevPtr<i32>,
+        /// Positions sorted by token, for the backward's fixed summation order.
+        order: DevPtr<i32>,
         wte: Tensor,
         wpe: Tensor,
         b: usize,
@@ -214,7 +216,22 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert_eq!(ids.len(), b * t, "encoder: ids must be B·T");
         check_ids("token id", ids, rows)?;
         let tokens = self.tokens(ids)?;
-        let out = self.output([b * t, c], Op::Encoder { tokens, wte, wpe, b, t })?;
+        let order = if self.record {
+            self.tokens(&token_order(ids))?
+        } else {
+            DevPtr::default() // no backward
+        };
+        let out = self.output(
+            [b * t, c],
+            Op::Encoder {
+                tokens,
+                order,
+                wte,
+                wpe,
+                b,
+                t,
+            },
+        )?;
         // SAFETY: shapes checked above; every id is a row of wte.
         unsafe {
             self.be

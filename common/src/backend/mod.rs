@@ -93,6 +93,14 @@ pub trait DeviceBuffer<T: Elem> {
     }
 }
 
+/// The positions of `tokens` sorted by token, stably (equal tokens keep their order): the
+/// order in which `encoder_backward` sums each token's gradient rows.
+pub fn token_order(tokens: &[i32]) -> Vec<i32> {
+    let mut order: Vec<i32> = (0..tokens.len() as i32).collect();
+    order.sort_by_key(|&i| tokens[i as usize]);
+    order
+}
+
 /// `at..at + n` must lie inside a buffer of `len` elements.
 pub fn check_range(what: &str, len: usize, at: usize, n: usize) -> Result<()> {
     match at.checked_add(n) {
@@ -213,8 +221,11 @@ pub trait Backend {
         t: usize,
         c: usize,
     );
+    /// `order` is the positions 0..B·T sorted by their token (stably, see [`token_order`]):
+    /// each token's rows of `dout` are summed in that fixed order, with no atomics.
     /// # Safety
-    /// As `encoder_forward`, with `dwte`, `dwpe` and `dout` in place of `wte`, `wpe`, `out`.
+    /// As `encoder_forward`, with `dwte`, `dwpe` and `dout` in place of `wte`, `wpe`, `out`;
+    /// `order`: B·T positions, a permutation of 0..B·T.
     #[allow(clippy::too_many_arguments)]
     unsafe fn encoder_backward(
         &self,
@@ -222,6 +233,7 @@ pub trait Backend {
         dwpe: DevPtr,
         dout: DevPtr,
         tokens: DevPtr<i32>,
+        order: DevPtr<i32>,
         b: usize,
         t: usize,
         c: usize,

@@ -14,21 +14,30 @@ pub(super) fn forward(out: &mut [f32], tokens: &[i32], wte: &[f32], wpe: &[f32],
     });
 }
 
-pub(super) fn backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[i32], b: usize, t: usize, c: usize) {
+/// dwte and dwpe += the gradient; `order` is the positions sorted by token (stably).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward(
+    dwte: &mut [f32],
+    dwpe: &mut [f32],
+    dout: &[f32],
+    tokens: &[i32],
+    order: &[i32],
+    b: usize,
+    t: usize,
+    c: usize,
+) {
     // Positions: each position's row sums over the batch in order.
     dwpe.par_chunks_mut(c).enumerate().for_each(|(ti, row)| {
         for bi in 0..b {
             axpy(row, 1.0, &dout[(bi * t + ti) * c..][..c]);
         }
     });
-    // Tokens: group rows by token id (stable, so each group sums in row order) and give
-    // each distinct token's row of dwte to one task.
-    let mut order: Vec<u32> = (0..(b * t) as u32).collect();
-    order.sort_by_key(|&i| tokens[i as usize]);
-    let groups: Vec<&[u32]> = order
+    // Tokens: rows grouped by token id (`order` is stable, so each group sums in row order);
+    // each distinct token's row of dwte goes to one task.
+    let groups: Vec<&[i32]> = order
         .chunk_by(|&x, &y| tokens[x as usize] == tokens[y as usize])
         .collect();
-    let mut rows: Vec<(&[u32], &mut [f32])> = Vec::with_capacity(groups.len());
+    let mut rows: Vec<(&[i32], &mut [f32])> = Vec::with_capacity(groups.len());
     let mut rest = dwte;
     let mut at = 0;
     for group in groups {

@@ -174,14 +174,15 @@ impl Backend for CpuBackend {
         dwpe: DevPtr,
         dout: DevPtr,
         tokens: DevPtr<i32>,
+        order: DevPtr<i32>,
         b: usize,
         t: usize,
         c: usize,
     ) {
-        let tokens = view(tokens, b * t);
+        let (tokens, order) = (view(tokens, b * t), view(order, b * t));
         let vocab = tokens.iter().map(|&id| id as usize + 1).max().unwrap_or(0);
         let (dwte, dwpe, dout) = (view_mut(dwte, vocab * c), view_mut(dwpe, t * c), view(dout, b * t * c));
-        self.run(|| encoder::backward(dwte, dwpe, dout, tokens, b, t, c));
+        self.run(|| encoder::backward(dwte, dwpe, dout, tokens, order, b, t, c));
     }
 
     unsafe fn matmul_forward(

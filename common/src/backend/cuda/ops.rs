@@ -21,7 +21,8 @@ const VEC4_CHUNK_ROWS: usize = 512;
 /// A kernel launch's grid and block.
 type LaunchShape = ((u32, u32, u32), (u32, u32, u32));
 
-/// Grid and block of a column reduction over an (n, c) matrix: 32 columns × 8 row lanes.
+/// Grid and block of a column reduction over an (n, c) matrix: 32 columns × 8 row lanes;
+/// blockIdx.y is the chunk of COLUMN_CHUNK_ROWS rows whose partial sums a block writes.
 fn column_reduce_launch(n: usize, c: usize) -> LaunchShape {
     let grid = (c.div_ceil(32) as u32, n.div_ceil(COLUMN_CHUNK_ROWS) as u32, 1);
     (grid, (32, 8, 1))
@@ -40,6 +41,15 @@ impl CudaBackend {
     ///
     /// # Safety
     /// `g`'s pointers cover its shapes (the contract of the calling op).
+    /// `out[c] += Σ_k partials[k, c]` over `chunks` rows of per-chunk column sums, in order:
+    /// the second, deterministic pass of a column reduction (no atomics).
+    ///
+    /// # Safety
+    /// `out`: `c` values; `partials`: `chunks · c`.
+    unsafe fn finish_column_sums(&self, out: DevPtr, partials: DevPtr, chunks: usize, c: usize) {
+        self.launch_1d("column_sums_finish_kernel", c, args![out, partials, chunks, c]);
+    }
+
     unsafe fn gemm(&self, g: Gemm) {
         if let Err(e) = self.bind().and_then(|()| self.blas.gemm(&g)) {
             self.fail(e);
@@ -151,6 +161,7 @@ impl Backend for CudaBackend {
         dwpe: DevPtr,
         dout: DevPtr,
         tokens: DevPtr<i32>,
+        order: DevPtr<i32>,
         b: usize,
         t: usize,
         c: usize,
@@ -158,7 +169,7 @@ impl Backend for CudaBackend {
         self.launch_1d(
             "encoder_backward_wte_kernel",
             b * t * c,
-            args![dwte, dout, tokens, b, t, c],
+            args![dwte, dout, tokens, order, b, t, c],
         );
         self.launch_1d("encoder_backward_wpe_kernel", t * c, args![dwpe, dout, b, t, c]);
     }
@@ -258,13 +269,17 @@ impl Backend for CudaBackend {
             batch: 1,
         });
         if let Some(dbias) = dbias {
-            if let Some((grid, block)) = vec4_column_reduce(bt, oc, &[dout]) {
-                let args = args![dbias, dout, bt, oc, VEC4_CHUNK_ROWS];
-                self.launch("bias_backward_vec4_kernel", grid, block, args);
-            } else {
-                let (grid, block) = column_reduce_launch(bt, oc);
-                let args = args![dbias, dout, bt, oc, COLUMN_CHUNK_ROWS];
-                self.launch("bias_backward_kernel", grid, block, args);
+            let (name, (grid, block), rows) = match vec4_column_reduce(bt, oc, &[dout]) {
+                Some(shape) => ("bias_backward_vec4_kernel", shape, VEC4_CHUNK_ROWS),
+                None => ("bias_backward_kernel", column_reduce_launch(bt, oc), COLUMN_CHUNK_ROWS),
+            };
+            let chunks = bt.div_ceil(rows);
+            match self.scratch(chunks * oc) {
+                Ok(part) => {
+                    self.launch(name, grid, block, args![part, dout, bt, oc, rows]);
+                    self.finish_column_sums(dbias, part, chunks, oc);
+                }
+                Err(e) => self.fail(e),
             }
         }
     }
@@ -305,13 +320,28 @@ impl Backend for CudaBackend {
         let grid = blocks(bt, ROWS_PER_BLOCK);
         let args = args![dinp, dout, inp, w, mean, rstd, bt, c];
         self.launch("layernorm_backward_dinp_kernel", grid, (THREADS as u32, 1, 1), args);
-        if let Some((grid, block)) = vec4_column_reduce(bt, c, &[dout, inp]) {
-            let args = args![dw, db, dout, inp, mean, rstd, bt, c, VEC4_CHUNK_ROWS];
-            self.launch("layernorm_backward_params_vec4_kernel", grid, block, args);
-        } else {
-            let (grid, block) = column_reduce_launch(bt, c);
-            let args = args![dw, db, dout, inp, mean, rstd, bt, c, COLUMN_CHUNK_ROWS];
-            self.launch("layernorm_backward_params_kernel", grid, block, args);
+        let (name, (grid, block), rows) = match vec4_column_reduce(bt, c, &[dout, inp]) {
+            Some(shape) => ("layernorm_backward_params_vec4_kernel", shape, VEC4_CHUNK_ROWS),
+            None => (
+                "layernorm_backward_params_kernel",
+                column_reduce_launch(bt, c),
+                COLUMN_CHUNK_ROWS,
+            ),
+        };
+        let chunks = bt.div_ceil(rows);
+        match self.scratch(2 * chunks * c) {
+            Ok(dw_part) => {
+                let db_part = dw_part.add(chunks * c);
+                self.launch(
+                    name,
+                    grid,
+                    block,
+                    args![dw_part, db_part, dout, inp, mean, rstd, bt, c, rows],
+                );
+                self.finish_column_sums(dw, dw_part, chunks, c);
+                self.finish_column_sums(db, db_part, chunks, c);
+            }
+            Err(e) => self.fail(e),
         }
     }
 

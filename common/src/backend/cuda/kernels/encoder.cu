@@ -1,5 +1,6 @@
-// Token + position embedding: out (B,T,C) = wte[tokens] + wpe[t]; backward scatters into
-// both tables (atomics for wte, where one token can repeat; a loop over B for wpe).
+// Token + position embedding: out (B,T,C) = wte[tokens] + wpe[t]; backward sums into both
+// tables in a fixed order (no atomics): for wte each token's rows in the order of `order`
+// (positions sorted by token), for wpe a loop over B.
 
 extern "C" __global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte,
                                                   const float* wpe, int B, int T, int C) {
@@ -13,15 +14,21 @@ extern "C" __global__ void encoder_forward_kernel(float* out, const int* tokens,
     out[i] = wte[(size_t)token * C + c] + wpe[(size_t)t * C + c];
 }
 
-// dwte[tokens[b,t]] += dout[b,t]: one thread per element of dout.
+// dwte[token] += Σ dout[rows of that token]: thread (k, c) for the k-th position in
+// `order` (positions sorted by token); the first position of each token's run sums the
+// run's rows in order, the others return.
 extern "C" __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int* tokens,
-                                                       int B, int T, int C) {
-    size_t n = (size_t)B * T * C;
+                                                       const int* order, int B, int T, int C) {
+    size_t bt = (size_t)B * T;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= bt * C) return;
     int c = (int)(i % C);
-    int token = tokens[i / C];
-    atomicAdd(&dwte[(size_t)token * C + c], dout[i]);
+    size_t k = i / C;
+    int token = tokens[order[k]];
+    if (k > 0 && tokens[order[k - 1]] == token) return;
+    float sum = 0.0f;
+    for (size_t j = k; j < bt && tokens[order[j]] == token; j++) sum += dout[(size_t)order[j] * C + c];
+    dwte[(size_t)token * C + c] += sum;
 }
 
 // dwpe[t] += Σ_b dout[b,t]: one thread per (t, c), summing over B in a fixed order.

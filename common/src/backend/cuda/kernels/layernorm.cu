@@ -55,9 +55,10 @@ extern "C" __global__ void layernorm_backward_dinp_kernel(float* dinp, const flo
     }
 }
 
-// dw[c] += Σ_rows norm·dout, db[c] += Σ_rows dout. Block (32, 8): 32 columns, 8 row lanes;
-// blockIdx.y picks a chunk of `rows_per_block` rows; partial sums meet in dw/db by atomics.
-extern "C" __global__ void layernorm_backward_params_kernel(float* dw, float* db, const float* dout,
+// The chunk's partial sums of dw[c] = Σ_rows norm·dout and db[c] = Σ_rows dout, into
+// dw_partials[chunk, c] and db_partials[chunk, c]; column_sums_finish_kernel adds the chunks in order.
+// Block (32, 8): 32 columns, 8 row lanes; blockIdx.y picks a chunk of `rows_per_block` rows.
+extern "C" __global__ void layernorm_backward_params_kernel(float* dw_partials, float* db_partials, const float* dout,
                                                             const float* inp, const float* mean,
                                                             const float* rstd, int N, int C,
                                                             int rows_per_block) {
@@ -84,15 +85,15 @@ extern "C" __global__ void layernorm_backward_params_kernel(float* dw, float* db
             dw_sum += dw_part[k][tx];
             db_sum += db_part[k][tx];
         }
-        atomicAdd(&dw[c], dw_sum);
-        atomicAdd(&db[c], db_sum);
+        dw_partials[(size_t)blockIdx.y * C + c] = dw_sum;
+        db_partials[(size_t)blockIdx.y * C + c] = db_sum;
     }
 }
 
 // layernorm_backward_params_kernel for C a multiple of 4 and 16-byte aligned rows: each lane
 // owns 4 columns, 8 warps take every 8th row of a chunk (as bias_backward_vec4_kernel).
 // Grid (ceil(C/128), ceil(N/rows_per_block)), 256 threads.
-extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw, float* db, const float* dout,
+extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_partials, float* db_partials, const float* dout,
                                                                  const float* inp, const float* mean,
                                                                  const float* rstd, int N, int C,
                                                                  int rows_per_block) {
@@ -135,13 +136,7 @@ extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw, floa
             dbs.z += b.z;
             dbs.w += b.w;
         }
-        atomicAdd(&dw[c], dws.x);
-        atomicAdd(&dw[c + 1], dws.y);
-        atomicAdd(&dw[c + 2], dws.z);
-        atomicAdd(&dw[c + 3], dws.w);
-        atomicAdd(&db[c], dbs.x);
-        atomicAdd(&db[c + 1], dbs.y);
-        atomicAdd(&db[c + 2], dbs.z);
-        atomicAdd(&db[c + 3], dbs.w);
+        *reinterpret_cast<float4*>(dw_partials + (size_t)blockIdx.y * C + c) = dws;
+        *reinterpret_cast<float4*>(db_partials + (size_t)blockIdx.y * C + c) = dbs;
     }
 }

@@ -1,5 +1,6 @@
 // What the matrix products need around cuBLAS: the bias add after the forward GEMM and
-// the bias gradient (column sums of dout) in backward.
+// the bias gradient (column sums of dout) in backward: each block of rows writes its partial
+// sums, and column_sums_finish_kernel (reduce.cu) adds the blocks in order (no atomics).
 
 // out (N, OC) += bias (OC), broadcast over rows.
 extern "C" __global__ void add_bias_kernel(float* out, const float* bias, int N, int OC) {
@@ -9,8 +10,9 @@ extern "C" __global__ void add_bias_kernel(float* out, const float* bias, int N,
     out[i] += bias[i % OC];
 }
 
-// dbias[c] += Σ_rows dout[row, c]. Block (32, 8) as in layernorm_backward_params_kernel.
-extern "C" __global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC,
+// partials[chunk, c] = Σ_rows of the chunk dout[row, c]. Block (32, 8) as in
+// layernorm_backward_params_kernel; blockIdx.y is the chunk.
+extern "C" __global__ void bias_backward_kernel(float* partials, const float* dout, int N, int OC,
                                                 int rows_per_block) {
     __shared__ float part[8][33];
     int tx = threadIdx.x, ty = threadIdx.y;
@@ -25,15 +27,15 @@ extern "C" __global__ void bias_backward_kernel(float* dbias, const float* dout,
     __syncthreads();
     if (ty == 0 && c < OC) {
         for (int k = 1; k < blockDim.y; k++) sum += part[k][tx];
-        atomicAdd(&dbias[c], sum);
+        partials[(size_t)blockIdx.y * OC + c] = sum;
     }
 }
 
-// dbias[c] += Σ_rows dout[row, c], for OC a multiple of 4 and dout 16-byte aligned: each lane
-// owns 4 columns (one float4 per row, 512 bytes per warp), 8 warps take every 8th row of a
-// chunk of `rows_per_block` rows, then sum through shared memory; chunks meet by atomics.
+// bias_backward_kernel for OC a multiple of 4 and dout 16-byte aligned: each lane owns 4
+// columns (one float4 per row, 512 bytes per warp), 8 warps take every 8th row of a chunk of
+// `rows_per_block` rows, then sum through shared memory into the chunk's partials.
 // Grid (ceil(OC/128), ceil(N/rows_per_block)), 256 threads.
-extern "C" __global__ void bias_backward_vec4_kernel(float* dbias, const float* dout, int N, int OC,
+extern "C" __global__ void bias_backward_vec4_kernel(float* partials, const float* dout, int N, int OC,
                                                      int rows_per_block) {
     __shared__ float4 part[8][32];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -61,9 +63,6 @@ extern "C" __global__ void bias_backward_vec4_kernel(float* dbias, const float* 
             sum.z += v.z;
             sum.w += v.w;
         }
-        atomicAdd(&dbias[c], sum.x);
-        atomicAdd(&dbias[c + 1], sum.y);
-        atomicAdd(&dbias[c + 2], sum.z);
-        atomicAdd(&dbias[c + 3], sum.w);
+        *reinterpret_cast<float4*>(partials + (size_t)blockIdx.y * OC + c) = sum;
     }
 }

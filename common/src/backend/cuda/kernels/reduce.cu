@@ -48,3 +48,13 @@ extern "C" __global__ void sum_squares_finish_kernel(float* out, const float* pa
     sum = block_sum(sum, scratch);
     if (threadIdx.x == 0) out[0] += sum;
 }
+
+// out[c] += Σ_k partials[k, c] over `chunks` rows of partial column sums, in order: the
+// second pass of the bias and layernorm-parameter gradients. One thread per column.
+extern "C" __global__ void column_sums_finish_kernel(float* out, const float* partials, int chunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float sum = 0.0f;
+    for (int k = 0; k < chunks; k++) sum += partials[(size_t)k * C + c];
+    out[c] += sum;
+}
