@@ -83,9 +83,18 @@ if want determinism; then  # two runs, same seed: equal loss tables and final pa
     for i in 1 2; do
       timeout 120 stage2_cuda train $flags --precision $p --out /tmp/det-$p-$i >/dev/null 2>&1 || echo "determinism run $p $i FAILED"
     done
-    same_table=$(cmp -s <(cut -f1-3 /tmp/det-$p-1/loss.tsv) <(cut -f1-3 /tmp/det-$p-2/loss.tsv) && echo equal || echo DIFFERENT)
-    same_ckpt=$(cmp -s /tmp/det-$p-1/model.ckpt /tmp/det-$p-2/model.ckpt && echo equal || echo DIFFERENT)
-    echo "DETERMINISM $p: loss.tsv (epoch, train, val) $same_table; final checkpoint $same_ckpt; last rows: $(tail -1 /tmp/det-$p-1/loss.tsv | cut -f1-3 | tr '\t' ' ') / $(tail -1 /tmp/det-$p-2/loss.tsv | cut -f1-3 | tr '\t' ' ')" | tee -a "$OUT/determinism.log"
+    same_table=$(cmp -s <(cut -f1-4 /tmp/det-$p-1/loss.tsv) <(cut -f1-4 /tmp/det-$p-2/loss.tsv) && echo equal || echo DIFFERENT)
+    # The checkpoints' arrays (parameters, AdamW moments); their headers hold the run's times.
+    same_state=$(python3 - /tmp/det-$p-1/model.ckpt /tmp/det-$p-2/model.ckpt <<'PY'
+import sys
+def arrays(path):
+    b = open(path, "rb").read()
+    meta = int.from_bytes(b[16:24], "little")
+    return b[24 + meta + 8:-8]
+print("equal" if arrays(sys.argv[1]) == arrays(sys.argv[2]) else "DIFFERENT")
+PY
+)
+    echo "DETERMINISM $p: loss.tsv (epoch, train, val, bad_steps) $same_table; final parameters and moments $same_state; last rows: $(tail -1 /tmp/det-$p-1/loss.tsv | cut -f1-3 | tr '\t' ' ') / $(tail -1 /tmp/det-$p-2/loss.tsv | cut -f1-3 | tr '\t' ' ')" | tee -a "$OUT/determinism.log"
   done
 fi
 

@@ -192,3 +192,75 @@ fn cpu_and_multi_process_flags_are_refused() {
         assert!(err.contains(needle), "{err}");
     }
 }
+
+/// `loss.tsv` without the two time columns, and the final checkpoint's arrays (parameters
+/// and AdamW moments; its header holds the run's times).
+fn run_state(dir: &Path) -> (Vec<String>, Vec<u8>) {
+    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+    let table = text
+        .lines()
+        .map(|l| l.split('\t').take(4).collect::<Vec<_>>().join("\t"))
+        .collect();
+    let bytes = std::fs::read(dir.join("model.ckpt")).unwrap();
+    let meta = u64::from_le_bytes(bytes[16..24].try_into().unwrap()) as usize;
+    (table, bytes[24 + meta + 8..bytes.len() - 8].to_vec())
+}
+
+/// A small run past the warmup on the GPU in `precision`, into `out`, with `extra` flags.
+fn gpu_run(data: &Path, out: &Path, precision: &str, extra: &[&str]) {
+    let mut args = vec![
+        "train",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(&["--model", "tiny", "--batch", "8", "--seq-len", "32", "--warmup", "5"]);
+    args.extend_from_slice(&[
+        "--eval-every",
+        "10",
+        "--eval-batches",
+        "2",
+        "--sample-len",
+        "0",
+        "--precision",
+        precision,
+    ]);
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn same_seed_runs_are_identical_on_the_gpu() {
+    let d = tmpdir("deterministic");
+    let data = corpus(&d);
+    for precision in ["fp32", "tf32"] {
+        let (a, b) = (d.join(format!("{precision}-a")), d.join(format!("{precision}-b")));
+        gpu_run(&data, &a, precision, &["--steps", "40"]);
+        gpu_run(&data, &b, precision, &["--steps", "40"]);
+        assert!(run_state(&a) == run_state(&b), "{precision}: two same-seed runs differ");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_stopped_and_resumed_gpu_run_is_the_same_run() {
+    let d = tmpdir("resume");
+    let data = corpus(&d);
+    for precision in ["fp32", "tf32"] {
+        let (straight, cut) = (
+            d.join(format!("{precision}-straight")),
+            d.join(format!("{precision}-cut")),
+        );
+        gpu_run(&data, &straight, precision, &["--steps", "40"]);
+        gpu_run(&data, &cut, precision, &["--steps", "40", "--stop-after", "17"]);
+        let ckpt = cut.join("model.ckpt");
+        gpu_run(&data, &cut, precision, &["--resume", ckpt.to_str().unwrap()]);
+        assert!(
+            run_state(&straight) == run_state(&cut),
+            "{precision}: the resumed run differs"
+        );
+    }
+}
