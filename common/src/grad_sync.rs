@@ -46,10 +46,6 @@ impl GradSync {
         }
     }
 
-    pub fn mode(&self) -> SyncMode {
-        self.mode
-    }
-
     /// d(loss) to seed backward with: 1/world when gradients are averaged (local SGD
     /// steps each rank on its own mean gradient).
     pub fn loss_scale(&self, world: usize) -> f32 {
