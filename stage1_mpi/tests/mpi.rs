@@ -453,13 +453,14 @@ type LineReceiver = std::sync::mpsc::Receiver<String>;
 /// Starts a long run under `mpirun -n 2` with a checkpoint every 10 steps; returns the job,
 /// the lines it printed, and rank 1's PID, once rank 0 has printed its PID table and
 /// announced a checkpoint.
-fn long_run_with_checkpoints(out: &Path, data: &str) -> (std::process::Child, LineReceiver, Vec<String>, u32) {
+fn long_run_with_checkpoints(
+    out: &Path,
+    data: &str,
+    extra: &[&str],
+) -> (std::process::Child, LineReceiver, Vec<String>, u32) {
     let mut args = vec!["-n".to_string(), "2".to_string(), BIN.to_string()];
-    args.extend(train_args(
-        data,
-        out,
-        &["--steps", "100000", "--checkpoint-every", "10", "--eval-every", "1000"],
-    ));
+    let long = ["--steps", "100000", "--checkpoint-every", "10", "--eval-every", "1000"];
+    args.extend(train_args(data, out, &[&long[..], extra].concat()));
     let mut child = Command::new("mpirun")
         .args(&args)
         .stdout(Stdio::piped())
@@ -520,7 +521,7 @@ fn a_rank_stopped_by_sigterm_names_itself_and_the_last_checkpoint() {
     let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let d = tmpdir("sigterm");
     let out = d.join("run");
-    let (child, _, _, pid1) = long_run_with_checkpoints(&out, &corpus(&d));
+    let (child, _, _, pid1) = long_run_with_checkpoints(&out, &corpus(&d), &[]);
     assert!(Command::new("kill")
         .args(["-TERM", &pid1.to_string()])
         .status()
@@ -546,7 +547,7 @@ fn a_rank_killed_outright_is_named_by_its_pid_and_the_checkpoints_are_announced(
     let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let d = tmpdir("sigkill");
     let out = d.join("run");
-    let (child, rx, printed, pid1) = long_run_with_checkpoints(&out, &corpus(&d));
+    let (child, rx, printed, pid1) = long_run_with_checkpoints(&out, &corpus(&d), &[]);
     assert!(Command::new("kill")
         .args(["-KILL", &pid1.to_string()])
         .status()
@@ -583,6 +584,31 @@ fn a_rank_killed_outright_is_named_by_its_pid_and_the_checkpoints_are_announced(
         "{announced}"
     );
     common::checkpoint::load(&out.join("model.ckpt")).expect("the last checkpoint loads");
+}
+
+#[test]
+fn a_stopped_rank_is_caught_by_the_comm_timeout() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmpdir("sigstop");
+    let out = d.join("run");
+    let (child, _, _, pid1) = long_run_with_checkpoints(&out, &corpus(&d), &["--comm-timeout", "3"]);
+    // Rank 1 stops (SIGSTOP): rank 0 waits in its next collective until the timeout.
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid1.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let (code, err, took) = ends_within_a_minute(child);
+    assert_ne!(code, Some(0), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("no progress for 3 s"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        line.contains("rank 0 of 2") && line.contains("last good checkpoint is"),
+        "{line}"
+    );
+    eprintln!("job ended {took:?} after the SIGSTOP: {line}");
 }
 
 #[test]

@@ -30,6 +30,11 @@ pub const STAGE_FLAGS: &[StageFlag] = &[
         "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
         |s| s.distributed,
     ),
+    (
+        "comm_timeout",
+        "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
+        |s| s.distributed,
+    ),
 ];
 
 /// Pairs of flags (by clap id) refused together, and why.
@@ -106,6 +111,8 @@ pub(super) fn at_least_one_u64(s: &str) -> Result<u64, String> {
 pub const DEFAULT_SEED: u64 = 1337;
 pub const DEFAULT_BATCH: usize = 32;
 pub const DEFAULT_SEQ_LEN: usize = 128;
+/// `train --comm-timeout` when none is given (multi-process stages), in seconds.
+pub const DEFAULT_COMM_TIMEOUT: u64 = 300;
 
 /// The most tokens `generate` and the training sample produce.
 pub const MAX_NEW_TOKENS: usize = 1_000_000;

@@ -4,8 +4,8 @@
 mod checks;
 
 pub use checks::{
-    check_flags, flag_name, StageFlag, StageKind, CONFLICTS, DEFAULT_BATCH, DEFAULT_SEED, DEFAULT_SEQ_LEN,
-    MAX_NEW_TOKENS, STAGE_FLAGS,
+    check_flags, flag_name, StageFlag, StageKind, CONFLICTS, DEFAULT_BATCH, DEFAULT_COMM_TIMEOUT, DEFAULT_SEED,
+    DEFAULT_SEQ_LEN, MAX_NEW_TOKENS, STAGE_FLAGS,
 };
 
 use crate::backend::Precision;
@@ -255,6 +255,11 @@ pub struct TrainArgs {
     /// is skipped: the model is left as it was).
     #[arg(long, default_value_t = 3, value_name = "N", value_parser = at_least_one_u64)]
     pub max_bad_steps: u64,
+    /// Multi-process stages: end the job when a rank makes no progress for this many seconds
+    /// (another rank stopped or hung in a collective); keep it above the time of an
+    /// evaluation or a checkpoint write [default: 300].
+    #[arg(long, value_name = "SECONDS", value_parser = at_least_one_u64)]
+    pub comm_timeout: Option<u64>,
     /// Length of the sample printed after training (0: none; at most 1,000,000).
     #[arg(long, default_value_t = 400, value_parser = token_count)]
     pub sample_len: usize,

@@ -11,18 +11,41 @@
 //!   PID). Rank 0's first lines map each PID to its rank ([`pid_table`]), and every
 //!   checkpoint rank 0 writes is announced, so the output says which rank died and where to
 //!   resume from.
+//! - A rank that stops making progress (a collective that never completes because another
+//!   rank is stopped or hung: `--comm-timeout` seconds without a step) prints one line
+//!   naming itself, the step and the last good checkpoint, then ends the job.
 
 use super::Comm;
 use crate::error::{Error, Result};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// What the watchdog knows of the run.
-#[derive(Default)]
 struct Progress {
     step: u64,
+    /// When the run last made progress (a step began, a checkpoint was written).
+    last: Instant,
     /// The last checkpoint written: its path and step.
     checkpoint: Option<(String, u64)>,
+    /// The run is over (or stopping): no more timeouts.
+    disarmed: bool,
+}
+
+impl Progress {
+    /// "the last good checkpoint is ... (step N)", or that there is none.
+    fn last_checkpoint(&self) -> String {
+        match &self.checkpoint {
+            Some((path, step)) => format!("the last good checkpoint is {path} (step {step})"),
+            None => "no checkpoint was written in this run".to_string(),
+        }
+    }
+}
+
+/// Says `line` on stderr in one piece and ends the job with `status`.
+fn end_job(abort_job: fn(u8), line: String, status: u8) {
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
+    abort_job(status);
 }
 
 /// Listens for termination signals on a thread of its own; see the module documentation.
@@ -37,15 +60,21 @@ fn status_for(sig: i32) -> u8 {
 
 impl Watchdog {
     /// Starts watching, where there is a job to end (`None` for one process: there a
-    /// signal's default action ends the run, and nobody waits for it).
-    pub fn start(comm: &dyn Comm) -> Result<Option<Self>> {
+    /// signal's default action ends the run, and nobody waits for it). With `timeout`, a
+    /// rank that makes no progress for that long ends the job.
+    pub fn start(comm: &dyn Comm, timeout: Option<Duration>) -> Result<Option<Self>> {
         let Some(abort_job) = comm.job_abort() else {
             return Ok(None);
         };
         use signal_hook::consts::{SIGHUP, SIGQUIT, SIGTERM};
         let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGQUIT])
             .map_err(|e| Error::Device(format!("cannot watch for termination signals: {e}")))?;
-        let progress = Arc::new(Mutex::new(Progress::default()));
+        let progress = Arc::new(Mutex::new(Progress {
+            step: 0,
+            last: Instant::now(),
+            checkpoint: None,
+            disarmed: false,
+        }));
         let (seen, who) = (Arc::clone(&progress), comm.describe());
         std::thread::Builder::new()
             .name("watchdog".into())
@@ -53,28 +82,55 @@ impl Watchdog {
                 if let Some(sig) = signals.forever().next() {
                     let p = seen.lock().unwrap_or_else(|e| e.into_inner());
                     let name = signal_hook::low_level::signal_name(sig).unwrap_or("a signal");
-                    let last = match &p.checkpoint {
-                        Some((path, step)) => format!("the last good checkpoint is {path} (step {step})"),
-                        None => "no checkpoint was written in this run".to_string(),
-                    };
-                    let line = format!("{who}: stopped by {name} at step {}; ending the job: {last}\n", p.step);
-                    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-                    abort_job(status_for(sig));
+                    let line = format!(
+                        "{who}: stopped by {name} at step {}; ending the job: {}",
+                        p.step,
+                        p.last_checkpoint()
+                    );
+                    end_job(abort_job, line, status_for(sig));
                 }
             })
             .map_err(|e| Error::Device(format!("cannot start the watchdog thread: {e}")))?;
+        if let Some(timeout) = timeout {
+            let (seen, who) = (Arc::clone(&progress), comm.describe());
+            std::thread::Builder::new()
+                .name("comm-timeout".into())
+                .spawn(move || loop {
+                    std::thread::sleep(Duration::from_millis(200).min(timeout));
+                    let p = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    if p.disarmed {
+                        return;
+                    }
+                    if p.last.elapsed() >= timeout {
+                        let line = format!(
+                            "{who}: no progress for {} s at step {} (--comm-timeout): another rank is stopped or hung; ending the job: {}",
+                            timeout.as_secs(),
+                            p.step,
+                            p.last_checkpoint()
+                        );
+                        end_job(abort_job, line, 1);
+                    }
+                })
+                .map_err(|e| Error::Device(format!("cannot start the timeout thread: {e}")))?;
+        }
         Ok(Some(Watchdog { progress }))
+    }
+
+    /// The run is over, or stopping on its own: no more timeouts (signals still end the job).
+    pub fn disarm(&self) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).disarmed = true;
     }
 
     /// The run is at (0-based) `step`.
     pub fn at_step(&self, step: u64) {
-        self.progress.lock().unwrap_or_else(|e| e.into_inner()).step = step;
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        (p.step, p.last) = (step, Instant::now());
     }
 
     /// A checkpoint of `step` steps was written (by rank 0) to `path`.
     pub fn saved(&self, path: &Path, step: u64) {
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        p.checkpoint = Some((path.display().to_string(), step));
+        (p.checkpoint, p.last) = (Some((path.display().to_string(), step)), Instant::now());
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::Run;
 use crate::backend::Backend;
-use crate::cli::TrainArgs;
+use crate::cli::{TrainArgs, DEFAULT_COMM_TIMEOUT};
 use crate::comm::{agree, pid_table, Comm, Watchdog};
 use crate::error::{Error, Result};
 use crate::optim::StepStats;
@@ -13,7 +13,7 @@ use crate::report::log::{LogState, LossLog, LossRow, Window};
 use crate::report::progress;
 use indicatif::ProgressBar;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Why a run stops before its last step.
 pub enum Stop {
@@ -50,7 +50,8 @@ impl<'a> Session<'a> {
         let log = agree(comm, root.then(|| LossLog::open(&args.out, keep_rows)).transpose())?;
         // Every rank takes part in the PID table; a rank stopped from outside ends the job.
         let pids = pid_table(comm)?;
-        let watchdog = Watchdog::start(comm)?;
+        let timeout = Duration::from_secs(args.comm_timeout.unwrap_or(DEFAULT_COMM_TIMEOUT));
+        let watchdog = Watchdog::start(comm, Some(timeout))?;
         if root {
             println!("{}", run.describe());
             pids.into_iter().for_each(|line| println!("{line}"));
@@ -71,6 +72,12 @@ impl<'a> Session<'a> {
             bad_in_a_row: 0,
             saved_at: None,
         })
+    }
+
+    fn disarm(&self) {
+        if let Some(w) = &self.watchdog {
+            w.disarm();
+        }
     }
 
     pub fn elapsed(&self) -> f64 {
@@ -96,6 +103,7 @@ impl<'a> Session<'a> {
         if self.bad_in_a_row < self.args.max_bad_steps {
             return Ok(());
         }
+        self.disarm();
         self.bar.abandon();
         let last = match self.saved_at {
             Some(s) => format!("the last good checkpoint is {} (step {s})", self.ckpt.display()),
@@ -169,6 +177,7 @@ impl<'a> Session<'a> {
     /// Ends a run stopped early after `done` steps: Ctrl-C is an error (exit 130), the
     /// stop asked for by `--stop-after` is not.
     pub fn stop(self, why: Stop, done: u64) -> Result<()> {
+        self.disarm();
         self.bar.abandon();
         let how = format!("saved {0} (continue with --resume {0})", self.ckpt.display());
         match why {
@@ -182,8 +191,10 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// After the last step: clears the bar and names the checkpoint (rank 0).
+    /// After the last step: clears the bar and names the checkpoint (rank 0). Rank 0 may
+    /// sample for a while now, with the other ranks gone: no more timeouts.
     pub fn finish(&self) {
+        self.disarm();
         self.bar.finish_and_clear();
         if self.log.is_some() {
             println!("saved {}", self.ckpt.display());
