@@ -77,7 +77,12 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
     };
     agree(comm, check_fits(be, &config, b, t))?;
     let sync = args.sync.mode();
-    let mut trainer = Trainer::new(be, comm, config, TrainerSettings { optim, sync })?;
+    let settings = TrainerSettings {
+        optim,
+        sync,
+        micro_batches: 1,
+    };
+    let mut trainer = Trainer::new(be, comm, config, settings)?;
     trainer.init_weights(1)?;
     let mut rng = ChaCha8Rng::seed_from_u64(comm.rank() as u64);
     let mut random_batch = || {

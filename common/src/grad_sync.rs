@@ -9,6 +9,8 @@
 //!   and after the last.
 //!
 //! Gradients are averaged by seeding the backward pass with 1/world, so every sum is plain.
+//! With gradient accumulation (K micro-batches a step), each micro-batch's backward is seeded
+//! with a further 1/K and adds to the same gradients; ranks meet after the last one.
 
 use crate::autograd::{Graph, Tensor};
 use crate::backend::{Backend, DeviceBuffer};
@@ -46,28 +48,34 @@ impl GradSync {
         }
     }
 
-    /// d(loss) to seed backward with: 1/world when gradients are averaged (local SGD
-    /// steps each rank on its own mean gradient).
-    pub fn loss_scale(&self, world: usize) -> f32 {
-        match self.mode {
-            _ if world == 1 => 1.0,
-            SyncMode::LocalSgd { .. } => 1.0,
-            SyncMode::Allreduce | SyncMode::Overlapped => 1.0 / world as f32,
-        }
+    /// d(loss) to seed backward with: 1/(world · micro-batches) when gradients are averaged
+    /// over ranks (local SGD steps each rank on its own mean gradient: 1/micro-batches).
+    pub fn loss_scale(&self, world: usize, micro_batches: usize) -> f32 {
+        let ranks = match self.mode {
+            SyncMode::LocalSgd { .. } => 1,
+            SyncMode::Allreduce | SyncMode::Overlapped => world,
+        };
+        1.0 / (ranks * micro_batches) as f32
     }
 
-    /// Back-propagates from `loss` and leaves the summed gradients in `grads` on every
-    /// rank. Returns the seconds spent inside communication calls (waiting included: the
-    /// part of communication that computing did not hide).
+    /// Back-propagates micro-batch `micro` (of `micro.1`) from `loss` into `grads`; after
+    /// the last one, leaves the summed gradients in `grads` on every rank. Returns the
+    /// seconds spent inside communication calls (waiting included: the part of
+    /// communication that computing did not hide).
     pub fn backward<B: Backend>(
         &self,
         g: &mut Graph<'_, B>,
         loss: Tensor,
         comm: &dyn Comm,
         grads: &B::Buffer<f32>,
+        (micro, micro_batches): (usize, usize),
     ) -> Result<f64> {
         let (be, world) = (g.backend(), comm.size());
-        let seed = self.loss_scale(world);
+        let seed = self.loss_scale(world, micro_batches);
+        if micro + 1 < micro_batches {
+            g.backward(loss, seed)?; // ranks meet after the last micro-batch
+            return Ok(0.0);
+        }
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
         let sum = |range: &Range<usize>, comm_s: &mut f64| {
             // SAFETY: every range lies in the layout, inside `grads` (checked above), which

@@ -166,6 +166,7 @@ fn train_losses<B: Backend>(be: &B, cfg: ModelConfig, batches: &[Batch], b: usiz
     let settings = TrainerSettings {
         optim,
         sync: SyncMode::Allreduce,
+        micro_batches: 1,
     };
     let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
     trainer.init_weights(1337).expect("init");

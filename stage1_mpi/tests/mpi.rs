@@ -612,6 +612,39 @@ fn a_stopped_rank_is_caught_by_the_comm_timeout() {
 }
 
 #[test]
+fn grad_accum_on_one_rank_matches_two_ranks() {
+    // Two ranks take the two halves of each global batch of 4; one rank with --grad-accum 2
+    // takes the same halves one after the other, and sums their gradients before the step.
+    let d = tmpdir("accum");
+    let data = corpus(&d);
+    let steps = ["--steps", "30", "--eval-every", "10"];
+    let accum = d.join("stage0-accum");
+    let args = train_args(
+        &data,
+        &accum,
+        &[&steps[..], &["--threads", "1", "--grad-accum", "2"]].concat(),
+    );
+    assert_ok(&run_limited(
+        stage0_bin().to_str().unwrap(),
+        &args,
+        &[],
+        Duration::from_secs(60),
+    ));
+    let ranks = d.join("stage1");
+    assert_ok(&mpirun(2, &train_args(&data, &ranks, &steps), &[]));
+    let (got, want) = (loss_table(&accum), loss_table(&ranks));
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        for (a, b) in g.iter().zip(w) {
+            assert!(
+                (a - b).abs() <= LOSS_TOL + 1e-6,
+                "--grad-accum 2 {g:?} vs 2 ranks {w:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn validation_covers_the_same_windows_at_any_rank_count() {
     // 15 validation windows: per-rank-sized batches would cover 12, global ones 8; rank 0
     // must evaluate exactly stage 0's windows.

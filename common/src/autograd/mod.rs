@@ -169,13 +169,16 @@ impl<'a, B: Backend> Graph<'a, B> {
         unsafe { self.be.download(self.ptr(x), dst) }
     }
 
-    /// Writes `x` over `dst[at..at + len(x)]` (e.g. the loss, into the optimiser's stats).
-    pub fn copy_into(&self, x: Tensor, dst: &B::Buffer<f32>, at: usize) -> Result<()> {
+    /// Writes `x` over `dst[at..at + len(x)]`, or adds it there when `add` (e.g. the loss,
+    /// into the optimiser's stats).
+    pub fn copy_into(&self, x: Tensor, dst: &B::Buffer<f32>, at: usize, add: bool) -> Result<()> {
         let [r, c] = self.shape(x);
         check_range("copy", dst.len(), at, r * c)?;
         // SAFETY: the range was checked against the live buffer `dst`; `x` holds r·c values.
         unsafe {
-            self.be.zero(dst.ptr().add(at), r * c);
+            if !add {
+                self.be.zero(dst.ptr().add(at), r * c);
+            }
             self.be.accumulate(dst.ptr().add(at), self.ptr(x), r * c);
         }
         Ok(())

@@ -255,6 +255,12 @@ pub struct TrainArgs {
     /// is skipped: the model is left as it was).
     #[arg(long, default_value_t = 3, value_name = "N", value_parser = at_least_one_u64)]
     pub max_bad_steps: u64,
+    /// Micro-batches per optimizer step (gradient accumulation): each rank's share of
+    /// --batch is cut into K pieces whose gradients add up before the ranks meet, so one
+    /// GPU can reproduce a multi-GPU global batch [default: 1; when resuming, the
+    /// checkpoint's].
+    #[arg(long, value_name = "K", value_parser = at_least_one)]
+    pub grad_accum: Option<usize>,
     /// Multi-process stages: end the job when a rank makes no progress for this many seconds
     /// (another rank stopped or hung in a collective); keep it above the time of an
     /// evaluation or a checkpoint write [default: 300].

@@ -32,6 +32,7 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("train", "stop_after", &["0"]),
     ("train", "max_bad_steps", &["0"]),
     ("train", "comm_timeout", &["0", "-5", "x"]),
+    ("train", "grad_accum", &["0", "-2"]),
     ("train", "sample_len", &["1000001", "18446744073709551615"]),
     ("train", "threads", &["0", "100000"]),
     ("train", "precision", &["fp16"]),

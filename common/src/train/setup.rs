@@ -89,14 +89,34 @@ impl<'a, B: Backend> Run<'a, B> {
             grad_clip: args.grad_clip,
         };
         let sync = args.sync.mode();
+        // Micro-batches: the flag, else the checkpoint's, else 1.
+        let saved = resumed.as_ref().and_then(|m| m.train.get("grad_accum")?.as_u64());
+        let micro_batches = args.grad_accum.or(saved.map(|k| k as usize)).unwrap_or(1);
+        if !(b / world).is_multiple_of(micro_batches) {
+            let e = Error::Input(format!(
+                "--batch {b} over {world} rank(s) gives {} rows each, which --grad-accum {micro_batches} does not divide",
+                b / world
+            ));
+            return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
+        }
         let settings = serde_json::json!({
             "batch": b, "seq_len": t, "lr": args.lr, "warmup": args.warmup, "min_lr_frac": args.min_lr_frac,
             "weight_decay": args.weight_decay, "grad_clip": args.grad_clip, "total_steps": total_steps,
             "val_fraction": args.val_fraction, "world": world, "sync_every": args.sync.sync_every,
+            "grad_accum": micro_batches,
         });
 
-        agree(comm, check_fits(be, &config, b / world, t))?;
-        let mut trainer = Trainer::new(be, comm, config, TrainerSettings { optim, sync })?;
+        agree(comm, check_fits(be, &config, b / world / micro_batches, t))?;
+        let mut trainer = Trainer::new(
+            be,
+            comm,
+            config,
+            TrainerSettings {
+                optim,
+                sync,
+                micro_batches,
+            },
+        )?;
         let (mut start_step, mut log_state) = (0, LogState::default());
         match (&args.resume, &resumed) {
             (Some(path), Some(meta)) => {

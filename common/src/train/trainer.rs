@@ -22,6 +22,8 @@ use std::time::Instant;
 pub struct TrainerSettings {
     pub optim: OptimConfig,
     pub sync: SyncMode,
+    /// Micro-batches per optimizer step (gradient accumulation); 1: none.
+    pub micro_batches: usize,
 }
 
 pub struct Trainer<'a, B: Backend> {
@@ -30,6 +32,7 @@ pub struct Trainer<'a, B: Backend> {
     pub model: Gpt2<B>,
     pub opt: AdamW<B>,
     sync: GradSync,
+    micro_batches: usize,
     pool: Pool<B>,
 }
 
@@ -53,6 +56,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             model,
             opt,
             sync,
+            micro_batches: settings.micro_batches.max(1),
             pool: Pool::default(),
         })
     }
@@ -70,25 +74,28 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok(())
     }
 
-    /// zero grads → forward → backward (gradients summed over ranks) → clip + AdamW. A step
-    /// whose loss (averaged over ranks) or gradient norm is not finite leaves the model as
-    /// it was (`stats.skipped`). `batch` is this rank's (b, t) shard; `step` is 0-based.
+    /// zero grads → (forward → backward) per micro-batch → gradients summed over ranks →
+    /// clip + AdamW. A step whose loss (averaged over micro-batches and ranks) or gradient
+    /// norm is not finite leaves the model as it was (`stats.skipped`). `batch` is this
+    /// rank's (b, t) shard, cut into `micro_batches` pieces of b / micro_batches rows; `step`
+    /// is 0-based.
     pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
         let (be, comm) = (self.be, self.comm);
         let started = Instant::now();
         be.zero_buffer(&self.model.grads);
-        let mut comm_s = {
+        let (k, mut comm_s) = (self.micro_batches, 0.0);
+        let n = (b / k) * t; // tokens of a micro-batch
+        for micro in 0..k {
+            let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);
             let mut g = Graph::new(be, &mut self.pool, true);
-            let fwd = self
-                .model
-                .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)?;
+            let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
             let loss = fwd.loss.expect("targets given");
-            let comm_s = self.sync.backward(&mut g, loss, comm, &self.model.grads)?;
+            comm_s += self.sync.backward(&mut g, loss, comm, &self.model.grads, (micro, k))?;
             let (slot, at) = self.opt.loss_slot();
-            g.copy_into(loss, slot, at)?;
-            comm_s
-        };
+            g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
+        }
         let mut stats = self.opt.measure(be, &self.model.grads, step)?;
+        stats.loss /= k as f32;
         if comm.size() > 1 {
             let t0 = Instant::now();
             let mut v = [stats.loss];
