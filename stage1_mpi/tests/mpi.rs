@@ -645,6 +645,35 @@ fn grad_accum_on_one_rank_matches_two_ranks() {
 }
 
 #[test]
+fn a_checkpoint_resumes_on_another_number_of_ranks() {
+    // Checkpoints hold the whole state (rank 0 writes it) and a global data cursor, so a run
+    // stopped on 2 ranks continues on 1 and back, within the ranks' rounding of stage 0.
+    let d = tmpdir("reshard");
+    let data = corpus(&d);
+    let schedule = ["--steps", "40", "--eval-every", "10"];
+    let straight = d.join("straight");
+    assert_ok(&mpirun(2, &train_args(&data, &straight, &schedule), &[]));
+    for (first, then) in [(2, 1), (1, 2)] {
+        let out = d.join(format!("{first}-then-{then}"));
+        let cut = [&schedule[..], &["--stop-after", "17"]].concat();
+        assert_ok(&mpirun(first, &train_args(&data, &out, &cut), &[]));
+        let ckpt = out.join("model.ckpt");
+        let rest = ["--eval-every", "10", "--resume", ckpt.to_str().unwrap()];
+        assert_ok(&mpirun(then, &train_args(&data, &out, &rest), &[]));
+        let (got, want) = (loss_table(&out), loss_table(&straight));
+        assert_eq!(got.len(), want.len(), "{first} then {then} ranks");
+        for (g, w) in got.iter().zip(&want) {
+            for (a, b) in g.iter().zip(w) {
+                assert!(
+                    (a - b).abs() <= LOSS_TOL + 1e-6,
+                    "{first} then {then} ranks: {g:?} vs {w:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn validation_covers_the_same_windows_at_any_rank_count() {
     // 15 validation windows: per-rank-sized batches would cover 12, global ones 8; rank 0
     // must evaluate exactly stage 0's windows.
