@@ -124,6 +124,17 @@ fn assert_ok(o: &Outcome) {
     assert_eq!(o.code, Some(0), "stdout: {}\nstderr: {}", o.stdout, o.stderr);
 }
 
+/// Two loss tables agree row for row within LOSS_TOL; both sides are rounded to 4 decimals,
+/// so one unit of the last place is allowed too. `what` names the comparison.
+fn assert_tables_close(got: &[[f32; 3]], want: &[[f32; 3]], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        for (a, b) in g.iter().zip(w) {
+            assert!((a - b).abs() <= LOSS_TOL + 1e-6, "{what}: {g:?} vs {w:?}");
+        }
+    }
+}
+
 /// Rows of `loss.tsv` as (epoch, train loss, val loss).
 fn loss_table(dir: &Path) -> Vec<[f32; 3]> {
     let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
@@ -196,17 +207,11 @@ fn reproduces_stage0_with_and_without_overlap() {
             "rank 0 alone prints the table: {}",
             o.stdout
         );
-        let got = loss_table(&out);
-        assert_eq!(got.len(), want.len());
-        for (g, w) in got.iter().zip(&want) {
-            for (a, b) in g.iter().zip(w) {
-                // Both sides are rounded to 4 decimals: allow one unit of the last place.
-                assert!(
-                    (a - b).abs() <= LOSS_TOL + 1e-6,
-                    "overlap {overlap}: stage 1 row {g:?} vs stage 0 {w:?}"
-                );
-            }
-        }
+        assert_tables_close(
+            &loss_table(&out),
+            &want,
+            &format!("overlap {overlap}: stage 1 vs stage 0"),
+        );
         let params = final_params(&out);
         assert_eq!(params.len(), want_params.len());
         assert_eq!(params.len(), noise_only.len());
@@ -632,16 +637,7 @@ fn grad_accum_on_one_rank_matches_two_ranks() {
     ));
     let ranks = d.join("stage1");
     assert_ok(&mpirun(2, &train_args(&data, &ranks, &steps), &[]));
-    let (got, want) = (loss_table(&accum), loss_table(&ranks));
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(&want) {
-        for (a, b) in g.iter().zip(w) {
-            assert!(
-                (a - b).abs() <= LOSS_TOL + 1e-6,
-                "--grad-accum 2 {g:?} vs 2 ranks {w:?}"
-            );
-        }
-    }
+    assert_tables_close(&loss_table(&accum), &loss_table(&ranks), "--grad-accum 2 vs 2 ranks");
 }
 
 #[test]
@@ -660,16 +656,8 @@ fn a_checkpoint_resumes_on_another_number_of_ranks() {
         let ckpt = out.join("model.ckpt");
         let rest = ["--eval-every", "10", "--resume", ckpt.to_str().unwrap()];
         assert_ok(&mpirun(then, &train_args(&data, &out, &rest), &[]));
-        let (got, want) = (loss_table(&out), loss_table(&straight));
-        assert_eq!(got.len(), want.len(), "{first} then {then} ranks");
-        for (g, w) in got.iter().zip(&want) {
-            for (a, b) in g.iter().zip(w) {
-                assert!(
-                    (a - b).abs() <= LOSS_TOL + 1e-6,
-                    "{first} then {then} ranks: {g:?} vs {w:?}"
-                );
-            }
-        }
+        let what = format!("{first} then {then} ranks vs 2 ranks straight");
+        assert_tables_close(&loss_table(&out), &loss_table(&straight), &what);
     }
 }
 

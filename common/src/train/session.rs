@@ -21,6 +21,18 @@ pub enum Stop {
     StopAfter,
 }
 
+/// Training time: seconds before this process (a resumed run's), and since it started.
+struct Clock {
+    earlier_s: f64,
+    started: Instant,
+}
+
+impl Clock {
+    fn elapsed(&self) -> f64 {
+        self.earlier_s + self.started.elapsed().as_secs_f64()
+    }
+}
+
 pub struct Session<'a> {
     comm: &'a dyn Comm,
     args: &'a TrainArgs,
@@ -30,9 +42,7 @@ pub struct Session<'a> {
     watchdog: Option<Watchdog>,
     ckpt: PathBuf,
     window: Window,
-    /// Seconds trained before this process (resumed runs), and since.
-    earlier_s: f64,
-    started: Instant,
+    clock: Clock,
     /// Seconds inside steps, for the summary's tokens/s.
     pub step_time: f64,
     pub last_val: f32,
@@ -65,8 +75,10 @@ impl<'a> Session<'a> {
             watchdog,
             ckpt: args.out.join("model.ckpt"),
             window: run.log_state.window,
-            earlier_s: run.log_state.elapsed_s,
-            started: Instant::now(),
+            clock: Clock {
+                earlier_s: run.log_state.elapsed_s,
+                started: Instant::now(),
+            },
             step_time: 0.0,
             last_val: f32::NAN,
             bad_in_a_row: 0,
@@ -81,7 +93,7 @@ impl<'a> Session<'a> {
     }
 
     pub fn elapsed(&self) -> f64 {
-        self.earlier_s + self.started.elapsed().as_secs_f64()
+        self.clock.elapsed()
     }
 
     /// Step `step` is about to run.
@@ -136,17 +148,13 @@ impl<'a> Session<'a> {
             return Ok(());
         };
         self.last_val = run.trainer.evaluate(&run.eval_set, run.seq_len)?;
-        let (epoch, elapsed_s) = (
-            run.loader.epochs_done(),
-            self.earlier_s + self.started.elapsed().as_secs_f64(),
-        );
         let row = LossRow {
-            epoch,
+            epoch: run.loader.epochs_done(),
             train_loss,
             val_loss: self.last_val,
             bad_steps,
             tokens_per_s,
-            elapsed_s,
+            elapsed_s: self.clock.elapsed(),
         };
         self.bar.suspend(|| println!("{}", row.display()));
         log.append(&row)
