@@ -50,11 +50,13 @@ fn bench_model(args: &BenchArgs) -> Result<ModelConfig> {
 
 /// Dense peak FLOP/s of the GPU named `device` at `precision`, when known.
 pub fn gpu_peak_flops(device: &str, precision: Precision) -> Option<f64> {
-    // H100 / H200 SXM datasheet dense figures (the same chip): fp32 67 TF, tf32 495 TF.
+    // H100 / H200 SXM datasheet dense figures (the same chip): fp32 67 TF, tf32 495 TF,
+    // bf16 989 TF.
     let hopper = device.contains("H100") || device.contains("H200");
     hopper.then_some(match precision {
         Precision::Fp32 => 67e12,
         Precision::Tf32 => 495e12,
+        Precision::Bf16 => 989e12,
     })
 }
 

@@ -16,7 +16,7 @@ use crate::autograd::{Graph, Tensor};
 use crate::backend::{Backend, DeviceBuffer};
 use crate::comm::Comm;
 use crate::error::Result;
-use crate::model::ParamLayout;
+use crate::model::{Gpt2, ParamLayout};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -116,7 +116,7 @@ impl GradSync {
         &self,
         be: &B,
         comm: &dyn Comm,
-        params: &B::Buffer<f32>,
+        model: &Gpt2<B>,
         step: u64,
         total_steps: u64,
     ) -> Result<f64> {
@@ -128,6 +128,7 @@ impl GradSync {
         if world == 1 || !(done.is_multiple_of(every) || done == total_steps) {
             return Ok(0.0);
         }
+        let params = &model.params;
         assert!(params.len() >= self.total, "parameter buffer smaller than the layout");
         let mut comm_s = 0.0;
         be.synchronize()?; // the update must be written before the sum reads it
@@ -136,6 +137,7 @@ impl GradSync {
             timed(&mut comm_s, || comm.all_reduce_sum(params.ptr(), self.total))?;
             be.scale(params.ptr(), self.total, 1.0 / world as f32);
         }
+        model.refresh_copy(be)?;
         Ok(comm_s)
     }
 }

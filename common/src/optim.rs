@@ -2,7 +2,7 @@
 //! rate schedule (linear warmup, then cosine decay to a floor). Runs on the backend, so
 //! moments stay where the parameters are and clipping needs no host round trip.
 
-use crate::backend::{check_range, AdamWStep, Backend, DeviceBuffer};
+use crate::backend::{bf16, check_range, AdamWStep, Backend, DeviceBuffer};
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -100,8 +100,16 @@ impl<B: Backend> AdamW<B> {
         })
     }
 
-    /// Applies the update of 0-based `step` with the gradients [`AdamW::measure`] clipped.
-    pub fn step(&mut self, be: &B, params: &B::Buffer<f32>, grads: &B::Buffer<f32>, step: u64) -> Result<()> {
+    /// Applies the update of 0-based `step` with the gradients [`AdamW::measure`] clipped,
+    /// writing the updated parameters rounded to bf16 into `copy` too, when given.
+    pub fn step(
+        &mut self,
+        be: &B,
+        params: &B::Buffer<f32>,
+        copy: Option<&B::Buffer<bf16>>,
+        grads: &B::Buffer<f32>,
+        step: u64,
+    ) -> Result<()> {
         for (what, buf) in [
             ("parameters", params),
             ("gradients", grads),
@@ -110,17 +118,28 @@ impl<B: Backend> AdamW<B> {
         ] {
             check_range(what, buf.len(), 0, self.n)?;
         }
-        // SAFETY: params, grads, m and v hold the layout's n values (checked above); every
-        // segment lies inside 0..n.
-        unsafe { self.update(be, params, grads, self.config.lr_at(step), step) };
+        if let Some(copy) = copy {
+            check_range("bf16 parameters", copy.len(), 0, self.n)?;
+        }
+        // SAFETY: params, grads, m, v and the copy hold the layout's n values (checked
+        // above); every segment lies inside 0..n.
+        unsafe { self.update(be, params, copy, grads, self.config.lr_at(step), step) };
         Ok(())
     }
 
     /// AdamW over each decay segment, gradients scaled by the clip factor in the scratch.
     ///
     /// # Safety
-    /// `params` and `grads` hold the layout's values.
-    unsafe fn update(&self, be: &B, params: &B::Buffer<f32>, grads: &B::Buffer<f32>, lr: f32, step: u64) {
+    /// `params`, `copy` and `grads` hold the layout's values.
+    unsafe fn update(
+        &self,
+        be: &B,
+        params: &B::Buffer<f32>,
+        copy: Option<&B::Buffer<bf16>>,
+        grads: &B::Buffer<f32>,
+        lr: f32,
+        step: u64,
+    ) {
         let (c, s) = (&self.config, self.scratch.ptr());
         for (range, decay) in &self.segments {
             let hp = AdamWStep {
@@ -140,6 +159,7 @@ impl<B: Backend> AdamW<B> {
                 len,
                 s.add(2),
                 hp,
+                copy.map(|c| c.ptr().add(o)),
             );
         }
     }

@@ -3,13 +3,18 @@
 //! Gradient outputs start from random values, so the tests also check that backward ops
 //! ACCUMULATE. Error measure, unless a test says otherwise: the max-norm relative error
 //! max|gpu - cpu| / max|cpu| of each output; fp32 tolerance 1e-4.
+//!
+//! bf16: the inputs are rounded to bf16 first, so the CPU (f32) and the GPU (bf16 storage,
+//! f32 arithmetic) compute on the same values, and each output must satisfy
+//! |gpu - cpu| ≤ k·2⁻⁸·√K·max|cpu|, K the output's reduction length and k a constant stated
+//! per kernel beside its test (`bf16_tol`).
 //! Needs a CUDA device: run with `--include-ignored` on a GPU machine.
 #![cfg(feature = "cuda")]
 
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
-use common::backend::{token_order, AdamWStep, Backend, DevPtr, DeviceBuffer};
+use common::backend::{bf16, token_order, Act, AdamWStep, Backend, DevPtr, DeviceBuffer};
 
 const FP32_TOL: f32 = 1e-4;
 
@@ -35,6 +40,51 @@ fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// What the inputs of a case are: any f32, or values a bf16 holds exactly.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Inputs {
+    F32,
+    Bf16,
+}
+
+/// `random`, rounded to bf16 when the case is for bf16.
+fn rnd(q: Inputs, n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let v = random(n, seed, scale);
+    match q {
+        Inputs::F32 => v,
+        Inputs::Bf16 => v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
+    }
+}
+
+/// The bf16 bound for an output summed over K terms: k·2⁻⁸·√K, relative to max|cpu|.
+fn bf16_tol(k: f32, reduction: usize) -> f32 {
+    k * (2.0f32).powi(-8) * (reduction as f32).sqrt()
+}
+
+/// Activations (the backend's type) from f32 values, in a buffer of 4-byte words.
+fn upload_act<B: Backend>(be: &B, data: &[f32]) -> B::Buffer<f32> {
+    let buf = alloc_act(be, data.len());
+    unsafe { be.upload_act(act(&buf), data) }.expect("upload");
+    buf
+}
+
+fn alloc_act<B: Backend>(be: &B, n: usize) -> B::Buffer<f32> {
+    be.alloc::<f32>(be.act().words(n).max(1)).expect("alloc")
+}
+
+fn download_act<B: Backend>(be: &B, buf: &B::Buffer<f32>, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n];
+    assert!(be.act().words(n) <= buf.len());
+    unsafe { be.download_act(act(buf), &mut out) }.expect("download");
+    be.synchronize().expect("synchronize");
+    out
+}
+
+/// A buffer's start as activations.
+fn act<T: common::backend::Elem>(buf: &impl DeviceBuffer<T>) -> DevPtr<Act> {
+    buf.ptr().cast()
+}
+
 fn random_ids(n: usize, seed: u64, below: usize) -> Vec<i32> {
     random(n, seed, 1.0)
         .iter()
@@ -43,7 +93,7 @@ fn random_ids(n: usize, seed: u64, below: usize) -> Vec<i32> {
 }
 
 fn upload<B: Backend>(be: &B, data: &[f32]) -> B::Buffer<f32> {
-    let buf = be.alloc(data.len()).expect("alloc");
+    let buf = be.alloc::<f32>(data.len()).expect("alloc");
     be.write(&buf, 0, data).expect("upload");
     buf
 }
@@ -97,18 +147,18 @@ fn check(test: &str, names: &[&str], gpu: &[Vec<f32>], cpu: &[Vec<f32>], tol: f3
 
 // ---- encoder ------------------------------------------------------------------------
 
-fn encoder_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, v: usize) -> Vec<Vec<f32>> {
+fn encoder_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, v: usize) -> Vec<Vec<f32>> {
     let ids = random_ids(b * t, 1, v);
     let (tokens, order) = (upload_ids(be, &ids), upload_ids(be, &token_order(&ids)));
-    let wte = upload(be, &random(v * c, 2, 1.0));
-    let wpe = upload(be, &random(t * c, 3, 1.0));
-    let out = be.alloc(b * t * c).unwrap();
-    unsafe { be.encoder_forward(out.ptr(), tokens.ptr(), wte.ptr(), wpe.ptr(), b, t, c) };
-    let dout = upload(be, &random(b * t * c, 4, 1.0));
-    let dwte = upload(be, &random(v * c, 5, 1.0));
-    let dwpe = upload(be, &random(t * c, 6, 1.0));
-    unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), dout.ptr(), tokens.ptr(), order.ptr(), b, t, c) };
-    vec![download(be, &out), download(be, &dwte), download(be, &dwpe)]
+    let wte = upload_act(be, &rnd(q, v * c, 2, 1.0));
+    let wpe = upload_act(be, &rnd(q, t * c, 3, 1.0));
+    let out = alloc_act(be, b * t * c);
+    unsafe { be.encoder_forward(act(&out), tokens.ptr(), act(&wte), act(&wpe), b, t, c) };
+    let dout = upload_act(be, &rnd(q, b * t * c, 4, 1.0));
+    let dwte = upload(be, &rnd(q, v * c, 5, 1.0));
+    let dwpe = upload(be, &rnd(q, t * c, 6, 1.0));
+    unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), act(&dout), tokens.ptr(), order.ptr(), b, t, c) };
+    vec![download_act(be, &out, b * t * c), download(be, &dwte), download(be, &dwpe)]
 }
 
 #[test]
@@ -116,8 +166,8 @@ fn encoder_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, v: usize) -> V
 fn encoder_matches_cpu() {
     // Few tokens (v = 11) so that many positions share one row of dwte.
     for (b, t, c, v) in [(3, 37, 48, 11), (2, 64, 768, 50)] {
-        let want = encoder_case(&cpu(), b, t, c, v);
-        let got = encoder_case(&gpu(Precision::Fp32), b, t, c, v);
+        let want = encoder_case(&cpu(), Inputs::F32, b, t, c, v);
+        let got = encoder_case(&gpu(Precision::Fp32), Inputs::F32, b, t, c, v);
         check(
             &format!("encoder b{b} t{t} c{c}"),
             &["out", "dwte", "dwpe"],
@@ -130,34 +180,35 @@ fn encoder_matches_cpu() {
 
 // ---- matmul -------------------------------------------------------------------------
 
-fn matmul_case<B: Backend>(be: &B, bt: usize, c: usize, oc: usize, with_bias: bool) -> Vec<Vec<f32>> {
-    let inp = upload(be, &random(bt * c, 11, 1.0));
-    let w = upload(be, &random(oc * c, 12, 0.5));
-    let bias = upload(be, &random(oc, 13, 1.0));
-    let out = be.alloc(bt * oc).unwrap();
-    let bias_ptr = with_bias.then(|| bias.ptr());
-    unsafe { be.matmul_forward(out.ptr(), inp.ptr(), w.ptr(), bias_ptr, bt, c, oc) };
-    let dout = upload(be, &random(bt * oc, 14, 1.0));
-    let dinp = upload(be, &random(bt * c, 15, 1.0));
-    let dw = upload(be, &random(oc * c, 16, 1.0));
-    let dbias = upload(be, &random(oc, 17, 1.0));
+#[allow(clippy::too_many_arguments)]
+fn matmul_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, oc: usize, with_bias: bool) -> Vec<Vec<f32>> {
+    let inp = upload_act(be, &rnd(q, bt * c, 11, 1.0));
+    let w = upload_act(be, &rnd(q, oc * c, 12, 0.5));
+    let bias = upload_act(be, &rnd(q, oc, 13, 1.0));
+    let out = alloc_act(be, bt * oc);
+    let bias_ptr = with_bias.then(|| act(&bias));
+    unsafe { be.matmul_forward(act(&out), act(&inp), act(&w), bias_ptr, bt, c, oc) };
+    let dout = upload_act(be, &rnd(q, bt * oc, 14, 1.0));
+    let dinp = upload_act(be, &rnd(q, bt * c, 15, 1.0));
+    let dw = upload(be, &rnd(q, oc * c, 16, 1.0));
+    let dbias = upload(be, &rnd(q, oc, 17, 1.0));
     let dbias_ptr = with_bias.then(|| dbias.ptr());
     unsafe {
         be.matmul_backward(
-            dinp.ptr(),
+            act(&dinp),
             dw.ptr(),
             dbias_ptr,
-            dout.ptr(),
-            inp.ptr(),
-            w.ptr(),
+            act(&dout),
+            act(&inp),
+            act(&w),
             bt,
             c,
             oc,
         )
     };
     vec![
-        download(be, &out),
-        download(be, &dinp),
+        download_act(be, &out, bt * oc),
+        download_act(be, &dinp, bt * c),
         download(be, &dw),
         download(be, &dbias),
     ]
@@ -173,8 +224,8 @@ fn matmul_matches_cpu() {
         (333, 768, 2304, true),
         (5, 7, 3, true),
     ] {
-        let want = matmul_case(&cpu(), bt, c, oc, bias);
-        let got = matmul_case(&gpu(Precision::Fp32), bt, c, oc, bias);
+        let want = matmul_case(&cpu(), Inputs::F32, bt, c, oc, bias);
+        let got = matmul_case(&gpu(Precision::Fp32), Inputs::F32, bt, c, oc, bias);
         check(
             &format!("matmul {bt}x{c}x{oc} bias={bias}"),
             &names,
@@ -190,37 +241,38 @@ fn matmul_matches_cpu() {
 fn matmul_tf32_is_close_to_cpu() {
     // TF32 keeps 10 mantissa bits: tolerance 1e-2 of the output's scale (reference: CPU fp32).
     let (bt, c, oc) = (256, 768, 768);
-    let want = matmul_case(&cpu(), bt, c, oc, true);
-    let got = matmul_case(&gpu(Precision::Tf32), bt, c, oc, true);
+    let want = matmul_case(&cpu(), Inputs::F32, bt, c, oc, true);
+    let got = matmul_case(&gpu(Precision::Tf32), Inputs::F32, bt, c, oc, true);
     check("matmul tf32", &["out", "dinp", "dw", "dbias"], &got, &want, 1e-2);
 }
 
 // ---- layernorm ----------------------------------------------------------------------
 
-fn layernorm_case<B: Backend>(be: &B, bt: usize, c: usize) -> Vec<Vec<f32>> {
+fn layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec<Vec<f32>> {
     // An offset and a spread per row, as activations have.
     let x: Vec<f32> = random(bt * c, 21, 2.0)
         .iter()
         .enumerate()
         .map(|(i, v)| v + (i / c) as f32 * 0.1)
+        .map(|v| if q == Inputs::Bf16 { bf16::from_f32(v).to_f32() } else { v })
         .collect();
-    let inp = upload(be, &x);
-    let w = upload(be, &random(c, 22, 1.0));
-    let b = upload(be, &random(c, 23, 1.0));
-    let (out, mean, rstd) = (be.alloc(bt * c).unwrap(), be.alloc(bt).unwrap(), be.alloc(bt).unwrap());
-    unsafe { be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c) };
-    let dout = upload(be, &random(bt * c, 24, 1.0));
-    let dinp = upload(be, &random(bt * c, 25, 1.0));
-    let dw = upload(be, &random(c, 26, 1.0));
-    let db = upload(be, &random(c, 27, 1.0));
+    let inp = upload_act(be, &x);
+    let w = upload_act(be, &rnd(q, c, 22, 1.0));
+    let b = upload_act(be, &rnd(q, c, 23, 1.0));
+    let (out, mean, rstd) = (alloc_act(be, bt * c), be.alloc::<f32>(bt).unwrap(), be.alloc::<f32>(bt).unwrap());
+    unsafe { be.layernorm_forward(act(&out), mean.ptr(), rstd.ptr(), act(&inp), act(&w), act(&b), bt, c) };
+    let dout = upload_act(be, &rnd(q, bt * c, 24, 1.0));
+    let dinp = upload_act(be, &rnd(q, bt * c, 25, 1.0));
+    let dw = upload(be, &rnd(q, c, 26, 1.0));
+    let db = upload(be, &rnd(q, c, 27, 1.0));
     unsafe {
         be.layernorm_backward(
-            dinp.ptr(),
+            act(&dinp),
             dw.ptr(),
             db.ptr(),
-            dout.ptr(),
-            inp.ptr(),
-            w.ptr(),
+            act(&dout),
+            act(&inp),
+            act(&w),
             mean.ptr(),
             rstd.ptr(),
             bt,
@@ -228,10 +280,10 @@ fn layernorm_case<B: Backend>(be: &B, bt: usize, c: usize) -> Vec<Vec<f32>> {
         )
     };
     vec![
-        download(be, &out),
+        download_act(be, &out, bt * c),
         download(be, &mean),
         download(be, &rstd),
-        download(be, &dinp),
+        download_act(be, &dinp, bt * c),
         download(be, &dw),
         download(be, &db),
     ]
@@ -242,23 +294,24 @@ fn layernorm_case<B: Backend>(be: &B, bt: usize, c: usize) -> Vec<Vec<f32>> {
 fn layernorm_matches_cpu() {
     let names = ["out", "mean", "rstd", "dinp", "dw", "db"];
     for (bt, c) in [(74, 48), (1, 5), (300, 768), (600, 33)] {
-        let want = layernorm_case(&cpu(), bt, c);
-        let got = layernorm_case(&gpu(Precision::Fp32), bt, c);
+        let want = layernorm_case(&cpu(), Inputs::F32, bt, c);
+        let got = layernorm_case(&gpu(Precision::Fp32), Inputs::F32, bt, c);
         check(&format!("layernorm {bt}x{c}"), &names, &got, &want, FP32_TOL);
     }
 }
 
 // ---- attention ----------------------------------------------------------------------
 
-fn attention_case<B: Backend>(be: &B, b: usize, t: usize, c: usize, nh: usize) -> Vec<Vec<f32>> {
-    let qkv = upload(be, &random(b * t * 3 * c, 31, 1.0));
-    let out = be.alloc(b * t * c).unwrap();
-    let saved = be.alloc(be.attention_saved_len(b, t, nh)).unwrap();
-    unsafe { be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh) };
-    let dout = upload(be, &random(b * t * c, 32, 1.0));
-    let dqkv = upload(be, &random(b * t * 3 * c, 33, 1.0));
-    unsafe { be.attention_backward(dqkv.ptr(), dout.ptr(), qkv.ptr(), out.ptr(), saved.ptr(), b, t, c, nh) };
-    vec![download(be, &out), download(be, &dqkv)]
+#[allow(clippy::too_many_arguments)]
+fn attention_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, nh: usize) -> Vec<Vec<f32>> {
+    let qkv = upload_act(be, &rnd(q, b * t * 3 * c, 31, 1.0));
+    let out = alloc_act(be, b * t * c);
+    let saved = be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap();
+    unsafe { be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh) };
+    let dout = upload_act(be, &rnd(q, b * t * c, 32, 1.0));
+    let dqkv = upload_act(be, &rnd(q, b * t * 3 * c, 33, 1.0));
+    unsafe { be.attention_backward(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh) };
+    vec![download_act(be, &out, b * t * c), download_act(be, &dqkv, b * t * 3 * c)]
 }
 
 #[test]
@@ -276,8 +329,8 @@ fn attention_matches_cpu() {
     ];
     for path in [AttentionPath::Flash, AttentionPath::Gemm] {
         for (b, t, c, nh) in cases {
-            let want = attention_case(&cpu(), b, t, c, nh);
-            let got = attention_case(&gpu(Precision::Fp32).with_attention(path), b, t, c, nh);
+            let want = attention_case(&cpu(), Inputs::F32, b, t, c, nh);
+            let got = attention_case(&gpu(Precision::Fp32).with_attention(path), Inputs::F32, b, t, c, nh);
             check(
                 &format!("attention {path:?} b{b} t{t} c{c} nh{nh}"),
                 &["out", "dqkv"],
@@ -294,8 +347,8 @@ fn attention_matches_cpu() {
 fn attention_flash_tf32_is_close_to_cpu() {
     // TF32 operands (10 mantissa bits): tolerance 1e-2 of each output's scale, as for matmul.
     for (b, t, c, nh) in [(2, 70, 96, 3), (1, 129, 768, 12)] {
-        let want = attention_case(&cpu(), b, t, c, nh);
-        let got = attention_case(&gpu(Precision::Tf32), b, t, c, nh);
+        let want = attention_case(&cpu(), Inputs::F32, b, t, c, nh);
+        let got = attention_case(&gpu(Precision::Tf32), Inputs::F32, b, t, c, nh);
         check(
             &format!("attention tf32 b{b} t{t} c{c}"),
             &["out", "dqkv"],
@@ -313,9 +366,9 @@ fn attention_scratch_is_reused_across_shapes() {
     // bit for bit (the flash backward has no atomics, so it is deterministic too).
     for path in [AttentionPath::Flash, AttentionPath::Gemm] {
         let gpu = gpu(Precision::Fp32).with_attention(path);
-        let first = attention_case(&gpu, 2, 70, 96, 3);
-        let _ = attention_case(&gpu, 1, 5, 48, 4);
-        let again = attention_case(&gpu, 2, 70, 96, 3);
+        let first = attention_case(&gpu, Inputs::F32, 2, 70, 96, 3);
+        let _ = attention_case(&gpu, Inputs::F32, 1, 5, 48, 4);
+        let again = attention_case(&gpu, Inputs::F32, 2, 70, 96, 3);
         check(
             &format!("attention rerun {path:?}"),
             &["out", "dqkv"],
@@ -336,45 +389,50 @@ fn flash_attention_saves_one_value_per_row() {
 
 // ---- gelu, cross-entropy ------------------------------------------------------------
 
-fn gelu_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
-    let inp = upload(be, &random(n, 41, 4.0));
-    let out = be.alloc(n).unwrap();
-    unsafe { be.gelu_forward(out.ptr(), inp.ptr(), n) };
-    let dout = upload(be, &random(n, 42, 1.0));
-    let dinp = upload(be, &random(n, 43, 1.0));
-    unsafe { be.gelu_backward(dinp.ptr(), inp.ptr(), dout.ptr(), n) };
-    vec![download(be, &out), download(be, &dinp)]
+fn gelu_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
+    let inp = upload_act(be, &rnd(q, n, 41, 4.0));
+    let out = alloc_act(be, n);
+    unsafe { be.gelu_forward(act(&out), act(&inp), n) };
+    let dout = upload_act(be, &rnd(q, n, 42, 1.0));
+    let dinp = upload_act(be, &rnd(q, n, 43, 1.0));
+    unsafe { be.gelu_backward(act(&dinp), act(&inp), act(&dout), n) };
+    vec![download_act(be, &out, n), download_act(be, &dinp, n)]
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gelu_matches_cpu() {
     for n in [1, 1000, 12_345] {
-        let want = gelu_case(&cpu(), n);
-        let got = gelu_case(&gpu(Precision::Fp32), n);
+        let want = gelu_case(&cpu(), Inputs::F32, n);
+        let got = gelu_case(&gpu(Precision::Fp32), Inputs::F32, n);
         check(&format!("gelu n{n}"), &["out", "dinp"], &got, &want, FP32_TOL);
     }
 }
 
-fn crossentropy_case<B: Backend>(be: &B, bt: usize, v: usize, vp: usize) -> Vec<Vec<f32>> {
-    let logits = upload(be, &random(bt * vp, 51, 4.0));
+fn crossentropy_case<B: Backend>(be: &B, q: Inputs, bt: usize, v: usize, vp: usize) -> Vec<Vec<f32>> {
+    let logits = upload_act(be, &rnd(q, bt * vp, 51, 4.0));
     let targets = upload_ids(be, &random_ids(bt, 52, v));
-    let losses = be.alloc(bt).unwrap();
-    unsafe { be.crossentropy_forward(losses.ptr(), logits.ptr(), targets.ptr(), bt, v, vp) };
+    let losses = be.alloc::<f32>(bt).unwrap();
+    unsafe { be.crossentropy_forward(losses.ptr(), act(&logits), targets.ptr(), bt, v, vp) };
     // Padding columns of dlogits must come back untouched, so they start random too.
-    let dlogits = upload(be, &random(bt * vp, 53, 1.0));
-    unsafe { be.crossentropy_backward(dlogits.ptr(), logits.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp) };
+    let dlogits = upload_act(be, &rnd(q, bt * vp, 53, 1.0));
+    let dloss = 1.0 / bt as f32;
+    unsafe { be.crossentropy_backward(act(&dlogits), act(&logits), targets.ptr(), dloss, bt, v, vp) };
     // In place: the logits become their gradient (padding 0).
-    unsafe { be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), targets.ptr(), 1.0 / bt as f32, bt, v, vp) };
-    vec![download(be, &losses), download(be, &dlogits), download(be, &logits)]
+    unsafe { be.crossentropy_backward_in_place(act(&logits), losses.ptr(), targets.ptr(), dloss, bt, v, vp) };
+    vec![
+        download(be, &losses),
+        download_act(be, &dlogits, bt * vp),
+        download_act(be, &logits, bt * vp),
+    ]
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn crossentropy_matches_cpu() {
     for (bt, v, vp) in [(37, 101, 128), (5, 50_257, 50_304), (64, 7, 7)] {
-        let want = crossentropy_case(&cpu(), bt, v, vp);
-        let got = crossentropy_case(&gpu(Precision::Fp32), bt, v, vp);
+        let want = crossentropy_case(&cpu(), Inputs::F32, bt, v, vp);
+        let got = crossentropy_case(&gpu(Precision::Fp32), Inputs::F32, bt, v, vp);
         check(
             &format!("crossentropy {bt}x{v}/{vp}"),
             &["losses", "dlogits", "in_place"],
@@ -394,7 +452,7 @@ fn reductions_case<B: Backend>(be: &B, n: usize, max_norm: f32) -> Vec<Vec<f32>>
     let sumsq = upload(be, &[0.25]); // accumulated into
     unsafe { be.sum_squares(sumsq.ptr(), inp.ptr(), n) };
     unsafe { be.sum_squares(sumsq.ptr(), inp.ptr(), n / 2) };
-    let clip = be.alloc(2).unwrap();
+    let clip = be.alloc::<f32>(2).unwrap();
     unsafe { be.clip_factor(clip.ptr(), sumsq.ptr(), max_norm) };
     vec![download(be, &mean), download(be, &sumsq), download(be, &clip)]
 }
@@ -417,6 +475,7 @@ fn reductions_and_clip_match_cpu() {
 }
 
 fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
+    let copy = be.alloc::<bf16>(n).unwrap();
     let params = upload(be, &random(n, 71, 1.0));
     let grads = upload(be, &random(n, 72, 1.0));
     let m = upload(be, &random(n, 73, 0.1));
@@ -431,7 +490,7 @@ fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
         weight_decay: 0.1,
         t,
     };
-    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp) };
+    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp, None) };
     unsafe {
         be.adamw(
             params.ptr(),
@@ -441,9 +500,13 @@ fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
             n,
             scale.ptr(),
             AdamWStep { t: t + 1, ..hp },
+            Some(copy.ptr()),
         )
     };
-    vec![download(be, &params), download(be, &m), download(be, &v)]
+    let mut copied = vec![bf16::ZERO; n];
+    be.read(&copy, 0, &mut copied).unwrap();
+    let copied = copied.iter().map(|x| x.to_f32()).collect();
+    vec![download(be, &params), download(be, &m), download(be, &v), copied]
 }
 
 #[test]
@@ -454,7 +517,7 @@ fn adamw_matches_cpu() {
         let got = adamw_case(&gpu(Precision::Fp32), n, t);
         check(
             &format!("adamw n{n} t{t}"),
-            &["params", "m", "v"],
+            &["params", "m", "v", "bf16 copy"],
             &got,
             &want,
             FP32_TOL,
@@ -464,8 +527,8 @@ fn adamw_matches_cpu() {
 
 // ---- memory -------------------------------------------------------------------------
 
-fn memory_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
-    let fresh = be.alloc(n).unwrap(); // must be zero-filled
+fn memory_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
+    let fresh = be.alloc::<f32>(n).unwrap(); // must be zero-filled
     let a = upload(be, &random(n, 81, 1.0));
     let b = upload(be, &random(n, 82, 1.0));
     unsafe { be.accumulate(a.ptr(), b.ptr(), n) };
@@ -473,29 +536,33 @@ fn memory_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
     unsafe { be.zero(z.ptr().add(1), n - 2) }; // first and last word survive
     let scaled = upload(be, &random(n, 84, 1.0));
     unsafe { be.scale(scaled.ptr(), n, -0.3) };
-    let sum = upload(be, &random(n, 85, 1.0)); // overwritten
-    unsafe { be.add(sum.ptr(), b.ptr(), scaled.ptr(), n) };
+    // Activations: a sum and an accumulation.
+    let (xa, xb) = (upload_act(be, &rnd(q, n, 85, 1.0)), upload_act(be, &rnd(q, n, 86, 1.0)));
+    let sum = upload_act(be, &rnd(q, n, 87, 1.0)); // overwritten
+    unsafe { be.add(act(&sum), act(&xa), act(&xb), n) };
+    unsafe { be.accumulate_act(act(&xa), act(&xb), n) };
+    let rounded = be.alloc::<bf16>(n).unwrap();
+    unsafe { be.round_to_bf16(rounded.ptr(), scaled.ptr(), n) };
+    let mut r = vec![bf16::ZERO; n];
+    be.read(&rounded, 0, &mut r).unwrap();
     vec![
         download(be, &fresh),
         download(be, &a),
         download(be, &z),
         download(be, &scaled),
-        download(be, &sum),
+        download_act(be, &sum, n),
+        download_act(be, &xa, n),
+        r.iter().map(|x| x.to_f32()).collect(),
     ]
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn memory_ops_match_cpu() {
-    let want = memory_case(&cpu(), 10_007);
-    let got = memory_case(&gpu(Precision::Fp32), 10_007);
-    check(
-        "memory ops",
-        &["alloc", "accumulate", "zero", "scale", "add"],
-        &got,
-        &want,
-        0.0,
-    );
+    let want = memory_case(&cpu(), Inputs::F32, 10_007);
+    let got = memory_case(&gpu(Precision::Fp32), Inputs::F32, 10_007);
+    let names = ["alloc", "accumulate", "zero", "scale", "add", "acc_act", "to_bf16"];
+    check("memory ops", &names, &got, &want, 0.0);
 }
 
 #[test]
@@ -543,4 +610,101 @@ fn a_bad_launch_surfaces_at_synchronize() {
     let err = gpu.synchronize().expect_err("must report");
     assert!(err.to_string().contains("multiple of NH"), "{err}");
     gpu.synchronize().expect("error is reported once");
+}
+
+// ---- bf16: every kernel against the CPU on bf16-exact inputs -------------------------
+// k per kernel (see the module's note): 1 where the only bf16 step is rounding the output
+// (or nothing: f32 outputs), 2 where a bf16 value is read back and updated (accumulating
+// gradients, cuBLAS's beta = 1), 4 for attention (its output is rounded before backward
+// reads it again for the softmax gradient).
+
+fn check_bf16(test: &str, names: &[&str], got: &[Vec<f32>], want: &[Vec<f32>], bounds: &[(f32, usize)]) {
+    for (i, name) in names.iter().enumerate() {
+        let (k, reduction) = bounds[i];
+        let tol = bf16_tol(k, reduction);
+        check(&format!("{test} bf16"), &[name], &got[i..=i], &want[i..=i], tol);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_encoder_is_within_bound() {
+    let (b, t, c, v) = (2, 64, 768, 50);
+    let want = encoder_case(&cpu(), Inputs::Bf16, b, t, c, v);
+    let got = encoder_case(&gpu(Precision::Bf16), Inputs::Bf16, b, t, c, v);
+    check_bf16("encoder", &["out", "dwte", "dwpe"], &got, &want, &[(1.0, 2), (1.0, b * t), (1.0, b)]);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_matmul_is_within_bound() {
+    for (bt, c, oc, bias) in [(333, 768, 2304, true), (256, 768, 768, false), (74, 48, 144, true)] {
+        let want = matmul_case(&cpu(), Inputs::Bf16, bt, c, oc, bias);
+        let got = matmul_case(&gpu(Precision::Bf16), Inputs::Bf16, bt, c, oc, bias);
+        check_bf16(
+            &format!("matmul {bt}x{c}x{oc}"),
+            &["out", "dinp", "dw", "dbias"],
+            &got,
+            &want,
+            &[(2.0, c), (2.0, oc), (2.0, bt), (1.0, bt)],
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_layernorm_is_within_bound() {
+    for (bt, c) in [(300, 768), (74, 48)] {
+        let want = layernorm_case(&cpu(), Inputs::Bf16, bt, c);
+        let got = layernorm_case(&gpu(Precision::Bf16), Inputs::Bf16, bt, c);
+        check_bf16(
+            &format!("layernorm {bt}x{c}"),
+            &["out", "mean", "rstd", "dinp", "dw", "db"],
+            &got,
+            &want,
+            &[(1.0, c), (1.0, c), (1.0, c), (2.0, c), (1.0, bt), (1.0, bt)],
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_attention_is_within_bound() {
+    for (b, t, c, nh) in [(2, 70, 96, 3), (1, 129, 768, 12), (1, 150, 256, 2)] {
+        let want = attention_case(&cpu(), Inputs::Bf16, b, t, c, nh);
+        let got = attention_case(&gpu(Precision::Bf16), Inputs::Bf16, b, t, c, nh);
+        check_bf16(
+            &format!("attention b{b} t{t} c{c} nh{nh}"),
+            &["out", "dqkv"],
+            &got,
+            &want,
+            &[(4.0, t), (4.0, t)],
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
+    let n = 12_345;
+    let want = gelu_case(&cpu(), Inputs::Bf16, n);
+    let got = gelu_case(&gpu(Precision::Bf16), Inputs::Bf16, n);
+    check_bf16("gelu", &["out", "dinp"], &got, &want, &[(1.0, 1), (2.0, 1)]);
+    for (bt, v, vp) in [(37, 101, 128), (5, 50_257, 50_304)] {
+        let want = crossentropy_case(&cpu(), Inputs::Bf16, bt, v, vp);
+        let got = crossentropy_case(&gpu(Precision::Bf16), Inputs::Bf16, bt, v, vp);
+        check_bf16(
+            &format!("crossentropy {bt}x{v}"),
+            &["losses", "dlogits", "in_place"],
+            &got,
+            &want,
+            &[(1.0, v), (2.0, v), (1.0, v)],
+        );
+    }
+    let want = memory_case(&cpu(), Inputs::Bf16, 10_007);
+    let got = memory_case(&gpu(Precision::Bf16), Inputs::Bf16, 10_007);
+    // f32 ops exact; the activation sum and accumulation round once each.
+    let names = ["alloc", "accumulate", "zero", "scale", "add", "acc_act", "to_bf16"];
+    let bounds = [(0.0, 1), (0.0, 1), (0.0, 1), (0.0, 1), (1.0, 2), (1.0, 2), (0.0, 1)];
+    check_bf16("memory ops", &names, &got, &want, &bounds);
 }

@@ -4,6 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use common::backend::cuda::{compile, kernel_names, kernel_sources, nvrtc_present, nvrtc_version};
+use common::backend::ActType;
 
 /// The architecture we deploy on (Hopper: H100, H200).
 const ARCHS: [&str; 2] = ["compute_90", "sm_90"];
@@ -31,11 +32,14 @@ fn every_kernel_file_compiles_for_hopper() {
     let (major, minor) = nvrtc_version().expect("nvrtc version");
     eprintln!("NVRTC {major}.{minor}");
     let mut failures = Vec::new();
-    for (file, src) in kernel_sources() {
-        for arch in ARCHS {
-            match compile(file, &src, arch) {
-                Ok(image) => assert!(!image.is_empty(), "{file} ({arch}): empty image"),
-                Err(e) => failures.push(format!("{file} ({arch}): {e}")),
+    // f32 activations for both targets; bf16 for the cubin the backend loads.
+    for (act, archs) in [(ActType::F32, &ARCHS[..]), (ActType::Bf16, &ARCHS[1..])] {
+        for (file, src) in kernel_sources(act) {
+            for &arch in archs {
+                match compile(file, &src, arch) {
+                    Ok(image) => assert!(!image.is_empty(), "{file} ({arch}, {act:?}): empty image"),
+                    Err(e) => failures.push(format!("{file} ({arch}, {act:?}): {e}")),
+                }
             }
         }
     }
@@ -47,7 +51,7 @@ fn ptx_defines_every_registered_kernel() {
     if !nvrtc_or_skip() {
         return;
     }
-    for (file, src) in kernel_sources() {
+    for (file, src) in kernel_sources(ActType::F32) {
         let names = kernel_names(&src);
         assert!(!names.is_empty(), "{file}: no kernels found");
         let ptx = compile(file, &src, "compute_90").expect("compiles");

@@ -207,3 +207,33 @@ fn training_200_steps_tracks_cpu_losses() {
         got[199]
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_training_200_steps_stays_within_2_percent_of_cpu() {
+    // Mixed precision changes the rounding of every activation, so the losses are compared
+    // relatively (2%, as the 500-step GPT-2 run), not to fp32 rounding.
+    let (b, t) = (8, 64);
+    let cfg = config("char", ConfigOverrides::default());
+    let data = batches(200, b, t);
+    let want = train_losses(&cpu(), cfg, &data, b, t);
+    let bf16 = CudaBackend::new(0, Precision::Bf16).unwrap_or_else(|e| panic!("CUDA backend: {e}"));
+    let got = train_losses(&bf16, cfg, &data, b, t);
+    let mut worst = (0.0f32, 0);
+    for (step, (g, c)) in got.iter().zip(&want).enumerate() {
+        let rel = (g - c).abs() / c.abs();
+        assert!(rel <= 0.02, "step {step}: bf16 loss {g} vs cpu {c} ({:.2}% apart)", 100.0 * rel);
+        if rel > worst.0 {
+            worst = (rel, step);
+        }
+    }
+    eprintln!(
+        "PARITY train char 200 steps bf16: loss {:.4} -> {:.4} (cpu {:.4} -> {:.4}), worst {:.3}% at step {}",
+        got[0],
+        got[199],
+        want[0],
+        want[199],
+        100.0 * worst.0,
+        worst.1
+    );
+}

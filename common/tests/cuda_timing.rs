@@ -24,7 +24,7 @@ fn filled(be: &CudaBackend, n: usize, seed: u32) -> <CudaBackend as Backend>::Bu
     let data: Vec<f32> = (0..n)
         .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
         .collect();
-    let buf = be.alloc(n).expect("alloc");
+    let buf = be.alloc::<f32>(n).expect("alloc");
     be.write(&buf, 0, &data).expect("upload");
     buf
 }
@@ -63,39 +63,39 @@ fn gpt2_step_table(precision: Precision) {
     be.write(&order, 0, &token_order(&ids)).unwrap();
     let (wte, wpe) = (filled(&be, VP * C, 1), filled(&be, T * C, 2));
     let (x, dx) = (filled(&be, BT * C, 3), filled(&be, BT * C, 4));
-    let (dwte, dwpe) = (be.alloc(VP * C).unwrap(), be.alloc(T * C).unwrap());
+    let (dwte, dwpe) = (be.alloc::<f32>(VP * C).unwrap(), be.alloc::<f32>(T * C).unwrap());
     row(
         "encoder fwd",
         time(&be, || unsafe {
-            be.encoder_forward(x.ptr(), tokens.ptr(), wte.ptr(), wpe.ptr(), B, T, C)
+            be.encoder_forward(x.ptr().cast(), tokens.ptr().cast(), wte.ptr().cast(), wpe.ptr().cast(), B, T, C)
         }),
         1,
     );
     row(
         "encoder bwd",
         time(&be, || unsafe {
-            be.encoder_backward(dwte.ptr(), dwpe.ptr(), dx.ptr(), tokens.ptr(), order.ptr(), B, T, C)
+            be.encoder_backward(dwte.ptr().cast(), dwpe.ptr().cast(), dx.ptr().cast(), tokens.ptr().cast(), order.ptr().cast(), B, T, C)
         }),
         1,
     );
     assert_finite(&be, "encoder", &x);
 
     let (w, bias) = (filled(&be, C, 5), filled(&be, C, 6));
-    let (ln, mean, rstd) = (be.alloc(BT * C).unwrap(), be.alloc(BT).unwrap(), be.alloc(BT).unwrap());
-    let (dw, db) = (be.alloc(C).unwrap(), be.alloc(C).unwrap());
+    let (ln, mean, rstd) = (be.alloc::<f32>(BT * C).unwrap(), be.alloc::<f32>(BT).unwrap(), be.alloc::<f32>(BT).unwrap());
+    let (dw, db) = (be.alloc::<f32>(C).unwrap(), be.alloc::<f32>(C).unwrap());
     let ln_f =
-        || unsafe { be.layernorm_forward(ln.ptr(), mean.ptr(), rstd.ptr(), x.ptr(), w.ptr(), bias.ptr(), BT, C) };
+        || unsafe { be.layernorm_forward(ln.ptr().cast(), mean.ptr().cast(), rstd.ptr().cast(), x.ptr().cast(), w.ptr().cast(), bias.ptr().cast(), BT, C) };
     row("layernorm fwd", time(&be, ln_f), 2 * L + 1);
     let ln_b = || unsafe {
         be.layernorm_backward(
-            dx.ptr(),
-            dw.ptr(),
-            db.ptr(),
-            ln.ptr(),
-            x.ptr(),
-            w.ptr(),
-            mean.ptr(),
-            rstd.ptr(),
+            dx.ptr().cast(),
+            dw.ptr().cast(),
+            db.ptr().cast(),
+            ln.ptr().cast(),
+            x.ptr().cast(),
+            w.ptr().cast(),
+            mean.ptr().cast(),
+            rstd.ptr().cast(),
             BT,
             C,
         )
@@ -113,32 +113,32 @@ fn gpt2_step_table(precision: Precision) {
     ] {
         let (inp, wt, bs) = (filled(&be, BT * c, 7), filled(&be, oc * c, 8), filled(&be, oc, 9));
         let (out, dinp, dwt, dbs) = (
-            be.alloc(BT * oc).unwrap(),
-            be.alloc(BT * c).unwrap(),
-            be.alloc(oc * c).unwrap(),
-            be.alloc(oc).unwrap(),
+            be.alloc::<f32>(BT * oc).unwrap(),
+            be.alloc::<f32>(BT * c).unwrap(),
+            be.alloc::<f32>(oc * c).unwrap(),
+            be.alloc::<f32>(oc).unwrap(),
         );
-        let bias_ptr = has_bias.then(|| bs.ptr());
-        let dbias_ptr = has_bias.then(|| dbs.ptr());
+        let bias_ptr = has_bias.then(|| bs.ptr().cast());
+        let dbias_ptr = has_bias.then(|| dbs.ptr().cast());
         let fwd = time(&be, || unsafe {
-            be.matmul_forward(out.ptr(), inp.ptr(), wt.ptr(), bias_ptr, BT, c, oc)
+            be.matmul_forward(out.ptr().cast(), inp.ptr().cast(), wt.ptr().cast(), bias_ptr, BT, c, oc)
         });
         if has_bias {
             // The same product as a GEMM and a separate bias pass (before the fused epilogue).
             be.synchronize().unwrap();
             let unfused = time(&plain, || unsafe {
-                plain.matmul_forward(out.ptr(), inp.ptr(), wt.ptr(), bias_ptr, BT, c, oc)
+                plain.matmul_forward(out.ptr().cast(), inp.ptr().cast(), wt.ptr().cast(), bias_ptr, BT, c, oc)
             });
             row(&format!("(matmul {name} fwd, bias unfused)"), unfused, 0);
         }
         let bwd = time(&be, || unsafe {
             be.matmul_backward(
-                dinp.ptr(),
-                dwt.ptr(),
+                dinp.ptr().cast(),
+                dwt.ptr().cast(),
                 dbias_ptr,
-                out.ptr(),
-                inp.ptr(),
-                wt.ptr(),
+                out.ptr().cast(),
+                inp.ptr().cast(),
+                wt.ptr().cast(),
                 BT,
                 c,
                 oc,
@@ -156,62 +156,62 @@ fn gpt2_step_table(precision: Precision) {
     }
 
     let qkv = filled(&be, BT * 3 * C, 10);
-    let (att_out, dqkv) = (be.alloc(BT * C).unwrap(), be.alloc(BT * 3 * C).unwrap());
-    let saved = be.alloc(be.attention_saved_len(B, T, NH)).unwrap();
+    let (att_out, dqkv) = (be.alloc::<f32>(BT * C).unwrap(), be.alloc::<f32>(BT * 3 * C).unwrap());
+    let saved = be.alloc::<f32>(be.attention_saved_len(B, T, NH)).unwrap();
     row(
         "attention fwd",
         time(&be, || unsafe {
-            be.attention_forward(att_out.ptr(), saved.ptr(), qkv.ptr(), B, T, C, NH)
+            be.attention_forward(att_out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), B, T, C, NH)
         }),
         L,
     );
     let att_b =
-        || unsafe { be.attention_backward(dqkv.ptr(), x.ptr(), qkv.ptr(), att_out.ptr(), saved.ptr(), B, T, C, NH) };
+        || unsafe { be.attention_backward(dqkv.ptr().cast(), x.ptr().cast(), qkv.ptr().cast(), att_out.ptr().cast(), saved.ptr().cast(), B, T, C, NH) };
     row("attention bwd", time(&be, att_b), L);
     assert_finite(&be, "attention out", &att_out);
     assert_finite(&be, "attention dqkv", &dqkv);
     drop(saved);
     be.synchronize().unwrap();
     {
-        let saved = plain.alloc(plain.attention_saved_len(B, T, NH)).unwrap();
-        let fwd = || unsafe { plain.attention_forward(att_out.ptr(), saved.ptr(), qkv.ptr(), B, T, C, NH) };
+        let saved = plain.alloc::<f32>(plain.attention_saved_len(B, T, NH)).unwrap();
+        let fwd = || unsafe { plain.attention_forward(att_out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), B, T, C, NH) };
         row("(attention fwd, gemm)", time(&plain, fwd), 0);
         let bwd = || unsafe {
-            plain.attention_backward(dqkv.ptr(), x.ptr(), qkv.ptr(), att_out.ptr(), saved.ptr(), B, T, C, NH)
+            plain.attention_backward(dqkv.ptr().cast(), x.ptr().cast(), qkv.ptr().cast(), att_out.ptr().cast(), saved.ptr().cast(), B, T, C, NH)
         };
         row("(attention bwd, gemm)", time(&plain, bwd), 0);
     }
 
     let (h, gh, dh) = (
         filled(&be, BT * 4 * C, 11),
-        be.alloc(BT * 4 * C).unwrap(),
-        be.alloc(BT * 4 * C).unwrap(),
+        be.alloc::<f32>(BT * 4 * C).unwrap(),
+        be.alloc::<f32>(BT * 4 * C).unwrap(),
     );
     row(
         "gelu fwd",
-        time(&be, || unsafe { be.gelu_forward(gh.ptr(), h.ptr(), BT * 4 * C) }),
+        time(&be, || unsafe { be.gelu_forward(gh.ptr().cast(), h.ptr().cast(), BT * 4 * C) }),
         L,
     );
     row(
         "gelu bwd",
         time(&be, || unsafe {
-            be.gelu_backward(dh.ptr(), h.ptr(), gh.ptr(), BT * 4 * C)
+            be.gelu_backward(dh.ptr().cast(), h.ptr().cast(), gh.ptr().cast(), BT * 4 * C)
         }),
         L,
     );
-    let sum = be.alloc(BT * C).unwrap();
+    let sum = be.alloc::<f32>(BT * C).unwrap();
     row(
         "residual add",
-        time(&be, || unsafe { be.add(sum.ptr(), x.ptr(), dx.ptr(), BT * C) }),
+        time(&be, || unsafe { be.add(sum.ptr().cast(), x.ptr().cast(), dx.ptr().cast(), BT * C) }),
         2 * L,
     );
     row(
         "residual accumulate",
-        time(&be, || unsafe { be.accumulate(dx.ptr(), x.ptr(), BT * C) }),
+        time(&be, || unsafe { be.accumulate(dx.ptr().cast(), x.ptr().cast(), BT * C) }),
         4 * L,
     );
     let add_ms = time(&be, || unsafe {
-        be.add(h.ptr(), h.ptr().add(BT * 2 * C), gh.ptr(), BT * 2 * C)
+        be.add(h.ptr().cast(), h.ptr().add(BT * 2 * C).cast(), gh.ptr().cast(), BT * 2 * C)
     });
     eprintln!(
         "TIMING ceiling: add kernel over {} M floats moves {:.0} GB/s (bytes read + written)",
@@ -220,24 +220,24 @@ fn gpt2_step_table(precision: Precision) {
     );
 
     let logits = filled(&be, BT * VP, 12);
-    let (losses, dlogits, loss) = (be.alloc(BT).unwrap(), be.alloc(BT * VP).unwrap(), be.alloc(1).unwrap());
+    let (losses, dlogits, loss) = (be.alloc::<f32>(BT).unwrap(), be.alloc::<f32>(BT * VP).unwrap(), be.alloc::<f32>(1).unwrap());
     row(
         "crossentropy fwd",
         time(&be, || unsafe {
-            be.crossentropy_forward(losses.ptr(), logits.ptr(), tokens.ptr(), BT, V, VP)
+            be.crossentropy_forward(losses.ptr().cast(), logits.ptr().cast(), tokens.ptr().cast(), BT, V, VP)
         }),
         1,
     );
     let ce_b =
-        || unsafe { be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP) };
+        || unsafe { be.crossentropy_backward(dlogits.ptr().cast(), logits.ptr().cast(), tokens.ptr().cast(), 1.0 / BT as f32, BT, V, VP) };
     row("(crossentropy bwd, accumulate)", time(&be, ce_b), 0);
     let ce_in_place = || unsafe {
-        be.crossentropy_backward_in_place(dlogits.ptr(), losses.ptr(), tokens.ptr(), 1.0 / BT as f32, BT, V, VP)
+        be.crossentropy_backward_in_place(dlogits.ptr().cast(), losses.ptr().cast(), tokens.ptr().cast(), 1.0 / BT as f32, BT, V, VP)
     };
     row("crossentropy bwd in place", time(&be, ce_in_place), 1);
     row(
         "mean (loss)",
-        time(&be, || unsafe { be.mean(loss.ptr(), losses.ptr(), BT) }),
+        time(&be, || unsafe { be.mean(loss.ptr().cast(), losses.ptr().cast(), BT) }),
         1,
     );
     assert_finite(&be, "losses", &losses);
@@ -246,19 +246,19 @@ fn gpt2_step_table(precision: Precision) {
     let (params, grads, m, v) = (
         filled(&be, PARAMS, 13),
         filled(&be, PARAMS, 14),
-        be.alloc(PARAMS).unwrap(),
-        be.alloc(PARAMS).unwrap(),
+        be.alloc::<f32>(PARAMS).unwrap(),
+        be.alloc::<f32>(PARAMS).unwrap(),
     );
-    let (sumsq, clip) = (be.alloc(1).unwrap(), be.alloc(2).unwrap());
+    let (sumsq, clip) = (be.alloc::<f32>(1).unwrap(), be.alloc::<f32>(2).unwrap());
     row("zero grads", time(&be, || unsafe { be.zero(grads.ptr(), PARAMS) }), 1);
     row(
         "sum_squares",
-        time(&be, || unsafe { be.sum_squares(sumsq.ptr(), params.ptr(), PARAMS) }),
+        time(&be, || unsafe { be.sum_squares(sumsq.ptr().cast(), params.ptr().cast(), PARAMS) }),
         1,
     );
     row(
         "clip_factor",
-        time(&be, || unsafe { be.clip_factor(clip.ptr(), sumsq.ptr(), 1.0) }),
+        time(&be, || unsafe { be.clip_factor(clip.ptr().cast(), sumsq.ptr().cast(), 1.0) }),
         1,
     );
     let hp = AdamWStep {
@@ -273,7 +273,7 @@ fn gpt2_step_table(precision: Precision) {
     row(
         "adamw",
         time(&be, || unsafe {
-            be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), PARAMS, clip_ptr, hp)
+            be.adamw(params.ptr().cast(), grads.ptr().cast(), m.ptr().cast(), v.ptr().cast(), PARAMS, clip_ptr, hp, None)
         }),
         1,
     );

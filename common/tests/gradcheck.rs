@@ -21,7 +21,7 @@ fn randn(n: usize, scale: f32, r: &mut ChaCha8Rng) -> Vec<f32> {
 }
 
 fn upload(be: &CpuBackend, data: &[f32]) -> CpuBuffer<f32> {
-    let b = be.alloc(data.len()).unwrap();
+    let b = be.alloc::<f32>(data.len()).unwrap();
     be.write(&b, 0, data).unwrap();
     b
 }
@@ -33,7 +33,7 @@ fn read(be: &CpuBackend, b: &CpuBuffer<f32>) -> Vec<f32> {
 }
 
 fn tokens(be: &CpuBackend, ids: &[i32]) -> CpuBuffer<i32> {
-    let b = be.alloc(ids.len()).unwrap();
+    let b = be.alloc::<i32>(ids.len()).unwrap();
     be.write(&b, 0, ids).unwrap();
     b
 }
@@ -97,13 +97,13 @@ fn encoder_backward_matches_finite_differences() {
         tokens(&be, &ids),
     );
     let order = tokens(&be, &token_order(&ids));
-    let out = be.alloc(b * t * c).unwrap();
+    let out = be.alloc::<f32>(b * t * c).unwrap();
     let rw = randn(b * t * c, 1.0, &mut r);
-    let (dwte, dwpe) = (be.alloc(v * c).unwrap(), be.alloc(t * c).unwrap());
+    let (dwte, dwpe) = (be.alloc::<f32>(v * c).unwrap(), be.alloc::<f32>(t * c).unwrap());
     let dout = upload(&be, &rw);
-    unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), dout.ptr(), tok.ptr(), order.ptr(), b, t, c) };
+    unsafe { be.encoder_backward(dwte.ptr().cast(), dwpe.ptr().cast(), dout.ptr().cast(), tok.ptr().cast(), order.ptr().cast(), b, t, c) };
     let mut f = || {
-        unsafe { be.encoder_forward(out.ptr(), tok.ptr(), wte.ptr(), wpe.ptr(), b, t, c) };
+        unsafe { be.encoder_forward(out.ptr().cast(), tok.ptr().cast(), wte.ptr().cast(), wpe.ptr().cast(), b, t, c) };
         weighted(&be, &out, &rw)
     };
     check("dwte", &be, &wte, &read(&be, &dwte), &mut f);
@@ -122,29 +122,29 @@ fn matmul_backward_matches_finite_differences() {
     );
     let rw = randn(bt * oc, 1.0, &mut r);
     let (dinp, dw, db) = (
-        be.alloc(bt * c).unwrap(),
-        be.alloc(oc * c).unwrap(),
-        be.alloc(oc).unwrap(),
+        be.alloc::<f32>(bt * c).unwrap(),
+        be.alloc::<f32>(oc * c).unwrap(),
+        be.alloc::<f32>(oc).unwrap(),
     );
     // Pre-fill gradients to check that backward accumulates instead of overwriting.
     let pre = randn(oc, 1.0, &mut r);
     be.write(&db, 0, &pre).unwrap();
     unsafe {
         be.matmul_backward(
-            dinp.ptr(),
-            dw.ptr(),
-            Some(db.ptr()),
-            upload(&be, &rw).ptr(),
-            inp.ptr(),
-            w.ptr(),
+            dinp.ptr().cast(),
+            dw.ptr().cast(),
+            Some(db.ptr().cast()),
+            upload(&be, &rw).ptr().cast(),
+            inp.ptr().cast(),
+            w.ptr().cast(),
             bt,
             c,
             oc,
         )
     };
-    let out = be.alloc(bt * oc).unwrap();
+    let out = be.alloc::<f32>(bt * oc).unwrap();
     let mut f = || {
-        unsafe { be.matmul_forward(out.ptr(), inp.ptr(), w.ptr(), Some(bias.ptr()), bt, c, oc) };
+        unsafe { be.matmul_forward(out.ptr().cast(), inp.ptr().cast(), w.ptr().cast(), Some(bias.ptr().cast()), bt, c, oc) };
         weighted(&be, &out, &rw)
     };
     check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
@@ -163,26 +163,26 @@ fn layernorm_backward_matches_finite_differences() {
         upload(&be, &randn(c, 1.0, &mut r)),
         upload(&be, &randn(c, 1.0, &mut r)),
     );
-    let (out, mean, rstd) = (be.alloc(bt * c).unwrap(), be.alloc(bt).unwrap(), be.alloc(bt).unwrap());
+    let (out, mean, rstd) = (be.alloc::<f32>(bt * c).unwrap(), be.alloc::<f32>(bt).unwrap(), be.alloc::<f32>(bt).unwrap());
     let rw = randn(bt * c, 1.0, &mut r);
-    unsafe { be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c) };
-    let (dinp, dw, db) = (be.alloc(bt * c).unwrap(), be.alloc(c).unwrap(), be.alloc(c).unwrap());
+    unsafe { be.layernorm_forward(out.ptr().cast(), mean.ptr().cast(), rstd.ptr().cast(), inp.ptr().cast(), w.ptr().cast(), b.ptr().cast(), bt, c) };
+    let (dinp, dw, db) = (be.alloc::<f32>(bt * c).unwrap(), be.alloc::<f32>(c).unwrap(), be.alloc::<f32>(c).unwrap());
     unsafe {
         be.layernorm_backward(
-            dinp.ptr(),
-            dw.ptr(),
-            db.ptr(),
-            upload(&be, &rw).ptr(),
-            inp.ptr(),
-            w.ptr(),
-            mean.ptr(),
-            rstd.ptr(),
+            dinp.ptr().cast(),
+            dw.ptr().cast(),
+            db.ptr().cast(),
+            upload(&be, &rw).ptr().cast(),
+            inp.ptr().cast(),
+            w.ptr().cast(),
+            mean.ptr().cast(),
+            rstd.ptr().cast(),
             bt,
             c,
         )
     };
     let mut f = || {
-        unsafe { be.layernorm_forward(out.ptr(), mean.ptr(), rstd.ptr(), inp.ptr(), w.ptr(), b.ptr(), bt, c) };
+        unsafe { be.layernorm_forward(out.ptr().cast(), mean.ptr().cast(), rstd.ptr().cast(), inp.ptr().cast(), w.ptr().cast(), b.ptr().cast(), bt, c) };
         weighted(&be, &out, &rw)
     };
     check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
@@ -197,19 +197,19 @@ fn attention_backward_matches_finite_differences() {
     let mut r = rng(4);
     let qkv = upload(&be, &randn(b * t * 3 * c, 1.0, &mut r));
     let (out, saved) = (
-        be.alloc(b * t * c).unwrap(),
-        be.alloc(be.attention_saved_len(b, t, nh)).unwrap(),
+        be.alloc::<f32>(b * t * c).unwrap(),
+        be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap(),
     );
     let rw = randn(b * t * c, 1.0, &mut r);
-    unsafe { be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh) };
-    let dqkv = be.alloc(b * t * 3 * c).unwrap();
+    unsafe { be.attention_forward(out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), b, t, c, nh) };
+    let dqkv = be.alloc::<f32>(b * t * 3 * c).unwrap();
     unsafe {
         be.attention_backward(
-            dqkv.ptr(),
-            upload(&be, &rw).ptr(),
-            qkv.ptr(),
-            out.ptr(),
-            saved.ptr(),
+            dqkv.ptr().cast(),
+            upload(&be, &rw).ptr().cast(),
+            qkv.ptr().cast(),
+            out.ptr().cast(),
+            saved.ptr().cast(),
             b,
             t,
             c,
@@ -217,7 +217,7 @@ fn attention_backward_matches_finite_differences() {
         )
     };
     let mut f = || {
-        unsafe { be.attention_forward(out.ptr(), saved.ptr(), qkv.ptr(), b, t, c, nh) };
+        unsafe { be.attention_forward(out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), b, t, c, nh) };
         weighted(&be, &out, &rw)
     };
     check("dqkv", &be, &qkv, &read(&be, &dqkv), &mut f);
@@ -232,10 +232,10 @@ fn attention_is_causal() {
     let mut x = randn(b * t * 3 * c, 1.0, &mut r);
     let run = |x: &[f32]| {
         let (out, saved) = (
-            be.alloc(b * t * c).unwrap(),
-            be.alloc(be.attention_saved_len(b, t, nh)).unwrap(),
+            be.alloc::<f32>(b * t * c).unwrap(),
+            be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap(),
         );
-        unsafe { be.attention_forward(out.ptr(), saved.ptr(), upload(&be, x).ptr(), b, t, c, nh) };
+        unsafe { be.attention_forward(out.ptr().cast(), saved.ptr().cast(), upload(&be, x).ptr().cast(), b, t, c, nh) };
         read(&be, &out)
     };
     let before = run(&x);
@@ -253,12 +253,12 @@ fn gelu_backward_matches_finite_differences() {
     let n = 50;
     let mut r = rng(6);
     let inp = upload(&be, &randn(n, 3.0, &mut r));
-    let out = be.alloc(n).unwrap();
+    let out = be.alloc::<f32>(n).unwrap();
     let rw = randn(n, 1.0, &mut r);
-    let dinp = be.alloc(n).unwrap();
-    unsafe { be.gelu_backward(dinp.ptr(), inp.ptr(), upload(&be, &rw).ptr(), n) };
+    let dinp = be.alloc::<f32>(n).unwrap();
+    unsafe { be.gelu_backward(dinp.ptr().cast(), inp.ptr().cast(), upload(&be, &rw).ptr().cast(), n) };
     let mut f = || {
-        unsafe { be.gelu_forward(out.ptr(), inp.ptr(), n) };
+        unsafe { be.gelu_forward(out.ptr().cast(), inp.ptr().cast(), n) };
         weighted(&be, &out, &rw)
     };
     check("dgelu", &be, &inp, &read(&be, &dinp), &mut f);
@@ -271,12 +271,12 @@ fn crossentropy_backward_matches_finite_differences() {
     let mut r = rng(7);
     let logits = upload(&be, &randn(bt * vp, 2.0, &mut r));
     let tg = tokens(&be, &[0, 3, 8, 3]);
-    let losses = be.alloc(bt).unwrap();
-    let dlogits = be.alloc(bt * vp).unwrap();
+    let losses = be.alloc::<f32>(bt).unwrap();
+    let dlogits = be.alloc::<f32>(bt * vp).unwrap();
     let dloss = 0.7;
-    unsafe { be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), dloss, bt, v, vp) };
+    unsafe { be.crossentropy_backward(dlogits.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), dloss, bt, v, vp) };
     let mut f = || {
-        unsafe { be.crossentropy_forward(losses.ptr(), logits.ptr(), tg.ptr(), bt, v, vp) };
+        unsafe { be.crossentropy_forward(losses.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), bt, v, vp) };
         read(&be, &losses).iter().map(|&l| l as f64 * dloss as f64).sum()
     };
     let d = read(&be, &dlogits);
@@ -298,10 +298,10 @@ fn in_place_crossentropy_backward_equals_the_accumulating_one_into_zeros() {
     let mut r = rng(12);
     let x = randn(bt * vp, 3.0, &mut r);
     let (logits, tg) = (upload(&be, &x), tokens(&be, &[0, 10, 4, 4, 7]));
-    let (dlogits, losses) = (be.alloc(bt * vp).unwrap(), be.alloc(bt).unwrap());
-    unsafe { be.crossentropy_forward(losses.ptr(), logits.ptr(), tg.ptr(), bt, v, vp) };
-    unsafe { be.crossentropy_backward(dlogits.ptr(), logits.ptr(), tg.ptr(), 0.3, bt, v, vp) };
-    unsafe { be.crossentropy_backward_in_place(logits.ptr(), losses.ptr(), tg.ptr(), 0.3, bt, v, vp) };
+    let (dlogits, losses) = (be.alloc::<f32>(bt * vp).unwrap(), be.alloc::<f32>(bt).unwrap());
+    unsafe { be.crossentropy_forward(losses.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), bt, v, vp) };
+    unsafe { be.crossentropy_backward(dlogits.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), 0.3, bt, v, vp) };
+    unsafe { be.crossentropy_backward_in_place(logits.ptr().cast(), losses.ptr().cast(), tg.ptr().cast(), 0.3, bt, v, vp) };
     let (want, got) = (read(&be, &dlogits), read(&be, &logits));
     let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
@@ -315,8 +315,8 @@ fn add_is_elementwise_sum() {
     let be = be();
     let mut r = rng(13);
     let (a, b) = (randn(40_000, 1.0, &mut r), randn(40_000, 1.0, &mut r));
-    let (da, db, out) = (upload(&be, &a), upload(&be, &b), be.alloc(40_000).unwrap());
-    unsafe { be.add(out.ptr(), da.ptr(), db.ptr(), 40_000) };
+    let (da, db, out) = (upload(&be, &a), upload(&be, &b), be.alloc::<f32>(40_000).unwrap());
+    unsafe { be.add(out.ptr().cast(), da.ptr().cast(), db.ptr().cast(), 40_000) };
     let got = read(&be, &out);
     assert!(got.iter().zip(a.iter().zip(&b)).all(|(o, (x, y))| *o == x + y));
 }
@@ -343,7 +343,7 @@ fn adamw_matches_the_reference_formula() {
         weight_decay: 0.1,
         t: 3,
     };
-    unsafe { be.adamw(p.ptr(), gb.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp) };
+    unsafe { be.adamw(p.ptr().cast(), gb.ptr().cast(), m.ptr().cast(), v.ptr().cast(), n, scale.ptr().cast(), hp, None) };
     let (pn, mn, vn) = (read(&be, &p), read(&be, &m), read(&be, &v));
     for i in 0..n {
         let gi = g[i] as f64 * 0.5;
@@ -363,14 +363,14 @@ fn adamw_matches_the_reference_formula() {
 fn clip_factor_and_sum_squares() {
     let be = be();
     let g = upload(&be, &[3.0, 4.0]);
-    let s = be.alloc(4).unwrap();
-    unsafe { be.sum_squares(s.ptr(), g.ptr(), 2) };
-    unsafe { be.clip_factor(s.ptr().add(1), s.ptr(), 1.0) };
+    let s = be.alloc::<f32>(4).unwrap();
+    unsafe { be.sum_squares(s.ptr().cast(), g.ptr().cast(), 2) };
+    unsafe { be.clip_factor(s.ptr().add(1), s.ptr().cast(), 1.0) };
     let v = read(&be, &s);
     assert_eq!(v[0], 25.0);
     assert_eq!(v[1], 5.0);
     assert!((v[2] - 0.2).abs() < 1e-6);
-    unsafe { be.clip_factor(s.ptr().add(1), s.ptr(), 10.0) };
+    unsafe { be.clip_factor(s.ptr().add(1), s.ptr().cast(), 10.0) };
     assert_eq!(read(&be, &s)[2], 1.0, "no clipping under the ceiling");
 }
 

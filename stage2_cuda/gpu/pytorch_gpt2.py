@@ -1,9 +1,14 @@
-"""PyTorch eager baseline for `stage2_cuda bench`: GPT-2 124M defined as ours is (pre-LN, GELU tanh,
-tied wte, vocabulary padded to 50304, AdamW with betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
-matrices and embeddings, global grad-norm clip 1.0), trained on random tokens; prints one JSON line.
+"""PyTorch baseline for `stage2_cuda bench`: GPT-2 124M (or medium) defined as ours is (pre-LN, GELU
+tanh, tied wte, vocabulary padded to 50304, AdamW with betas (0.9, 0.95), eps 1e-8, weight decay 0.1
+on matrices and embeddings, global grad-norm clip 1.0), trained on random tokens; prints one JSON line.
 
-    python3 pytorch_gpt2.py --precision fp32|tf32 [--batch 16 --seq-len 1024 --steps 10 --warmup 3]
+    python3 pytorch_gpt2.py --precision fp32|tf32|bf16 [--compile] [--model gpt2|gpt2-medium]
+                            [--batch 16 --seq-len 1024 --steps 10 --warmup 3]
     python3 pytorch_gpt2.py --ceilings      # copy bandwidth and 8192^3 matmul rates, one JSON line
+
+bf16 is PyTorch's usual mixed precision, as nanoGPT trains: fp32 master weights, the forward and
+backward under torch.autocast(bfloat16), TF32 allowed for what stays fp32, fused AdamW. --compile
+wraps the model in torch.compile (default mode); the warm-up steps include its compilation.
 
 Attention is F.scaled_dot_product_attention(is_causal=True), which in fp32 eager picks the memory-
 efficient kernel; the loss runs over all 50304 padded logits (nanoGPT's way: no slicing copy, the
@@ -66,7 +71,7 @@ class GPT2(nn.Module):
 
 
 def set_precision(precision):
-    tf32 = precision == "tf32"
+    tf32 = precision in ("tf32", "bf16")
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
 
@@ -75,7 +80,8 @@ def bench(args):
     set_precision(args.precision)
     torch.manual_seed(1)
     dev = torch.device("cuda")
-    model = GPT2().to(dev)
+    layers, heads, width = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}[args.model]
+    model = GPT2(layers, heads, width, max(1024, args.seq_len)).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -83,13 +89,16 @@ def bench(args):
         lr=1e-4,
         betas=(0.9, 0.95),
         eps=1e-8,
+        fused=args.precision == "bf16",
     )
+    forward = torch.compile(model) if args.compile else model
     b, t = args.batch, args.seq_len
     gen = torch.Generator(device=dev).manual_seed(0)
 
     def step():
         data = torch.randint(0, VOCAB, (b, t + 1), device=dev, generator=gen)
-        loss = model(data[:, :-1], data[:, 1:])
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = forward(data[:, :-1], data[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -109,12 +118,13 @@ def bench(args):
     layers, width = len(model.blocks), model.lnf.weight.numel()
     tokens_per_s = b * t * args.steps / secs
     flops = (6 * n + 6 * layers * width * t) * tokens_per_s  # llm.c's 6N + 6LCT per token
-    peak = {"fp32": 67e12, "tf32": 495e12}[args.precision]  # H100/H200 SXM dense datasheet
+    peak = {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12}[args.precision]  # H100/H200 SXM dense datasheet
     name = torch.cuda.get_device_name()
     print(
         json.dumps(
             {
-                "impl": "pytorch-eager",
+                "impl": "pytorch-compile" if args.compile else "pytorch-eager",
+                "model": args.model,
                 "torch": torch.__version__,
                 "device": name,
                 "precision": args.precision,
@@ -159,12 +169,16 @@ def ceilings():
     for precision in ("fp32", "tf32"):
         set_precision(precision)
         out[f"matmul_{precision}_tflops"] = 2 * 8192**3 / timed(lambda: a @ b) / 1e12
+    a, b = a.bfloat16(), b.bfloat16()
+    out["matmul_bf16_tflops"] = 2 * 8192**3 / timed(lambda: a @ b) / 1e12
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--precision", choices=["fp32", "tf32"], default="tf32")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="tf32")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--model", choices=["gpt2", "gpt2-medium"], default="gpt2")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)

@@ -124,7 +124,7 @@ fn train_then_generate_on_the_gpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bench_prints_json_with_throughput_memory_and_mfu() {
-    for precision in ["fp32", "tf32"] {
+    for precision in ["fp32", "tf32", "bf16"] {
         let o = run(&[
             "bench",
             "--model",
@@ -236,7 +236,7 @@ fn gpu_run(data: &Path, out: &Path, precision: &str, extra: &[&str]) {
 fn same_seed_runs_are_identical_on_the_gpu() {
     let d = tmpdir("deterministic");
     let data = corpus(&d);
-    for precision in ["fp32", "tf32"] {
+    for precision in ["fp32", "tf32", "bf16"] {
         let (a, b) = (d.join(format!("{precision}-a")), d.join(format!("{precision}-b")));
         gpu_run(&data, &a, precision, &["--steps", "40"]);
         gpu_run(&data, &b, precision, &["--steps", "40"]);
@@ -249,7 +249,7 @@ fn same_seed_runs_are_identical_on_the_gpu() {
 fn a_stopped_and_resumed_gpu_run_is_the_same_run() {
     let d = tmpdir("resume");
     let data = corpus(&d);
-    for precision in ["fp32", "tf32"] {
+    for precision in ["fp32", "tf32", "bf16"] {
         let (straight, cut) = (
             d.join(format!("{precision}-straight")),
             d.join(format!("{precision}-cut")),

@@ -1,25 +1,46 @@
 //! Reverse mode: the tape walked backwards, each op's backward kernel accumulating into its
 //! inputs' gradients, activation gradients recycled as soon as they are consumed.
 
-use super::{Graph, Node, Op, Tensor};
-use crate::backend::{Backend, DevPtr, DeviceBuffer};
+use super::{Graph, Kind, Node, Op, Tensor};
+use crate::backend::{Act, Backend, DevPtr, DeviceBuffer};
 use crate::error::Result;
 
 impl<B: Backend> Graph<'_, B> {
     // ---- backward -------------------------------------------------------------------
 
-    /// Gradient slot of `x`, allocated (zeroed) from the pool on first use.
-    fn grad_slot(&mut self, x: Tensor) -> Result<DevPtr> {
-        if let Some(g) = self.values[x.0].grad {
-            return Ok(g);
-        }
+    /// Gradient slot of activation `x` (activation-typed), allocated (zeroed) from the pool
+    /// on first use.
+    fn act_grad(&mut self, x: Tensor) -> Result<DevPtr<Act>> {
+        assert_eq!(self.values[x.0].kind, Kind::Activation, "an op's input is an activation");
+        let act = self.act();
+        self.grad_slot(x, act.words(self.numel(x)), |be, p, n| unsafe { be.zero_act(p.cast(), n) })
+            .map(DevPtr::cast)
+    }
+
+    /// Gradient slot of parameter `x` (f32): its view of the gradient buffer, or a zeroed
+    /// pooled buffer when the graph was given none.
+    fn param_grad(&mut self, x: Tensor) -> Result<DevPtr> {
+        assert_eq!(self.values[x.0].kind, Kind::Param, "an op's weight is a parameter");
+        self.grad_slot(x, self.numel(x), |be, p, n| unsafe { be.zero(p, n) })
+    }
+
+    fn numel(&self, x: Tensor) -> usize {
         let [r, c] = self.values[x.0].shape;
-        let buf = self.pool.take(self.be, r * c)?;
-        // SAFETY: a pooled buffer of at least r·c values.
-        unsafe { self.be.zero(buf.ptr(), r * c) };
+        r * c
+    }
+
+    /// `x`'s gradient address, or a pooled buffer of `words` that `zero(be, ptr, numel)`
+    /// clears, kept as `x`'s gradient until its producer's backward has consumed it.
+    fn grad_slot(&mut self, x: Tensor, words: usize, zero: impl Fn(&B, DevPtr, usize)) -> Result<DevPtr> {
+        if let Some(g) = self.values[x.0].grad {
+            return Ok(DevPtr::from_addr(g));
+        }
+        let buf = self.pool.take(self.be, words)?;
+        // SAFETY (in `zero`): a pooled buffer that holds numel(x) values of x's gradient type.
+        zero(self.be, buf.ptr(), self.numel(x));
         let g = buf.ptr();
         self.grads.insert(x.0, buf);
-        self.values[x.0].grad = Some(g);
+        self.values[x.0].grad = Some(g.addr());
         Ok(g)
     }
 
@@ -33,7 +54,7 @@ impl<B: Backend> Graph<'_, B> {
             .find(|&x| !self.is_param(x) && self.values[x.0].grad.is_none())?;
         let buf = self.grads.remove(&out.0)?;
         self.values[out.0].grad = None;
-        self.values[heir.0].grad = Some(buf.ptr());
+        self.values[heir.0].grad = Some(buf.ptr().addr());
         self.grads.insert(heir.0, buf);
         Some(heir)
     }
@@ -66,7 +87,7 @@ impl<B: Backend> Graph<'_, B> {
                 DevPtr::default()
             } else {
                 match self.values[node.out.0].grad {
-                    Some(g) => g,
+                    Some(g) => DevPtr::from_addr(g),
                     None => continue, // nothing downstream depends on this value
                 }
             };
@@ -81,7 +102,7 @@ impl<B: Backend> Graph<'_, B> {
         Ok(())
     }
 
-    fn backward_op(&mut self, tape: &[Node], node: &Node, dout: DevPtr, seed: f32) -> Result<()> {
+    fn backward_op(&mut self, tape: &[Node], node: &Node, dout: DevPtr<Act>, seed: f32) -> Result<()> {
         let be = self.be;
         let [r, c] = self.shape(node.out);
         // SAFETY: each op's operands were shape-checked when it was recorded, and gradient
@@ -95,7 +116,7 @@ impl<B: Backend> Graph<'_, B> {
         be: &B,
         tape: &[Node],
         node: &Node,
-        dout: DevPtr,
+        dout: DevPtr<Act>,
         seed: f32,
         r: usize,
         c: usize,
@@ -109,25 +130,25 @@ impl<B: Backend> Graph<'_, B> {
                 b,
                 t,
             } => {
-                let (dwte, dwpe) = (self.grad_slot(wte)?, self.grad_slot(wpe)?);
+                let (dwte, dwpe) = (self.param_grad(wte)?, self.param_grad(wpe)?);
                 be.encoder_backward(dwte, dwpe, dout, tokens, order, b, t, c);
             }
             Op::Matmul { inp, w, bias } => {
                 let [_, ic] = self.shape(inp);
-                let (dinp, dw) = (self.grad_slot(inp)?, self.grad_slot(w)?);
-                let dbias = bias.map(|b| self.grad_slot(b)).transpose()?;
+                let (dinp, dw) = (self.act_grad(inp)?, self.param_grad(w)?);
+                let dbias = bias.map(|b| self.param_grad(b)).transpose()?;
                 be.matmul_backward(dinp, dw, dbias, dout, self.ptr(inp), self.ptr(w), r, ic, c);
             }
             Op::LayerNorm { inp, w, b, mean, rstd } => {
-                let (dinp, dw, db) = (self.grad_slot(inp)?, self.grad_slot(w)?, self.grad_slot(b)?);
+                let (dinp, dw, db) = (self.act_grad(inp)?, self.param_grad(w)?, self.param_grad(b)?);
                 be.layernorm_backward(dinp, dw, db, dout, self.ptr(inp), self.ptr(w), mean, rstd, r, c);
             }
             Op::Attention { qkv, saved, b, t, nh } => {
-                let dqkv = self.grad_slot(qkv)?;
+                let dqkv = self.act_grad(qkv)?;
                 be.attention_backward(dqkv, dout, self.ptr(qkv), self.ptr(node.out), saved, b, t, c, nh);
             }
             Op::Gelu { inp } => {
-                let dinp = self.grad_slot(inp)?;
+                let dinp = self.act_grad(inp)?;
                 be.gelu_backward(dinp, self.ptr(inp), dout, r * c);
             }
             Op::Add { a, b } => {
@@ -135,8 +156,8 @@ impl<B: Backend> Graph<'_, B> {
                 let heir = if a != b { self.hand_down(node.out, [b, a]) } else { None };
                 for x in [a, b] {
                     if Some(x) != heir {
-                        let dx = self.grad_slot(x)?;
-                        be.accumulate(dx, dout, r * c);
+                        let dx = self.act_grad(x)?;
+                        be.accumulate_act(dx, dout, r * c);
                     }
                 }
             }
@@ -154,9 +175,9 @@ impl<B: Backend> Graph<'_, B> {
                     // trick), which saves a (R, Vp) buffer, its zeroing and a read.
                     let p = self.ptr(logits);
                     be.crossentropy_backward_in_place(p, losses, targets, dloss, rows, v, vp);
-                    self.values[logits.0].grad = Some(p);
+                    self.values[logits.0].grad = Some(p.addr());
                 } else {
-                    let dlogits = self.grad_slot(logits)?;
+                    let dlogits = self.act_grad(logits)?;
                     be.crossentropy_backward(dlogits, self.ptr(logits), targets, dloss, rows, v, vp);
                 }
             }

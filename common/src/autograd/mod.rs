@@ -22,7 +22,7 @@ mod pool;
 
 pub use pool::Pool;
 
-use crate::backend::{check_range, token_order, Backend, DevPtr, DeviceBuffer};
+use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -31,13 +31,27 @@ use std::ops::Range;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tensor(usize);
 
+/// What a value is, which fixes its element type and its gradient's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A view of the model's weights, in the activation type; its gradient is f32, a view
+    /// of the flat gradient buffer.
+    Param,
+    /// An op's output, in the activation type; so is its pooled gradient.
+    Activation,
+    /// An f32 result (the mean loss): read, never back-propagated through.
+    Scalar,
+}
+
 struct Value {
-    ptr: DevPtr,
+    /// Address of the data: `DevPtr<Act>` for parameters and activations, f32 for scalars.
+    addr: u64,
     /// (rows, cols): every activation here is a matrix, e.g. (B·T, C).
     shape: [usize; 2],
-    /// Gradient location: fixed for parameters, pooled for activations.
-    grad: Option<DevPtr>,
-    is_param: bool,
+    /// Address of the gradient: f32 for parameters (fixed), activation-typed and pooled
+    /// for activations.
+    grad: Option<u64>,
+    kind: Kind,
 }
 
 /// One recorded op: what its backward needs (inputs, saved state, dimensions).
@@ -127,83 +141,123 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.be
     }
 
-    pub fn ptr(&self, x: Tensor) -> DevPtr {
-        self.values[x.0].ptr
+    /// The data of a parameter or an activation.
+    pub fn ptr(&self, x: Tensor) -> DevPtr<Act> {
+        assert_ne!(self.values[x.0].kind, Kind::Scalar, "ptr: an f32 scalar has no activation data");
+        DevPtr::from_addr(self.values[x.0].addr)
+    }
+
+    /// The data of an f32 scalar value.
+    fn scalar_ptr(&self, x: Tensor) -> DevPtr {
+        assert_eq!(self.values[x.0].kind, Kind::Scalar, "not an f32 scalar");
+        DevPtr::from_addr(self.values[x.0].addr)
+    }
+
+    fn act(&self) -> ActType {
+        self.be.act()
     }
 
     pub fn shape(&self, x: Tensor) -> [usize; 2] {
         self.values[x.0].shape
     }
 
-    /// A parameter of `shape` at `range` of `params`, its gradient accumulated at the same
-    /// range of `grads` (when given). Both are borrowed for the graph's lifetime.
+    /// A parameter of `shape` at `range` of the model's flat buffers, borrowed for the
+    /// graph's lifetime: the forward pass reads `params` (f32), or under a bf16 backend their
+    /// bf16 `copy`; the gradient accumulates at the same range of `grads` (when given).
     pub fn param(
         &mut self,
         params: &'a B::Buffer<f32>,
+        copy: Option<&'a B::Buffer<bf16>>,
         grads: Option<&'a B::Buffer<f32>>,
         range: Range<usize>,
         shape: [usize; 2],
     ) -> Result<Tensor> {
         assert_eq!(range.len(), shape[0] * shape[1], "param: range and shape differ");
-        check_range("parameter", params.len(), range.start, range.len())?;
+        let data = match (self.act(), copy) {
+            (ActType::F32, _) => {
+                check_range("parameter", params.len(), range.start, range.len())?;
+                params.ptr().add(range.start).addr()
+            }
+            (ActType::Bf16, Some(copy)) => {
+                check_range("parameter (bf16 copy)", copy.len(), range.start, range.len())?;
+                copy.ptr().add(range.start).addr()
+            }
+            (ActType::Bf16, None) => {
+                return Err(Error::Device(
+                    "a bf16 backend reads the parameters' bf16 copy, and none was given".into(),
+                ))
+            }
+        };
         if let Some(g) = grads {
             check_range("parameter gradient", g.len(), range.start, range.len())?;
         }
-        let grad = grads.map(|g| g.ptr().add(range.start));
-        Ok(self.push(params.ptr().add(range.start), shape, grad, true))
+        let grad = grads.map(|g| g.ptr().add(range.start).addr());
+        Ok(self.push(data, shape, grad, Kind::Param))
     }
 
     /// Copies token ids to backend memory for the graph's lifetime.
     fn tokens(&mut self, ids: &[i32]) -> Result<DevPtr<i32>> {
-        let p = self.alloc(ids.len())?.cast::<i32>();
+        let p = self.alloc_words(ids.len())?.cast::<i32>();
         // SAFETY: a fresh pooled buffer of `ids.len()` 4-byte elements.
         unsafe { self.be.upload(p, ids)? };
         Ok(p)
     }
 
-    /// Copies the first `dst.len()` values of `x` into `dst`.
+    /// Copies the first `dst.len()` values of `x` into `dst` (as f32, whatever `x` holds).
     pub fn read(&self, x: Tensor, dst: &mut [f32]) -> Result<()> {
         let [r, c] = self.shape(x);
         check_range("read", r * c, 0, dst.len())?;
         // SAFETY: `x` holds r·c values (checked above against `dst`).
-        unsafe { self.be.download(self.ptr(x), dst) }
+        unsafe {
+            match self.values[x.0].kind {
+                Kind::Scalar => self.be.download(self.scalar_ptr(x), dst),
+                Kind::Param | Kind::Activation => self.be.download_act(self.ptr(x), dst),
+            }
+        }
     }
 
-    /// Writes `x` over `dst[at..at + len(x)]`, or adds it there when `add` (e.g. the loss,
-    /// into the optimiser's stats).
+    /// Writes the f32 scalar `x` over `dst[at..at + len(x)]`, or adds it there when `add`
+    /// (the loss, into the optimiser's stats).
     pub fn copy_into(&self, x: Tensor, dst: &B::Buffer<f32>, at: usize, add: bool) -> Result<()> {
         let [r, c] = self.shape(x);
         check_range("copy", dst.len(), at, r * c)?;
+        let src = self.scalar_ptr(x);
         // SAFETY: the range was checked against the live buffer `dst`; `x` holds r·c values.
         unsafe {
             if !add {
                 self.be.zero(dst.ptr().add(at), r * c);
             }
-            self.be.accumulate(dst.ptr().add(at), self.ptr(x), r * c);
+            self.be.accumulate(dst.ptr().add(at), src, r * c);
         }
         Ok(())
     }
 
-    fn push(&mut self, ptr: DevPtr, shape: [usize; 2], grad: Option<DevPtr>, is_param: bool) -> Tensor {
+    fn push(&mut self, addr: u64, shape: [usize; 2], grad: Option<u64>, kind: Kind) -> Tensor {
         self.values.push(Value {
-            ptr,
+            addr,
             shape,
             grad,
-            is_param,
+            kind,
         });
         Tensor(self.values.len() - 1)
     }
 
-    fn alloc(&mut self, n: usize) -> Result<DevPtr> {
-        let buf = self.pool.take(self.be, n)?;
+    /// A pooled buffer of `words` 4-byte words, held for the graph's lifetime.
+    fn alloc_words(&mut self, words: usize) -> Result<DevPtr> {
+        let buf = self.pool.take(self.be, words)?;
         let p = buf.ptr();
         self.held.push(buf);
         Ok(p)
     }
 
+    /// `n` f32 values (saved statistics, losses) for the graph's lifetime.
+    fn alloc_f32(&mut self, n: usize) -> Result<DevPtr> {
+        self.alloc_words(n)
+    }
+
     fn output(&mut self, shape: [usize; 2], op: Op) -> Result<Tensor> {
-        let p = self.alloc(shape[0] * shape[1])?;
-        let out = self.push(p, shape, None, false);
+        let p = self.alloc_words(self.act().words(shape[0] * shape[1]))?;
+        let out = self.push(p.addr(), shape, None, Kind::Activation);
         if self.record {
             self.tape.push(Node { op, out });
         }
@@ -266,7 +320,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             self.shape(w) == [1, c] && self.shape(b) == [1, c],
             "layernorm: w and b must be (1, C)"
         );
-        let (mean, rstd) = (self.alloc(r)?, self.alloc(r)?);
+        let (mean, rstd) = (self.alloc_f32(r)?, self.alloc_f32(r)?);
         let out = self.output([r, c], Op::LayerNorm { inp, w, b, mean, rstd })?;
         // SAFETY: shapes checked above; mean and rstd hold r values.
         unsafe {
@@ -282,7 +336,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert!(r == b * t && c3 % 3 == 0, "attention: qkv must be (B·T, 3C)");
         let c = c3 / 3;
         assert!(nh > 0 && c % nh == 0, "attention: {nh} heads do not divide C = {c}");
-        let saved = self.alloc(self.be.attention_saved_len(b, t, nh))?;
+        let saved = self.alloc_f32(self.be.attention_saved_len(b, t, nh))?;
         let out = self.output([r, c], Op::Attention { qkv, saved, b, t, nh })?;
         // SAFETY: shapes checked above; `saved` is the length the backend asked for.
         unsafe {
@@ -319,21 +373,23 @@ impl<'a, B: Backend> Graph<'a, B> {
         );
         check_ids("target id", targets, v)?;
         let targets = self.tokens(targets)?;
-        let losses = self.alloc(r)?;
-        let out = self.output(
-            [1, 1],
-            Op::CrossEntropy {
+        let losses = self.alloc_f32(r)?;
+        let mean = self.alloc_f32(1)?;
+        let out = self.push(mean.addr(), [1, 1], None, Kind::Scalar);
+        if self.record {
+            let op = Op::CrossEntropy {
                 logits,
                 targets,
                 losses,
                 v,
-            },
-        )?;
+            };
+            self.tape.push(Node { op, out });
+        }
         // SAFETY: shapes checked above; every target is below v.
         unsafe {
             self.be
                 .crossentropy_forward(losses, self.ptr(logits), targets, r, v, vp);
-            self.be.mean(self.ptr(out), losses, r);
+            self.be.mean(mean, losses, r);
         }
         Ok(out)
     }
@@ -344,8 +400,8 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert!(!self.record, "rows() views are for forward-only graphs");
         let [r, c] = self.shape(x);
         assert!(start + n <= r);
-        let p = self.ptr(x).add(start * c);
-        self.push(p, [n, c], None, false)
+        let p = self.ptr(x).offset(start * c, self.act());
+        self.push(p.addr(), [n, c], None, self.values[x.0].kind)
     }
 
     /// Leaves `label` on the tape; `backward_with` reports it once everything recorded
@@ -362,7 +418,7 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     /// Is `x` a parameter (memory owned outside the graph)?
     pub fn is_param(&self, x: Tensor) -> bool {
-        self.values[x.0].is_param
+        self.values[x.0].kind == Kind::Param
     }
 }
 

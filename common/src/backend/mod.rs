@@ -4,8 +4,11 @@
 //!
 //! Memory model, llm.c style: a backend hands out typed buffers ([`DeviceBuffer`]: an
 //! element type and a length) and every op takes raw [`DevPtr`]s plus its dimensions.
-//! Activations are f32; token ids are i32. Backward ops always ACCUMULATE (`+=`) into
-//! their gradient outputs; callers zero gradients first.
+//! Activations, their gradients and the weights the forward pass reads have the backend's
+//! activation type ([`DevPtr<Act>`], [`ActType`]: f32, or bf16 under [`Precision::Bf16`]);
+//! parameter gradients, optimiser state, losses and layer statistics are always f32; token
+//! ids are i32. Backward ops always ACCUMULATE (`+=`) into their gradient outputs; callers
+//! zero gradients first.
 //!
 //! # Safety
 //!
@@ -28,6 +31,36 @@ use std::marker::PhantomData;
 pub trait Elem: bytemuck::Pod + Send + Sync + 'static {}
 impl Elem for f32 {}
 impl Elem for i32 {}
+impl Elem for bf16 {}
+
+pub use half::bf16;
+
+/// Marker for "an element of the backend's activation type" ([`Backend::act`]): a
+/// `DevPtr<Act>` addresses f32 or bf16 values, which only the backend knows, so it has no
+/// [`DevPtr::add`]; [`DevPtr::offset`] takes the type.
+pub enum Act {}
+
+/// What activations are stored as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActType {
+    F32,
+    Bf16,
+}
+
+impl ActType {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            ActType::F32 => 4,
+            ActType::Bf16 => 2,
+        }
+    }
+
+    /// 4-byte words that hold `n` elements (pooled memory is counted in words).
+    pub fn words(self, n: usize) -> usize {
+        (n * self.bytes()).div_ceil(4)
+    }
+}
 
 /// Address of an element of type `T` in a backend's memory (a host address on the CPU, a
 /// `CUdeviceptr` on the GPU). Making or moving one is safe; reading or writing through it
@@ -72,15 +105,24 @@ impl<T> DevPtr<T> {
         self.addr
     }
 
+    /// The same address, read as another element type.
+    pub fn cast<U>(self) -> DevPtr<U> {
+        DevPtr::from_addr(self.addr)
+    }
+}
+
+impl<T: Elem> DevPtr<T> {
     /// The pointer `n` elements further on.
     #[allow(clippy::should_implement_trait)]
     pub fn add(self, n: usize) -> Self {
         DevPtr::from_addr(self.addr + (n * std::mem::size_of::<T>()) as u64)
     }
+}
 
-    /// The same address, read as another element type.
-    pub fn cast<U>(self) -> DevPtr<U> {
-        DevPtr::from_addr(self.addr)
+impl DevPtr<Act> {
+    /// The pointer `n` activations of type `act` further on.
+    pub fn offset(self, n: usize, act: ActType) -> Self {
+        DevPtr::from_addr(self.addr + (n * act.bytes()) as u64)
     }
 }
 
@@ -112,13 +154,17 @@ pub fn check_range(what: &str, len: usize, at: usize, n: usize) -> Result<()> {
     }
 }
 
-/// Arithmetic precision of a backend's matrix products (the CPU backend is always fp32).
+/// Arithmetic precision of a backend (the CPU backend is always fp32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
     /// Strict IEEE fp32 everywhere.
     Fp32,
     /// fp32 storage, TF32 tensor-core matrix products.
     Tf32,
+    /// Mixed precision: bf16 activations, activation gradients and weight copy, fp32
+    /// accumulation in every product and reduction; fp32 master weights, parameter
+    /// gradients and AdamW moments; layernorm statistics, softmax and the loss in fp32.
+    Bf16,
 }
 
 impl Precision {
@@ -126,6 +172,15 @@ impl Precision {
         match self {
             Precision::Fp32 => "fp32",
             Precision::Tf32 => "tf32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// How activations are stored at this precision.
+    pub fn act(self) -> ActType {
+        match self {
+            Precision::Fp32 | Precision::Tf32 => ActType::F32,
+            Precision::Bf16 => ActType::Bf16,
         }
     }
 }
@@ -144,12 +199,24 @@ pub struct AdamWStep {
 
 /// Dimensions shared by most ops: `bt` rows (batch × time) of width `c`.
 /// Naming follows llm.c: B batch, T time, C channels, OC output channels, NH heads,
-/// V vocabulary, Vp padded vocabulary.
+/// V vocabulary, Vp padded vocabulary. `DevPtr<Act>` operands hold [`Backend::act`]
+/// elements; plain `DevPtr` operands hold f32.
 pub trait Backend {
     type Buffer<T: Elem>: DeviceBuffer<T>;
 
     /// Short human name, e.g. "cpu (2 threads)" or "NVIDIA H100 80GB HBM3".
     fn name(&self) -> String;
+
+    /// The element type of activations, their gradients and the weights the forward pass
+    /// reads (f32 unless the backend computes in bf16).
+    fn act(&self) -> ActType {
+        self.precision().act()
+    }
+
+    /// What the backend computes in (the CPU: fp32).
+    fn precision(&self) -> Precision {
+        Precision::Fp32
+    }
 
     // ---- memory: the safe, bounds-checked entry points --------------------------------
     /// A zero-filled buffer of `n` elements.
@@ -170,7 +237,7 @@ pub trait Backend {
     }
 
     /// Sets every element of `buf` to 0.
-    fn zero_buffer(&self, buf: &Self::Buffer<f32>) {
+    fn zero_buffer<T: Elem>(&self, buf: &Self::Buffer<T>) {
         // SAFETY: the whole of a live buffer.
         unsafe { self.zero(buf.ptr(), buf.len()) }
     }
@@ -190,18 +257,63 @@ pub trait Backend {
     /// # Safety
     /// `src`: `dst.len()` elements.
     unsafe fn download<T: Elem>(&self, src: DevPtr<T>, dst: &mut [T]) -> Result<()>;
+    /// Activations from f32 values, rounded to nearest-even when the type is bf16.
+    /// # Safety
+    /// `dst`: `src.len()` activations.
+    unsafe fn upload_act(&self, dst: DevPtr<Act>, src: &[f32]) -> Result<()> {
+        match self.act() {
+            ActType::F32 => self.upload(dst.cast::<f32>(), src),
+            ActType::Bf16 => {
+                let host: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
+                self.upload(dst.cast::<bf16>(), &host)
+            }
+        }
+    }
+    /// Activations as f32 values (exactly: every bf16 is an f32).
+    /// # Safety
+    /// `src`: `dst.len()` activations.
+    unsafe fn download_act(&self, src: DevPtr<Act>, dst: &mut [f32]) -> Result<()> {
+        match self.act() {
+            ActType::F32 => self.download(src.cast::<f32>(), dst),
+            ActType::Bf16 => {
+                let mut host = vec![bf16::ZERO; dst.len()];
+                self.download(src.cast::<bf16>(), &mut host)?;
+                for (d, h) in dst.iter_mut().zip(host) {
+                    *d = h.to_f32();
+                }
+                Ok(())
+            }
+        }
+    }
     /// # Safety
     /// `dst`: `n` elements.
-    unsafe fn zero(&self, dst: DevPtr, n: usize);
-    /// `dst += src`, elementwise over `n` values.
+    unsafe fn zero<T: Elem>(&self, dst: DevPtr<T>, n: usize);
+    /// # Safety
+    /// `dst`: `n` activations.
+    unsafe fn zero_act(&self, dst: DevPtr<Act>, n: usize) {
+        match self.act() {
+            ActType::F32 => self.zero(dst.cast::<f32>(), n),
+            ActType::Bf16 => self.zero(dst.cast::<bf16>(), n),
+        }
+    }
+    /// `dst = bf16(src)`, rounded to nearest-even, over `n` values: the weight copy the
+    /// forward pass reads under bf16, refreshed after the master weights change.
+    /// # Safety
+    /// `dst`, `src`: `n` elements each.
+    unsafe fn round_to_bf16(&self, dst: DevPtr<bf16>, src: DevPtr, n: usize);
+    /// `dst += src`, elementwise over `n` f32 values.
     /// # Safety
     /// `dst`, `src`: `n` elements each; they may be the same pointer.
     unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize);
-    /// `out = a + b`, elementwise over `n` values, in one pass.
+    /// `dst += src`, elementwise over `n` activations (a gradient reaching a value twice).
     /// # Safety
-    /// `out`, `a`, `b`: `n` elements each; `out` distinct from both.
-    unsafe fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize);
-    /// `dst *= s`, elementwise over `n` values.
+    /// `dst`, `src`: `n` activations each; they may be the same pointer.
+    unsafe fn accumulate_act(&self, dst: DevPtr<Act>, src: DevPtr<Act>, n: usize);
+    /// `out = a + b`, elementwise over `n` activations, in one pass.
+    /// # Safety
+    /// `out`, `a`, `b`: `n` activations each; `out` distinct from both.
+    unsafe fn add(&self, out: DevPtr<Act>, a: DevPtr<Act>, b: DevPtr<Act>, n: usize);
+    /// `dst *= s`, elementwise over `n` f32 values.
     /// # Safety
     /// `dst`: `n` elements.
     unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32);
@@ -213,10 +325,10 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn encoder_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         tokens: DevPtr<i32>,
-        wte: DevPtr,
-        wpe: DevPtr,
+        wte: DevPtr<Act>,
+        wpe: DevPtr<Act>,
         b: usize,
         t: usize,
         c: usize,
@@ -231,7 +343,7 @@ pub trait Backend {
         &self,
         dwte: DevPtr,
         dwpe: DevPtr,
-        dout: DevPtr,
+        dout: DevPtr<Act>,
         tokens: DevPtr<i32>,
         order: DevPtr<i32>,
         b: usize,
@@ -245,10 +357,10 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn matmul_forward(
         &self,
-        out: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
-        bias: Option<DevPtr>,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: Option<DevPtr<Act>>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -259,12 +371,12 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn matmul_backward(
         &self,
-        dinp: DevPtr,
+        dinp: DevPtr<Act>,
         dw: DevPtr,
         dbias: Option<DevPtr>,
-        dout: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -276,12 +388,12 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn layernorm_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         mean: DevPtr,
         rstd: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
-        b: DevPtr,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        b: DevPtr<Act>,
         bt: usize,
         c: usize,
     );
@@ -290,19 +402,19 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn layernorm_backward(
         &self,
-        dinp: DevPtr,
+        dinp: DevPtr<Act>,
         dw: DevPtr,
         db: DevPtr,
-        dout: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
         mean: DevPtr,
         rstd: DevPtr,
         bt: usize,
         c: usize,
     );
 
-    /// Elements of saved state `attention_forward` needs for its backward (the backend
+    /// f32 elements of saved state `attention_forward` needs for its backward (the backend
     /// chooses: full probabilities on the CPU, log-sum-exp rows in a flash kernel).
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize;
     /// Causal multi-head self-attention: qkv (B,T,3C) → out (B,T,C).
@@ -311,9 +423,9 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn attention_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         saved: DevPtr,
-        qkv: DevPtr,
+        qkv: DevPtr<Act>,
         b: usize,
         t: usize,
         c: usize,
@@ -324,10 +436,10 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn attention_backward(
         &self,
-        dqkv: DevPtr,
-        dout: DevPtr,
-        qkv: DevPtr,
-        out: DevPtr,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        out: DevPtr<Act>,
         saved: DevPtr,
         b: usize,
         t: usize,
@@ -338,10 +450,10 @@ pub trait Backend {
     /// GELU, tanh approximation (GPT-2's).
     /// # Safety
     /// `out`, `inp`: `n` elements each.
-    unsafe fn gelu_forward(&self, out: DevPtr, inp: DevPtr, n: usize);
+    unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize);
     /// # Safety
     /// `dinp`, `inp`, `dout`: `n` elements each.
-    unsafe fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize);
+    unsafe fn gelu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize);
 
     /// `losses (BT) = -log softmax(logits[:, :V])[target]`, logits (BT,Vp), targets (BT).
     /// # Safety
@@ -350,7 +462,7 @@ pub trait Backend {
     unsafe fn crossentropy_forward(
         &self,
         losses: DevPtr,
-        logits: DevPtr,
+        logits: DevPtr<Act>,
         targets: DevPtr<i32>,
         bt: usize,
         v: usize,
@@ -362,8 +474,8 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn crossentropy_backward(
         &self,
-        dlogits: DevPtr,
-        logits: DevPtr,
+        dlogits: DevPtr<Act>,
+        logits: DevPtr<Act>,
         targets: DevPtr<i32>,
         dloss: f32,
         bt: usize,
@@ -380,7 +492,7 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn crossentropy_backward_in_place(
         &self,
-        logits: DevPtr,
+        logits: DevPtr<Act>,
         losses: DevPtr,
         targets: DevPtr<i32>,
         dloss: f32,
@@ -404,9 +516,10 @@ pub trait Backend {
     /// `out`: 2; `sumsq`: 1.
     unsafe fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32);
     /// One AdamW update of `n` parameters; gradients are first multiplied by
-    /// `grad_scale[0]` (the clipping factor, kept on the device).
+    /// `grad_scale[0]` (the clipping factor, kept on the device). With `copy`, the updated
+    /// parameters are also written there rounded to bf16, in the same pass.
     /// # Safety
-    /// `params`, `grads`, `m`, `v`: `n` elements each; `grad_scale`: 1.
+    /// `params`, `grads`, `m`, `v`: `n` elements each; `grad_scale`: 1; `copy`: `n`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn adamw(
         &self,
@@ -417,5 +530,6 @@ pub trait Backend {
         n: usize,
         grad_scale: DevPtr,
         hp: AdamWStep,
+        copy: Option<DevPtr<bf16>>,
     );
 }

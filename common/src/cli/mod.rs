@@ -26,6 +26,8 @@ pub enum PrecisionFlag {
     Fp32,
     /// fp32 storage, TF32 tensor-core matrix products.
     Tf32,
+    /// bf16 activations and weight copy, fp32 master weights, moments and accumulation.
+    Bf16,
 }
 
 impl From<PrecisionFlag> for Precision {
@@ -33,6 +35,7 @@ impl From<PrecisionFlag> for Precision {
         match flag {
             PrecisionFlag::Fp32 => Precision::Fp32,
             PrecisionFlag::Tf32 => Precision::Tf32,
+            PrecisionFlag::Bf16 => Precision::Bf16,
         }
     }
 }
@@ -146,7 +149,8 @@ pub struct DeviceArgs {
     /// cores / its ranks].
     #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
-    /// GPU stages: arithmetic of the matrix products [default: tf32].
+    /// GPU stages: storage and arithmetic: fp32, tf32 (fp32 storage, TF32 matrix products) or
+    /// bf16 (mixed precision) [default: tf32].
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionFlag>,
 }

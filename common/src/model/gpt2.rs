@@ -5,7 +5,7 @@
 use super::params::{Init, Param, ParamEntry};
 use super::{ModelConfig, ParamLayout};
 use crate::autograd::{Graph, Tensor};
-use crate::backend::Backend;
+use crate::backend::{bf16, ActType, Backend, DeviceBuffer};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -17,6 +17,9 @@ pub struct Gpt2<B: Backend> {
     pub params: B::Buffer<f32>,
     /// Gradients, same layout as `params`.
     pub grads: B::Buffer<f32>,
+    /// Under a bf16 backend, `params` rounded to bf16: what the forward pass reads. The
+    /// optimiser writes it with each update; [`Gpt2::refresh_copy`] after any other change.
+    pub params_bf16: Option<B::Buffer<bf16>>,
 }
 
 /// What a forward pass returns.
@@ -34,12 +37,30 @@ impl<B: Backend> Gpt2<B> {
         let layout = ParamLayout::new(&config);
         let params = be.alloc(layout.total)?;
         let grads = be.alloc(layout.total)?;
+        let params_bf16 = match be.act() {
+            ActType::F32 => None,
+            ActType::Bf16 => Some(be.alloc(layout.total)?),
+        };
         Ok(Gpt2 {
             config,
             layout,
             params,
             grads,
+            params_bf16,
         })
+    }
+
+    /// Rounds the master weights into the bf16 copy (when there is one): after the
+    /// parameters were written other than by the optimiser (initialised, loaded, averaged).
+    pub fn refresh_copy(&self, be: &B) -> Result<()> {
+        if let Some(copy) = &self.params_bf16 {
+            let n = self.layout.total;
+            crate::backend::check_range("bf16 copy", copy.len(), 0, n)?;
+            crate::backend::check_range("parameters", self.params.len(), 0, n)?;
+            // SAFETY: both buffers hold the layout's n values (checked above).
+            unsafe { be.round_to_bf16(copy.ptr(), self.params.ptr(), n) };
+        }
+        Ok(())
     }
 
     pub fn num_params(&self) -> usize {
@@ -63,7 +84,7 @@ impl<B: Backend> Gpt2<B> {
             }
             be.write(&self.params, e.range.start, &host)?;
         }
-        Ok(())
+        self.refresh_copy(be)
     }
 
     /// Builds the forward pass for `inputs` (B·T token ids) on `g`. With `targets`, also
@@ -82,7 +103,8 @@ impl<B: Backend> Gpt2<B> {
         let vocab = cfg.vocab_size;
         let grads = (targets.is_some() && !last_only).then_some(&self.grads);
         let lay = &self.layout;
-        let param = |g: &mut Graph<'a, B>, e: &ParamEntry| g.param(&self.params, grads, e.range.clone(), e.shape);
+        let copy = self.params_bf16.as_ref();
+        let param = |g: &mut Graph<'a, B>, e: &ParamEntry| g.param(&self.params, copy, grads, e.range.clone(), e.shape);
         let block = |g: &mut Graph<'a, B>, l: usize, p: Param| param(g, lay.block(l, p));
         // Token ids index the real vocabulary only (the padding rows of wte are never used).
         crate::autograd::check_ids("token id", inputs, vocab)?;

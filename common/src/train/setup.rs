@@ -103,8 +103,20 @@ impl<'a, B: Backend> Run<'a, B> {
             "batch": b, "seq_len": t, "lr": args.lr, "warmup": args.warmup, "min_lr_frac": args.min_lr_frac,
             "weight_decay": args.weight_decay, "grad_clip": args.grad_clip, "total_steps": total_steps,
             "val_fraction": args.val_fraction, "world": world, "sync_every": args.sync.sync_every,
-            "grad_accum": micro_batches,
+            "grad_accum": micro_batches, "precision": be.precision().name(),
         });
+        // Master weights and moments are fp32 in every precision, so a checkpoint resumes
+        // under any other; say so when it does.
+        let saved_precision = resumed.as_ref().and_then(|m| m.train.get("precision")?.as_str().map(String::from));
+        if let Some(saved) = saved_precision.filter(|p| p != be.precision().name()) {
+            if comm.is_root() {
+                eprintln!(
+                    "note: this checkpoint was trained in {saved} and resumes in {} (its weights and \
+                     moments are fp32, so nothing is lost; the losses will differ by the precisions' rounding)",
+                    be.precision().name()
+                );
+            }
+        }
 
         agree(comm, check_fits(be, &config, b / world / micro_batches, t))?;
         let mut trainer = Trainer::new(
@@ -325,7 +337,10 @@ pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize) 
             "a batch of {b}×{t} is too large for this model: one activation would hold {largest} values (at most 2^31)"
         );
     }
-    let bytes = 4 * (4 * config.num_params() as u128 + activations);
+    // f32 parameters, gradients and moments (+ the bf16 copy), activations in their type.
+    let act = be.act().bytes() as u128;
+    let copy = if act < 4 { act } else { 0 };
+    let bytes = (16 + copy) * config.num_params() as u128 + act * activations;
     if let Some(capacity) = be.memory_capacity_bytes().filter(|&c| bytes > c as u128) {
         let gib = |x: u128| x as f64 / (1u64 << 30) as f64;
         crate::bail_input!(

@@ -70,6 +70,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let mut host = self.fetch(&self.model.params)?;
             broadcast_f32(self.comm, &mut host)?;
             self.be.write(&self.model.params, 0, &host)?;
+            self.model.refresh_copy(self.be)?;
         }
         Ok(())
     }
@@ -106,12 +107,13 @@ impl<'a, B: Backend> Trainer<'a, B> {
         // Every rank sees the same averaged loss and (gradients summed) the same norm.
         stats.skipped = !(stats.loss.is_finite() && stats.grad_norm.is_finite());
         if !stats.skipped {
-            self.opt.step(be, &self.model.params, &self.model.grads, step)?;
+            let copy = self.model.params_bf16.as_ref();
+            self.opt.step(be, &self.model.params, copy, &self.model.grads, step)?;
         }
         let total_steps = self.opt.config.total_steps;
         comm_s += self
             .sync
-            .after_update(be, comm, &self.model.params, step, total_steps)?;
+            .after_update(be, comm, &self.model, step, total_steps)?;
         let total = started.elapsed().as_secs_f64();
         Ok(StepReport {
             stats,
@@ -160,7 +162,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             broadcast_f32(self.comm, host)?;
             self.be.write(dst, 0, host)?;
         }
-        Ok(())
+        self.model.refresh_copy(self.be)
     }
 
     /// Text continuing `prompt`, in printable form ([`crate::text::printable`]: control bytes

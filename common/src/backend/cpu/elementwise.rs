@@ -18,8 +18,8 @@ pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-pub(super) fn zero(dst: &mut [f32]) {
-    dst.par_chunks_mut(CHUNK).for_each(|c| c.fill(0.0));
+pub(super) fn zero<T: bytemuck::Pod + Send>(dst: &mut [T]) {
+    dst.par_chunks_mut(CHUNK).for_each(|c| c.fill(T::zeroed()));
 }
 
 pub(super) fn accumulate(dst: &mut [f32], src: &[f32]) {

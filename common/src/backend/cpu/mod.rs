@@ -20,7 +20,7 @@ mod loss;
 mod matmul;
 mod optim;
 
-use super::{AdamWStep, Backend, DevPtr, DeviceBuffer, Elem};
+use super::{bf16, AdamWStep, Act, Backend, DevPtr, DeviceBuffer, Elem};
 use crate::error::{Error, Result};
 use std::ptr::NonNull;
 
@@ -77,12 +77,31 @@ impl CpuBackend {
 // Under the Backend trait's contract every pointer covers the extent the op uses and an
 // op's outputs never alias its inputs; these turn such pointers into slices.
 
-unsafe fn view<'a, T>(p: DevPtr<T>, n: usize) -> &'a [T] {
-    std::slice::from_raw_parts(p.addr() as *const T, n)
+// The CPU computes in f32 only, so its activations (`DevPtr<Act>`) are f32.
+
+trait HostPtr: Copy {
+    type Elem;
+    fn addr(self) -> u64;
+}
+impl<T: Elem> HostPtr for DevPtr<T> {
+    type Elem = T;
+    fn addr(self) -> u64 {
+        DevPtr::addr(self)
+    }
+}
+impl HostPtr for DevPtr<Act> {
+    type Elem = f32;
+    fn addr(self) -> u64 {
+        DevPtr::addr(self)
+    }
+}
+
+unsafe fn view<'a, P: HostPtr>(p: P, n: usize) -> &'a [P::Elem] {
+    std::slice::from_raw_parts(p.addr() as *const P::Elem, n)
 }
 #[allow(clippy::mut_from_ref)]
-unsafe fn view_mut<'a, T>(p: DevPtr<T>, n: usize) -> &'a mut [T] {
-    std::slice::from_raw_parts_mut(p.addr() as *mut T, n)
+unsafe fn view_mut<'a, P: HostPtr>(p: P, n: usize) -> &'a mut [P::Elem] {
+    std::slice::from_raw_parts_mut(p.addr() as *mut P::Elem, n)
 }
 
 impl Backend for CpuBackend {
@@ -133,8 +152,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    unsafe fn zero(&self, dst: DevPtr, n: usize) {
+    unsafe fn zero<T: Elem>(&self, dst: DevPtr<T>, n: usize) {
         self.run(|| elementwise::zero(view_mut(dst, n)));
+    }
+
+    unsafe fn round_to_bf16(&self, dst: DevPtr<bf16>, src: DevPtr, n: usize) {
+        for (d, &s) in view_mut(dst, n).iter_mut().zip(view(src, n)) {
+            *d = bf16::from_f32(s);
+        }
     }
 
     unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
@@ -144,7 +169,11 @@ impl Backend for CpuBackend {
         self.run(|| elementwise::accumulate(view_mut(dst, n), view(src, n)));
     }
 
-    unsafe fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
+    unsafe fn accumulate_act(&self, dst: DevPtr<Act>, src: DevPtr<Act>, n: usize) {
+        self.accumulate(dst.cast(), src.cast(), n);
+    }
+
+    unsafe fn add(&self, out: DevPtr<Act>, a: DevPtr<Act>, b: DevPtr<Act>, n: usize) {
         self.run(|| elementwise::add(view_mut(out, n), view(a, n), view(b, n)));
     }
 
@@ -154,10 +183,10 @@ impl Backend for CpuBackend {
 
     unsafe fn encoder_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         tokens: DevPtr<i32>,
-        wte: DevPtr,
-        wpe: DevPtr,
+        wte: DevPtr<Act>,
+        wpe: DevPtr<Act>,
         b: usize,
         t: usize,
         c: usize,
@@ -172,7 +201,7 @@ impl Backend for CpuBackend {
         &self,
         dwte: DevPtr,
         dwpe: DevPtr,
-        dout: DevPtr,
+        dout: DevPtr<Act>,
         tokens: DevPtr<i32>,
         order: DevPtr<i32>,
         b: usize,
@@ -187,10 +216,10 @@ impl Backend for CpuBackend {
 
     unsafe fn matmul_forward(
         &self,
-        out: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
-        bias: Option<DevPtr>,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: Option<DevPtr<Act>>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -202,12 +231,12 @@ impl Backend for CpuBackend {
 
     unsafe fn matmul_backward(
         &self,
-        dinp: DevPtr,
+        dinp: DevPtr<Act>,
         dw: DevPtr,
         dbias: Option<DevPtr>,
-        dout: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -223,12 +252,12 @@ impl Backend for CpuBackend {
 
     unsafe fn layernorm_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         mean: DevPtr,
         rstd: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
-        b: DevPtr,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        b: DevPtr<Act>,
         bt: usize,
         c: usize,
     ) {
@@ -242,12 +271,12 @@ impl Backend for CpuBackend {
 
     unsafe fn layernorm_backward(
         &self,
-        dinp: DevPtr,
+        dinp: DevPtr<Act>,
         dw: DevPtr,
         db: DevPtr,
-        dout: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
         mean: DevPtr,
         rstd: DevPtr,
         bt: usize,
@@ -269,9 +298,9 @@ impl Backend for CpuBackend {
 
     unsafe fn attention_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         saved: DevPtr,
-        qkv: DevPtr,
+        qkv: DevPtr<Act>,
         b: usize,
         t: usize,
         c: usize,
@@ -288,10 +317,10 @@ impl Backend for CpuBackend {
 
     unsafe fn attention_backward(
         &self,
-        dqkv: DevPtr,
-        dout: DevPtr,
-        qkv: DevPtr,
-        _out: DevPtr,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        _out: DevPtr<Act>,
         saved: DevPtr,
         b: usize,
         t: usize,
@@ -308,18 +337,18 @@ impl Backend for CpuBackend {
         self.run(|| attention::backward(dqkv, dout, qkv, att, dims));
     }
 
-    unsafe fn gelu_forward(&self, out: DevPtr, inp: DevPtr, n: usize) {
+    unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
         self.run(|| elementwise::gelu_forward(view_mut(out, n), view(inp, n)));
     }
 
-    unsafe fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize) {
+    unsafe fn gelu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
         self.run(|| elementwise::gelu_backward(view_mut(dinp, n), view(inp, n), view(dout, n)));
     }
 
     unsafe fn crossentropy_forward(
         &self,
         losses: DevPtr,
-        logits: DevPtr,
+        logits: DevPtr<Act>,
         targets: DevPtr<i32>,
         bt: usize,
         v: usize,
@@ -331,8 +360,8 @@ impl Backend for CpuBackend {
 
     unsafe fn crossentropy_backward(
         &self,
-        dlogits: DevPtr,
-        logits: DevPtr,
+        dlogits: DevPtr<Act>,
+        logits: DevPtr<Act>,
         targets: DevPtr<i32>,
         dloss: f32,
         bt: usize,
@@ -346,7 +375,7 @@ impl Backend for CpuBackend {
 
     unsafe fn crossentropy_backward_in_place(
         &self,
-        logits: DevPtr,
+        logits: DevPtr<Act>,
         losses: DevPtr,
         targets: DevPtr<i32>,
         dloss: f32,
@@ -382,6 +411,7 @@ impl Backend for CpuBackend {
         n: usize,
         grad_scale: DevPtr,
         hp: AdamWStep,
+        copy: Option<DevPtr<bf16>>,
     ) {
         let state = optim::AdamWState {
             params: view_mut(params, n),
@@ -390,6 +420,9 @@ impl Backend for CpuBackend {
         };
         let (grads, scale) = (view(grads, n), view(grad_scale, 1)[0]);
         self.run(|| optim::adamw(state, grads, scale, hp));
+        if let Some(copy) = copy {
+            self.round_to_bf16(copy, params, n);
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::blas::Gemm;
 use super::{args, blocks, CudaBackend, THREADS};
-use crate::backend::DevPtr;
+use crate::backend::{ActType, DevPtr};
 use crate::error::{Error, Result};
 
 /// Column-major batched GEMM over the B·NH heads, all operands with stride = one matrix.
@@ -20,6 +20,8 @@ fn heads_gemm(
     batch: usize,
 ) -> Gemm {
     Gemm {
+        ab: ActType::F32,
+        c_type: ActType::F32,
         trans_a,
         trans_b,
         m,

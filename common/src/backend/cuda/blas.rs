@@ -11,8 +11,8 @@ use cudarc::cublas::sys::{
 };
 use cudarc::driver::sys::CUstream;
 
-use crate::backend::DevPtr;
 use crate::backend::Precision;
+use crate::backend::{ActType, DevPtr};
 use crate::error::{Error, Result};
 
 pub(super) struct Blas {
@@ -23,6 +23,10 @@ pub(super) struct Blas {
 /// One column-major GEMM: C = alpha · op(A) · op(B) + beta · C, with op(A) m×k, op(B) k×n.
 /// `stride_*` are element strides between the `batch` matrices (ignored when batch is 1).
 pub(super) struct Gemm {
+    /// Element type of A and B (bf16 operands accumulate in f32 all the same).
+    pub ab: ActType,
+    /// Element type of C.
+    pub c_type: ActType,
     pub trans_a: bool,
     pub trans_b: bool,
     pub m: usize,
@@ -66,12 +70,12 @@ impl Blas {
         let blas = Blas {
             handle,
             compute: match precision {
-                Precision::Fp32 => cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                Precision::Fp32 | Precision::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 Precision::Tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
             },
         };
         let math = match precision {
-            Precision::Fp32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
+            Precision::Fp32 | Precision::Bf16 => cublasMath_t::CUBLAS_DEFAULT_MATH,
             Precision::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
         };
         // SAFETY: a live handle; the stream and workspace outlive it (the backend drops it first).
@@ -100,7 +104,11 @@ impl Blas {
         let (m, n, k) = (int("m", g.m)?, int("n", g.n)?, int("k", g.k)?);
         let (lda, ldb, ldc) = (int("lda", g.lda)?, int("ldb", g.ldb)?, int("ldc", g.ldc)?);
         let alpha = 1.0f32;
-        let f32_t = cudaDataType_t::CUDA_R_32F;
+        let cuda_type = |t: ActType| match t {
+            ActType::F32 => cudaDataType_t::CUDA_R_32F,
+            ActType::Bf16 => cudaDataType_t::CUDA_R_16BF,
+        };
+        let (ab_t, c_t) = (cuda_type(g.ab), cuda_type(g.c_type));
         let algo = cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
         let (a, b, c) = (
             g.a.addr() as *const c_void,
@@ -121,14 +129,14 @@ impl Blas {
                     k,
                     alpha,
                     a,
-                    f32_t,
+                    ab_t,
                     lda,
                     b,
-                    f32_t,
+                    ab_t,
                     ldb,
                     beta,
                     c,
-                    f32_t,
+                    c_t,
                     ldc,
                     self.compute,
                     algo,
@@ -143,16 +151,16 @@ impl Blas {
                     k,
                     alpha,
                     a,
-                    f32_t,
+                    ab_t,
                     lda,
                     g.stride_a as i64,
                     b,
-                    f32_t,
+                    ab_t,
                     ldb,
                     g.stride_b as i64,
                     beta,
                     c,
-                    f32_t,
+                    c_t,
                     ldc,
                     g.stride_c as i64,
                     int("batch", g.batch)?,

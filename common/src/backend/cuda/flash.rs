@@ -2,9 +2,14 @@
 //! output and a base-2 log-sum-exp per row, (B,NH,T); backward computes delta = rowsum(dout·out)
 //! into scratch, then dK/dV per key tile and dQ per query tile. Kernels exist for head sizes up
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.
+//!
+//! bf16 (first version): the operands are widened to f32 in scratch, the TF32 kernels run
+//! (exact on bf16 inputs, whose 8 mantissa bits fit TF32's 10), and the results are rounded
+//! back. Correct, but it moves the operands three more times and runs at TF32's rate: a
+//! native bf16 kernel (m16n8k16) is the next step.
 
 use super::{args, blocks, CudaBackend};
-use crate::backend::DevPtr;
+use crate::backend::{Act, DevPtr};
 use crate::backend::Precision;
 use crate::error::{Error, Result};
 
@@ -27,7 +32,7 @@ fn variant(hs: usize, precision: Precision) -> Result<String> {
     };
     let split = match precision {
         Precision::Fp32 => 3,
-        Precision::Tf32 => 1,
+        Precision::Tf32 | Precision::Bf16 => 1,
     };
     Ok(format!("d{d}_s{split}"))
 }
@@ -39,6 +44,57 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr]) -> usize {
 }
 
 impl CudaBackend {
+    /// Attention forward on bf16 operands through the f32 kernels (see the module's note).
+    ///
+    /// # Safety
+    /// The contract of [`Backend::attention_forward`](crate::backend::Backend::attention_forward).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attention_forward_bf16(
+        &self,
+        out: DevPtr<Act>,
+        lse: DevPtr,
+        qkv: DevPtr<Act>,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) -> Result<()> {
+        let n = b * t * c;
+        let qkv32 = self.scratch_in(&self.convert_scratch, 4 * n)?;
+        let out32 = qkv32.add(3 * n);
+        self.try_launch_1d("act_to_f32_kernel", 3 * n, args![qkv32, qkv, 3 * n])?;
+        self.attention_forward_flash(out32, lse, qkv32, b, t, c, nh)?;
+        self.try_launch_1d("f32_to_act_kernel", n, args![out, out32, n])
+    }
+
+    /// Attention backward on bf16 operands through the f32 kernels; `dqkv` accumulates.
+    ///
+    /// # Safety
+    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attention_backward_bf16(
+        &self,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        out: DevPtr<Act>,
+        lse: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) -> Result<()> {
+        let n = b * t * c;
+        let qkv32 = self.scratch_in(&self.convert_scratch, 8 * n)?;
+        let (out32, dout32, dqkv32) = (qkv32.add(3 * n), qkv32.add(4 * n), qkv32.add(5 * n));
+        self.try_launch_1d("act_to_f32_kernel", 3 * n, args![qkv32, qkv, 3 * n])?;
+        self.try_launch_1d("act_to_f32_kernel", n, args![out32, out, n])?;
+        self.try_launch_1d("act_to_f32_kernel", n, args![dout32, dout, n])?;
+        crate::backend::Backend::zero(self, dqkv32, 3 * n);
+        self.attention_backward_flash(dqkv32, dout32, qkv32, out32, lse, b, t, c, nh)?;
+        self.try_launch_1d("accumulate_f32_into_act_kernel", 3 * n, args![dqkv, dqkv32, 3 * n])
+    }
+
     /// (B·NH, row tiles): the tiles go in y, so they must fit its 65535 limit.
     fn flash_grid(&self, b: usize, t: usize, nh: usize) -> Result<(u32, u32, u32)> {
         let tiles = t.div_ceil(ROWS_PER_BLOCK);

@@ -14,8 +14,8 @@ use cudarc::cublaslt::sys::{
 };
 use cudarc::driver::sys::CUstream;
 
-use crate::backend::DevPtr;
 use crate::backend::Precision;
+use crate::backend::{Act, ActType, DevPtr};
 use crate::error::{Error, Result};
 
 /// Shape and operand alignments: what an algorithm choice depends on.
@@ -55,6 +55,8 @@ impl Drop for Plan {
 pub(super) struct LtMatmul {
     handle: lt_sys::cublasLtHandle_t,
     compute: cublasComputeType_t,
+    /// Element type of the operands, the output and the bias.
+    act: ActType,
     workspace: DevPtr,
     workspace_bytes: usize,
     /// `None`: no algorithm for that key (the caller falls back to cuBLAS + a bias kernel).
@@ -70,7 +72,7 @@ fn lt_err(what: &str) -> impl Fn(lt::CublasError) -> Error + '_ {
 }
 
 /// Largest power of two (at most 256) dividing the address.
-fn alignment(p: DevPtr) -> u32 {
+fn alignment<T>(p: DevPtr<T>) -> u32 {
     if p.addr() == 0 {
         256
     } else {
@@ -89,9 +91,10 @@ impl LtMatmul {
         Ok(Some(LtMatmul {
             handle,
             compute: match precision {
-                Precision::Fp32 => cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                Precision::Fp32 | Precision::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 Precision::Tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
             },
+            act: precision.act(),
             workspace,
             workspace_bytes,
             plans: Mutex::new(HashMap::new()),
@@ -108,10 +111,10 @@ impl LtMatmul {
     pub(super) unsafe fn matmul_bias(
         &self,
         stream: CUstream,
-        out: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
-        bias: DevPtr,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: DevPtr<Act>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -173,9 +176,14 @@ impl LtMatmul {
 
     fn make_plan(&self, key: &PlanKey) -> Result<Option<Plan>> {
         let f32_t = cudaDataType::CUDA_R_32F;
+        let elem_t = match self.act {
+            ActType::F32 => f32_t,
+            ActType::Bf16 => cudaDataType::CUDA_R_16BF,
+        };
+        // Scale type f32 (alpha, beta); A, B, D and the bias in the activation type.
         let desc = lt::create_matmul_desc(self.compute, f32_t).map_err(lt_err("matmul descriptor"))?;
         let layout = |rows: usize, cols: usize, ld: usize| {
-            lt::create_matrix_layout(f32_t, rows as u64, cols as u64, ld as i64).map_err(lt_err("layout"))
+            lt::create_matrix_layout(elem_t, rows as u64, cols as u64, ld as i64).map_err(lt_err("layout"))
         };
         // Null layouts first, so that a failure part-way frees what was made (in Drop).
         let mut plan = Plan {

@@ -48,6 +48,8 @@ pub struct CudaBackend {
     reduce_partials: CudaBuffer,
     /// Attention's intermediates; grown to the largest call seen, then reused.
     scratch: Mutex<Option<CudaBuffer>>,
+    /// f32 copies of bf16 attention operands (see `flash.rs`), grown and reused likewise.
+    convert_scratch: Mutex<Option<CudaBuffer>>,
     /// First failure of an op that cannot return one; reported by `synchronize`.
     error: Mutex<Option<String>>,
     memory: Arc<DeviceMemory>,
@@ -104,7 +106,13 @@ impl CudaBackend {
         let gpu = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let memory = Arc::new(DeviceMemory::new(ctx, stream));
 
-        let kernels = Kernels::load(&arch)?;
+        let attention = AttentionPath::from_env()?;
+        if attention == AttentionPath::Gemm && precision == Precision::Bf16 {
+            return Err(Error::Input(
+                "GPT2_CUDA_ATTENTION=gemm runs in f32 only: use --precision fp32 or tf32 with it".into(),
+            ));
+        }
+        let kernels = Kernels::load(&arch, precision.act())?;
         let blas_workspace = memory.alloc(BLAS_WORKSPACE_BYTES / 4)?;
         let blas = Blas::new(
             memory.stream.cu_stream(),
@@ -117,7 +125,6 @@ impl CudaBackend {
             _ => LtMatmul::new(precision, blas_workspace.ptr(), BLAS_WORKSPACE_BYTES)?,
         };
         let reduce_partials = memory.alloc(MAX_REDUCE_BLOCKS)?;
-        let attention = AttentionPath::from_env()?;
         Ok(CudaBackend {
             kernels,
             blas,
@@ -125,6 +132,7 @@ impl CudaBackend {
             blas_workspace,
             reduce_partials,
             scratch: Mutex::new(None),
+            convert_scratch: Mutex::new(None),
             error: Mutex::new(None),
             memory,
             name: format!("{gpu} ({arch}, {})", precision.name()),
@@ -133,9 +141,12 @@ impl CudaBackend {
         })
     }
 
-    /// The same backend with attention on `path` (tests compare the two).
+    /// The same backend with attention on `path` (tests compare the two; the GEMM path
+    /// is f32 only, so a bf16 backend stays on flash).
     pub fn with_attention(mut self, path: AttentionPath) -> Self {
-        self.attention = path;
+        if self.precision != Precision::Bf16 {
+            self.attention = path;
+        }
         self
     }
 
@@ -182,6 +193,14 @@ impl CudaBackend {
         self.launch(name, blocks(n, THREADS), (THREADS as u32, 1, 1), args);
     }
 
+    /// As [`CudaBackend::launch_1d`], returning a failure.
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    unsafe fn try_launch_1d(&self, name: &str, n: usize, args: &[Arg]) -> Result<()> {
+        self.try_launch(name, blocks(n, THREADS), (THREADS as u32, 1, 1), args)
+    }
+
     /// Queues kernel `name` on the stream; a failure is latched for `synchronize`.
     /// Integer arguments must fit an `int`.
     ///
@@ -223,8 +242,12 @@ impl CudaBackend {
 
     /// A device scratch area of at least `words` f32s, valid until the next call.
     fn scratch(&self, words: usize) -> Result<DevPtr> {
-        let mut slot = self
-            .scratch
+        self.scratch_in(&self.scratch, words)
+    }
+
+    /// As [`CudaBackend::scratch`], from one of the backend's scratch slots.
+    fn scratch_in(&self, slot: &Mutex<Option<CudaBuffer>>, words: usize) -> Result<DevPtr> {
+        let mut slot = slot
             .lock()
             .map_err(|_| Error::Device("scratch lock poisoned".into()))?;
         if slot.as_ref().is_none_or(|buf| buf.len() < words) {

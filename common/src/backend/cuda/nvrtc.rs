@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{result as driver, sys as driver_sys};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
+use crate::backend::ActType;
 use crate::error::{Error, Result};
 
 /// Shared device helpers (warp/block reductions), prepended to every kernel file.
@@ -57,13 +58,15 @@ fn flash_source(d: usize) -> String {
     src
 }
 
-/// The sources exactly as NVRTC sees them: (file name, prelude + file).
-pub fn kernel_sources() -> Vec<(&'static str, String)> {
+/// The sources exactly as NVRTC sees them for activations of type `act`: (file name,
+/// `ACT_BF16` definition + prelude + file).
+pub fn kernel_sources(act: ActType) -> Vec<(&'static str, String)> {
+    let define = format!("#define ACT_BF16 {}\n", (act == ActType::Bf16) as u8);
     let files = KERNEL_FILES.iter().map(|&(name, src)| (name, src.to_string()));
     let flash = FLASH_FILES.iter().map(|&(d, name)| (name, flash_source(d)));
     files
         .chain(flash)
-        .map(|(name, src)| (name, format!("{PRELUDE}\n{src}")))
+        .map(|(name, src)| (name, format!("{define}{PRELUDE}\n{src}")))
         .collect()
 }
 
@@ -166,20 +169,20 @@ pub(super) struct Kernels {
     functions: HashMap<String, driver_sys::CUfunction>,
 }
 
-/// Compiled images of every kernel file, by architecture: compiled once per process (the
-/// flash kernels take seconds), however many backends are made.
+/// Compiled images of every kernel file, by architecture and activation type: compiled once
+/// per process (the flash kernels take seconds), however many backends are made.
 type Images = Arc<Vec<(&'static str, String, Vec<u8>)>>;
-static IMAGES: Mutex<Vec<(String, Images)>> = Mutex::new(Vec::new());
+static IMAGES: Mutex<Vec<(String, ActType, Images)>> = Mutex::new(Vec::new());
 
-/// Every kernel file compiled for `arch`, in parallel, or the images compiled before.
-fn images(arch: &str) -> Result<Images> {
+/// Every kernel file compiled for `arch` and `act`, in parallel, or the images compiled before.
+fn images(arch: &str, act: ActType) -> Result<Images> {
     let mut cache = IMAGES
         .lock()
         .map_err(|_| Error::Device("kernel image cache lock poisoned".into()))?;
-    if let Some((_, images)) = cache.iter().find(|(a, _)| a == arch) {
+    if let Some((_, _, images)) = cache.iter().find(|(a, t, _)| a == arch && *t == act) {
         return Ok(Arc::clone(images));
     }
-    let sources = kernel_sources();
+    let sources = kernel_sources(act);
     let compiled: Vec<Result<Vec<u8>>> = std::thread::scope(|scope| {
         let jobs: Vec<_> = sources
             .iter()
@@ -197,19 +200,19 @@ fn images(arch: &str) -> Result<Images> {
         images.push((file, src, cubin?));
     }
     let images = Arc::new(images);
-    cache.push((arch.to_string(), Arc::clone(&images)));
+    cache.push((arch.to_string(), act, Arc::clone(&images)));
     Ok(images)
 }
 
 impl Kernels {
-    /// Loads every kernel file compiled for `arch` (e.g. "sm_90"); the context must be
-    /// current on this thread.
-    pub(super) fn load(arch: &str) -> Result<Self> {
+    /// Loads every kernel file compiled for `arch` (e.g. "sm_90") and activations of type
+    /// `act`; the context must be current on this thread.
+    pub(super) fn load(arch: &str, act: ActType) -> Result<Self> {
         let mut kernels = Kernels {
             modules: Vec::new(),
             functions: HashMap::new(),
         };
-        for (file, src, cubin) in images(arch)?.iter() {
+        for (file, src, cubin) in images(arch, act)?.iter() {
             // SAFETY: `cubin` is a complete image from NVRTC, alive for the call.
             let module = unsafe { driver::module::load_data(cubin.as_ptr() as *const c_void) }
                 .map_err(|e| Error::Device(format!("loading {file} ({arch}) into the driver: {e}")))?;

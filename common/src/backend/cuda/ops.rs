@@ -6,7 +6,7 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 use super::blas::Gemm;
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
-use crate::backend::{AdamWStep, Backend, DevPtr, DeviceBuffer, Elem};
+use crate::backend::{bf16, Act, ActType, AdamWStep, Backend, DevPtr, DeviceBuffer, Elem, Precision};
 use crate::error::{Error, Result};
 
 /// Threads per block for elementwise kernels.
@@ -29,9 +29,10 @@ fn column_reduce_launch(n: usize, c: usize) -> LaunchShape {
 }
 
 /// The float4 column reductions: 128 columns × 8 warps per block, when `c` and every
-/// matrix allow 16-byte loads.
-fn vec4_column_reduce(n: usize, c: usize, ptrs: &[DevPtr]) -> Option<LaunchShape> {
-    let aligned = c.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(16));
+/// matrix allow loads of 4 elements of `act` at once.
+fn vec4_column_reduce(n: usize, c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> Option<LaunchShape> {
+    let width = 4 * act.bytes() as u64;
+    let aligned = c.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(width));
     let grid = (c.div_ceil(128) as u32, n.div_ceil(VEC4_CHUNK_ROWS) as u32, 1);
     aligned.then_some((grid, (256, 1, 1)))
 }
@@ -90,25 +91,45 @@ impl Backend for CudaBackend {
         self.synchronize()
     }
 
-    unsafe fn zero(&self, dst: DevPtr, n: usize) {
-        if n == 0 {
+    unsafe fn zero<T: Elem>(&self, dst: DevPtr<T>, n: usize) {
+        let bytes = n * std::mem::size_of::<T>();
+        if bytes == 0 {
             return;
         }
         let queued = self.bind().and_then(|()| {
-            driver_sys::cuMemsetD32Async(dst.addr(), 0, n, self.stream())
-                .result()
-                .map_err(|e| device_err("zeroing device memory", e))
+            // The widest memset the size and the address allow.
+            let (addr, stream) = (dst.addr(), self.stream());
+            let done = if bytes.is_multiple_of(4) && addr.is_multiple_of(4) {
+                driver_sys::cuMemsetD32Async(addr, 0, bytes / 4, stream)
+            } else if bytes.is_multiple_of(2) && addr.is_multiple_of(2) {
+                driver_sys::cuMemsetD16Async(addr, 0, bytes / 2, stream)
+            } else {
+                driver_sys::cuMemsetD8Async(addr, 0, bytes, stream)
+            };
+            done.result().map_err(|e| device_err("zeroing device memory", e))
         });
         if let Err(e) = queued {
             self.fail(e);
         }
     }
 
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    unsafe fn round_to_bf16(&self, dst: DevPtr<bf16>, src: DevPtr, n: usize) {
+        self.launch_1d("round_to_bf16_kernel", n, args![dst, src, n]);
+    }
+
     unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
         self.launch_1d("accumulate_kernel", n, args![dst, src, n]);
     }
 
-    unsafe fn add(&self, out: DevPtr, a: DevPtr, b: DevPtr, n: usize) {
+    unsafe fn accumulate_act(&self, dst: DevPtr<Act>, src: DevPtr<Act>, n: usize) {
+        self.launch_1d("accumulate_act_kernel", n, args![dst, src, n]);
+    }
+
+    unsafe fn add(&self, out: DevPtr<Act>, a: DevPtr<Act>, b: DevPtr<Act>, n: usize) {
         self.launch_1d("add_kernel", n, args![out, a, b, n]);
     }
 
@@ -140,10 +161,10 @@ impl Backend for CudaBackend {
 
     unsafe fn encoder_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         tokens: DevPtr<i32>,
-        wte: DevPtr,
-        wpe: DevPtr,
+        wte: DevPtr<Act>,
+        wpe: DevPtr<Act>,
         b: usize,
         t: usize,
         c: usize,
@@ -159,7 +180,7 @@ impl Backend for CudaBackend {
         &self,
         dwte: DevPtr,
         dwpe: DevPtr,
-        dout: DevPtr,
+        dout: DevPtr<Act>,
         tokens: DevPtr<i32>,
         order: DevPtr<i32>,
         b: usize,
@@ -176,10 +197,10 @@ impl Backend for CudaBackend {
 
     unsafe fn matmul_forward(
         &self,
-        out: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
-        bias: Option<DevPtr>,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: Option<DevPtr<Act>>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -195,7 +216,11 @@ impl Backend for CudaBackend {
             }
         }
         // Row-major out (BT,OC) = inp (BT,C) · wᵀ is column-major outᵀ (OC,BT) = wᵀ · inpᵀ.
+        let act = self.act();
+        let (out, inp, w) = (out.cast(), inp.cast(), w.cast());
         self.gemm(Gemm {
+            ab: act,
+            c_type: act,
             trans_a: true,
             trans_b: false,
             m: oc,
@@ -220,18 +245,23 @@ impl Backend for CudaBackend {
 
     unsafe fn matmul_backward(
         &self,
-        dinp: DevPtr,
+        dinp: DevPtr<Act>,
         dw: DevPtr,
         dbias: Option<DevPtr>,
-        dout: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
         bt: usize,
         c: usize,
         oc: usize,
     ) {
         // dinp (BT,C) += dout (BT,OC) · w (OC,C); beta = 1 accumulates.
+        let act = self.act();
+        let dbias_vec = dbias.and_then(|_| vec4_column_reduce(bt, oc, &[dout], act));
+        let (dinp, dout, inp, w) = (dinp.cast(), dout.cast::<f32>(), inp.cast(), w.cast());
         self.gemm(Gemm {
+            ab: act,
+            c_type: act,
             trans_a: false,
             trans_b: false,
             m: c,
@@ -249,8 +279,10 @@ impl Backend for CudaBackend {
             stride_c: 0,
             batch: 1,
         });
-        // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C).
+        // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
         self.gemm(Gemm {
+            ab: act,
+            c_type: ActType::F32,
             trans_a: false,
             trans_b: true,
             m: c,
@@ -269,7 +301,7 @@ impl Backend for CudaBackend {
             batch: 1,
         });
         if let Some(dbias) = dbias {
-            let (name, (grid, block), rows) = match vec4_column_reduce(bt, oc, &[dout]) {
+            let (name, (grid, block), rows) = match dbias_vec {
                 Some(shape) => ("bias_backward_vec4_kernel", shape, VEC4_CHUNK_ROWS),
                 None => ("bias_backward_kernel", column_reduce_launch(bt, oc), COLUMN_CHUNK_ROWS),
             };
@@ -286,12 +318,12 @@ impl Backend for CudaBackend {
 
     unsafe fn layernorm_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         mean: DevPtr,
         rstd: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
-        b: DevPtr,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        b: DevPtr<Act>,
         bt: usize,
         c: usize,
     ) {
@@ -306,12 +338,12 @@ impl Backend for CudaBackend {
 
     unsafe fn layernorm_backward(
         &self,
-        dinp: DevPtr,
+        dinp: DevPtr<Act>,
         dw: DevPtr,
         db: DevPtr,
-        dout: DevPtr,
-        inp: DevPtr,
-        w: DevPtr,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
         mean: DevPtr,
         rstd: DevPtr,
         bt: usize,
@@ -320,7 +352,7 @@ impl Backend for CudaBackend {
         let grid = blocks(bt, ROWS_PER_BLOCK);
         let args = args![dinp, dout, inp, w, mean, rstd, bt, c];
         self.launch("layernorm_backward_dinp_kernel", grid, (THREADS as u32, 1, 1), args);
-        let (name, (grid, block), rows) = match vec4_column_reduce(bt, c, &[dout, inp]) {
+        let (name, (grid, block), rows) = match vec4_column_reduce(bt, c, &[dout, inp], self.act()) {
             Some(shape) => ("layernorm_backward_params_vec4_kernel", shape, VEC4_CHUNK_ROWS),
             None => (
                 "layernorm_backward_params_kernel",
@@ -354,17 +386,20 @@ impl Backend for CudaBackend {
 
     unsafe fn attention_forward(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         saved: DevPtr,
-        qkv: DevPtr,
+        qkv: DevPtr<Act>,
         b: usize,
         t: usize,
         c: usize,
         nh: usize,
     ) {
-        let queued = match self.attention {
-            AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
-            AttentionPath::Gemm => self.attention_forward_gemm(out, saved, qkv, b, t, c, nh),
+        let queued = match (self.attention, self.act()) {
+            (AttentionPath::Flash, ActType::F32) => {
+                self.attention_forward_flash(out.cast(), saved, qkv.cast(), b, t, c, nh)
+            }
+            (AttentionPath::Flash, ActType::Bf16) => self.attention_forward_bf16(out, saved, qkv, b, t, c, nh),
+            (AttentionPath::Gemm, _) => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
         };
         if let Err(e) = queued {
             self.fail(e);
@@ -373,37 +408,45 @@ impl Backend for CudaBackend {
 
     unsafe fn attention_backward(
         &self,
-        dqkv: DevPtr,
-        dout: DevPtr,
-        qkv: DevPtr,
-        out: DevPtr,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        out: DevPtr<Act>,
         saved: DevPtr,
         b: usize,
         t: usize,
         c: usize,
         nh: usize,
     ) {
-        let queued = match self.attention {
-            AttentionPath::Flash => self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh),
-            AttentionPath::Gemm => self.attention_backward_gemm(dqkv, dout, qkv, saved, b, t, c, nh),
+        let queued = match (self.attention, self.act()) {
+            (AttentionPath::Flash, ActType::F32) => {
+                let (dqkv, dout, qkv, out) = (dqkv.cast(), dout.cast(), qkv.cast(), out.cast());
+                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh)
+            }
+            (AttentionPath::Flash, ActType::Bf16) => {
+                self.attention_backward_bf16(dqkv, dout, qkv, out, saved, b, t, c, nh)
+            }
+            (AttentionPath::Gemm, _) => {
+                self.attention_backward_gemm(dqkv.cast(), dout.cast(), qkv.cast(), saved, b, t, c, nh)
+            }
         };
         if let Err(e) = queued {
             self.fail(e);
         }
     }
 
-    unsafe fn gelu_forward(&self, out: DevPtr, inp: DevPtr, n: usize) {
+    unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
         self.launch_1d("gelu_forward_kernel", n, args![out, inp, n]);
     }
 
-    unsafe fn gelu_backward(&self, dinp: DevPtr, inp: DevPtr, dout: DevPtr, n: usize) {
+    unsafe fn gelu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
         self.launch_1d("gelu_backward_kernel", n, args![dinp, inp, dout, n]);
     }
 
     unsafe fn crossentropy_forward(
         &self,
         losses: DevPtr,
-        logits: DevPtr,
+        logits: DevPtr<Act>,
         targets: DevPtr<i32>,
         bt: usize,
         v: usize,
@@ -415,8 +458,8 @@ impl Backend for CudaBackend {
 
     unsafe fn crossentropy_backward(
         &self,
-        dlogits: DevPtr,
-        logits: DevPtr,
+        dlogits: DevPtr<Act>,
+        logits: DevPtr<Act>,
         targets: DevPtr<i32>,
         dloss: f32,
         bt: usize,
@@ -429,7 +472,7 @@ impl Backend for CudaBackend {
 
     unsafe fn crossentropy_backward_in_place(
         &self,
-        logits: DevPtr,
+        logits: DevPtr<Act>,
         losses: DevPtr,
         targets: DevPtr<i32>,
         dloss: f32,
@@ -437,8 +480,9 @@ impl Backend for CudaBackend {
         v: usize,
         vp: usize,
     ) {
-        // 16-byte accesses when every row starts 16-byte aligned.
-        let vec = (vp.is_multiple_of(4) && logits.addr().is_multiple_of(16)) as usize;
+        // 4-element accesses when every row starts aligned to 4 elements.
+        let width = 4 * self.act().bytes() as u64;
+        let vec = (vp.is_multiple_of(4) && logits.addr().is_multiple_of(width)) as usize;
         let args = args![logits, losses, targets, dloss, bt, v, vp, vec];
         self.launch(
             "crossentropy_backward_in_place_kernel",
@@ -488,6 +532,7 @@ impl Backend for CudaBackend {
         n: usize,
         grad_scale: DevPtr,
         hp: AdamWStep,
+        copy: Option<DevPtr<bf16>>,
     ) {
         let Ok(t) = i32::try_from(hp.t) else {
             self.fail(Error::Device(format!("AdamW step {} out of range", hp.t)));
@@ -509,7 +554,8 @@ impl Backend for CudaBackend {
             hp.eps,
             hp.weight_decay,
             bias1,
-            bias2
+            bias2,
+            copy.unwrap_or_default()
         ];
         self.launch_1d("adamw_kernel", n, args);
     }

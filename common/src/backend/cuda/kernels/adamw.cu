@@ -12,9 +12,12 @@ extern "C" __global__ void clip_factor_kernel(float* out, const float* sumsq, fl
 
 // g = grads · grad_scale[0]; m, v moments; decoupled weight decay (Loshchilov & Hutter).
 // bias1 = 1 - beta1^t and bias2 = 1 - beta2^t come from the host.
+// With `copy` (not null), the updated parameter is also written there rounded to bf16: the
+// weight copy a bf16 forward pass reads, in the same pass over memory.
 extern "C" __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int n,
                                         const float* grad_scale, float lr, float beta1, float beta2,
-                                        float eps, float weight_decay, float bias1, float bias2) {
+                                        float eps, float weight_decay, float bias1, float bias2,
+                                        bf16_t* copy) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = grads[i] * grad_scale[0];
@@ -25,5 +28,13 @@ extern "C" __global__ void adamw_kernel(float* params, const float* grads, float
     float m_hat = mi / bias1;
     float v_hat = vi / bias2;
     float p = params[i];
-    params[i] = p - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    params[i] = p;
+    if (copy) copy[i] = to_bf16(p);
+}
+
+// dst = bf16(src), rounded to nearest even.
+extern "C" __global__ void round_to_bf16_kernel(bf16_t* dst, const float* src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = to_bf16(src[i]);
 }

@@ -11,10 +11,10 @@ __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float
 }
 
 // (max, Σ exp(x - max)) of x[0..V) over the block; every thread gets both.
-__device__ void row_softmax_stats(const float* x, int V, float* scratch, float& maxval, float& sum) {
+__device__ void row_softmax_stats(const act_t* x, int V, float* scratch, float& maxval, float& sum) {
     float m = NEG_INF, s = 0.0f;
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = x[i];
+        float v = to_f(x[i]);
         if (v > m) {
             s = s * expf(m - v) + 1.0f;
             m = v;
@@ -47,54 +47,53 @@ __device__ void row_softmax_stats(const float* x, int V, float* scratch, float& 
 }
 
 // losses[row] = logsumexp(logits[row, :V]) - logits[row, target].
-extern "C" __global__ void crossentropy_forward_kernel(float* losses, const float* logits, const int* targets,
+extern "C" __global__ void crossentropy_forward_kernel(float* losses, const act_t* logits, const int* targets,
                                                        int N, int V, int Vp) {
     __shared__ float scratch[64];
     int row = blockIdx.x;
     if (row >= N) return;
-    const float* x = logits + (size_t)row * Vp;
+    const act_t* x = logits + (size_t)row * Vp;
     float maxval, sum;
     row_softmax_stats(x, V, scratch, maxval, sum);
-    if (threadIdx.x == 0) losses[row] = logf(sum) + maxval - x[targets[row]];
+    if (threadIdx.x == 0) losses[row] = logf(sum) + maxval - to_f(x[targets[row]]);
 }
 
 // dlogits[row, i] += (softmax_i - [i == target]) · dloss for i < V; the padding is untouched.
-extern "C" __global__ void crossentropy_backward_kernel(float* dlogits, const float* logits, const int* targets,
+extern "C" __global__ void crossentropy_backward_kernel(act_t* dlogits, const act_t* logits, const int* targets,
                                                         float dloss, int N, int V, int Vp) {
     __shared__ float scratch[64];
     int row = blockIdx.x;
     if (row >= N) return;
     size_t off = (size_t)row * Vp;
-    const float* x = logits + off;
-    float* d = dlogits + off;
+    const act_t* x = logits + off;
+    act_t* d = dlogits + off;
     float maxval, sum;
     row_softmax_stats(x, V, scratch, maxval, sum);
     float inv = 1.0f / sum;
     int target = targets[row];
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float p = expf(x[i] - maxval) * inv;
-        d[i] += (p - (i == target ? 1.0f : 0.0f)) * dloss;
+        float p = expf(to_f(x[i]) - maxval) * inv;
+        d[i] = from_f(to_f(d[i]) + (p - (i == target ? 1.0f : 0.0f)) * dloss);
     }
 }
 
 // In place: logits[row, i] = (softmax_i - [i == target]) · dloss for i < V, 0 in the padding.
 // softmax_i = exp(x_i - lse) with lse = losses[row] + x[target] (the forward's loss is
-// lse - x[target]), so the row is read once. `vec`: Vp a multiple of 4 and rows 16-byte aligned.
-extern "C" __global__ void crossentropy_backward_in_place_kernel(float* logits, const float* losses,
+// lse - x[target]), so the row is read once. `vec`: Vp a multiple of 4 and rows aligned to 4 elements.
+extern "C" __global__ void crossentropy_backward_in_place_kernel(act_t* logits, const float* losses,
                                                                  const int* targets, float dloss, int N, int V,
                                                                  int Vp, int vec) {
     __shared__ float lse_s;
     int row = blockIdx.x;
     if (row >= N) return;
-    float* x = logits + (size_t)row * Vp;
+    act_t* x = logits + (size_t)row * Vp;
     int target = targets[row];
-    if (threadIdx.x == 0) lse_s = losses[row] + x[target];
+    if (threadIdx.x == 0) lse_s = losses[row] + to_f(x[target]);
     __syncthreads();  // x[target] is read before any thread overwrites it
     float lse = lse_s;
     if (vec) {
-        float4* x4 = reinterpret_cast<float4*>(x);
         for (int j = threadIdx.x; j < Vp / 4; j += blockDim.x) {
-            float4 v = x4[j];
+            float4 v = load4(x + 4 * j);
             float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -102,12 +101,12 @@ extern "C" __global__ void crossentropy_backward_in_place_kernel(float* logits, 
                 float p = i < V ? expf(e[k] - lse) : 0.0f;
                 e[k] = (p - (i == target ? 1.0f : 0.0f)) * dloss;
             }
-            x4[j] = make_float4(e[0], e[1], e[2], e[3]);
+            store4(x + 4 * j, make_float4(e[0], e[1], e[2], e[3]));
         }
     } else {
         for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
-            float p = i < V ? expf(x[i] - lse) : 0.0f;
-            x[i] = (p - (i == target ? 1.0f : 0.0f)) * dloss;
+            float p = i < V ? expf(to_f(x[i]) - lse) : 0.0f;
+            x[i] = from_f((p - (i == target ? 1.0f : 0.0f)) * dloss);
         }
     }
 }

@@ -4,18 +4,18 @@
 #define LN_EPS 1e-5f
 
 // out = (inp - mean) * rstd * w + b; saves mean (N) and rstd (N). Block: k warps, k rows.
-extern "C" __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                                    const float* w, const float* b, int N, int C) {
+extern "C" __global__ void layernorm_forward_kernel(act_t* out, float* mean, float* rstd, const act_t* inp,
+                                                    const act_t* w, const act_t* b, int N, int C) {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
-    const float* x = inp + (size_t)row * C;
+    const act_t* x = inp + (size_t)row * C;
     float sum = 0.0f;
-    for (int c = lane; c < C; c += WARP_SIZE) sum += x[c];
+    for (int c = lane; c < C; c += WARP_SIZE) sum += to_f(x[c]);
     float m = warp_sum(sum) / C;
     float var = 0.0f;
     for (int c = lane; c < C; c += WARP_SIZE) {
-        float d = x[c] - m;
+        float d = to_f(x[c]) - m;
         var += d * d;
     }
     float s = 1.0f / sqrtf(warp_sum(var) / C + LN_EPS);
@@ -23,43 +23,43 @@ extern "C" __global__ void layernorm_forward_kernel(float* out, float* mean, flo
         mean[row] = m;
         rstd[row] = s;
     }
-    float* o = out + (size_t)row * C;
-    for (int c = lane; c < C; c += WARP_SIZE) o[c] = (x[c] - m) * s * w[c] + b[c];
+    act_t* o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += WARP_SIZE) o[c] = from_f((to_f(x[c]) - m) * s * to_f(w[c]) + to_f(b[c]));
 }
 
 // dinp += (w·dout - mean(w·dout) - norm · mean(w·dout·norm)) · rstd, one warp per row.
-extern "C" __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp,
-                                                          const float* w, const float* mean, const float* rstd,
+extern "C" __global__ void layernorm_backward_dinp_kernel(act_t* dinp, const act_t* dout, const act_t* inp,
+                                                          const act_t* w, const float* mean, const float* rstd,
                                                           int N, int C) {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
     size_t off = (size_t)row * C;
-    const float* x = inp + off;
-    const float* g = dout + off;
+    const act_t* x = inp + off;
+    const act_t* g = dout + off;
     float m = mean[row], s = rstd[row];
     float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
     for (int c = lane; c < C; c += WARP_SIZE) {
-        float norm = (x[c] - m) * s;
-        float dnorm = w[c] * g[c];
+        float norm = (to_f(x[c]) - m) * s;
+        float dnorm = to_f(w[c]) * to_f(g[c]);
         dnorm_mean += dnorm;
         dnorm_norm_mean += dnorm * norm;
     }
     dnorm_mean = warp_sum(dnorm_mean) / C;
     dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
-    float* d = dinp + off;
+    act_t* d = dinp + off;
     for (int c = lane; c < C; c += WARP_SIZE) {
-        float norm = (x[c] - m) * s;
-        float dnorm = w[c] * g[c];
-        d[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        float norm = (to_f(x[c]) - m) * s;
+        float dnorm = to_f(w[c]) * to_f(g[c]);
+        d[c] = from_f(to_f(d[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
 }
 
 // The chunk's partial sums of dw[c] = Σ_rows norm·dout and db[c] = Σ_rows dout, into
 // dw_partials[chunk, c] and db_partials[chunk, c]; column_sums_finish_kernel adds the chunks in order.
 // Block (32, 8): 32 columns, 8 row lanes; blockIdx.y picks a chunk of `rows_per_block` rows.
-extern "C" __global__ void layernorm_backward_params_kernel(float* dw_partials, float* db_partials, const float* dout,
-                                                            const float* inp, const float* mean,
+extern "C" __global__ void layernorm_backward_params_kernel(float* dw_partials, float* db_partials, const act_t* dout,
+                                                            const act_t* inp, const float* mean,
                                                             const float* rstd, int N, int C,
                                                             int rows_per_block) {
     __shared__ float dw_part[8][33];
@@ -72,8 +72,8 @@ extern "C" __global__ void layernorm_backward_params_kernel(float* dw_partials, 
     if (c < C) {
         for (int row = row_start + ty; row < row_end; row += blockDim.y) {
             size_t i = (size_t)row * C + c;
-            float g = dout[i];
-            dw_sum += (inp[i] - mean[row]) * rstd[row] * g;
+            float g = to_f(dout[i]);
+            dw_sum += (to_f(inp[i]) - mean[row]) * rstd[row] * g;
             db_sum += g;
         }
     }
@@ -90,11 +90,11 @@ extern "C" __global__ void layernorm_backward_params_kernel(float* dw_partials, 
     }
 }
 
-// layernorm_backward_params_kernel for C a multiple of 4 and 16-byte aligned rows: each lane
+// layernorm_backward_params_kernel for C a multiple of 4 and rows aligned to 4 elements: each lane
 // owns 4 columns, 8 warps take every 8th row of a chunk (as bias_backward_vec4_kernel).
 // Grid (ceil(C/128), ceil(N/rows_per_block)), 256 threads.
-extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_partials, float* db_partials, const float* dout,
-                                                                 const float* inp, const float* mean,
+extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_partials, float* db_partials, const act_t* dout,
+                                                                 const act_t* inp, const float* mean,
                                                                  const float* rstd, int N, int C,
                                                                  int rows_per_block) {
     __shared__ float4 dw_part[8][32];
@@ -108,8 +108,8 @@ extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_parti
 #pragma unroll 2
         for (int row = row_start + warp; row < row_end; row += 8) {
             size_t i = (size_t)row * C + c;
-            float4 g = *reinterpret_cast<const float4*>(dout + i);
-            float4 x = *reinterpret_cast<const float4*>(inp + i);
+            float4 g = load4(dout + i);
+            float4 x = load4(inp + i);
             float m = mean[row], s = rstd[row];
             dws.x += (x.x - m) * s * g.x;
             dws.y += (x.y - m) * s * g.y;

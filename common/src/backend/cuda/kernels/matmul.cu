@@ -3,16 +3,16 @@
 // sums, and column_sums_finish_kernel (reduce.cu) adds the blocks in order (no atomics).
 
 // out (N, OC) += bias (OC), broadcast over rows.
-extern "C" __global__ void add_bias_kernel(float* out, const float* bias, int N, int OC) {
+extern "C" __global__ void add_bias_kernel(act_t* out, const act_t* bias, int N, int OC) {
     size_t n = (size_t)N * OC;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    out[i] += bias[i % OC];
+    out[i] = from_f(to_f(out[i]) + to_f(bias[i % OC]));
 }
 
 // partials[chunk, c] = Σ_rows of the chunk dout[row, c]. Block (32, 8) as in
 // layernorm_backward_params_kernel; blockIdx.y is the chunk.
-extern "C" __global__ void bias_backward_kernel(float* partials, const float* dout, int N, int OC,
+extern "C" __global__ void bias_backward_kernel(float* partials, const act_t* dout, int N, int OC,
                                                 int rows_per_block) {
     __shared__ float part[8][33];
     int tx = threadIdx.x, ty = threadIdx.y;
@@ -21,7 +21,7 @@ extern "C" __global__ void bias_backward_kernel(float* partials, const float* do
     int row_end = min(row_start + rows_per_block, N);
     float sum = 0.0f;
     if (c < OC) {
-        for (int row = row_start + ty; row < row_end; row += blockDim.y) sum += dout[(size_t)row * OC + c];
+        for (int row = row_start + ty; row < row_end; row += blockDim.y) sum += to_f(dout[(size_t)row * OC + c]);
     }
     part[ty][tx] = sum;
     __syncthreads();
@@ -31,11 +31,11 @@ extern "C" __global__ void bias_backward_kernel(float* partials, const float* do
     }
 }
 
-// bias_backward_kernel for OC a multiple of 4 and dout 16-byte aligned: each lane owns 4
+// bias_backward_kernel for OC a multiple of 4 and dout aligned to 4 elements: each lane owns 4
 // columns (one float4 per row, 512 bytes per warp), 8 warps take every 8th row of a chunk of
 // `rows_per_block` rows, then sum through shared memory into the chunk's partials.
 // Grid (ceil(OC/128), ceil(N/rows_per_block)), 256 threads.
-extern "C" __global__ void bias_backward_vec4_kernel(float* partials, const float* dout, int N, int OC,
+extern "C" __global__ void bias_backward_vec4_kernel(float* partials, const act_t* dout, int N, int OC,
                                                      int rows_per_block) {
     __shared__ float4 part[8][32];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -46,7 +46,7 @@ extern "C" __global__ void bias_backward_vec4_kernel(float* partials, const floa
     if (c < OC) {
 #pragma unroll 4
         for (int row = row_start + warp; row < row_end; row += 8) {
-            float4 v = *reinterpret_cast<const float4*>(dout + (size_t)row * OC + c);
+            float4 v = load4(dout + (size_t)row * OC + c);
             sum.x += v.x;
             sum.y += v.y;
             sum.z += v.z;

@@ -38,3 +38,45 @@ __device__ float block_max(float v, float* scratch) {
     v = lane < warps ? scratch[lane] : NEG_INF;
     return warp_max(v);
 }
+
+// ---- element types -------------------------------------------------------------------
+// bf16 as its bits in a struct, so that arithmetic on it does not compile: every use goes
+// through to_f / from_f (no cuda_bf16.h: NVRTC has no include path).
+struct bf16_t {
+    unsigned short bits;
+};
+__device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((unsigned)x.bits) << 16); }
+__device__ __forceinline__ float to_f(float x) { return x; }
+// Round to nearest even (the hardware conversion; NaN stays NaN).
+__device__ __forceinline__ bf16_t to_bf16(float x) {
+    bf16_t r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
+
+// act_t: what activations, their gradients and the forward pass's weights are stored as,
+// fixed when the Rust side compiles the kernels (ACT_BF16 is defined before this prelude).
+// Arithmetic is always in f32: load with to_f, store with store_act.
+#if ACT_BF16
+typedef bf16_t act_t;
+__device__ __forceinline__ act_t from_f(float x) { return to_bf16(x); }
+#else
+typedef float act_t;
+__device__ __forceinline__ act_t from_f(float x) { return x; }
+#endif
+
+// Four consecutive activations as floats: one 16-byte (f32) or 8-byte (bf16) load; `p` must
+// be aligned to that size.
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const bf16_t* p) {
+    uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void store4(bf16_t* p, float4 v) {
+    uint2 u;
+    u.x = (unsigned)to_bf16(v.x).bits | ((unsigned)to_bf16(v.y).bits << 16);
+    u.y = (unsigned)to_bf16(v.z).bits | ((unsigned)to_bf16(v.w).bits << 16);
+    *reinterpret_cast<uint2*>(p) = u;
+}

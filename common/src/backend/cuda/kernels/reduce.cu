@@ -7,10 +7,32 @@ extern "C" __global__ void accumulate_kernel(float* dst, const float* src, int n
     if (i < n) dst[i] += src[i];
 }
 
-// out = a + b (the residual connection's forward, one pass instead of zero + two accumulates).
-extern "C" __global__ void add_kernel(float* out, const float* a, const float* b, int n) {
+// dst += src over activations (a gradient reaching a value twice).
+extern "C" __global__ void accumulate_act_kernel(act_t* dst, const act_t* src, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a[i] + b[i];
+    if (i < n) dst[i] = from_f(to_f(dst[i]) + to_f(src[i]));
+}
+
+// out = a + b over activations (the residual connection's forward, one pass instead of
+// zero + two accumulates).
+extern "C" __global__ void add_kernel(act_t* out, const act_t* a, const act_t* b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f(to_f(a[i]) + to_f(b[i]));
+}
+
+// Conversions between activations and f32 (around kernels that work in f32 only).
+extern "C" __global__ void act_to_f32_kernel(float* dst, const act_t* src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = to_f(src[i]);
+}
+extern "C" __global__ void f32_to_act_kernel(act_t* dst, const float* src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = from_f(src[i]);
+}
+// dst += src, an f32 result added to activations.
+extern "C" __global__ void accumulate_f32_into_act_kernel(act_t* dst, const float* src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = from_f(to_f(dst[i]) + src[i]);
 }
 
 // dst *= s.
