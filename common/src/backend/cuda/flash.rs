@@ -3,13 +3,12 @@
 //! into scratch, then dK/dV per key tile and dQ per query tile. Kernels exist for head sizes up
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.
 //!
-//! bf16 (first version): the operands are widened to f32 in scratch, the TF32 kernels run
-//! (exact on bf16 inputs, whose 8 mantissa bits fit TF32's 10), and the results are rounded
-//! back. Correct, but it moves the operands three more times and runs at TF32's rate: a
-//! native bf16 kernel (m16n8k16) is the next step.
+//! bf16: the kernels of a bf16 build read bf16 operands, widen them to f32 in shared memory
+//! (exact: a bf16's 8 mantissa bits fit TF32's 10) and run the TF32 products, writing bf16.
+//! That runs at TF32's rate; a native bf16 kernel (mma m16n8k16) is the next step.
 
 use super::{args, blocks, CudaBackend};
-use crate::backend::{Act, DevPtr};
+use crate::backend::{Act, ActType, DevPtr};
 use crate::backend::Precision;
 use crate::error::{Error, Result};
 
@@ -37,64 +36,14 @@ fn variant(hs: usize, precision: Precision) -> Result<String> {
     Ok(format!("d{d}_s{split}"))
 }
 
-/// 1 when the kernels may copy rows in 16-byte pieces: head size (hence every row stride) a
-/// multiple of 4 floats and every matrix 16-byte aligned; else 0 (4-byte loads).
-fn vectorizable(hs: usize, ptrs: &[DevPtr]) -> usize {
-    (hs.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(16))) as usize
+/// 1 when the kernels may copy rows 4 elements at a time: head size (hence every row stride)
+/// a multiple of 4 and every matrix aligned to 4 elements of `act`; else 0 (one at a time).
+fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], act: ActType) -> usize {
+    let width = 4 * act.bytes() as u64;
+    (hs.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
 }
 
 impl CudaBackend {
-    /// Attention forward on bf16 operands through the f32 kernels (see the module's note).
-    ///
-    /// # Safety
-    /// The contract of [`Backend::attention_forward`](crate::backend::Backend::attention_forward).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attention_forward_bf16(
-        &self,
-        out: DevPtr<Act>,
-        lse: DevPtr,
-        qkv: DevPtr<Act>,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) -> Result<()> {
-        let n = b * t * c;
-        let qkv32 = self.scratch_in(&self.convert_scratch, 4 * n)?;
-        let out32 = qkv32.add(3 * n);
-        self.try_launch_1d("act_to_f32_kernel", 3 * n, args![qkv32, qkv, 3 * n])?;
-        self.attention_forward_flash(out32, lse, qkv32, b, t, c, nh)?;
-        self.try_launch_1d("f32_to_act_kernel", n, args![out, out32, n])
-    }
-
-    /// Attention backward on bf16 operands through the f32 kernels; `dqkv` accumulates.
-    ///
-    /// # Safety
-    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attention_backward_bf16(
-        &self,
-        dqkv: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        qkv: DevPtr<Act>,
-        out: DevPtr<Act>,
-        lse: DevPtr,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) -> Result<()> {
-        let n = b * t * c;
-        let qkv32 = self.scratch_in(&self.convert_scratch, 8 * n)?;
-        let (out32, dout32, dqkv32) = (qkv32.add(3 * n), qkv32.add(4 * n), qkv32.add(5 * n));
-        self.try_launch_1d("act_to_f32_kernel", 3 * n, args![qkv32, qkv, 3 * n])?;
-        self.try_launch_1d("act_to_f32_kernel", n, args![out32, out, n])?;
-        self.try_launch_1d("act_to_f32_kernel", n, args![dout32, dout, n])?;
-        crate::backend::Backend::zero(self, dqkv32, 3 * n);
-        self.attention_backward_flash(dqkv32, dout32, qkv32, out32, lse, b, t, c, nh)?;
-        self.try_launch_1d("accumulate_f32_into_act_kernel", 3 * n, args![dqkv, dqkv32, 3 * n])
-    }
-
     /// (B·NH, row tiles): the tiles go in y, so they must fit its 65535 limit.
     fn flash_grid(&self, b: usize, t: usize, nh: usize) -> Result<(u32, u32, u32)> {
         let tiles = t.div_ceil(ROWS_PER_BLOCK);
@@ -112,9 +61,9 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn attention_forward_flash(
         &self,
-        out: DevPtr,
+        out: DevPtr<Act>,
         lse: DevPtr,
-        qkv: DevPtr,
+        qkv: DevPtr<Act>,
         b: usize,
         t: usize,
         c: usize,
@@ -126,7 +75,7 @@ impl CudaBackend {
         }
         let name = format!("flash_forward_{}", variant(hs, self.precision)?);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
-        let vec = vectorizable(hs, &[qkv]);
+        let vec = vectorizable(hs, &[qkv], self.precision.act());
         self.try_launch(
             &name,
             self.flash_grid(b, t, nh)?,
@@ -140,10 +89,10 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn attention_backward_flash(
         &self,
-        dqkv: DevPtr,
-        dout: DevPtr,
-        qkv: DevPtr,
-        out: DevPtr,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        out: DevPtr<Act>,
         lse: DevPtr,
         b: usize,
         t: usize,
@@ -166,7 +115,7 @@ impl CudaBackend {
         let scale = 1.0 / (hs as f32).sqrt();
         let scale_log2 = std::f32::consts::LOG2_E * scale;
         let grid = self.flash_grid(b, t, nh)?;
-        let vec = vectorizable(hs, &[qkv, dout]);
+        let vec = vectorizable(hs, &[qkv, dout], self.precision.act());
         let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
         self.try_launch(
             &format!("flash_backward_dkdv_{suffix}"),

@@ -48,8 +48,6 @@ pub struct CudaBackend {
     reduce_partials: CudaBuffer,
     /// Attention's intermediates; grown to the largest call seen, then reused.
     scratch: Mutex<Option<CudaBuffer>>,
-    /// f32 copies of bf16 attention operands (see `flash.rs`), grown and reused likewise.
-    convert_scratch: Mutex<Option<CudaBuffer>>,
     /// First failure of an op that cannot return one; reported by `synchronize`.
     error: Mutex<Option<String>>,
     memory: Arc<DeviceMemory>,
@@ -132,7 +130,6 @@ impl CudaBackend {
             blas_workspace,
             reduce_partials,
             scratch: Mutex::new(None),
-            convert_scratch: Mutex::new(None),
             error: Mutex::new(None),
             memory,
             name: format!("{gpu} ({arch}, {})", precision.name()),
@@ -193,14 +190,6 @@ impl CudaBackend {
         self.launch(name, blocks(n, THREADS), (THREADS as u32, 1, 1), args);
     }
 
-    /// As [`CudaBackend::launch_1d`], returning a failure.
-    ///
-    /// # Safety
-    /// As [`CudaBackend::launch`].
-    unsafe fn try_launch_1d(&self, name: &str, n: usize, args: &[Arg]) -> Result<()> {
-        self.try_launch(name, blocks(n, THREADS), (THREADS as u32, 1, 1), args)
-    }
-
     /// Queues kernel `name` on the stream; a failure is latched for `synchronize`.
     /// Integer arguments must fit an `int`.
     ///
@@ -242,12 +231,8 @@ impl CudaBackend {
 
     /// A device scratch area of at least `words` f32s, valid until the next call.
     fn scratch(&self, words: usize) -> Result<DevPtr> {
-        self.scratch_in(&self.scratch, words)
-    }
-
-    /// As [`CudaBackend::scratch`], from one of the backend's scratch slots.
-    fn scratch_in(&self, slot: &Mutex<Option<CudaBuffer>>, words: usize) -> Result<DevPtr> {
-        let mut slot = slot
+        let mut slot = self
+            .scratch
             .lock()
             .map_err(|_| Error::Device("scratch lock poisoned".into()))?;
         if slot.as_ref().is_none_or(|buf| buf.len() < words) {

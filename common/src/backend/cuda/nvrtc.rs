@@ -41,10 +41,15 @@ const FLASH_FILES: [(usize, &str); 4] = [
     (128, "flash_d128.cu"),
 ];
 
-/// The templates and their instances for head size `d`: TF32 split 1 (`tf32`) and 3 (`fp32`).
-fn flash_source(d: usize) -> String {
+/// The templates and their instances for head size `d`: TF32 split 1 (`tf32`, `bf16`) and,
+/// for f32 operands, 3 (`fp32`).
+fn flash_source(d: usize, act: ActType) -> String {
     let mut src = format!("{FLASH_TEMPLATES}\n// Instances for head sizes padded to {d}.\n");
-    for split in [1, 3] {
+    let splits: &[usize] = match act {
+        ActType::F32 => &[1, 3],
+        ActType::Bf16 => &[1],
+    };
+    for &split in splits {
         for (kernel, params, args) in [
             ("flash_forward", "FWD_PARAMS", "FWD_ARGS"),
             ("flash_backward_dkdv", "BWD_PARAMS", "BWD_ARGS"),
@@ -63,7 +68,7 @@ fn flash_source(d: usize) -> String {
 pub fn kernel_sources(act: ActType) -> Vec<(&'static str, String)> {
     let define = format!("#define ACT_BF16 {}\n", (act == ActType::Bf16) as u8);
     let files = KERNEL_FILES.iter().map(|&(name, src)| (name, src.to_string()));
-    let flash = FLASH_FILES.iter().map(|&(d, name)| (name, flash_source(d)));
+    let flash = FLASH_FILES.iter().map(move |&(d, name)| (name, flash_source(d, act)));
     files
         .chain(flash)
         .map(|(name, src)| (name, format!("{define}{PRELUDE}\n{src}")))

@@ -31,10 +31,15 @@ fn column_reduce_launch(n: usize, c: usize) -> LaunchShape {
 /// The float4 column reductions: 128 columns × 8 warps per block, when `c` and every
 /// matrix allow loads of 4 elements of `act` at once.
 fn vec4_column_reduce(n: usize, c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> Option<LaunchShape> {
-    let width = 4 * act.bytes() as u64;
-    let aligned = c.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(width));
+    let aligned = vec4_rows(c, ptrs, act);
     let grid = (c.div_ceil(128) as u32, n.div_ceil(VEC4_CHUNK_ROWS) as u32, 1);
     aligned.then_some((grid, (256, 1, 1)))
+}
+
+/// Whether rows of `c` activations at these pointers may be read 4 elements at a time.
+fn vec4_rows(c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> bool {
+    let width = 4 * act.bytes() as u64;
+    c.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))
 }
 
 impl CudaBackend {
@@ -328,12 +333,12 @@ impl Backend for CudaBackend {
         c: usize,
     ) {
         let grid = blocks(bt, ROWS_PER_BLOCK);
-        self.launch(
-            "layernorm_forward_kernel",
-            grid,
-            (THREADS as u32, 1, 1),
-            args![out, mean, rstd, inp, w, b, bt, c],
-        );
+        let name = if vec4_rows(c, &[out, inp, w, b], self.act()) {
+            "layernorm_forward_vec4_kernel"
+        } else {
+            "layernorm_forward_kernel"
+        };
+        self.launch(name, grid, (THREADS as u32, 1, 1), args![out, mean, rstd, inp, w, b, bt, c]);
     }
 
     unsafe fn layernorm_backward(
@@ -351,7 +356,12 @@ impl Backend for CudaBackend {
     ) {
         let grid = blocks(bt, ROWS_PER_BLOCK);
         let args = args![dinp, dout, inp, w, mean, rstd, bt, c];
-        self.launch("layernorm_backward_dinp_kernel", grid, (THREADS as u32, 1, 1), args);
+        let name = if vec4_rows(c, &[dinp, dout, inp, w], self.act()) {
+            "layernorm_backward_dinp_vec4_kernel"
+        } else {
+            "layernorm_backward_dinp_kernel"
+        };
+        self.launch(name, grid, (THREADS as u32, 1, 1), args);
         let (name, (grid, block), rows) = match vec4_column_reduce(bt, c, &[dout, inp], self.act()) {
             Some(shape) => ("layernorm_backward_params_vec4_kernel", shape, VEC4_CHUNK_ROWS),
             None => (
@@ -394,12 +404,10 @@ impl Backend for CudaBackend {
         c: usize,
         nh: usize,
     ) {
-        let queued = match (self.attention, self.act()) {
-            (AttentionPath::Flash, ActType::F32) => {
-                self.attention_forward_flash(out.cast(), saved, qkv.cast(), b, t, c, nh)
-            }
-            (AttentionPath::Flash, ActType::Bf16) => self.attention_forward_bf16(out, saved, qkv, b, t, c, nh),
-            (AttentionPath::Gemm, _) => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
+        // The GEMM path is f32 only (a bf16 backend is never on it: see `CudaBackend::new`).
+        let queued = match self.attention {
+            AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
+            AttentionPath::Gemm => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
         };
         if let Err(e) = queued {
             self.fail(e);
@@ -418,15 +426,9 @@ impl Backend for CudaBackend {
         c: usize,
         nh: usize,
     ) {
-        let queued = match (self.attention, self.act()) {
-            (AttentionPath::Flash, ActType::F32) => {
-                let (dqkv, dout, qkv, out) = (dqkv.cast(), dout.cast(), qkv.cast(), out.cast());
-                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh)
-            }
-            (AttentionPath::Flash, ActType::Bf16) => {
-                self.attention_backward_bf16(dqkv, dout, qkv, out, saved, b, t, c, nh)
-            }
-            (AttentionPath::Gemm, _) => {
+        let queued = match self.attention {
+            AttentionPath::Flash => self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh),
+            AttentionPath::Gemm => {
                 self.attention_backward_gemm(dqkv.cast(), dout.cast(), qkv.cast(), saved, b, t, c, nh)
             }
         };

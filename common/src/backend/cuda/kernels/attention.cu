@@ -97,7 +97,7 @@ extern "C" __global__ void attention_softmax_backward_kernel(float* datt, const 
 }
 
 // delta (B·NH, T) = Σ_d dout · out per row and head (FlashAttention's D). One thread per row.
-extern "C" __global__ void flash_backward_delta_kernel(float* delta, const float* dout, const float* out, int B,
+extern "C" __global__ void flash_backward_delta_kernel(float* delta, const act_t* dout, const act_t* out, int B,
                                                        int T, int NH, int HS) {
     size_t n = (size_t)B * NH * T;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -107,6 +107,6 @@ extern "C" __global__ void flash_backward_delta_kernel(float* delta, const float
     int b = (int)(bt / T), r = (int)(bt % T);
     size_t off = bt * NH * HS + (size_t)h * HS;
     float sum = 0.0f;
-    for (int d = 0; d < HS; d++) sum += dout[off + d] * out[off + d];
+    for (int d = 0; d < HS; d++) sum += to_f(dout[off + d]) * to_f(out[off + d]);
     delta[((size_t)b * NH + h) * T + r] = sum;
 }

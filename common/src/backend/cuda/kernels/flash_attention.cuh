@@ -93,14 +93,22 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// The global operands are E: float, or bf16_t (act_t of a bf16 build), read into f32 (exact:
+// a bf16 is a TF32 with its low mantissa bits 0) and written back rounded.
+__device__ __forceinline__ void store_e(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_e(bf16_t* p, float v) { *p = to_bf16(v); }
+__device__ __forceinline__ void add_e(float* p, float v) { *p += v; }
+__device__ __forceinline__ void add_e(bf16_t* p, float v) { *p = to_bf16(to_f(*p) + v); }
+
 // Rows r of a (T, stride) matrix at `base`; columns past HS and rows past T read 0.
-__device__ __forceinline__ float load_or_zero(const float* base, size_t stride, int r, int d, int T, int HS) {
-    return (r < T && d < HS) ? base[(size_t)r * stride + d] : 0.0f;
+template <typename E>
+__device__ __forceinline__ float load_or_zero(const E* base, size_t stride, int r, int d, int T, int HS) {
+    return (r < T && d < HS) ? to_f(base[(size_t)r * stride + d]) : 0.0f;
 }
 
 // The A fragments of rows r0 and r0 + 8 over the whole head (DT 8-wide steps), permuted as above.
-template <int DT>
-__device__ __forceinline__ void load_a_rows(float a[DT][4], const float* base, size_t stride, int r0, int t, int T,
+template <int DT, typename E>
+__device__ __forceinline__ void load_a_rows(float a[DT][4], const E* base, size_t stride, int r0, int t, int T,
                                             int HS) {
 #pragma unroll
     for (int kk = 0; kk < DT; kk++) {
@@ -136,6 +144,32 @@ __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wai
 // otherwise plain loads and stores (visible after the caller's barrier).
 template <int ROWS, int D, int LD>
 __device__ __forceinline__ void tile_load(float* tile, const float* base, size_t stride, int r0, int T, int HS,
+                                          bool vec);
+
+// bf16 operands: 4 values (8 bytes) per load, widened and stored as a float4; synchronous (the
+// widening needs the data in registers), so the next tile's latency is not hidden as cp.async
+// hides it for f32. `vec`: HS and the row stride multiples of 4, base 8-byte aligned.
+template <int ROWS, int D, int LD>
+__device__ __forceinline__ void tile_load(float* tile, const bf16_t* base, size_t stride, int r0, int T, int HS,
+                                          bool vec) {
+    if (vec) {
+        constexpr int CHUNKS = D / 4;
+        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += FLASH_THREADS) {
+            int r = i / CHUNKS, c = (i % CHUNKS) * 4;
+            bool inside = r0 + r < T && c < HS;
+            float4 v = inside ? load4(base + (size_t)(r0 + r) * stride + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *reinterpret_cast<float4*>(tile + r * LD + c) = v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS * D; i += FLASH_THREADS) {
+            int r = i / D, d = i % D;
+            tile[r * LD + d] = load_or_zero(base, stride, r0 + r, d, T, HS);
+        }
+    }
+}
+
+template <int ROWS, int D, int LD>
+__device__ __forceinline__ void tile_load(float* tile, const float* base, size_t stride, int r0, int T, int HS,
                                           bool vec) {
     if (vec) {
         constexpr int CHUNKS = D / 4;
@@ -165,8 +199,8 @@ __device__ __forceinline__ void vector_load(float* dst, const float* row, int r0
 
 // Grid (B·NH, ceil(T/64)), 128 threads. Heavy query tiles (late rows) are scheduled first.
 // out (B,T,NH·HS), lse (B·NH, T) in base 2.
-template <int D, int SPLIT>
-__device__ __forceinline__ void flash_forward(float* out, float* lse, const float* qkv, int T, int NH, int HS,
+template <int D, int SPLIT, typename E>
+__device__ __forceinline__ void flash_forward(E* out, float* lse, const E* qkv, int T, int NH, int HS,
                                               float scale_log2, int vec) {
     constexpr int BK = Tile<D>::ROWS;  // keys per tile
     constexpr int LDK = Tile<D>::LD_PAIR, LDV = Tile<D>::LD_COL;
@@ -178,9 +212,9 @@ __device__ __forceinline__ void flash_forward(float* out, float* lse, const floa
     int qt = gridDim.y - 1 - blockIdx.y;
     int b = blockIdx.x / NH, h = blockIdx.x % NH;
     size_t C = (size_t)NH * HS, stride = 3 * C;
-    const float* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
-    const float* k_base = q_base + C;
-    const float* v_base = q_base + 2 * C;
+    const E* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const E* k_base = q_base + C;
+    const E* v_base = q_base + 2 * C;
     int q0 = qt * 64 + warp * 16;
     int r0 = q0 + g, r1 = q0 + g + 8;
 
@@ -278,14 +312,14 @@ __device__ __forceinline__ void flash_forward(float* out, float* lse, const floa
     l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
     l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
     float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-    float* out_base = out + (size_t)b * T * C + (size_t)h * HS;
+    E* out_base = out + (size_t)b * T * C + (size_t)h * HS;
 #pragma unroll
     for (int n = 0; n < DT; n++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int d = n * 8 + 2 * t + (i & 1);
             int row = i < 2 ? r0 : r1;
-            if (row < T && d < HS) out_base[(size_t)row * C + d] = o[n][i] * (i < 2 ? inv0 : inv1);
+            if (row < T && d < HS) store_e(out_base + (size_t)row * C + d, o[n][i] * (i < 2 ? inv0 : inv1));
         }
     }
     if (t == 0) {
@@ -299,8 +333,8 @@ __device__ __forceinline__ void flash_forward(float* out, float* lse, const floa
 
 // dK and dV for one tile of 64 keys (16 per warp), summing over every later query in tiles.
 // Grid (B·NH, ceil(T/64)); heavy (early) key tiles first. Accumulates into dqkv.
-template <int D, int SPLIT>
-__device__ __forceinline__ void flash_backward_dkdv(float* dqkv, const float* dout, const float* qkv,
+template <int D, int SPLIT, typename E>
+__device__ __forceinline__ void flash_backward_dkdv(E* dqkv, const E* dout, const E* qkv,
                                                     const float* lse, const float* delta, int T, int NH, int HS,
                                                     float scale, float scale_log2, int vec) {
     constexpr int BQ = Tile<D>::ROWS;
@@ -314,10 +348,10 @@ __device__ __forceinline__ void flash_backward_dkdv(float* dqkv, const float* do
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
     int b = blockIdx.x / NH, h = blockIdx.x % NH;
     size_t C = (size_t)NH * HS, stride = 3 * C;
-    const float* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
-    const float* k_base = q_base + C;
-    const float* v_base = q_base + 2 * C;
-    const float* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
+    const E* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const E* k_base = q_base + C;
+    const E* v_base = q_base + 2 * C;
+    const E* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
     const float* lse_row = lse + (size_t)blockIdx.x * T;
     const float* delta_row = delta + (size_t)blockIdx.x * T;
     int k_start = blockIdx.y * 64;
@@ -413,8 +447,8 @@ __device__ __forceinline__ void flash_backward_dkdv(float* dqkv, const float* do
         }
         __syncthreads();
     }
-    float* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
-    float* dv_base = dk_base + C;
+    E* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
+    E* dv_base = dk_base + C;
 #pragma unroll
     for (int n = 0; n < DT; n++) {
 #pragma unroll
@@ -422,8 +456,8 @@ __device__ __forceinline__ void flash_backward_dkdv(float* dqkv, const float* do
             int d = n * 8 + 2 * t + (i & 1);
             int key = i < 2 ? kr0 : kr1;
             if (key < T && d < HS) {
-                dk_base[(size_t)key * stride + d] += dk[n][i];
-                dv_base[(size_t)key * stride + d] += dv[n][i];
+                add_e(dk_base + (size_t)key * stride + d, dk[n][i]);
+                add_e(dv_base + (size_t)key * stride + d, dv[n][i]);
             }
         }
     }
@@ -431,8 +465,8 @@ __device__ __forceinline__ void flash_backward_dkdv(float* dqkv, const float* do
 
 // dQ for one tile of 64 queries (16 per warp), summing over keys in tiles.
 // Grid (B·NH, ceil(T/64)); heavy (late) query tiles first. Accumulates into dqkv.
-template <int D, int SPLIT>
-__device__ __forceinline__ void flash_backward_dq(float* dqkv, const float* dout, const float* qkv, const float* lse,
+template <int D, int SPLIT, typename E>
+__device__ __forceinline__ void flash_backward_dq(E* dqkv, const E* dout, const E* qkv, const float* lse,
                                                   const float* delta, int T, int NH, int HS, float scale,
                                                   float scale_log2, int vec) {
     constexpr int BK = Tile<D>::ROWS;
@@ -445,10 +479,10 @@ __device__ __forceinline__ void flash_backward_dq(float* dqkv, const float* dout
     int qt = gridDim.y - 1 - blockIdx.y;
     int b = blockIdx.x / NH, h = blockIdx.x % NH;
     size_t C = (size_t)NH * HS, stride = 3 * C;
-    const float* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
-    const float* k_base = q_base + C;
-    const float* v_base = q_base + 2 * C;
-    const float* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
+    const E* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const E* k_base = q_base + C;
+    const E* v_base = q_base + 2 * C;
+    const E* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
     int q0 = qt * 64 + warp * 16;
     int r0 = q0 + g, r1 = q0 + g + 8;
     const float* lse_row = lse + (size_t)blockIdx.x * T;
@@ -527,23 +561,24 @@ __device__ __forceinline__ void flash_backward_dq(float* dqkv, const float* dout
         }
         __syncthreads();
     }
-    float* dq_base = dqkv + (size_t)b * T * stride + (size_t)h * HS;
+    E* dq_base = dqkv + (size_t)b * T * stride + (size_t)h * HS;
 #pragma unroll
     for (int n = 0; n < DT; n++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int d = n * 8 + 2 * t + (i & 1);
             int row = i < 2 ? r0 : r1;
-            if (row < T && d < HS) dq_base[(size_t)row * stride + d] += dq[n][i];
+            if (row < T && d < HS) add_e(dq_base + (size_t)row * stride + d, dq[n][i]);
         }
     }
 }
 
 // ---- entry points (one file per padded head size D): parameter lists ----------------------
 
-#define FWD_PARAMS float *out, float *lse, const float *qkv, int T, int NH, int HS, float scale_log2, int vec
+// The operands are act_t: f32, or bf16 in a bf16 build (ACT_BF16).
+#define FWD_PARAMS act_t *out, float *lse, const act_t *qkv, int T, int NH, int HS, float scale_log2, int vec
 #define FWD_ARGS out, lse, qkv, T, NH, HS, scale_log2, vec
 #define BWD_PARAMS                                                                                            \
-    float *dqkv, const float *dout, const float *qkv, const float *lse, const float *delta, int T, int NH, int HS, \
+    act_t *dqkv, const act_t *dout, const act_t *qkv, const float *lse, const float *delta, int T, int NH, int HS, \
         float scale, float scale_log2, int vec
 #define BWD_ARGS dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2, vec

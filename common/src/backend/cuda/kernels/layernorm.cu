@@ -55,6 +55,75 @@ extern "C" __global__ void layernorm_backward_dinp_kernel(act_t* dinp, const act
     }
 }
 
+// layernorm_forward_kernel and layernorm_backward_dinp_kernel for C a multiple of 4 and rows
+// aligned to 4 elements: each lane reads and writes 4 consecutive values at a time (16 bytes
+// in f32, 8 in bf16) instead of one, so a warp moves 512 (256) bytes per instruction.
+extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean, float* rstd, const act_t* inp,
+                                                         const act_t* w, const act_t* b, int N, int C) {
+    int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    const act_t* x = inp + (size_t)row * C;
+    float sum = 0.0f;
+    for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
+        float4 v = load4(x + c);
+        sum += (v.x + v.y) + (v.z + v.w);
+    }
+    float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
+        float4 v = load4(x + c);
+        float d0 = v.x - m, d1 = v.y - m, d2 = v.z - m, d3 = v.w - m;
+        var += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+    }
+    float s = 1.0f / sqrtf(warp_sum(var) / C + LN_EPS);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+    act_t* o = out + (size_t)row * C;
+    for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
+        float4 v = load4(x + c), wv = load4(w + c), bv = load4(b + c);
+        store4(o + c, make_float4((v.x - m) * s * wv.x + bv.x, (v.y - m) * s * wv.y + bv.y,
+                                  (v.z - m) * s * wv.z + bv.z, (v.w - m) * s * wv.w + bv.w));
+    }
+}
+
+extern "C" __global__ void layernorm_backward_dinp_vec4_kernel(act_t* dinp, const act_t* dout, const act_t* inp,
+                                                               const act_t* w, const float* mean,
+                                                               const float* rstd, int N, int C) {
+    int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    size_t off = (size_t)row * C;
+    const act_t* x = inp + off;
+    const act_t* g = dout + off;
+    float m = mean[row], s = rstd[row];
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
+        float4 xv = load4(x + c), gv = load4(g + c), wv = load4(w + c);
+        float dn[4] = {wv.x * gv.x, wv.y * gv.y, wv.z * gv.z, wv.w * gv.w};
+        float xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            dnorm_mean += dn[k];
+            dnorm_norm_mean += dn[k] * ((xs[k] - m) * s);
+        }
+    }
+    dnorm_mean = warp_sum(dnorm_mean) / C;
+    dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+    act_t* d = dinp + off;
+    for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
+        float4 xv = load4(x + c), gv = load4(g + c), wv = load4(w + c), dv = load4(d + c);
+        float dn[4] = {wv.x * gv.x, wv.y * gv.y, wv.z * gv.z, wv.w * gv.w};
+        float xs[4] = {xv.x, xv.y, xv.z, xv.w};
+        float ds[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) ds[k] += (dn[k] - dnorm_mean - (xs[k] - m) * s * dnorm_norm_mean) * s;
+        store4(d + c, make_float4(ds[0], ds[1], ds[2], ds[3]));
+    }
+}
+
 // The chunk's partial sums of dw[c] = Σ_rows norm·dout and db[c] = Σ_rows dout, into
 // dw_partials[chunk, c] and db_partials[chunk, c]; column_sums_finish_kernel adds the chunks in order.
 // Block (32, 8): 32 columns, 8 row lanes; blockIdx.y picks a chunk of `rows_per_block` rows.

@@ -20,21 +20,6 @@ extern "C" __global__ void add_kernel(act_t* out, const act_t* a, const act_t* b
     if (i < n) out[i] = from_f(to_f(a[i]) + to_f(b[i]));
 }
 
-// Conversions between activations and f32 (around kernels that work in f32 only).
-extern "C" __global__ void act_to_f32_kernel(float* dst, const act_t* src, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = to_f(src[i]);
-}
-extern "C" __global__ void f32_to_act_kernel(act_t* dst, const float* src, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = from_f(src[i]);
-}
-// dst += src, an f32 result added to activations.
-extern "C" __global__ void accumulate_f32_into_act_kernel(act_t* dst, const float* src, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = from_f(to_f(dst[i]) + src[i]);
-}
-
 // dst *= s.
 extern "C" __global__ void scale_kernel(float* dst, int n, float s) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
