@@ -3,12 +3,12 @@
 //! into scratch, then dK/dV per key tile and dQ per query tile. Kernels exist for head sizes up
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.
 //!
-//! bf16: the kernels of a bf16 build read bf16 operands, widen them to f32 in shared memory
-//! (exact: a bf16's 8 mantissa bits fit TF32's 10) and run the TF32 products, writing bf16.
-//! That runs at TF32's rate; a native bf16 kernel (mma m16n8k16) is the next step.
+//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16).
+//! `GPT2_CUDA_ATTENTION=flash-tf32` runs the TF32 kernels on the bf16 operands instead (they
+//! widen them to f32 in shared memory, exactly), the first bf16 version, for comparison.
 
-use super::{args, blocks, CudaBackend};
-use crate::backend::{Act, ActType, DevPtr};
+use super::{args, blocks, AttentionPath, CudaBackend};
+use crate::backend::{Act, DevPtr};
 use crate::backend::Precision;
 use crate::error::{Error, Result};
 
@@ -16,8 +16,14 @@ const THREADS: u32 = 128;
 /// Query (forward, dQ) or key (dK/dV) rows per block.
 const ROWS_PER_BLOCK: usize = 64;
 
-/// Kernel name suffix for head size `hs`: the padded size and the TF32 split.
-fn variant(hs: usize, precision: Precision) -> Result<String> {
+/// The kernels for head size `hs`: their name suffix (the padded size, then the TF32 split or
+/// `bf16`) and how many elements of how many bytes one vector copy moves.
+struct Variant {
+    suffix: String,
+    vector: (usize, usize),
+}
+
+fn variant(hs: usize, precision: Precision, path: AttentionPath) -> Result<Variant> {
     let d = match hs {
         1..=16 => 16,
         17..=32 => 32,
@@ -29,18 +35,31 @@ fn variant(hs: usize, precision: Precision) -> Result<String> {
             )))
         }
     };
-    let split = match precision {
-        Precision::Fp32 => 3,
-        Precision::Tf32 | Precision::Bf16 => 1,
-    };
-    Ok(format!("d{d}_s{split}"))
+    Ok(match (precision, path) {
+        (Precision::Bf16, AttentionPath::Flash) => Variant {
+            suffix: format!("d{d}_bf16"),
+            vector: (8, 2),
+        },
+        (Precision::Bf16, _) => Variant {
+            suffix: format!("d{d}_s1"),
+            vector: (4, 2),
+        },
+        (Precision::Tf32, _) => Variant {
+            suffix: format!("d{d}_s1"),
+            vector: (4, 4),
+        },
+        (Precision::Fp32, _) => Variant {
+            suffix: format!("d{d}_s3"),
+            vector: (4, 4),
+        },
+    })
 }
 
-/// 1 when the kernels may copy rows 4 elements at a time: head size (hence every row stride)
-/// a multiple of 4 and every matrix aligned to 4 elements of `act`; else 0 (one at a time).
-fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], act: ActType) -> usize {
-    let width = 4 * act.bytes() as u64;
-    (hs.is_multiple_of(4) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
+/// 1 when the kernels may copy rows `n` elements of `bytes` at a time: head size (hence every
+/// row stride) a multiple of `n` and every matrix aligned to the copy; else 0 (one at a time).
+fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> usize {
+    let width = (n * bytes) as u64;
+    (hs.is_multiple_of(n) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
 }
 
 impl CudaBackend {
@@ -73,9 +92,10 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let name = format!("flash_forward_{}", variant(hs, self.precision)?);
+        let v = variant(hs, self.precision, self.attention)?;
+        let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
-        let vec = vectorizable(hs, &[qkv], self.precision.act());
+        let vec = vectorizable(hs, &[qkv], v.vector);
         self.try_launch(
             &name,
             self.flash_grid(b, t, nh)?,
@@ -103,7 +123,8 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let suffix = variant(hs, self.precision)?;
+        let v = variant(hs, self.precision, self.attention)?;
+        let suffix = &v.suffix;
         let rows = b * nh * t;
         let delta = self.scratch(rows)?;
         self.try_launch(
@@ -115,7 +136,7 @@ impl CudaBackend {
         let scale = 1.0 / (hs as f32).sqrt();
         let scale_log2 = std::f32::consts::LOG2_E * scale;
         let grid = self.flash_grid(b, t, nh)?;
-        let vec = vectorizable(hs, &[qkv, dout], self.precision.act());
+        let vec = vectorizable(hs, &[qkv, dout], v.vector);
         let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
         self.try_launch(
             &format!("flash_backward_dkdv_{suffix}"),

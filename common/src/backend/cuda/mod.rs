@@ -59,20 +59,26 @@ pub struct CudaBackend {
 /// How causal attention runs. Both are kept so that they can be compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionPath {
-    /// Flash kernels (`kernels/flash_attention.cuh`): saves (B,NH,T) log-sum-exps.
+    /// Flash kernels: saves (B,NH,T) log-sum-exps. TF32 products on f32 operands
+    /// (`kernels/flash_attention.cuh`), bf16 products on bf16 ones (`kernels/flash_bf16.cuh`).
     Flash,
+    /// Under bf16, the TF32 flash kernels on bf16 operands (the first bf16 version), kept
+    /// for comparison; the same as `Flash` in fp32 and tf32.
+    FlashTf32,
     /// Batched cuBLAS GEMMs around a softmax kernel: saves the (B,NH,T,T) probabilities.
     Gemm,
 }
 
 impl AttentionPath {
-    /// From the environment variable `GPT2_CUDA_ATTENTION` (`flash`, the default, or `gemm`).
+    /// From the environment variable `GPT2_CUDA_ATTENTION` (`flash`, the default,
+    /// `flash-tf32` or `gemm`).
     fn from_env() -> Result<Self> {
         match std::env::var("GPT2_CUDA_ATTENTION").as_deref() {
             Err(_) | Ok("") | Ok("flash") => Ok(AttentionPath::Flash),
+            Ok("flash-tf32") => Ok(AttentionPath::FlashTf32),
             Ok("gemm") => Ok(AttentionPath::Gemm),
             Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_ATTENTION={other}: expected `flash` or `gemm`"
+                "GPT2_CUDA_ATTENTION={other}: expected `flash`, `flash-tf32` or `gemm`"
             ))),
         }
     }

@@ -31,6 +31,8 @@ const KERNEL_FILES: &[(&str, &str)] = &[
 
 /// Flash attention templates (`flash_forward<D, SPLIT>` and the two backward kernels).
 const FLASH_TEMPLATES: &str = include_str!("kernels/flash_attention.cuh");
+/// The bf16 tensor-core flash kernels (`flash16_forward<D>` and the two backward kernels).
+const FLASH_BF16_TEMPLATES: &str = include_str!("kernels/flash_bf16.cuh");
 
 /// Head sizes the flash kernels are built for (a head is padded up to the next one), with
 /// the name each compiled file goes by.
@@ -41,10 +43,25 @@ const FLASH_FILES: [(usize, &str); 4] = [
     (128, "flash_d128.cu"),
 ];
 
-/// The templates and their instances for head size `d`: TF32 split 1 (`tf32`, `bf16`) and,
-/// for f32 operands, 3 (`fp32`).
+/// The templates and their instances for head size `d`: TF32 split 1 (`tf32`, and `bf16`'s
+/// `flash-tf32`) and, for f32 operands, 3 (`fp32`); for bf16 operands the bf16 kernels too.
 fn flash_source(d: usize, act: ActType) -> String {
-    let mut src = format!("{FLASH_TEMPLATES}\n// Instances for head sizes padded to {d}.\n");
+    let mut src = format!("{FLASH_TEMPLATES}\n");
+    if act == ActType::Bf16 {
+        src += FLASH_BF16_TEMPLATES;
+        for kernel in ["flash_forward", "flash_backward_dkdv", "flash_backward_dq"] {
+            let (params, args) = if kernel == "flash_forward" {
+                ("FWD_PARAMS", "FWD_ARGS")
+            } else {
+                ("BWD_PARAMS", "BWD_ARGS")
+            };
+            let template = kernel.replacen("flash", "flash16", 1);
+            src += &format!(
+                "extern \"C\" __global__ void {kernel}_d{d}_bf16({params}) {{ {template}<{d}>({args}); }}\n"
+            );
+        }
+    }
+    src += &format!("// Instances for head sizes padded to {d}.\n");
     let splits: &[usize] = match act {
         ActType::F32 => &[1, 3],
         ActType::Bf16 => &[1],
