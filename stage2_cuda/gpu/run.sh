@@ -4,8 +4,11 @@
 # (`make results`' settings, fp32), a determinism check (two same-seed runs); tables last.
 # Run from the project root after `../shared/gpu/bundle.sh` (and `git rev-parse --short HEAD
 # > .gpu/commit`, which names the commit in the tables):
-#   stage2_cuda/gpu/run.sh [bench] [ablate] [tests] [timing] [results] [determinism]
+#   stage2_cuda/gpu/run.sh [bench] [ablate] [tests] [timing] [results] [determinism] [converge]
 #   (default: bench ablate tests timing)
+# converge: GPT-2 124M for 500 steps (B=16, T=1024, evaluated every 50) on the bundled corpus
+# with the GPT-2 tokenizer, in fp32 and in bf16; the bf16 run must stay within 2% of the fp32
+# run's losses at every evaluation. Runs (loss.tsv, env.txt) go to $OUT/converge.tgz.
 # Logs go to $OUT (default /tmp/out): bench.jsonl, gpu-bench.md (the table, with the machine),
 # results.tgz (runs with env.txt), tests.log, timing.log. The PyTorch script is read from here.
 set -uo pipefail
@@ -49,6 +52,7 @@ if want ablate; then  # earlier versions, for NOTES.md: GEMM attention, bias as 
   bench "ours-fp32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision fp32
   bench "ours-tf32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision tf32
   bench "ours-tf32-bias-unfused" env GPT2_CUDA_BIAS_EPILOGUE=0 stage2_cuda "${gpt2[@]}" --precision tf32
+  bench "ours-bf16-flash-tf32" env GPT2_CUDA_ATTENTION=flash-tf32 stage2_cuda "${gpt2[@]}" --precision bf16
 fi
 
 rc=0
@@ -97,6 +101,31 @@ PY
 )
     echo "DETERMINISM $p: loss.tsv (epoch, train, val, bad_steps) $same_table; final parameters and moments $same_state; last rows: $(tail -1 /tmp/det-$p-1/loss.tsv | cut -f1-3 | tr '\t' ' ') / $(tail -1 /tmp/det-$p-2/loss.tsv | cut -f1-3 | tr '\t' ' ')" | tee -a "$OUT/determinism.log"
   done
+fi
+
+if want converge; then
+  rm -rf /tmp/conv; mkdir -p /tmp/conv
+  for p in fp32 bf16; do
+    mkdir -p /tmp/conv/$p; echo "$machine" >/tmp/conv/$p/env.txt
+    timeout 400 stage2_cuda train --data data/tinyshakespeare.txt --tokenizer gpt2 --model gpt2 --batch 16 \
+      --seq-len 1024 --steps 500 --eval-every 50 --lr 6e-4 --warmup 50 --seed 1337 --sample-len 0 \
+      --precision $p --out /tmp/conv/$p >"$OUT/converge-$p.log" 2>&1 || { rc=1; echo "converge $p FAILED"; tail -3 "$OUT/converge-$p.log"; }
+  done
+  rm -f /tmp/conv/*/model.ckpt; tar -C /tmp/conv -czf "$OUT/converge.tgz" .
+  python3 - /tmp/conv/fp32/loss.tsv /tmp/conv/bf16/loss.tsv <<'PY' | tee "$OUT/converge.txt"
+import sys
+def rows(path):
+    lines = [l.rstrip("\n").split("\t") for l in open(path)]
+    return [dict(zip(lines[0], l)) for l in lines[1:]]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+worst = 0.0
+for x, y in zip(a, b):
+    for col in ("train_loss", "val_loss"):
+        rel = abs(float(y[col]) - float(x[col])) / float(x[col])
+        worst = max(worst, rel)
+    print(f"CONVERGE epoch {x['epoch']}: train fp32 {x['train_loss']} bf16 {y['train_loss']} | val fp32 {x['val_loss']} bf16 {y['val_loss']}")
+print(f"CONVERGE worst relative difference {100 * worst:.2f}% over {len(a)} evaluations (bound 2%): {'PASS' if worst <= 0.02 and len(a) == len(b) and a else 'FAIL'}")
+PY
 fi
 
 echo; echo "==== failures"; grep -hE "panicked|FAILED|^---- " "$OUT/tests.log" "$OUT/timing.log" 2>/dev/null | head -30

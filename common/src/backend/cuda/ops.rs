@@ -131,11 +131,19 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn accumulate_act(&self, dst: DevPtr<Act>, src: DevPtr<Act>, n: usize) {
-        self.launch_1d("accumulate_act_kernel", n, args![dst, src, n]);
+        if vec4_rows(n, &[dst, src], self.act()) {
+            self.launch_1d("accumulate_act_vec4_kernel", n / 4, args![dst, src, n / 4]);
+        } else {
+            self.launch_1d("accumulate_act_kernel", n, args![dst, src, n]);
+        }
     }
 
     unsafe fn add(&self, out: DevPtr<Act>, a: DevPtr<Act>, b: DevPtr<Act>, n: usize) {
-        self.launch_1d("add_kernel", n, args![out, a, b, n]);
+        if vec4_rows(n, &[out, a, b], self.act()) {
+            self.launch_1d("add_vec4_kernel", n / 4, args![out, a, b, n / 4]);
+        } else {
+            self.launch_1d("add_kernel", n, args![out, a, b, n]);
+        }
     }
 
     unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32) {
@@ -442,11 +450,19 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
-        self.launch_1d("gelu_forward_kernel", n, args![out, inp, n]);
+        if vec4_rows(n, &[out, inp], self.act()) {
+            self.launch_1d("gelu_forward_vec4_kernel", n / 4, args![out, inp, n / 4]);
+        } else {
+            self.launch_1d("gelu_forward_kernel", n, args![out, inp, n]);
+        }
     }
 
     unsafe fn gelu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
-        self.launch_1d("gelu_backward_kernel", n, args![dinp, inp, dout, n]);
+        if vec4_rows(n, &[dinp, inp, dout], self.act()) {
+            self.launch_1d("gelu_backward_vec4_kernel", n / 4, args![dinp, inp, dout, n / 4]);
+        } else {
+            self.launch_1d("gelu_backward_kernel", n, args![dinp, inp, dout, n]);
+        }
     }
 
     unsafe fn crossentropy_forward(

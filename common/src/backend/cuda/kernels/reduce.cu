@@ -13,6 +13,21 @@ extern "C" __global__ void accumulate_act_kernel(act_t* dst, const act_t* src, i
     if (i < n) dst[i] = from_f(to_f(dst[i]) + to_f(src[i]));
 }
 
+// accumulate_act_kernel and add_kernel, 4 elements per thread (n4 = n / 4 groups; n a
+// multiple of 4, pointers aligned to 4 elements).
+extern "C" __global__ void accumulate_act_vec4_kernel(act_t* dst, const act_t* src, int n4) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 d = load4(dst + 4 * i), s = load4(src + 4 * i);
+    store4(dst + 4 * i, make_float4(d.x + s.x, d.y + s.y, d.z + s.z, d.w + s.w));
+}
+extern "C" __global__ void add_vec4_kernel(act_t* out, const act_t* a, const act_t* b, int n4) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 x = load4(a + 4 * i), y = load4(b + 4 * i);
+    store4(out + 4 * i, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+}
+
 // out = a + b over activations (the residual connection's forward, one pass instead of
 // zero + two accumulates).
 extern "C" __global__ void add_kernel(act_t* out, const act_t* a, const act_t* b, int n) {
