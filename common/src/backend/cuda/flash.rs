@@ -127,9 +127,10 @@ impl CudaBackend {
         let suffix = &v.suffix;
         let rows = b * nh * t;
         let delta = self.scratch(rows)?;
+        // One warp per position, 8 per block.
         self.try_launch(
             "flash_backward_delta_kernel",
-            blocks(rows, 256),
+            blocks(b * t, 8),
             (256, 1, 1),
             args![delta, dout, out, b, t, nh, hs],
         )?;

@@ -474,7 +474,8 @@ impl Backend for CudaBackend {
         v: usize,
         vp: usize,
     ) {
-        let args = args![losses, logits, targets, bt, v, vp];
+        let vec = vec4_rows(vp, &[logits], self.act()) as usize;
+        let args = args![losses, logits, targets, bt, v, vp, vec];
         self.launch("crossentropy_forward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
     }
 

@@ -96,17 +96,19 @@ extern "C" __global__ void attention_softmax_backward_kernel(float* datt, const 
     for (int j = lane; j < T; j += WARP_SIZE) g[j] = j <= t ? scale * a[j] * (g[j] - dot) : 0.0f;
 }
 
-// delta (B·NH, T) = Σ_d dout · out per row and head (FlashAttention's D). One thread per row.
+// delta (B·NH, T) = Σ_d dout · out per row and head (FlashAttention's D). One warp per position
+// (b, t): the lanes read each head's HS values side by side (coalesced), the heads in turn.
 extern "C" __global__ void flash_backward_delta_kernel(float* delta, const act_t* dout, const act_t* out, int B,
                                                        int T, int NH, int HS) {
-    size_t n = (size_t)B * NH * T;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    int h = (int)(i % NH);
-    size_t bt = i / NH;  // b·T + t
+    int lane = threadIdx.x % WARP_SIZE;
+    size_t bt = (size_t)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;  // b·T + t
+    if (bt >= (size_t)B * T) return;
     int b = (int)(bt / T), r = (int)(bt % T);
-    size_t off = bt * NH * HS + (size_t)h * HS;
-    float sum = 0.0f;
-    for (int d = 0; d < HS; d++) sum += to_f(dout[off + d]) * to_f(out[off + d]);
-    delta[((size_t)b * NH + h) * T + r] = sum;
+    for (int h = 0; h < NH; h++) {
+        size_t off = (bt * NH + h) * HS;
+        float sum = 0.0f;
+        for (int d = lane; d < HS; d += WARP_SIZE) sum += to_f(dout[off + d]) * to_f(out[off + d]);
+        sum = warp_sum(sum);
+        if (lane == 0) delta[((size_t)b * NH + h) * T + r] = sum;
+    }
 }

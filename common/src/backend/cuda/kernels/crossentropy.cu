@@ -10,18 +10,29 @@ __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float
     m = mn;
 }
 
-// (max, Σ exp(x - max)) of x[0..V) over the block; every thread gets both.
-__device__ void row_softmax_stats(const act_t* x, int V, float* scratch, float& maxval, float& sum) {
-    float m = NEG_INF, s = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = to_f(x[i]);
-        if (v > m) {
-            s = s * expf(m - v) + 1.0f;
-            m = v;
-        } else {
-            s += expf(v - m);
-        }
+// Adds v to a running (max, sum).
+__device__ __forceinline__ void online_add(float& m, float& s, float v) {
+    if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+    } else {
+        s += expf(v - m);
     }
+}
+
+// (max, Σ exp(x - max)) of x[0..V) over the block; every thread gets both. `vec`: x aligned
+// to 4 elements, read 4 at a time up to the last multiple of 4, then one at a time.
+__device__ void row_softmax_stats(const act_t* x, int V, float* scratch, float& maxval, float& sum, int vec = 0) {
+    float m = NEG_INF, s = 0.0f;
+    int head = vec ? V / 4 * 4 : 0;
+    for (int j = threadIdx.x; j < head / 4; j += blockDim.x) {
+        float4 v = load4(x + 4 * j);
+        online_add(m, s, v.x);
+        online_add(m, s, v.y);
+        online_add(m, s, v.z);
+        online_add(m, s, v.w);
+    }
+    for (int i = head + threadIdx.x; i < V; i += blockDim.x) online_add(m, s, to_f(x[i]));
     for (int offset = 16; offset > 0; offset >>= 1) {
         float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
         float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
@@ -46,15 +57,16 @@ __device__ void row_softmax_stats(const act_t* x, int V, float* scratch, float& 
     sum = s;
 }
 
-// losses[row] = logsumexp(logits[row, :V]) - logits[row, target].
+// losses[row] = logsumexp(logits[row, :V]) - logits[row, target]. `vec`: Vp a multiple of 4 and
+// rows aligned to 4 elements.
 extern "C" __global__ void crossentropy_forward_kernel(float* losses, const act_t* logits, const int* targets,
-                                                       int N, int V, int Vp) {
+                                                       int N, int V, int Vp, int vec) {
     __shared__ float scratch[64];
     int row = blockIdx.x;
     if (row >= N) return;
     const act_t* x = logits + (size_t)row * Vp;
     float maxval, sum;
-    row_softmax_stats(x, V, scratch, maxval, sum);
+    row_softmax_stats(x, V, scratch, maxval, sum, vec);
     if (threadIdx.x == 0) losses[row] = logf(sum) + maxval - to_f(x[targets[row]]);
 }
 
