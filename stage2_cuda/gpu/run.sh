@@ -4,7 +4,7 @@
 # (`make results`' settings, fp32), a determinism check (two same-seed runs); tables last.
 # Run from the project root after `../shared/gpu/bundle.sh` (and `git rev-parse --short HEAD
 # > .gpu/commit`, which names the commit in the tables):
-#   stage2_cuda/gpu/run.sh [bench] [ablate] [tests] [timing] [results] [determinism] [converge]
+#   stage2_cuda/gpu/run.sh [bench] [shapes] [ablate] [tests] [timing] [results] [determinism] [converge]
 #   (default: bench ablate tests timing)
 # converge: GPT-2 124M for 500 steps (B=16, T=1024, evaluated every 50) on the bundled corpus
 # with the GPT-2 tokenizer, in fp32 and in bf16; the bf16 run must stay within 2% of the fp32
@@ -47,6 +47,12 @@ if want bench; then
     done
     bench "torch-compile-bf16-r$rep" python3 "$here/pytorch_gpt2.py" --precision bf16 --compile
   done
+fi
+if want shapes; then  # the issue's other bf16 shapes: GPT-2 medium at B=8, and 124M at T=2048
+  bench "ours-bf16-medium" stage2_cuda bench --model gpt2-medium --batch 8 --seq-len 1024 --steps 10 --warmup 3 --precision bf16
+  bench "torch-compile-bf16-medium" python3 "$here/pytorch_gpt2.py" --precision bf16 --compile --model gpt2-medium --batch 8
+  bench "ours-bf16-t2048" stage2_cuda bench --model gpt2 --max-seq-len 2048 --batch 8 --seq-len 2048 --steps 10 --warmup 3 --precision bf16
+  bench "torch-compile-bf16-t2048" python3 "$here/pytorch_gpt2.py" --precision bf16 --compile --batch 8 --seq-len 2048
 fi
 if want ablate; then  # earlier versions, for NOTES.md: GEMM attention, bias as a separate pass
   bench "ours-fp32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision fp32
@@ -139,7 +145,7 @@ try:
 except OSError:
     rows = []
 by = {r["label"]: r for r in rows}
-print("# GPU benchmark: GPT-2 124M, B=16, T=1024\n")
+print("# GPU benchmark: GPT-2 124M, B=16, T=1024 (and the bf16 shapes: GPT-2 medium B=8; 124M at T=2048, B=8)\n")
 print(f"Written by `stage2_cuda/gpu/run.sh bench`. Measured on: {sys.argv[2]}.\n")
 print("Ours (`stage2_cuda bench`) and PyTorch eager (`pytorch_gpt2.py`, same shapes, AdamW with clipping) "
       "alternate in one call, 3 warm-up and 10 timed steps each; `-rN` is the N-th round. Peak memory: ours "
@@ -155,7 +161,9 @@ def ratio(r, t):
     return f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x", f"{r['peak_device_mb'] / t['peak_device_mb']:.2f}x"
 for r in rows:
     p = next((q for q in ("bf16", "tf32") if q in r["label"]), "fp32")
-    rep = r["label"].rsplit("-", 1)[-1] if r["label"][-3:-1] == "-r" else "r1"
+    rep = r["label"].rsplit("-", 1)[-1]  # r1, r2, ... or a shape (medium, t2048)
+    if not (rep[:1] == "r" and rep[1:].isdigit()) and rep not in ("medium", "t2048"):
+        rep = "r1"  # an ablation: against the first round
     ours = not r["label"].startswith("torch")
     speed, mem = ratio(r, by.get(f"torch-{p}-{rep}")) if ours else ("", "")
     cspeed, cmem = ratio(r, by.get(f"torch-compile-bf16-{rep}")) if ours and p == "bf16" else ("", "")
