@@ -264,3 +264,53 @@ fn a_stopped_and_resumed_gpu_run_is_the_same_run() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_bf16_checkpoint_resumes_in_tf32_and_says_so() {
+    // Master weights and moments are fp32 in every precision, so the state carries over whole.
+    let d = tmpdir("resume-precision");
+    let data = corpus(&d);
+    let out = d.join("run");
+    gpu_run(&data, &out, "bf16", &["--steps", "30", "--stop-after", "12"]);
+    let ckpt = out.join("model.ckpt");
+    let args = [
+        "train",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--resume",
+        ckpt.to_str().unwrap(),
+        "--precision",
+        "tf32",
+        "--sample-len",
+        "0",
+    ];
+    let o = run(&args);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("trained in bf16 and resumes in tf32"), "{err}");
+    let rows = std::fs::read_to_string(out.join("loss.tsv")).unwrap();
+    assert!(rows.lines().count() > 2, "the resumed run goes on logging: {rows}");
+    // And sampling in bf16 (the logits come back from bf16 memory): deterministic when greedy.
+    let generate = || {
+        let o = run(&[
+            "generate",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "20",
+            "--greedy",
+            "--precision",
+            "bf16",
+        ]);
+        assert!(o.status.success(), "generate failed: {}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let text = generate();
+    assert!(text.starts_with("ROMEO:") && text.len() > 20, "{text}");
+    assert_eq!(generate(), text);
+}
