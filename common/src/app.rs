@@ -127,6 +127,15 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             let be = (stage.backend)(&args.device, comm)?;
             crate::train::train(&be, comm, &args)
         }
+        Command::Bench(args) if args.kernels => {
+            let be = (stage.backend)(&args.device, comm)?;
+            for row in crate::bench::kernels(&be)? {
+                if comm.is_root() {
+                    println!("{}", serde_json::to_string(&row).expect("plain data serialises"));
+                }
+            }
+            Ok(())
+        }
         Command::Bench(args) => {
             let be = (stage.backend)(&args.device, comm)?;
             let report = crate::bench::bench(&be, comm, &args, stage.kind.gpu)?;
@@ -174,7 +183,7 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
     let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
     let tok = Tokenizer::new(kind)?;
     let model = Gpt2::new(be, ckpt.meta.config)?;
-    be.write(&model.params, 0, &ckpt.params)?;
+    model.set_params(be, &ckpt.params)?;
     let trained_seq_len = ckpt
         .meta
         .train

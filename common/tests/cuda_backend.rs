@@ -158,7 +158,11 @@ fn encoder_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, v: 
     let dwte = upload(be, &rnd(q, v * c, 5, 1.0));
     let dwpe = upload(be, &rnd(q, t * c, 6, 1.0));
     unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), act(&dout), tokens.ptr(), order.ptr(), b, t, c) };
-    vec![download_act(be, &out, b * t * c), download(be, &dwte), download(be, &dwpe)]
+    vec![
+        download_act(be, &out, b * t * c),
+        download(be, &dwte),
+        download(be, &dwpe),
+    ]
 }
 
 #[test]
@@ -254,12 +258,22 @@ fn layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec<Vec
         .iter()
         .enumerate()
         .map(|(i, v)| v + (i / c) as f32 * 0.1)
-        .map(|v| if q == Inputs::Bf16 { bf16::from_f32(v).to_f32() } else { v })
+        .map(|v| {
+            if q == Inputs::Bf16 {
+                bf16::from_f32(v).to_f32()
+            } else {
+                v
+            }
+        })
         .collect();
     let inp = upload_act(be, &x);
     let w = upload_act(be, &rnd(q, c, 22, 1.0));
     let b = upload_act(be, &rnd(q, c, 23, 1.0));
-    let (out, mean, rstd) = (alloc_act(be, bt * c), be.alloc::<f32>(bt).unwrap(), be.alloc::<f32>(bt).unwrap());
+    let (out, mean, rstd) = (
+        alloc_act(be, bt * c),
+        be.alloc::<f32>(bt).unwrap(),
+        be.alloc::<f32>(bt).unwrap(),
+    );
     unsafe { be.layernorm_forward(act(&out), mean.ptr(), rstd.ptr(), act(&inp), act(&w), act(&b), bt, c) };
     let dout = upload_act(be, &rnd(q, bt * c, 24, 1.0));
     let dinp = upload_act(be, &rnd(q, bt * c, 25, 1.0));
@@ -311,7 +325,10 @@ fn attention_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, n
     let dout = upload_act(be, &rnd(q, b * t * c, 32, 1.0));
     let dqkv = upload_act(be, &rnd(q, b * t * 3 * c, 33, 1.0));
     unsafe { be.attention_backward(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh) };
-    vec![download_act(be, &out, b * t * c), download_act(be, &dqkv, b * t * 3 * c)]
+    vec![
+        download_act(be, &out, b * t * c),
+        download_act(be, &dqkv, b * t * 3 * c),
+    ]
 }
 
 #[test]
@@ -632,7 +649,13 @@ fn bf16_encoder_is_within_bound() {
     let (b, t, c, v) = (2, 64, 768, 50);
     let want = encoder_case(&cpu(), Inputs::Bf16, b, t, c, v);
     let got = encoder_case(&gpu(Precision::Bf16), Inputs::Bf16, b, t, c, v);
-    check_bf16("encoder", &["out", "dwte", "dwpe"], &got, &want, &[(1.0, 2), (1.0, b * t), (1.0, b)]);
+    check_bf16(
+        "encoder",
+        &["out", "dwte", "dwpe"],
+        &got,
+        &want,
+        &[(1.0, 2), (1.0, b * t), (1.0, b)],
+    );
 }
 
 #[test]

@@ -67,24 +67,55 @@ fn gpt2_step_table(precision: Precision) {
     row(
         "encoder fwd",
         time(&be, || unsafe {
-            be.encoder_forward(x.ptr().cast(), tokens.ptr().cast(), wte.ptr().cast(), wpe.ptr().cast(), B, T, C)
+            be.encoder_forward(
+                x.ptr().cast(),
+                tokens.ptr().cast(),
+                wte.ptr().cast(),
+                wpe.ptr().cast(),
+                B,
+                T,
+                C,
+            )
         }),
         1,
     );
     row(
         "encoder bwd",
         time(&be, || unsafe {
-            be.encoder_backward(dwte.ptr().cast(), dwpe.ptr().cast(), dx.ptr().cast(), tokens.ptr().cast(), order.ptr().cast(), B, T, C)
+            be.encoder_backward(
+                dwte.ptr().cast(),
+                dwpe.ptr().cast(),
+                dx.ptr().cast(),
+                tokens.ptr().cast(),
+                order.ptr().cast(),
+                B,
+                T,
+                C,
+            )
         }),
         1,
     );
     assert_finite(&be, "encoder", &x);
 
     let (w, bias) = (filled(&be, C, 5), filled(&be, C, 6));
-    let (ln, mean, rstd) = (be.alloc::<f32>(BT * C).unwrap(), be.alloc::<f32>(BT).unwrap(), be.alloc::<f32>(BT).unwrap());
+    let (ln, mean, rstd) = (
+        be.alloc::<f32>(BT * C).unwrap(),
+        be.alloc::<f32>(BT).unwrap(),
+        be.alloc::<f32>(BT).unwrap(),
+    );
     let (dw, db) = (be.alloc::<f32>(C).unwrap(), be.alloc::<f32>(C).unwrap());
-    let ln_f =
-        || unsafe { be.layernorm_forward(ln.ptr().cast(), mean.ptr().cast(), rstd.ptr().cast(), x.ptr().cast(), w.ptr().cast(), bias.ptr().cast(), BT, C) };
+    let ln_f = || unsafe {
+        be.layernorm_forward(
+            ln.ptr().cast(),
+            mean.ptr().cast(),
+            rstd.ptr().cast(),
+            x.ptr().cast(),
+            w.ptr().cast(),
+            bias.ptr().cast(),
+            BT,
+            C,
+        )
+    };
     row("layernorm fwd", time(&be, ln_f), 2 * L + 1);
     let ln_b = || unsafe {
         be.layernorm_backward(
@@ -165,8 +196,19 @@ fn gpt2_step_table(precision: Precision) {
         }),
         L,
     );
-    let att_b =
-        || unsafe { be.attention_backward(dqkv.ptr().cast(), x.ptr().cast(), qkv.ptr().cast(), att_out.ptr().cast(), saved.ptr().cast(), B, T, C, NH) };
+    let att_b = || unsafe {
+        be.attention_backward(
+            dqkv.ptr().cast(),
+            x.ptr().cast(),
+            qkv.ptr().cast(),
+            att_out.ptr().cast(),
+            saved.ptr().cast(),
+            B,
+            T,
+            C,
+            NH,
+        )
+    };
     row("attention bwd", time(&be, att_b), L);
     assert_finite(&be, "attention out", &att_out);
     assert_finite(&be, "attention dqkv", &dqkv);
@@ -174,10 +216,22 @@ fn gpt2_step_table(precision: Precision) {
     be.synchronize().unwrap();
     {
         let saved = plain.alloc::<f32>(plain.attention_saved_len(B, T, NH)).unwrap();
-        let fwd = || unsafe { plain.attention_forward(att_out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), B, T, C, NH) };
+        let fwd = || unsafe {
+            plain.attention_forward(att_out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), B, T, C, NH)
+        };
         row("(attention fwd, gemm)", time(&plain, fwd), 0);
         let bwd = || unsafe {
-            plain.attention_backward(dqkv.ptr().cast(), x.ptr().cast(), qkv.ptr().cast(), att_out.ptr().cast(), saved.ptr().cast(), B, T, C, NH)
+            plain.attention_backward(
+                dqkv.ptr().cast(),
+                x.ptr().cast(),
+                qkv.ptr().cast(),
+                att_out.ptr().cast(),
+                saved.ptr().cast(),
+                B,
+                T,
+                C,
+                NH,
+            )
         };
         row("(attention bwd, gemm)", time(&plain, bwd), 0);
     }
@@ -189,7 +243,9 @@ fn gpt2_step_table(precision: Precision) {
     );
     row(
         "gelu fwd",
-        time(&be, || unsafe { be.gelu_forward(gh.ptr().cast(), h.ptr().cast(), BT * 4 * C) }),
+        time(&be, || unsafe {
+            be.gelu_forward(gh.ptr().cast(), h.ptr().cast(), BT * 4 * C)
+        }),
         L,
     );
     row(
@@ -202,16 +258,25 @@ fn gpt2_step_table(precision: Precision) {
     let sum = be.alloc::<f32>(BT * C).unwrap();
     row(
         "residual add",
-        time(&be, || unsafe { be.add(sum.ptr().cast(), x.ptr().cast(), dx.ptr().cast(), BT * C) }),
+        time(&be, || unsafe {
+            be.add(sum.ptr().cast(), x.ptr().cast(), dx.ptr().cast(), BT * C)
+        }),
         2 * L,
     );
     row(
         "residual accumulate",
-        time(&be, || unsafe { be.accumulate(dx.ptr().cast(), x.ptr().cast(), BT * C) }),
+        time(&be, || unsafe {
+            be.accumulate(dx.ptr().cast(), x.ptr().cast(), BT * C)
+        }),
         4 * L,
     );
     let add_ms = time(&be, || unsafe {
-        be.add(h.ptr().cast(), h.ptr().add(BT * 2 * C).cast(), gh.ptr().cast(), BT * 2 * C)
+        be.add(
+            h.ptr().cast(),
+            h.ptr().add(BT * 2 * C).cast(),
+            gh.ptr().cast(),
+            BT * 2 * C,
+        )
     });
     eprintln!(
         "TIMING ceiling: add kernel over {} M floats moves {:.0} GB/s (bytes read + written)",
@@ -220,7 +285,11 @@ fn gpt2_step_table(precision: Precision) {
     );
 
     let logits = filled(&be, BT * VP, 12);
-    let (losses, dlogits, loss) = (be.alloc::<f32>(BT).unwrap(), be.alloc::<f32>(BT * VP).unwrap(), be.alloc::<f32>(1).unwrap());
+    let (losses, dlogits, loss) = (
+        be.alloc::<f32>(BT).unwrap(),
+        be.alloc::<f32>(BT * VP).unwrap(),
+        be.alloc::<f32>(1).unwrap(),
+    );
     row(
         "crossentropy fwd",
         time(&be, || unsafe {
@@ -228,11 +297,28 @@ fn gpt2_step_table(precision: Precision) {
         }),
         1,
     );
-    let ce_b =
-        || unsafe { be.crossentropy_backward(dlogits.ptr().cast(), logits.ptr().cast(), tokens.ptr().cast(), 1.0 / BT as f32, BT, V, VP) };
+    let ce_b = || unsafe {
+        be.crossentropy_backward(
+            dlogits.ptr().cast(),
+            logits.ptr().cast(),
+            tokens.ptr().cast(),
+            1.0 / BT as f32,
+            BT,
+            V,
+            VP,
+        )
+    };
     row("(crossentropy bwd, accumulate)", time(&be, ce_b), 0);
     let ce_in_place = || unsafe {
-        be.crossentropy_backward_in_place(dlogits.ptr().cast(), losses.ptr().cast(), tokens.ptr().cast(), 1.0 / BT as f32, BT, V, VP)
+        be.crossentropy_backward_in_place(
+            dlogits.ptr().cast(),
+            losses.ptr().cast(),
+            tokens.ptr().cast(),
+            1.0 / BT as f32,
+            BT,
+            V,
+            VP,
+        )
     };
     row("crossentropy bwd in place", time(&be, ce_in_place), 1);
     row(
@@ -253,12 +339,16 @@ fn gpt2_step_table(precision: Precision) {
     row("zero grads", time(&be, || unsafe { be.zero(grads.ptr(), PARAMS) }), 1);
     row(
         "sum_squares",
-        time(&be, || unsafe { be.sum_squares(sumsq.ptr().cast(), params.ptr().cast(), PARAMS) }),
+        time(&be, || unsafe {
+            be.sum_squares(sumsq.ptr().cast(), params.ptr().cast(), PARAMS)
+        }),
         1,
     );
     row(
         "clip_factor",
-        time(&be, || unsafe { be.clip_factor(clip.ptr().cast(), sumsq.ptr().cast(), 1.0) }),
+        time(&be, || unsafe {
+            be.clip_factor(clip.ptr().cast(), sumsq.ptr().cast(), 1.0)
+        }),
         1,
     );
     let hp = AdamWStep {
@@ -273,7 +363,16 @@ fn gpt2_step_table(precision: Precision) {
     row(
         "adamw",
         time(&be, || unsafe {
-            be.adamw(params.ptr().cast(), grads.ptr().cast(), m.ptr().cast(), v.ptr().cast(), PARAMS, clip_ptr, hp, None)
+            be.adamw(
+                params.ptr().cast(),
+                grads.ptr().cast(),
+                m.ptr().cast(),
+                v.ptr().cast(),
+                PARAMS,
+                clip_ptr,
+                hp,
+                None,
+            )
         }),
         1,
     );

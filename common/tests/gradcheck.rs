@@ -101,9 +101,30 @@ fn encoder_backward_matches_finite_differences() {
     let rw = randn(b * t * c, 1.0, &mut r);
     let (dwte, dwpe) = (be.alloc::<f32>(v * c).unwrap(), be.alloc::<f32>(t * c).unwrap());
     let dout = upload(&be, &rw);
-    unsafe { be.encoder_backward(dwte.ptr().cast(), dwpe.ptr().cast(), dout.ptr().cast(), tok.ptr().cast(), order.ptr().cast(), b, t, c) };
+    unsafe {
+        be.encoder_backward(
+            dwte.ptr().cast(),
+            dwpe.ptr().cast(),
+            dout.ptr().cast(),
+            tok.ptr().cast(),
+            order.ptr().cast(),
+            b,
+            t,
+            c,
+        )
+    };
     let mut f = || {
-        unsafe { be.encoder_forward(out.ptr().cast(), tok.ptr().cast(), wte.ptr().cast(), wpe.ptr().cast(), b, t, c) };
+        unsafe {
+            be.encoder_forward(
+                out.ptr().cast(),
+                tok.ptr().cast(),
+                wte.ptr().cast(),
+                wpe.ptr().cast(),
+                b,
+                t,
+                c,
+            )
+        };
         weighted(&be, &out, &rw)
     };
     check("dwte", &be, &wte, &read(&be, &dwte), &mut f);
@@ -144,7 +165,17 @@ fn matmul_backward_matches_finite_differences() {
     };
     let out = be.alloc::<f32>(bt * oc).unwrap();
     let mut f = || {
-        unsafe { be.matmul_forward(out.ptr().cast(), inp.ptr().cast(), w.ptr().cast(), Some(bias.ptr().cast()), bt, c, oc) };
+        unsafe {
+            be.matmul_forward(
+                out.ptr().cast(),
+                inp.ptr().cast(),
+                w.ptr().cast(),
+                Some(bias.ptr().cast()),
+                bt,
+                c,
+                oc,
+            )
+        };
         weighted(&be, &out, &rw)
     };
     check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
@@ -163,10 +194,29 @@ fn layernorm_backward_matches_finite_differences() {
         upload(&be, &randn(c, 1.0, &mut r)),
         upload(&be, &randn(c, 1.0, &mut r)),
     );
-    let (out, mean, rstd) = (be.alloc::<f32>(bt * c).unwrap(), be.alloc::<f32>(bt).unwrap(), be.alloc::<f32>(bt).unwrap());
+    let (out, mean, rstd) = (
+        be.alloc::<f32>(bt * c).unwrap(),
+        be.alloc::<f32>(bt).unwrap(),
+        be.alloc::<f32>(bt).unwrap(),
+    );
     let rw = randn(bt * c, 1.0, &mut r);
-    unsafe { be.layernorm_forward(out.ptr().cast(), mean.ptr().cast(), rstd.ptr().cast(), inp.ptr().cast(), w.ptr().cast(), b.ptr().cast(), bt, c) };
-    let (dinp, dw, db) = (be.alloc::<f32>(bt * c).unwrap(), be.alloc::<f32>(c).unwrap(), be.alloc::<f32>(c).unwrap());
+    unsafe {
+        be.layernorm_forward(
+            out.ptr().cast(),
+            mean.ptr().cast(),
+            rstd.ptr().cast(),
+            inp.ptr().cast(),
+            w.ptr().cast(),
+            b.ptr().cast(),
+            bt,
+            c,
+        )
+    };
+    let (dinp, dw, db) = (
+        be.alloc::<f32>(bt * c).unwrap(),
+        be.alloc::<f32>(c).unwrap(),
+        be.alloc::<f32>(c).unwrap(),
+    );
     unsafe {
         be.layernorm_backward(
             dinp.ptr().cast(),
@@ -182,7 +232,18 @@ fn layernorm_backward_matches_finite_differences() {
         )
     };
     let mut f = || {
-        unsafe { be.layernorm_forward(out.ptr().cast(), mean.ptr().cast(), rstd.ptr().cast(), inp.ptr().cast(), w.ptr().cast(), b.ptr().cast(), bt, c) };
+        unsafe {
+            be.layernorm_forward(
+                out.ptr().cast(),
+                mean.ptr().cast(),
+                rstd.ptr().cast(),
+                inp.ptr().cast(),
+                w.ptr().cast(),
+                b.ptr().cast(),
+                bt,
+                c,
+            )
+        };
         weighted(&be, &out, &rw)
     };
     check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
@@ -235,7 +296,17 @@ fn attention_is_causal() {
             be.alloc::<f32>(b * t * c).unwrap(),
             be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap(),
         );
-        unsafe { be.attention_forward(out.ptr().cast(), saved.ptr().cast(), upload(&be, x).ptr().cast(), b, t, c, nh) };
+        unsafe {
+            be.attention_forward(
+                out.ptr().cast(),
+                saved.ptr().cast(),
+                upload(&be, x).ptr().cast(),
+                b,
+                t,
+                c,
+                nh,
+            )
+        };
         read(&be, &out)
     };
     let before = run(&x);
@@ -274,7 +345,17 @@ fn crossentropy_backward_matches_finite_differences() {
     let losses = be.alloc::<f32>(bt).unwrap();
     let dlogits = be.alloc::<f32>(bt * vp).unwrap();
     let dloss = 0.7;
-    unsafe { be.crossentropy_backward(dlogits.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), dloss, bt, v, vp) };
+    unsafe {
+        be.crossentropy_backward(
+            dlogits.ptr().cast(),
+            logits.ptr().cast(),
+            tg.ptr().cast(),
+            dloss,
+            bt,
+            v,
+            vp,
+        )
+    };
     let mut f = || {
         unsafe { be.crossentropy_forward(losses.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), bt, v, vp) };
         read(&be, &losses).iter().map(|&l| l as f64 * dloss as f64).sum()
@@ -300,8 +381,28 @@ fn in_place_crossentropy_backward_equals_the_accumulating_one_into_zeros() {
     let (logits, tg) = (upload(&be, &x), tokens(&be, &[0, 10, 4, 4, 7]));
     let (dlogits, losses) = (be.alloc::<f32>(bt * vp).unwrap(), be.alloc::<f32>(bt).unwrap());
     unsafe { be.crossentropy_forward(losses.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), bt, v, vp) };
-    unsafe { be.crossentropy_backward(dlogits.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), 0.3, bt, v, vp) };
-    unsafe { be.crossentropy_backward_in_place(logits.ptr().cast(), losses.ptr().cast(), tg.ptr().cast(), 0.3, bt, v, vp) };
+    unsafe {
+        be.crossentropy_backward(
+            dlogits.ptr().cast(),
+            logits.ptr().cast(),
+            tg.ptr().cast(),
+            0.3,
+            bt,
+            v,
+            vp,
+        )
+    };
+    unsafe {
+        be.crossentropy_backward_in_place(
+            logits.ptr().cast(),
+            losses.ptr().cast(),
+            tg.ptr().cast(),
+            0.3,
+            bt,
+            v,
+            vp,
+        )
+    };
     let (want, got) = (read(&be, &dlogits), read(&be, &logits));
     let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
@@ -343,7 +444,18 @@ fn adamw_matches_the_reference_formula() {
         weight_decay: 0.1,
         t: 3,
     };
-    unsafe { be.adamw(p.ptr().cast(), gb.ptr().cast(), m.ptr().cast(), v.ptr().cast(), n, scale.ptr().cast(), hp, None) };
+    unsafe {
+        be.adamw(
+            p.ptr().cast(),
+            gb.ptr().cast(),
+            m.ptr().cast(),
+            v.ptr().cast(),
+            n,
+            scale.ptr().cast(),
+            hp,
+            None,
+        )
+    };
     let (pn, mn, vn) = (read(&be, &p), read(&be, &m), read(&be, &v));
     for i in 0..n {
         let gi = g[i] as f64 * 0.5;

@@ -172,6 +172,36 @@ fn same_seed_gives_identical_losses_and_stop_after_resumes_as_the_same_run() {
 }
 
 #[test]
+fn recompute_trains_the_same_run_bit_for_bit() {
+    // --recompute computes GELU and layernorm outputs again in backward: the same kernels on
+    // the same inputs, so the losses and the final parameters must not move by a bit.
+    let d = tmpdir("recompute");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    let (kept, again) = (d.join("kept"), d.join("again"));
+    assert!(run(&train_args(data, kept.to_str().unwrap(), &SCHEDULE))
+        .status
+        .success());
+    let flags = [&SCHEDULE[..], &["--recompute"]].concat();
+    let o = run(&train_args(data, again.to_str().unwrap(), &flags));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(table_without_times(&kept), table_without_times(&again));
+    assert_eq!(params_of(&kept), params_of(&again), "final parameters bit for bit");
+}
+
+#[test]
+fn gpu_only_bench_and_precision_flags_are_refused_on_the_cpu() {
+    assert_bad_input(
+        &run(&["bench", "--kernels"]),
+        "--kernels applies to the GPU stages (stage2_cuda, stage3_mpi_cuda) only",
+    );
+    assert_bad_input(
+        &run(&["bench", "--precision", "bf16"]),
+        "--precision applies to the GPU stages (stage2_cuda, stage3_mpi_cuda) only",
+    );
+}
+
+#[test]
 fn resuming_with_another_length_says_so() {
     let d = tmpdir("relength");
     let data = corpus(&d);

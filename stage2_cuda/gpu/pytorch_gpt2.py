@@ -5,6 +5,7 @@ on matrices and embeddings, global grad-norm clip 1.0), trained on random tokens
     python3 pytorch_gpt2.py --precision fp32|tf32|bf16 [--compile] [--model gpt2|gpt2-medium]
                             [--batch 16 --seq-len 1024 --steps 10 --warmup 3]
     python3 pytorch_gpt2.py --ceilings      # copy bandwidth and 8192^3 matmul rates, one JSON line
+    python3 pytorch_gpt2.py --kernels --precision bf16   # each op alone, one JSON line per op
 
 bf16 is PyTorch's usual mixed precision, as nanoGPT trains: fp32 master weights, the forward and
 backward under torch.autocast(bfloat16), TF32 allowed for what stays fp32, fused AdamW. --compile
@@ -143,6 +144,72 @@ def bench(args):
     )
 
 
+def kernels(args):
+    """PyTorch's op for each row of `stage2_cuda bench --kernels`, same shapes, one JSON line each."""
+    set_precision(args.precision)
+    dev = torch.device("cuda")
+    dt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}[args.precision]
+
+    def timed(f, reps=20):
+        for _ in range(3):
+            f()
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        times = []
+        for _ in range(reps):
+            ev[0].record()
+            f()
+            ev[1].record()
+            torch.cuda.synchronize()
+            times.append(ev[0].elapsed_time(ev[1]))
+        return sorted(times)[reps // 2]
+
+    def row(op, shape, ms):
+        print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": op, "shape": shape,
+                          "precision": args.precision, "ms": ms}))
+
+    rand = lambda *shape, scale=1.0: (torch.rand(*shape, device=dev) * 2 - 1).mul_(scale).to(dt)
+    for t in (512, 1024, 2048):
+        for hs in (64, 128):
+            b, c = 16384 // t, 768
+            nh = c // hs
+            q, k, v = (rand(b, nh, t, hs).requires_grad_() for _ in range(3))
+            shape = f"B={b} T={t} NH={nh} HS={hs}"
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            dout = rand(b, nh, t, hs)
+            row("attention_fwd", shape, timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+            row("attention_bwd", shape, timed(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)))
+            del q, k, v, out, dout
+    r, c = 16384, 768
+    x, w, bias = rand(r, c, scale=2.0).requires_grad_(), rand(c).requires_grad_(), rand(c).requires_grad_()
+    y = F.layer_norm(x, (c,), w, bias)
+    dy = rand(r, c)
+    row("layernorm_fwd", f"{r}x{c}", timed(lambda: F.layer_norm(x, (c,), w, bias)))
+    row("layernorm_bwd", f"{r}x{c}", timed(lambda: torch.autograd.grad(y, (x, w, bias), dy, retain_graph=True)))
+    x = rand(r, 4 * c, scale=4.0).requires_grad_()
+    y = F.gelu(x, approximate="tanh")
+    dy = rand(r, 4 * c)
+    row("gelu_fwd", f"{r}x{4 * c}", timed(lambda: F.gelu(x, approximate="tanh")))
+    row("gelu_bwd", f"{r}x{4 * c}", timed(lambda: torch.autograd.grad(y, (x,), dy, retain_graph=True)))
+    del x, y, dy
+    for v in (32768, 50304, 131072):
+        bt = 8192
+        logits = rand(bt, v, scale=4.0).requires_grad_()
+        targets = torch.randint(0, v, (bt,), device=dev)
+
+        def ce():
+            loss = F.cross_entropy(logits, targets)
+            torch.autograd.grad(loss, (logits,))
+
+        row("crossentropy_fwd_bwd", f"BT={bt} V={v}", timed(ce, reps=10))
+        del logits
+    n = 124475904
+    p = torch.nn.Parameter(torch.randn(n, device=dev) * 0.1)
+    p.grad = torch.randn(n, device=dev) * 0.01
+    opt = torch.optim.AdamW([p], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    row("adamw", f"{n} params", timed(opt.step, reps=10))
+
+
 def ceilings():
     """The two roofs METHOD.md asks for, on random data: copy bandwidth and matmul rates."""
     dev = torch.device("cuda")
@@ -184,5 +251,6 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--ceilings", action="store_true")
+    p.add_argument("--kernels", action="store_true", help="time each op alone (as `stage2_cuda bench --kernels`)")
     a = p.parse_args()
-    ceilings() if a.ceilings else bench(a)
+    ceilings() if a.ceilings else kernels(a) if a.kernels else bench(a)

@@ -4,7 +4,7 @@
 # (`make results`' settings, fp32), a determinism check (two same-seed runs); tables last.
 # Run from the project root after `../shared/gpu/bundle.sh` (and `git rev-parse --short HEAD
 # > .gpu/commit`, which names the commit in the tables):
-#   stage2_cuda/gpu/run.sh [bench] [shapes] [ablate] [tests] [timing] [results] [determinism] [converge]
+#   stage2_cuda/gpu/run.sh [bench] [shapes] [ablate] [tests] [timing] [results] [determinism] [kernels] [converge]
 #   (default: bench ablate tests timing)
 # converge: GPT-2 124M for 500 steps (B=16, T=1024, evaluated every 50) on the bundled corpus
 # with the GPT-2 tokenizer, in fp32 and in bf16; the bf16 run must stay within 2% of the fp32
@@ -47,6 +47,8 @@ if want bench; then
     done
     bench "torch-compile-bf16-r$rep" python3 "$here/pytorch_gpt2.py" --precision bf16 --compile
   done
+  bench "ours-bf16-recompute" stage2_cuda "${gpt2[@]}" --precision bf16 --recompute
+  bench "ours-tf32-recompute" stage2_cuda "${gpt2[@]}" --precision tf32 --recompute
 fi
 if want shapes; then  # the issue's other bf16 shapes: GPT-2 medium at B=8, and 124M at T=2048
   bench "ours-bf16-medium" stage2_cuda bench --model gpt2-medium --batch 8 --seq-len 1024 --steps 10 --warmup 3 --precision bf16
@@ -109,6 +111,48 @@ PY
   done
 fi
 
+if want kernels; then  # each kernel alone against PyTorch's op, bf16 (issue 10, item 7)
+  [ -s "$OUT/ceilings.json" ] || timeout 60 python3 "$here/pytorch_gpt2.py" --ceilings >"$OUT/ceilings.json" 2>&1
+  timeout 300 stage2_cuda bench --kernels --precision bf16 >"$OUT/kernels-ours.jsonl" 2>"$OUT/kernels-ours.log" || { rc=1; echo "kernels (ours) FAILED"; tail -3 "$OUT/kernels-ours.log"; }
+  timeout 300 python3 "$here/pytorch_gpt2.py" --kernels --precision bf16 >"$OUT/kernels-torch.jsonl" 2>"$OUT/kernels-torch.log" || { rc=1; echo "kernels (torch) FAILED"; tail -3 "$OUT/kernels-torch.log"; }
+  python3 - "$OUT/kernels-ours.jsonl" "$OUT/kernels-torch.jsonl" "$OUT/ceilings.json" "$machine" >"$OUT/kernel-bench.md" <<'PY'
+import json, sys
+rows = []
+for path in sys.argv[1:3]:
+    for line in open(path):
+        if line.startswith("{"):
+            rows.append(json.loads(line))
+ceil = json.load(open(sys.argv[3]))
+tflops, gbs = ceil["matmul_bf16_tflops"], ceil["copy_gb_s"]
+print("# Kernel benchmark, bf16\n")
+print(f"Written by `stage2_cuda/gpu/run.sh kernels` (`stage2_cuda bench --kernels`, `pytorch_gpt2.py --kernels`). "
+      f"Measured on: {sys.argv[4]}.\n")
+print(f"Each op alone, milliseconds per call (ours: median of 5 batches of calls timed between synchronisations; "
+      f"PyTorch: median of 20 calls timed with CUDA events). Rates against this device's ceilings measured in "
+      f"the same call: {tflops:.0f} TFLOP/s (8192^3 bf16 product), {gbs:.0f} GB/s (device copy, read + write). "
+      f"FLOP for attention as FlashAttention counts them (causal half; backward 2.5x forward); bytes are the "
+      f"fewest the op must move. `ours-unfused`: the same computation without the fusion.\n")
+print("| op | shape | ours ms | ours rate | of ceiling | unfused ms | PyTorch ms | ours vs PyTorch |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+key = lambda r: (r["op"], r["shape"])
+by = {(r["impl"],) + key(r): r for r in rows}
+for r in rows:
+    if r["impl"] != "ours":
+        continue
+    if r.get("flop"):
+        rate = r["flop"] / r["ms"] / 1e9
+        text, frac = f"{rate:.0f} TFLOP/s", rate / tflops
+    else:
+        rate = r["bytes"] / r["ms"] / 1e6
+        text, frac = f"{rate:.0f} GB/s", rate / gbs
+    un = by.get(("ours-unfused",) + key(r))
+    pt = by.get(("pytorch",) + key(r))
+    print(f"| {r['op']} | {r['shape']} | {r['ms']:.3f} | {text} | {100 * frac:.0f}% | "
+          f"{un['ms']:.3f} | " if un else f"| {r['op']} | {r['shape']} | {r['ms']:.3f} | {text} | {100 * frac:.0f}% | - | ", end="")
+    print(f"{pt['ms']:.3f} | {pt['ms'] / r['ms']:.2f}x |" if pt else "- | - |")
+PY
+  cat "$OUT/kernel-bench.md"
+fi
 if want converge; then
   rm -rf /tmp/conv; mkdir -p /tmp/conv
   for p in fp32 bf16; do

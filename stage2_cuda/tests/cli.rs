@@ -314,3 +314,22 @@ fn a_bf16_checkpoint_resumes_in_tf32_and_says_so() {
     assert!(text.starts_with("ROMEO:") && text.len() > 20, "{text}");
     assert_eq!(generate(), text);
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn recompute_is_the_same_run_on_the_gpu() {
+    let d = tmpdir("recompute");
+    let data = corpus(&d);
+    for precision in ["fp32", "tf32", "bf16"] {
+        let (kept, again) = (
+            d.join(format!("{precision}-kept")),
+            d.join(format!("{precision}-again")),
+        );
+        gpu_run(&data, &kept, precision, &["--steps", "40"]);
+        gpu_run(&data, &again, precision, &["--steps", "40", "--recompute"]);
+        assert!(
+            run_state(&kept) == run_state(&again),
+            "{precision}: --recompute changed the run"
+        );
+    }
+}

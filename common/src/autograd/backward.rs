@@ -11,10 +11,16 @@ impl<B: Backend> Graph<'_, B> {
     /// Gradient slot of activation `x` (activation-typed), allocated (zeroed) from the pool
     /// on first use.
     fn act_grad(&mut self, x: Tensor) -> Result<DevPtr<Act>> {
-        assert_eq!(self.values[x.0].kind, Kind::Activation, "an op's input is an activation");
+        assert_eq!(
+            self.values[x.0].kind,
+            Kind::Activation,
+            "an op's input is an activation"
+        );
         let act = self.act();
-        self.grad_slot(x, act.words(self.numel(x)), |be, p, n| unsafe { be.zero_act(p.cast(), n) })
-            .map(DevPtr::cast)
+        self.grad_slot(x, act.words(self.numel(x)), |be, p, n| unsafe {
+            be.zero_act(p.cast(), n)
+        })
+        .map(DevPtr::cast)
     }
 
     /// Gradient slot of parameter `x` (f32): its view of the gradient buffer, or a zeroed
@@ -137,19 +143,23 @@ impl<B: Backend> Graph<'_, B> {
                 let [_, ic] = self.shape(inp);
                 let (dinp, dw) = (self.act_grad(inp)?, self.param_grad(w)?);
                 let dbias = bias.map(|b| self.param_grad(b)).transpose()?;
-                be.matmul_backward(dinp, dw, dbias, dout, self.ptr(inp), self.ptr(w), r, ic, c);
+                let x = self.data(inp);
+                be.matmul_backward(dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
             }
             Op::LayerNorm { inp, w, b, mean, rstd } => {
                 let (dinp, dw, db) = (self.act_grad(inp)?, self.param_grad(w)?, self.param_grad(b)?);
-                be.layernorm_backward(dinp, dw, db, dout, self.ptr(inp), self.ptr(w), mean, rstd, r, c);
+                let x = self.data(inp);
+                be.layernorm_backward(dinp, dw, db, dout, x, self.ptr(w), mean, rstd, r, c);
             }
             Op::Attention { qkv, saved, b, t, nh } => {
                 let dqkv = self.act_grad(qkv)?;
-                be.attention_backward(dqkv, dout, self.ptr(qkv), self.ptr(node.out), saved, b, t, c, nh);
+                let x = self.data(qkv);
+                be.attention_backward(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
             }
             Op::Gelu { inp } => {
                 let dinp = self.act_grad(inp)?;
-                be.gelu_backward(dinp, self.ptr(inp), dout, r * c);
+                let x = self.data(inp);
+                be.gelu_backward(dinp, x, dout, r * c);
             }
             Op::Add { a, b } => {
                 // Both inputs get dout; one may simply take over its buffer.
@@ -178,7 +188,8 @@ impl<B: Backend> Graph<'_, B> {
                     self.values[logits.0].grad = Some(p.addr());
                 } else {
                     let dlogits = self.act_grad(logits)?;
-                    be.crossentropy_backward(dlogits, self.ptr(logits), targets, dloss, rows, v, vp);
+                    let x = self.data(logits);
+                    be.crossentropy_backward(dlogits, x, targets, dloss, rows, v, vp);
                 }
             }
             Op::Mark { .. } => unreachable!("marks are handled by backward_with"),

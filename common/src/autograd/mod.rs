@@ -43,9 +43,28 @@ enum Kind {
     Scalar,
 }
 
+/// How to compute a value again (`--recompute`): its producer's forward, from inputs that
+/// are kept.
+#[derive(Clone, Copy, Debug)]
+enum Rebuild {
+    Gelu {
+        inp: Tensor,
+    },
+    LayerNorm {
+        inp: Tensor,
+        w: Tensor,
+        b: Tensor,
+        mean: DevPtr,
+        rstd: DevPtr,
+    },
+}
+
 struct Value {
     /// Address of the data: `DevPtr<Act>` for parameters and activations, f32 for scalars.
+    /// A recomputed value's data lives in a scratch buffer it shares with others of its size.
     addr: u64,
+    /// Set for values the graph does not keep (`--recompute`): how to compute them again.
+    rebuild: Option<Rebuild>,
     /// (rows, cols): every activation here is a matrix, e.g. (B·T, C).
     shape: [usize; 2],
     /// Address of the gradient: f32 for parameters (fixed), activation-typed and pooled
@@ -121,6 +140,11 @@ pub struct Graph<'a, B: Backend> {
     /// Pooled gradient buffers of activations, by value index.
     grads: HashMap<usize, B::Buffer<f32>>,
     record: bool,
+    /// `--recompute`: GELU and layernorm outputs are not kept for backward, but written to a
+    /// scratch buffer (one per size, shared) and computed again when backward needs them.
+    recompute: bool,
+    /// The recompute scratch buffers by size in words, with the value each holds now.
+    scratch: HashMap<usize, (DevPtr, Option<Tensor>)>,
 }
 
 impl<'a, B: Backend> Graph<'a, B> {
@@ -134,7 +158,16 @@ impl<'a, B: Backend> Graph<'a, B> {
             held: Vec::new(),
             grads: HashMap::new(),
             record,
+            recompute: false,
+            scratch: HashMap::new(),
         }
+    }
+
+    /// Trades speed for memory: GELU and layernorm outputs are computed again in backward
+    /// instead of kept (training graphs only; the results are the same, bit for bit).
+    pub fn with_recompute(mut self, on: bool) -> Self {
+        self.recompute = on && self.record;
+        self
     }
 
     pub fn backend(&self) -> &'a B {
@@ -143,7 +176,11 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     /// The data of a parameter or an activation.
     pub fn ptr(&self, x: Tensor) -> DevPtr<Act> {
-        assert_ne!(self.values[x.0].kind, Kind::Scalar, "ptr: an f32 scalar has no activation data");
+        assert_ne!(
+            self.values[x.0].kind,
+            Kind::Scalar,
+            "ptr: an f32 scalar has no activation data"
+        );
         DevPtr::from_addr(self.values[x.0].addr)
     }
 
@@ -235,6 +272,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     fn push(&mut self, addr: u64, shape: [usize; 2], grad: Option<u64>, kind: Kind) -> Tensor {
         self.values.push(Value {
             addr,
+            rebuild: None,
             shape,
             grad,
             kind,
@@ -262,6 +300,55 @@ impl<'a, B: Backend> Graph<'a, B> {
             self.tape.push(Node { op, out });
         }
         Ok(out)
+    }
+
+    /// As [`Graph::output`] for a value that `--recompute` does not keep: its data goes to
+    /// the shared scratch of its size (taken over from whichever value held it).
+    fn output_recomputed(&mut self, shape: [usize; 2], op: Op, rebuild: Rebuild) -> Result<Tensor> {
+        if !self.recompute {
+            return self.output(shape, op);
+        }
+        let words = self.act().words(shape[0] * shape[1]);
+        let p = match self.scratch.get(&words) {
+            Some(&(p, _)) => p,
+            None => {
+                let p = self.alloc_words(words)?;
+                self.scratch.insert(words, (p, None));
+                p
+            }
+        };
+        let out = self.push(p.addr(), shape, None, Kind::Activation);
+        self.values[out.0].rebuild = Some(rebuild);
+        self.scratch.insert(words, (p, Some(out)));
+        self.tape.push(Node { op, out });
+        Ok(out)
+    }
+
+    /// The data of `x`, computed again first when it is a recomputed value whose scratch now
+    /// holds another one (backward reads inputs through this).
+    fn data(&mut self, x: Tensor) -> DevPtr<Act> {
+        let Some(rebuild) = self.values[x.0].rebuild else {
+            return self.ptr(x);
+        };
+        let [r, c] = self.shape(x);
+        let words = self.act().words(r * c);
+        let (p, holder) = self.scratch[&words];
+        if holder != Some(x) {
+            let out = p.cast::<Act>();
+            // SAFETY: the same operands, shapes and buffers as the forward call that made `x`
+            // (all kept for the graph's lifetime); it writes the same values again.
+            unsafe {
+                match rebuild {
+                    Rebuild::Gelu { inp } => self.be.gelu_forward(out, self.ptr(inp), r * c),
+                    Rebuild::LayerNorm { inp, w, b, mean, rstd } => {
+                        let (inp, w, b) = (self.ptr(inp), self.ptr(w), self.ptr(b));
+                        self.be.layernorm_forward(out, mean, rstd, inp, w, b, r, c)
+                    }
+                }
+            }
+            self.scratch.insert(words, (p, Some(x)));
+        }
+        self.ptr(x)
     }
 
     // ---- ops ------------------------------------------------------------------------
@@ -306,10 +393,11 @@ impl<'a, B: Backend> Graph<'a, B> {
         }
         let out = self.output([r, oc], Op::Matmul { inp, w, bias })?;
         let bias_ptr = bias.map(|b| self.ptr(b));
+        let x = self.data(inp);
         // SAFETY: shapes checked above.
         unsafe {
             self.be
-                .matmul_forward(self.ptr(out), self.ptr(inp), self.ptr(w), bias_ptr, r, c, oc);
+                .matmul_forward(self.ptr(out), x, self.ptr(w), bias_ptr, r, c, oc);
         }
         Ok(out)
     }
@@ -321,11 +409,13 @@ impl<'a, B: Backend> Graph<'a, B> {
             "layernorm: w and b must be (1, C)"
         );
         let (mean, rstd) = (self.alloc_f32(r)?, self.alloc_f32(r)?);
-        let out = self.output([r, c], Op::LayerNorm { inp, w, b, mean, rstd })?;
+        let rebuild = Rebuild::LayerNorm { inp, w, b, mean, rstd };
+        let out = self.output_recomputed([r, c], Op::LayerNorm { inp, w, b, mean, rstd }, rebuild)?;
+        let x = self.data(inp);
         // SAFETY: shapes checked above; mean and rstd hold r values.
         unsafe {
             self.be
-                .layernorm_forward(self.ptr(out), mean, rstd, self.ptr(inp), self.ptr(w), self.ptr(b), r, c);
+                .layernorm_forward(self.ptr(out), mean, rstd, x, self.ptr(w), self.ptr(b), r, c);
         }
         Ok(out)
     }
@@ -338,19 +428,20 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert!(nh > 0 && c % nh == 0, "attention: {nh} heads do not divide C = {c}");
         let saved = self.alloc_f32(self.be.attention_saved_len(b, t, nh))?;
         let out = self.output([r, c], Op::Attention { qkv, saved, b, t, nh })?;
+        let x = self.data(qkv);
         // SAFETY: shapes checked above; `saved` is the length the backend asked for.
         unsafe {
-            self.be
-                .attention_forward(self.ptr(out), saved, self.ptr(qkv), b, t, c, nh);
+            self.be.attention_forward(self.ptr(out), saved, x, b, t, c, nh);
         }
         Ok(out)
     }
 
     pub fn gelu(&mut self, inp: Tensor) -> Result<Tensor> {
         let shape = self.shape(inp);
-        let out = self.output(shape, Op::Gelu { inp })?;
+        let out = self.output_recomputed(shape, Op::Gelu { inp }, Rebuild::Gelu { inp })?;
+        let x = self.data(inp);
         // SAFETY: out has inp's shape.
-        unsafe { self.be.gelu_forward(self.ptr(out), self.ptr(inp), shape[0] * shape[1]) };
+        unsafe { self.be.gelu_forward(self.ptr(out), x, shape[0] * shape[1]) };
         Ok(out)
     }
 
@@ -358,9 +449,15 @@ impl<'a, B: Backend> Graph<'a, B> {
         let shape = self.shape(a);
         assert_eq!(shape, self.shape(b), "add: shapes differ");
         let n = shape[0] * shape[1];
+        let recomputed = |x: Tensor| self.values[x.0].rebuild.is_some();
+        assert!(
+            !(recomputed(a) && recomputed(b)),
+            "add: two recomputed inputs of one size would share a scratch buffer"
+        );
         let out = self.output(shape, Op::Add { a, b })?;
+        let (a, b) = (self.data(a), self.data(b));
         // SAFETY: out, a and b have one shape; out is fresh.
-        unsafe { self.be.add(self.ptr(out), self.ptr(a), self.ptr(b), n) };
+        unsafe { self.be.add(self.ptr(out), a, b, n) };
         Ok(out)
     }
 
@@ -385,10 +482,10 @@ impl<'a, B: Backend> Graph<'a, B> {
             };
             self.tape.push(Node { op, out });
         }
+        let x = self.data(logits);
         // SAFETY: shapes checked above; every target is below v.
         unsafe {
-            self.be
-                .crossentropy_forward(losses, self.ptr(logits), targets, r, v, vp);
+            self.be.crossentropy_forward(losses, x, targets, r, v, vp);
             self.be.mean(mean, losses, r);
         }
         Ok(out)

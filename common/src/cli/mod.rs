@@ -265,6 +265,11 @@ pub struct TrainArgs {
     /// checkpoint's].
     #[arg(long, value_name = "K", value_parser = at_least_one)]
     pub grad_accum: Option<usize>,
+    /// Compute GELU and layernorm outputs again in the backward pass instead of keeping them
+    /// from the forward pass: less memory (about a third of the activations), a little
+    /// slower; the results are the same, bit for bit.
+    #[arg(long)]
+    pub recompute: bool,
     /// Multi-process stages: end the job when a rank makes no progress for this many seconds
     /// (another rank stopped or hung in a collective); keep it above the time of an
     /// evaluation or a checkpoint write [default: 300].
@@ -337,6 +342,13 @@ pub struct BenchArgs {
     /// Untimed steps first.
     #[arg(long, default_value_t = 2)]
     pub warmup: u64,
+    /// As `train --recompute`: GELU and layernorm outputs computed again in backward.
+    #[arg(long)]
+    pub recompute: bool,
+    /// GPU stages: time each kernel alone instead (attention, layernorm, GELU, cross-entropy,
+    /// AdamW at fixed shapes), one JSON line per kernel; the model flags are not used.
+    #[arg(long)]
+    pub kernels: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]

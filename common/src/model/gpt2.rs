@@ -50,6 +50,13 @@ impl<B: Backend> Gpt2<B> {
         })
     }
 
+    /// Every parameter from `host` (the layout's order), and the bf16 copy with them: the one
+    /// way parameters come in from outside (a checkpoint, rank 0).
+    pub fn set_params(&self, be: &B, host: &[f32]) -> Result<()> {
+        be.write(&self.params, 0, host)?;
+        self.refresh_copy(be)
+    }
+
     /// Rounds the master weights into the bf16 copy (when there is one): after the
     /// parameters were written other than by the optimiser (initialised, loaded, averaged).
     pub fn refresh_copy(&self, be: &B) -> Result<()> {

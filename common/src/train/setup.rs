@@ -107,7 +107,9 @@ impl<'a, B: Backend> Run<'a, B> {
         });
         // Master weights and moments are fp32 in every precision, so a checkpoint resumes
         // under any other; say so when it does.
-        let saved_precision = resumed.as_ref().and_then(|m| m.train.get("precision")?.as_str().map(String::from));
+        let saved_precision = resumed
+            .as_ref()
+            .and_then(|m| m.train.get("precision")?.as_str().map(String::from));
         if let Some(saved) = saved_precision.filter(|p| p != be.precision().name()) {
             if comm.is_root() {
                 eprintln!(
@@ -127,6 +129,7 @@ impl<'a, B: Backend> Run<'a, B> {
                 optim,
                 sync,
                 micro_batches,
+                recompute: args.recompute,
             },
         )?;
         let (mut start_step, mut log_state) = (0, LogState::default());

@@ -24,6 +24,8 @@ pub struct TrainerSettings {
     pub sync: SyncMode,
     /// Micro-batches per optimizer step (gradient accumulation); 1: none.
     pub micro_batches: usize,
+    /// Compute GELU and layernorm outputs again in backward instead of keeping them.
+    pub recompute: bool,
 }
 
 pub struct Trainer<'a, B: Backend> {
@@ -33,6 +35,7 @@ pub struct Trainer<'a, B: Backend> {
     pub opt: AdamW<B>,
     sync: GradSync,
     micro_batches: usize,
+    recompute: bool,
     pool: Pool<B>,
 }
 
@@ -57,6 +60,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             opt,
             sync,
             micro_batches: settings.micro_batches.max(1),
+            recompute: settings.recompute,
             pool: Pool::default(),
         })
     }
@@ -69,8 +73,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         if self.comm.size() > 1 {
             let mut host = self.fetch(&self.model.params)?;
             broadcast_f32(self.comm, &mut host)?;
-            self.be.write(&self.model.params, 0, &host)?;
-            self.model.refresh_copy(self.be)?;
+            self.model.set_params(self.be, &host)?;
         }
         Ok(())
     }
@@ -88,7 +91,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let n = (b / k) * t; // tokens of a micro-batch
         for micro in 0..k {
             let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);
-            let mut g = Graph::new(be, &mut self.pool, true);
+            let mut g = Graph::new(be, &mut self.pool, true).with_recompute(self.recompute);
             let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
             let loss = fwd.loss.expect("targets given");
             comm_s += self.sync.backward(&mut g, loss, comm, &self.model.grads, (micro, k))?;
@@ -111,9 +114,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             self.opt.step(be, &self.model.params, copy, &self.model.grads, step)?;
         }
         let total_steps = self.opt.config.total_steps;
-        comm_s += self
-            .sync
-            .after_update(be, comm, &self.model, step, total_steps)?;
+        comm_s += self.sync.after_update(be, comm, &self.model, step, total_steps)?;
         let total = started.elapsed().as_secs_f64();
         Ok(StepReport {
             stats,

@@ -20,7 +20,7 @@ mod loss;
 mod matmul;
 mod optim;
 
-use super::{bf16, AdamWStep, Act, Backend, DevPtr, DeviceBuffer, Elem};
+use super::{bf16, Act, AdamWStep, Backend, DevPtr, DeviceBuffer, Elem};
 use crate::error::{Error, Result};
 use std::ptr::NonNull;
 

@@ -8,8 +8,8 @@
 //! widen them to f32 in shared memory, exactly), the first bf16 version, for comparison.
 
 use super::{args, blocks, AttentionPath, CudaBackend};
-use crate::backend::{Act, DevPtr};
 use crate::backend::Precision;
+use crate::backend::{Act, DevPtr};
 use crate::error::{Error, Result};
 
 const THREADS: u32 = 128;

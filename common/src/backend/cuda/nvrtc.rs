@@ -56,9 +56,8 @@ fn flash_source(d: usize, act: ActType) -> String {
                 ("BWD_PARAMS", "BWD_ARGS")
             };
             let template = kernel.replacen("flash", "flash16", 1);
-            src += &format!(
-                "extern \"C\" __global__ void {kernel}_d{d}_bf16({params}) {{ {template}<{d}>({args}); }}\n"
-            );
+            src +=
+                &format!("extern \"C\" __global__ void {kernel}_d{d}_bf16({params}) {{ {template}<{d}>({args}); }}\n");
         }
     }
     src += &format!("// Instances for head sizes padded to {d}.\n");

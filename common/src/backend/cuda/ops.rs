@@ -346,7 +346,12 @@ impl Backend for CudaBackend {
         } else {
             "layernorm_forward_kernel"
         };
-        self.launch(name, grid, (THREADS as u32, 1, 1), args![out, mean, rstd, inp, w, b, bt, c]);
+        self.launch(
+            name,
+            grid,
+            (THREADS as u32, 1, 1),
+            args![out, mean, rstd, inp, w, b, bt, c],
+        );
     }
 
     unsafe fn layernorm_backward(
@@ -398,7 +403,7 @@ impl Backend for CudaBackend {
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
         match self.attention {
             AttentionPath::Flash | AttentionPath::FlashTf32 => b * nh * t, // log-sum-exp per row
-            AttentionPath::Gemm => b * nh * t * t, // the probabilities
+            AttentionPath::Gemm => b * nh * t * t,                         // the probabilities
         }
     }
 

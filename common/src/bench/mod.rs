@@ -1,6 +1,10 @@
 //! The `bench` subcommand: times training steps of a model on random tokens and prints
 //! a JSON line last (tokens/s, ms/step, memory, GFLOP/s, MFU on GPUs, comm share).
 
+mod kernels;
+
+pub use kernels::{kernels, KernelRow};
+
 use crate::backend::Backend;
 use crate::backend::Precision;
 use crate::cli::BenchArgs;
@@ -83,6 +87,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         optim,
         sync,
         micro_batches: 1,
+        recompute: args.recompute,
     };
     let mut trainer = Trainer::new(be, comm, config, settings)?;
     trainer.init_weights(1)?;

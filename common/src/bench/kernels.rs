@@ -1,0 +1,277 @@
+//! `bench --kernels`: each fused kernel timed alone at the shapes that matter (GPT-2 124M's
+//! widths, the sequence lengths, head sizes and vocabularies), one JSON line per
+//! row: the op, the shape, milliseconds per call, and the FLOP and the fewest bytes the call
+//! must move, from which the reader (`stage2_cuda/gpu/run.sh kernels`) derives TFLOP/s or GB/s
+//! against the device's measured ceilings. Inputs are random (never zeros). Where an unfused
+//! form of the same computation exists it is timed beside it (`impl` "ours-unfused").
+
+use crate::backend::{Act, AdamWStep, Backend, DevPtr, DeviceBuffer};
+use crate::error::Result;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use std::time::Instant;
+
+/// One timed kernel (or the kernels of one op's forward or backward).
+#[derive(Debug, serde::Serialize)]
+pub struct KernelRow {
+    pub kind: &'static str,
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    pub op: &'static str,
+    pub shape: String,
+    pub precision: &'static str,
+    pub ms: f64,
+    /// Floating-point operations of one call (matrix products), when they bound it.
+    pub flop: Option<f64>,
+    /// The fewest bytes one call must move through device memory (inputs read once, outputs
+    /// written once), when they bound it.
+    pub bytes: Option<f64>,
+}
+
+/// Milliseconds per call of `f`: two warm-up calls, then five batches of `reps` calls, each
+/// batch timed from the host between synchronisations; the median batch.
+fn time_ms<B: Backend>(be: &B, reps: usize, mut f: impl FnMut()) -> Result<f64> {
+    f();
+    f();
+    be.synchronize()?;
+    let mut batches = Vec::with_capacity(5);
+    for _ in 0..5 {
+        let started = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        be.synchronize()?;
+        batches.push(started.elapsed().as_secs_f64() * 1e3 / reps as f64);
+    }
+    batches.sort_by(f64::total_cmp);
+    Ok(batches[2])
+}
+
+/// Device buffers of random values for one shape, freed together.
+struct Arena<'a, B: Backend> {
+    be: &'a B,
+    rng: ChaCha8Rng,
+    held: Vec<B::Buffer<f32>>,
+    held_ids: Vec<B::Buffer<i32>>,
+}
+
+impl<'a, B: Backend> Arena<'a, B> {
+    fn new(be: &'a B) -> Self {
+        Arena {
+            be,
+            rng: ChaCha8Rng::seed_from_u64(1),
+            held: Vec::new(),
+            held_ids: Vec::new(),
+        }
+    }
+
+    fn random(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        let rng = &mut self.rng;
+        (0..n)
+            .map(|_| scale * ((rng.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0))
+            .collect()
+    }
+
+    /// `n` activations, random in [-scale, scale).
+    fn act(&mut self, n: usize, scale: f32) -> Result<DevPtr<Act>> {
+        let buf = self.be.alloc::<f32>(self.be.act().words(n).max(1))?;
+        let host = self.random(n, scale);
+        // SAFETY: a fresh buffer of at least `n` activations.
+        unsafe { self.be.upload_act(buf.ptr().cast(), &host)? };
+        let p = buf.ptr().cast();
+        self.held.push(buf);
+        Ok(p)
+    }
+
+    /// `n` f32 values, random in [-scale, scale), or all equal to `fill`.
+    fn f32s(&mut self, n: usize, scale: f32, fill: Option<f32>) -> Result<DevPtr> {
+        let buf = self.be.alloc::<f32>(n.max(1))?;
+        let host = match fill {
+            Some(x) => vec![x; n],
+            None => self.random(n, scale),
+        };
+        self.be.write(&buf, 0, &host)?;
+        let p = buf.ptr();
+        self.held.push(buf);
+        Ok(p)
+    }
+
+    /// `n` ids below `below`.
+    fn ids(&mut self, n: usize, below: usize) -> Result<DevPtr<i32>> {
+        let buf = self.be.alloc::<i32>(n.max(1))?;
+        let host: Vec<i32> = (0..n).map(|_| (self.rng.next_u32() as usize % below) as i32).collect();
+        self.be.write(&buf, 0, &host)?;
+        let p = buf.ptr();
+        self.held_ids.push(buf);
+        Ok(p)
+    }
+}
+
+/// Every row of the kernel benchmark, in the backend's precision.
+pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
+    let precision = be.precision().name();
+    let a = be.act().bytes() as f64;
+    let mut rows = Vec::new();
+    let mut row = |implementation, op, shape: String, ms, flop: Option<f64>, bytes: Option<f64>| {
+        rows.push(KernelRow {
+            kind: "kernel",
+            implementation,
+            op,
+            shape,
+            precision,
+            ms,
+            flop,
+            bytes,
+        })
+    };
+
+    // Attention: 16K tokens at width 768, causal; FLOP as FlashAttention counts them (the
+    // causal half of 2 products forward, 5 backward).
+    for t in [512usize, 1024, 2048] {
+        for hs in [64usize, 128] {
+            let (b, c) = (16_384 / t, 768);
+            let nh = c / hs;
+            let mut m = Arena::new(be);
+            let (qkv, out, dout, dqkv) = (
+                m.act(b * t * 3 * c, 1.0)?,
+                m.act(b * t * c, 1.0)?,
+                m.act(b * t * c, 1.0)?,
+                m.act(b * t * 3 * c, 1.0)?,
+            );
+            let lse = m.f32s(be.attention_saved_len(b, t, nh), 1.0, Some(0.0))?;
+            let shape = format!("B={b} T={t} NH={nh} HS={hs}");
+            let causal = (b * nh * t * t * hs) as f64; // one T×T×HS product, halved, times 2
+                                                       // SAFETY: every buffer holds what the op's contract asks at this shape.
+            let fwd = time_ms(be, 10, || unsafe { be.attention_forward(out, lse, qkv, b, t, c, nh) })?;
+            row("ours", "attention_fwd", shape.clone(), fwd, Some(2.0 * causal), None);
+            // SAFETY: as above; `lse` and `out` were written by the forward.
+            let bwd = time_ms(be, 10, || unsafe {
+                be.attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh)
+            })?;
+            row("ours", "attention_bwd", shape, bwd, Some(5.0 * causal), None);
+        }
+    }
+
+    // Layernorm and GELU at GPT-2 124M's training shape (B·T = 16K rows).
+    let (r, c) = (16_384usize, 768usize);
+    {
+        let mut m = Arena::new(be);
+        let (inp, out, dout, dinp) = (
+            m.act(r * c, 2.0)?,
+            m.act(r * c, 1.0)?,
+            m.act(r * c, 1.0)?,
+            m.act(r * c, 1.0)?,
+        );
+        let (w, b) = (m.act(c, 1.0)?, m.act(c, 1.0)?);
+        let (mean, rstd, dw, db) = (
+            m.f32s(r, 1.0, None)?,
+            m.f32s(r, 1.0, None)?,
+            m.f32s(c, 1.0, None)?,
+            m.f32s(c, 1.0, None)?,
+        );
+        let n = (r * c) as f64;
+        let shape = format!("{r}x{c}");
+        // SAFETY: every buffer holds what the op's contract asks at this shape.
+        let fwd = time_ms(be, 20, || unsafe {
+            be.layernorm_forward(out, mean, rstd, inp, w, b, r, c)
+        })?;
+        row(
+            "ours",
+            "layernorm_fwd",
+            shape.clone(),
+            fwd,
+            None,
+            Some(2.0 * n * a + 8.0 * r as f64),
+        );
+        // SAFETY: as above; mean and rstd were written by the forward.
+        let bwd = time_ms(be, 20, || unsafe {
+            be.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, r, c)
+        })?;
+        row(
+            "ours",
+            "layernorm_bwd",
+            shape,
+            bwd,
+            None,
+            Some(4.0 * n * a + 8.0 * r as f64),
+        );
+    }
+    {
+        let n = r * 4 * c;
+        let mut m = Arena::new(be);
+        let (inp, out, dout, dinp) = (m.act(n, 4.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?);
+        let shape = format!("{r}x{}", 4 * c);
+        // SAFETY: `n` activations each.
+        let fwd = time_ms(be, 20, || unsafe { be.gelu_forward(out, inp, n) })?;
+        row("ours", "gelu_fwd", shape.clone(), fwd, None, Some(2.0 * n as f64 * a));
+        // SAFETY: as above.
+        let bwd = time_ms(be, 20, || unsafe { be.gelu_backward(dinp, inp, dout, n) })?;
+        row("ours", "gelu_bwd", shape, bwd, None, Some(4.0 * n as f64 * a));
+    }
+
+    // Cross-entropy forward + backward over vocabularies 32K to 128K (8K rows): fused, the
+    // gradient written over the logits; unfused, into a second buffer zeroed first.
+    for v in [32_768usize, 50_304, 131_072] {
+        let bt = 8_192usize;
+        let mut m = Arena::new(be);
+        let (logits, dlogits) = (m.act(bt * v, 4.0)?, m.act(bt * v, 1.0)?);
+        let (targets, losses) = (m.ids(bt, v)?, m.f32s(bt, 1.0, None)?);
+        let shape = format!("BT={bt} V={v}");
+        let floor = 3.0 * (bt * v) as f64 * a; // read for the loss, read and write for the gradient
+        let dloss = 1.0 / bt as f32;
+        // SAFETY: every buffer holds what the op's contract asks at this shape. The in-place
+        // backward turns the logits into gradients: later calls read those, which costs the
+        // same (the values only steer `expf`).
+        let fused = time_ms(be, 5, || unsafe {
+            be.crossentropy_forward(losses, logits, targets, bt, v, v);
+            be.crossentropy_backward_in_place(logits, losses, targets, dloss, bt, v, v);
+        })?;
+        row("ours", "crossentropy_fwd_bwd", shape.clone(), fused, None, Some(floor));
+        // SAFETY: as above.
+        let unfused = time_ms(be, 5, || unsafe {
+            be.crossentropy_forward(losses, logits, targets, bt, v, v);
+            be.zero_act(dlogits, bt * v);
+            be.crossentropy_backward(dlogits, logits, targets, dloss, bt, v, v);
+        })?;
+        row(
+            "ours-unfused",
+            "crossentropy_fwd_bwd",
+            shape,
+            unfused,
+            None,
+            Some(floor),
+        );
+    }
+
+    // AdamW over GPT-2 124M's parameters: f32 weights, gradients and moments, and under bf16
+    // the weight copy written in the same pass.
+    {
+        let n = 124_475_904usize;
+        let mut m = Arena::new(be);
+        let (p, g, mm, vv) = (
+            m.f32s(n, 0.1, None)?,
+            m.f32s(n, 0.01, None)?,
+            m.f32s(n, 0.001, None)?,
+            m.f32s(n, 0.0, Some(1e-6))?,
+        );
+        let scale = m.f32s(1, 0.0, Some(1.0))?;
+        let copy = match be.act() {
+            crate::backend::ActType::Bf16 => Some(be.alloc::<crate::backend::bf16>(n)?),
+            crate::backend::ActType::F32 => None,
+        };
+        let hp = AdamWStep {
+            lr: 1e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            t: 10,
+        };
+        let bytes = n as f64 * (4.0 * 7.0 + if copy.is_some() { 2.0 } else { 0.0 });
+        let copy_ptr = copy.as_ref().map(|c| c.ptr());
+        // SAFETY: `n` values in each buffer, one in `scale`, `n` in the copy.
+        let ms = time_ms(be, 5, || unsafe { be.adamw(p, g, mm, vv, n, scale, hp, copy_ptr) })?;
+        row("ours", "adamw", format!("{n} params"), ms, None, Some(bytes));
+    }
+    Ok(rows)
+}
