@@ -11,9 +11,10 @@
 //   A (16x16, row major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
 //   B (16x8, column):     b0 = B[2t..2t+1][g],  b1 = B[2t+8..2t+9][g]
 //   C (16x8):             c0, c1 = C[g][2t], C[g][2t+1];  c2, c3 = C[g+8][2t], C[g+8][2t+1]
-// So an accumulator tile pair (keys 16j..16j+15) is an A fragment as it stands, a B operand
-// taken along a row of a tile (Kᵀ for Q·Kᵀ) is two 32-bit loads, and one taken down a column
-// (V for P·V) is four 16-bit loads.
+// So an accumulator tile pair (keys 16j..16j+15) is an A fragment as it stands, and the B
+// fragments come from shared memory by `ldmatrix`, four 8x8 blocks (two n-blocks) at a time:
+// plain for a tile whose rows are B's columns (K for Q·Kᵀ), transposed for a tile whose rows
+// are B's rows (V for P·V).
 
 // Rows per shared tile: two buffers of two bf16 tiles stay under 48 KB.
 template <int D>
@@ -35,11 +36,24 @@ __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], const 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return (unsigned)to_bf16(lo).bits | ((unsigned)to_bf16(hi).bits << 16);
 }
-// Two consecutive elements of a row (4-byte aligned: the column is even, LD is even).
-__device__ __forceinline__ unsigned ld_pair(const bf16_t* p) { return *reinterpret_cast<const unsigned*>(p); }
-// Two elements down a column: p[0], p[ld].
-__device__ __forceinline__ unsigned ld_col(const bf16_t* p, int ld) {
-    return (unsigned)p[0].bits | ((unsigned)p[ld].bits << 16);
+// B fragments of two adjacent n-blocks (b[0]: columns n0..n0+7, b[1]: n0+8..n0+15) over the
+// reduced indices k0..k0+15, from a tile whose rows are B's columns ("n-major": B = Kᵀ with K's
+// rows in the tile). Lanes 0-7, 8-15, 16-23, 24-31 address the rows of the four 8x8 blocks.
+// Rows are LD elements apart, 16 bytes modulo 128: the 8 rows of a block hit distinct banks.
+__device__ __forceinline__ void ldsm_b_nmajor(unsigned b[2][2], const bf16_t* tile, int ld, int n0, int k0) {
+    int lane = threadIdx.x & 31;
+    const bf16_t* p = tile + (n0 + (lane >> 4) * 8 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0][0]), "=r"(b[0][1]), "=r"(b[1][0]), "=r"(b[1][1])
+                 : "r"(shared_address(p)));
+}
+// The same from a tile whose rows are B's rows ("k-major": B = V, rows the keys): transposed.
+__device__ __forceinline__ void ldsm_b_kmajor(unsigned b[2][2], const bf16_t* tile, int ld, int k0, int n0) {
+    int lane = threadIdx.x & 31;
+    const bf16_t* p = tile + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + n0 + (lane >> 4) * 8;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0][0]), "=r"(b[0][1]), "=r"(b[1][0]), "=r"(b[1][1])
+                 : "r"(shared_address(p)));
 }
 
 // Element (r, d) of a (T, stride) bf16 matrix as bits; 0 past T or HS.
@@ -147,10 +161,11 @@ __device__ __forceinline__ void flash16_forward(bf16_t* out, float* lse, const b
 #pragma unroll
             for (int kk = 0; kk < DK; kk++) {
 #pragma unroll
-                for (int n = 0; n < KN; n++) {
-                    const bf16_t* p = k_s + (n * 8 + g) * LD + kk * 16 + 2 * t;
-                    unsigned bb[2] = {ld_pair(p), ld_pair(p + 8)};
-                    mma_bf16(s[n], qa[kk], bb);
+                for (int n = 0; n < KN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_nmajor(bb, k_s, LD, n * 8, kk * 16);
+                    mma_bf16(s[n], qa[kk], bb[0]);
+                    mma_bf16(s[n + 1], qa[kk], bb[1]);
                 }
             }
             // Scale, causal mask, running max: as in flash_forward.
@@ -199,10 +214,11 @@ __device__ __forceinline__ void flash16_forward(bf16_t* out, float* lse, const b
                 unsigned a[4];
                 acc_pair_as_a(a, s[2 * j], s[2 * j + 1]);
 #pragma unroll
-                for (int n = 0; n < DN; n++) {
-                    const bf16_t* p = v_s + (j * 16 + 2 * t) * LD + n * 8 + g;
-                    unsigned bb[2] = {ld_col(p, LD), ld_col(p + 8 * LD, LD)};
-                    mma_bf16(o[n], a, bb);
+                for (int n = 0; n < DN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_kmajor(bb, v_s, LD, j * 16, n * 8);
+                    mma_bf16(o[n], a, bb[0]);
+                    mma_bf16(o[n + 1], a, bb[1]);
                 }
             }
         }
@@ -292,10 +308,11 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
 #pragma unroll
             for (int kk = 0; kk < DK; kk++) {
 #pragma unroll
-                for (int n = 0; n < QN; n++) {
-                    const bf16_t* p = q_s + (n * 8 + g) * LD + kk * 16 + 2 * t;
-                    unsigned bb[2] = {ld_pair(p), ld_pair(p + 8)};
-                    mma_bf16(st[n], ka[kk], bb);
+                for (int n = 0; n < QN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_nmajor(bb, q_s, LD, n * 8, kk * 16);
+                    mma_bf16(st[n], ka[kk], bb[0]);
+                    mma_bf16(st[n + 1], ka[kk], bb[1]);
                 }
             }
             // pᵀ = exp2(s·scale·log2e - lse), 0 where the query precedes the key or is past T.
@@ -315,10 +332,11 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
                 unsigned a[4];
                 acc_pair_as_a(a, st[2 * j], st[2 * j + 1]);
 #pragma unroll
-                for (int n = 0; n < DN; n++) {
-                    const bf16_t* p = do_s + (j * 16 + 2 * t) * LD + n * 8 + g;
-                    unsigned bb[2] = {ld_col(p, LD), ld_col(p + 8 * LD, LD)};
-                    mma_bf16(dv[n], a, bb);
+                for (int n = 0; n < DN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_kmajor(bb, do_s, LD, j * 16, n * 8);
+                    mma_bf16(dv[n], a, bb[0]);
+                    mma_bf16(dv[n + 1], a, bb[1]);
                 }
             }
             // dpᵀ (16 x BQ) = v · doutᵀ
@@ -328,10 +346,11 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
 #pragma unroll
             for (int kk = 0; kk < DK; kk++) {
 #pragma unroll
-                for (int n = 0; n < QN; n++) {
-                    const bf16_t* p = do_s + (n * 8 + g) * LD + kk * 16 + 2 * t;
-                    unsigned bb[2] = {ld_pair(p), ld_pair(p + 8)};
-                    mma_bf16(dpt[n], va[kk], bb);
+                for (int n = 0; n < QN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_nmajor(bb, do_s, LD, n * 8, kk * 16);
+                    mma_bf16(dpt[n], va[kk], bb[0]);
+                    mma_bf16(dpt[n + 1], va[kk], bb[1]);
                 }
             }
             // dsᵀ = pᵀ ⊙ (dpᵀ - delta) · scale
@@ -349,10 +368,11 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
                 unsigned a[4];
                 acc_pair_as_a(a, dpt[2 * j], dpt[2 * j + 1]);
 #pragma unroll
-                for (int n = 0; n < DN; n++) {
-                    const bf16_t* p = q_s + (j * 16 + 2 * t) * LD + n * 8 + g;
-                    unsigned bb[2] = {ld_col(p, LD), ld_col(p + 8 * LD, LD)};
-                    mma_bf16(dk[n], a, bb);
+                for (int n = 0; n < DN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_kmajor(bb, q_s, LD, j * 16, n * 8);
+                    mma_bf16(dk[n], a, bb[0]);
+                    mma_bf16(dk[n + 1], a, bb[1]);
                 }
             }
         }
@@ -430,10 +450,11 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
 #pragma unroll
             for (int kk = 0; kk < DK; kk++) {
 #pragma unroll
-                for (int n = 0; n < KN; n++) {
-                    const bf16_t* p = k_s + (n * 8 + g) * LD + kk * 16 + 2 * t;
-                    unsigned bb[2] = {ld_pair(p), ld_pair(p + 8)};
-                    mma_bf16(s[n], qa[kk], bb);
+                for (int n = 0; n < KN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_nmajor(bb, k_s, LD, n * 8, kk * 16);
+                    mma_bf16(s[n], qa[kk], bb[0]);
+                    mma_bf16(s[n + 1], qa[kk], bb[1]);
                 }
             }
 #pragma unroll
@@ -452,10 +473,11 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
 #pragma unroll
             for (int kk = 0; kk < DK; kk++) {
 #pragma unroll
-                for (int n = 0; n < KN; n++) {
-                    const bf16_t* p = v_s + (n * 8 + g) * LD + kk * 16 + 2 * t;
-                    unsigned bb[2] = {ld_pair(p), ld_pair(p + 8)};
-                    mma_bf16(dp[n], doa[kk], bb);
+                for (int n = 0; n < KN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_nmajor(bb, v_s, LD, n * 8, kk * 16);
+                    mma_bf16(dp[n], doa[kk], bb[0]);
+                    mma_bf16(dp[n + 1], doa[kk], bb[1]);
                 }
             }
 #pragma unroll
@@ -469,10 +491,11 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
                 unsigned a[4];
                 acc_pair_as_a(a, dp[2 * j], dp[2 * j + 1]);
 #pragma unroll
-                for (int n = 0; n < DN; n++) {
-                    const bf16_t* p = k_s + (j * 16 + 2 * t) * LD + n * 8 + g;
-                    unsigned bb[2] = {ld_col(p, LD), ld_col(p + 8 * LD, LD)};
-                    mma_bf16(dq[n], a, bb);
+                for (int n = 0; n < DN; n += 2) {
+                    unsigned bb[2][2];
+                    ldsm_b_kmajor(bb, k_s, LD, j * 16, n * 8);
+                    mma_bf16(dq[n], a, bb[0]);
+                    mma_bf16(dq[n + 1], a, bb[1]);
                 }
             }
         }
