@@ -4,6 +4,7 @@
 //! `comm` (single process, MPI, NCCL) and `grad_sync` (how gradients meet across ranks),
 //! `report` (loss log, progress, results tables), `text` (model output made printable), and
 //! finally `train`, the one loop for all stages; `bench`, `cli` and `app` sit on top.
+//! `mnist` holds the MLP workload's data (idx files; the model and its loop come next).
 
 pub mod app;
 pub mod atomic_file;
@@ -17,6 +18,7 @@ pub mod data;
 pub mod error;
 pub mod generate;
 pub mod grad_sync;
+pub mod mnist;
 pub mod model;
 pub mod optim;
 pub mod report;
