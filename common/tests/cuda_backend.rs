@@ -426,6 +426,29 @@ fn gelu_matches_cpu() {
     }
 }
 
+fn relu_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
+    let inp = upload_act(be, &rnd(q, n, 44, 4.0));
+    let out = alloc_act(be, n);
+    unsafe { be.relu_forward(act(&out), act(&inp), n) };
+    let dout = upload_act(be, &rnd(q, n, 45, 1.0));
+    let dinp = upload_act(be, &rnd(q, n, 46, 1.0));
+    unsafe { be.relu_backward(act(&dinp), act(&inp), act(&dout), n) };
+    vec![download_act(be, &out, n), download_act(be, &dinp, n)]
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn relu_matches_cpu() {
+    // fp32 exactly (a comparison and an add); bf16: the accumulated gradient rounds once (k = 1).
+    let n = 12_345;
+    let want = relu_case(&cpu(), Inputs::F32, n);
+    let got = relu_case(&gpu(Precision::Fp32), Inputs::F32, n);
+    check("relu", &["out", "dinp"], &got, &want, 0.0);
+    let want = relu_case(&cpu(), Inputs::Bf16, n);
+    let got = relu_case(&gpu(Precision::Bf16), Inputs::Bf16, n);
+    check_bf16("relu", &["out", "dinp"], &got, &want, &[(0.0, 1), (1.0, 2)]);
+}
+
 fn crossentropy_case<B: Backend>(be: &B, q: Inputs, bt: usize, v: usize, vp: usize) -> Vec<Vec<f32>> {
     let logits = upload_act(be, &rnd(q, bt * vp, 51, 4.0));
     let targets = upload_ids(be, &random_ids(bt, 52, v));

@@ -336,6 +336,28 @@ fn gelu_backward_matches_finite_differences() {
 }
 
 #[test]
+fn relu_backward_matches_finite_differences() {
+    // Inputs kept away from the kink at 0 (|x| >= 0.1, far beyond the difference step).
+    let be = be();
+    let n = 50;
+    let mut r = rng(16);
+    let x: Vec<f32> = randn(n, 2.0, &mut r)
+        .iter()
+        .map(|&v| if v.abs() < 0.1 { v + 0.2f32.copysign(v) } else { v })
+        .collect();
+    let inp = upload(&be, &x);
+    let out = be.alloc::<f32>(n).unwrap();
+    let rw = randn(n, 1.0, &mut r);
+    let dinp = be.alloc::<f32>(n).unwrap();
+    unsafe { be.relu_backward(dinp.ptr().cast(), inp.ptr().cast(), upload(&be, &rw).ptr().cast(), n) };
+    let mut f = || {
+        unsafe { be.relu_forward(out.ptr().cast(), inp.ptr().cast(), n) };
+        weighted(&be, &out, &rw)
+    };
+    check("drelu", &be, &inp, &read(&be, &dinp), &mut f);
+}
+
+#[test]
 fn crossentropy_backward_matches_finite_differences() {
     let be = be();
     let (bt, v, vp) = (4, 9, 16);

@@ -161,6 +161,11 @@ impl<B: Backend> Graph<'_, B> {
                 let x = self.data(inp);
                 be.gelu_backward(dinp, x, dout, r * c);
             }
+            Op::Relu { inp } => {
+                let dinp = self.act_grad(inp)?;
+                let x = self.data(inp);
+                be.relu_backward(dinp, x, dout, r * c);
+            }
             Op::Add { a, b } => {
                 // Both inputs get dout; one may simply take over its buffer.
                 let heir = if a != b { self.hand_down(node.out, [b, a]) } else { None };
@@ -207,7 +212,7 @@ fn read_by_others(tape: &[Node], x: Tensor, node: &Node) -> bool {
                 Op::Matmul { inp, w, bias } => x == inp || x == w || bias == Some(x),
                 Op::LayerNorm { inp, w, b, .. } => x == inp || x == w || x == b,
                 Op::Attention { qkv, .. } => x == qkv,
-                Op::Gelu { inp } => x == inp,
+                Op::Gelu { inp } | Op::Relu { inp } => x == inp,
                 Op::Add { a, b } => x == a || x == b,
                 Op::CrossEntropy { logits, .. } => x == logits,
                 Op::Mark { .. } => false,

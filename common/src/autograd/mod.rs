@@ -107,6 +107,9 @@ enum Op {
     Gelu {
         inp: Tensor,
     },
+    Relu {
+        inp: Tensor,
+    },
     Add {
         a: Tensor,
         b: Tensor,
@@ -442,6 +445,16 @@ impl<'a, B: Backend> Graph<'a, B> {
         let x = self.data(inp);
         // SAFETY: out has inp's shape.
         unsafe { self.be.gelu_forward(self.ptr(out), x, shape[0] * shape[1]) };
+        Ok(out)
+    }
+
+    /// max(x, 0), elementwise (the MLP workload's activation).
+    pub fn relu(&mut self, inp: Tensor) -> Result<Tensor> {
+        let shape = self.shape(inp);
+        let out = self.output(shape, Op::Relu { inp })?;
+        let x = self.data(inp);
+        // SAFETY: out has inp's shape.
+        unsafe { self.be.relu_forward(self.ptr(out), x, shape[0] * shape[1]) };
         Ok(out)
     }
 

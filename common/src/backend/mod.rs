@@ -447,6 +447,14 @@ pub trait Backend {
         nh: usize,
     );
 
+    /// ReLU, max(x, 0) (the MLP workload's); backward passes the gradient where x > 0.
+    /// # Safety
+    /// `out`, `inp`: `n` elements each.
+    unsafe fn relu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize);
+    /// # Safety
+    /// `dinp`, `inp`, `dout`: `n` elements each.
+    unsafe fn relu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize);
+
     /// GELU, tanh approximation (GPT-2's).
     /// # Safety
     /// `out`, `inp`: `n` elements each.

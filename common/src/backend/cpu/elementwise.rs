@@ -43,6 +43,28 @@ pub(super) fn scale(dst: &mut [f32], s: f32) {
         .for_each(|c| c.iter_mut().for_each(|x| *x *= s));
 }
 
+/// max(x, 0).
+pub(super) fn relu_forward(out: &mut [f32], inp: &[f32]) {
+    out.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(o, x)| {
+        for (o, &x) in o.iter_mut().zip(x) {
+            *o = x.max(0.0);
+        }
+    });
+}
+
+/// dinp += dout where x > 0 (the gradient at 0 taken as 0, as PyTorch does).
+pub(super) fn relu_backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
+    dinp.par_chunks_mut(CHUNK)
+        .zip(inp.par_chunks(CHUNK).zip(dout.par_chunks(CHUNK)))
+        .for_each(|(d, (x, dy))| {
+            for ((d, &x), &dy) in d.iter_mut().zip(x).zip(dy) {
+                if x > 0.0 {
+                    *d += dy;
+                }
+            }
+        });
+}
+
 /// GELU, tanh approximation.
 pub(super) fn gelu_forward(out: &mut [f32], inp: &[f32]) {
     out.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(o, x)| {

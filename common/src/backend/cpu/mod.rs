@@ -337,6 +337,14 @@ impl Backend for CpuBackend {
         self.run(|| attention::backward(dqkv, dout, qkv, att, dims));
     }
 
+    unsafe fn relu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
+        self.run(|| elementwise::relu_forward(view_mut(out, n), view(inp, n)));
+    }
+
+    unsafe fn relu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
+        self.run(|| elementwise::relu_backward(view_mut(dinp, n), view(inp, n), view(dout, n)));
+    }
+
     unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
         self.run(|| elementwise::gelu_forward(view_mut(out, n), view(inp, n)));
     }

@@ -454,6 +454,14 @@ impl Backend for CudaBackend {
         }
     }
 
+    unsafe fn relu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
+        self.launch_1d("relu_forward_kernel", n, args![out, inp, n]);
+    }
+
+    unsafe fn relu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
+        self.launch_1d("relu_backward_kernel", n, args![dinp, inp, dout, n]);
+    }
+
     unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
         if vec4_rows(n, &[out, inp], self.act()) {
             self.launch_1d("gelu_forward_vec4_kernel", n / 4, args![out, inp, n / 4]);

@@ -1,4 +1,5 @@
-// GELU, tanh approximation (GPT-2's), elementwise; backward accumulates into dinp.
+// The activations, elementwise: GELU, tanh approximation (GPT-2's), and ReLU (the MLP
+// workload's); backward accumulates into dinp.
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
 
@@ -38,4 +39,15 @@ extern "C" __global__ void gelu_forward_kernel(act_t* out, const act_t* inp, int
 extern "C" __global__ void gelu_backward_kernel(act_t* dinp, const act_t* inp, const act_t* dout, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dinp[i] = from_f(to_f(dinp[i]) + gelu_grad(to_f(inp[i])) * to_f(dout[i]));
+}
+
+extern "C" __global__ void relu_forward_kernel(act_t* out, const act_t* inp, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f(fmaxf(to_f(inp[i]), 0.0f));
+}
+
+// dinp += dout where x > 0 (the gradient at 0 taken as 0, as PyTorch does).
+extern "C" __global__ void relu_backward_kernel(act_t* dinp, const act_t* inp, const act_t* dout, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && to_f(inp[i]) > 0.0f) dinp[i] = from_f(to_f(dinp[i]) + to_f(dout[i]));
 }
