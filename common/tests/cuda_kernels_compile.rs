@@ -3,7 +3,7 @@
 //! Skips with a message when libnvrtc is missing, unless REQUIRE_NVRTC is set (CI sets it).
 #![cfg(feature = "cuda")]
 
-use common::backend::cuda::{compile, kernel_names, kernel_sources, nvrtc_present, nvrtc_version};
+use common::backend::cuda::{compile, compile_cached, kernel_names, kernel_sources, nvrtc_present, nvrtc_version};
 use common::backend::ActType;
 
 /// The architecture we deploy on (Hopper: H100, H200).
@@ -77,4 +77,38 @@ fn a_broken_kernel_reports_nvrtc_log() {
     )
     .expect_err("must not compile");
     assert!(err.to_string().contains("undefined_name"), "log missing from: {err}");
+}
+
+#[test]
+fn a_second_start_up_reads_the_kernel_cache() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kernel-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (file, src) = kernel_sources(ActType::Bf16)
+        .into_iter()
+        .find(|(f, _)| *f == "gelu.cu")
+        .expect("gelu.cu");
+    let (first, hit) = compile_cached(&dir, file, &src, "sm_90").expect("compiles");
+    assert!(!hit, "an empty cache cannot hit");
+    let (again, hit) = compile_cached(&dir, file, &src, "sm_90").expect("reads back");
+    assert!(hit && again == first, "the second call reads the same image back");
+    // A damaged entry is compiled again and replaced, never loaded.
+    let entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(entries.len(), 1, "one entry so far: {entries:?}");
+    let entry = &entries[0];
+    let mut bytes = std::fs::read(entry).unwrap();
+    bytes[100] ^= 0x40;
+    std::fs::write(entry, &bytes).unwrap();
+    let (repaired, hit) = compile_cached(&dir, file, &src, "sm_90").expect("compiles");
+    assert!(!hit && repaired == first, "a damaged entry is not used");
+    let (_, hit) = compile_cached(&dir, file, &src, "sm_90").expect("reads back");
+    assert!(hit, "and it was written again");
+    // Another target or another source is another entry.
+    let (_, hit) = compile_cached(&dir, file, &src, "sm_80").expect("compiles");
+    assert!(!hit, "sm_80 is not sm_90's image");
+    let (_, hit) = compile_cached(&dir, file, &format!("{src}\n// changed"), "sm_90").expect("compiles");
+    assert!(!hit, "a changed source compiles again");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -27,7 +27,9 @@ use memory::{device_err, DeviceMemory};
 use nvrtc::Kernels;
 
 pub use memory::CudaBuffer;
-pub use nvrtc::{compile, kernel_names, kernel_sources, nvrtc_present, nvrtc_version};
+pub use nvrtc::{
+    compile, compile_cached, kernel_cache_dir, kernel_names, kernel_sources, nvrtc_present, nvrtc_version,
+};
 
 /// Threads per block of the elementwise and row kernels.
 const THREADS: usize = 256;

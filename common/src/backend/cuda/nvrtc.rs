@@ -1,10 +1,16 @@
 //! The kernel registry: every `.cu` file under `kernels/` is embedded here, compiled once
 //! by NVRTC for the device's own architecture (to a cubin, so the driver never JIT-compiles
-//! PTX), loaded as a module, and its kernels looked up by name.
+//! PTX), loaded as a module, and its kernels looked up by name. Compiled images are kept on
+//! disk (`kernel_cache_dir`), keyed by source, target and NVRTC version, so that a second
+//! start-up skips NVRTC.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+use xxhash_rust::xxh64::{xxh64, Xxh64};
 
 use cudarc::driver::{result as driver, sys as driver_sys};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
@@ -161,6 +167,59 @@ pub fn compile(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
     image
 }
 
+/// Where compiled kernel images are kept between runs: `$GPT2_KERNEL_CACHE` (`off`: nowhere),
+/// else `$XDG_CACHE_HOME/gpt2-rs/kernels`, else `~/.cache/gpt2-rs/kernels`.
+pub fn kernel_cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("GPT2_KERNEL_CACHE") {
+        Some(v) if v == "off" => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+            .map(|dir| dir.join("gpt2-rs").join("kernels")),
+    }
+}
+
+/// [`compile`] through the cache in `dir`: an image compiled before from the same source for
+/// the same target by the same NVRTC is read back (checked by its xxHash64) instead. Returns
+/// the image and whether it came from the cache. A cache that cannot be read or written only
+/// costs a compile.
+pub fn compile_cached(dir: &Path, name: &str, src: &str, arch: &str) -> Result<(Vec<u8>, bool)> {
+    let (major, minor) = nvrtc_version()?;
+    let mut key = Xxh64::new(0);
+    for part in [
+        src.as_bytes(),
+        arch.as_bytes(),
+        &major.to_le_bytes(),
+        &minor.to_le_bytes(),
+    ] {
+        key.update(&(part.len() as u64).to_le_bytes());
+        key.update(part);
+    }
+    let stem = name.trim_end_matches(".cu");
+    let path = dir.join(format!("{stem}-{arch}-{:016x}.img", key.digest()));
+    if let Some(image) = std::fs::read(&path)
+        .ok()
+        .and_then(|bytes| verified(&bytes).map(<[u8]>::to_vec))
+    {
+        return Ok((image, true));
+    }
+    let image = compile(name, src, arch)?;
+    if std::fs::create_dir_all(dir).is_ok() {
+        let _ = crate::atomic_file::write(&path, |f| {
+            f.write_all(&image)?;
+            f.write_all(&xxh64(&image, 0).to_le_bytes())
+        });
+    }
+    Ok((image, false))
+}
+
+/// The image of a cache file (image, then its xxHash64), when the checksum holds.
+fn verified(bytes: &[u8]) -> Option<&[u8]> {
+    let (image, sum) = bytes.split_at(bytes.len().checked_sub(8)?);
+    (!image.is_empty() && xxh64(image, 0) == u64::from_le_bytes(sum.try_into().ok()?)).then_some(image)
+}
+
 unsafe fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
     match nvrtc::get_program_log(prog) {
         Ok(log) => {
@@ -204,10 +263,17 @@ fn images(arch: &str, act: ActType) -> Result<Images> {
         return Ok(Arc::clone(images));
     }
     let sources = kernel_sources(act);
+    let dir = kernel_cache_dir();
     let compiled: Vec<Result<Vec<u8>>> = std::thread::scope(|scope| {
         let jobs: Vec<_> = sources
             .iter()
-            .map(|(file, src)| scope.spawn(move || compile(file, src, arch)))
+            .map(|(file, src)| {
+                let dir = dir.as_deref();
+                scope.spawn(move || match dir {
+                    Some(dir) => compile_cached(dir, file, src, arch).map(|(image, _)| image),
+                    None => compile(file, src, arch),
+                })
+            })
             .collect();
         jobs.into_iter()
             .map(|job| {
