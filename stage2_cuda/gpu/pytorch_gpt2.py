@@ -144,6 +144,22 @@ def bench(args):
     )
 
 
+def median_ms(f, reps, warmup):
+    """Median milliseconds of `reps` calls of `f`, each timed with CUDA events, after `warmup` calls."""
+    for _ in range(warmup):
+        f()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    times = []
+    for _ in range(reps):
+        ev[0].record()
+        f()
+        ev[1].record()
+        torch.cuda.synchronize()
+        times.append(ev[0].elapsed_time(ev[1]))
+    return sorted(times)[reps // 2]
+
+
 def kernels(args):
     """PyTorch's op for each row of `stage2_cuda bench --kernels`, same shapes, one JSON line each."""
     set_precision(args.precision)
@@ -151,18 +167,7 @@ def kernels(args):
     dt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}[args.precision]
 
     def timed(f, reps=20):
-        for _ in range(3):
-            f()
-        torch.cuda.synchronize()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        times = []
-        for _ in range(reps):
-            ev[0].record()
-            f()
-            ev[1].record()
-            torch.cuda.synchronize()
-            times.append(ev[0].elapsed_time(ev[1]))
-        return sorted(times)[reps // 2]
+        return median_ms(f, reps, warmup=3)
 
     def row(op, shape, ms):
         print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": op, "shape": shape,
@@ -216,18 +221,8 @@ def ceilings():
     src = torch.randn(512 * 2**20, device=dev)  # 2 GiB
     dst = torch.empty_like(src)
 
-    def timed(f, reps=10):
-        f()
-        torch.cuda.synchronize()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        times = []
-        for _ in range(reps):
-            ev[0].record()
-            f()
-            ev[1].record()
-            torch.cuda.synchronize()
-            times.append(ev[0].elapsed_time(ev[1]) * 1e-3)
-        return sorted(times)[reps // 2]
+    def timed(f):  # seconds
+        return median_ms(f, reps=10, warmup=1) * 1e-3
 
     copy_s = timed(lambda: dst.copy_(src))
     out = {"device": torch.cuda.get_device_name(), "copy_gb_s": 2 * src.numel() * 4 / copy_s / 1e9}
