@@ -5,7 +5,9 @@
 // stay bf16 in shared memory (half the bytes of the f32 tiles) and each product step covers 16
 // of the reduced dimension (twice TF32's 8, at twice its rate). P and dS are rounded to bf16
 // before they multiply V, dO, Q or K, as FlashAttention does; everything else is f32.
-// Needs flash_attention.cuh first (FLASH_THREADS, fast_exp2, cp.async helpers, store_e, add_e).
+// Needs flash_attention.cuh first (FLASH_THREADS, fast_exp2, cp.async helpers, store_e, add_e,
+// and the steps both families share: softmax_step, forward_epilogue, probs_t, ds_t, probs, ds_rows,
+// add_rows).
 //
 // Fragments of m16n8k16 (lane = 4g + t), two bf16 per register, the lower column first:
 //   A (16x16, row major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
@@ -168,46 +170,7 @@ __device__ __forceinline__ void flash16_forward(bf16_t* out, float* lse, const b
                     mma_bf16(s[n + 1], qa[kk], bb[1]);
                 }
             }
-            // Scale, causal mask, running max: as in flash_forward.
-            float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-            for (int n = 0; n < KN; n++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int key = k0 + n * 8 + 2 * t + (i & 1);
-                    int row = i < 2 ? r0 : r1;
-                    s[n][i] = key <= row ? s[n][i] * scale_log2 : NEG_INF;
-                }
-                mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
-            float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-            float corr0 = fast_exp2(m0 - mn0), corr1 = fast_exp2(m1 - mn1);
-            m0 = mn0;
-            m1 = mn1;
-            float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-            for (int n = 0; n < KN; n++) {
-                s[n][0] = fast_exp2(s[n][0] - m0);
-                s[n][1] = fast_exp2(s[n][1] - m0);
-                s[n][2] = fast_exp2(s[n][2] - m1);
-                s[n][3] = fast_exp2(s[n][3] - m1);
-                sum0 += s[n][0] + s[n][1];
-                sum1 += s[n][2] + s[n][3];
-            }
-            l0 = l0 * corr0 + sum0;
-            l1 = l1 * corr1 + sum1;
-#pragma unroll
-            for (int n = 0; n < DN; n++) {
-                o[n][0] *= corr0;
-                o[n][1] *= corr0;
-                o[n][2] *= corr1;
-                o[n][3] *= corr1;
-            }
+            softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2);
             // o (16 x D) += p (16 x BK) · v (BK x D): B = v, read down the columns of the tile.
 #pragma unroll
             for (int j = 0; j < KN / 2; j++) {
@@ -224,26 +187,8 @@ __device__ __forceinline__ void flash16_forward(bf16_t* out, float* lse, const b
         }
         __syncthreads();  // everyone is done with this buffer before it is refilled
     }
-    l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
-    l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
-    l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
-    l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
-    float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
     bf16_t* out_base = out + (size_t)b * T * C + (size_t)h * HS;
-#pragma unroll
-    for (int n = 0; n < DN; n++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int d = n * 8 + 2 * t + (i & 1);
-            int row = i < 2 ? r0 : r1;
-            if (row < T && d < HS) store_e(out_base + (size_t)row * C + d, o[n][i] * (i < 2 ? inv0 : inv1));
-        }
-    }
-    if (t == 0) {
-        float* lse_row = lse + (size_t)blockIdx.x * T;
-        if (r0 < T) lse_row[r0] = m0 + log2f(l0);
-        if (r1 < T) lse_row[r1] = m1 + log2f(l1);
-    }
+    forward_epilogue(out_base, C, lse + (size_t)blockIdx.x * T, o, m0, m1, l0, l1, r0, r1, t, T, HS);
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -315,17 +260,7 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
                     mma_bf16(st[n + 1], ka[kk], bb[1]);
                 }
             }
-            // pᵀ = exp2(s·scale·log2e - lse), 0 where the query precedes the key or is past T.
-#pragma unroll
-            for (int n = 0; n < QN; n++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int qi = n * 8 + 2 * t + (i & 1);
-                    int q = qs0 + qi;
-                    int key = i < 2 ? kr0 : kr1;
-                    st[n][i] = (q >= key && q < T) ? fast_exp2(st[n][i] * scale_log2 - lse_s[buf][qi]) : 0.0f;
-                }
-            }
+            probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2);
             // dv (16 x D) += pᵀ (16 x BQ) · dout (BQ x D)
 #pragma unroll
             for (int j = 0; j < QN / 2; j++) {
@@ -353,15 +288,7 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
                     mma_bf16(dpt[n + 1], va[kk], bb[1]);
                 }
             }
-            // dsᵀ = pᵀ ⊙ (dpᵀ - delta) · scale
-#pragma unroll
-            for (int n = 0; n < QN; n++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int qi = n * 8 + 2 * t + (i & 1);
-                    dpt[n][i] = st[n][i] * (dpt[n][i] - delta_s[buf][qi]) * scale;
-                }
-            }
+            ds_t(dpt, st, delta_s[buf], t, scale);
             // dk (16 x D) += dsᵀ (16 x BQ) · q (BQ x D)
 #pragma unroll
             for (int j = 0; j < QN / 2; j++) {
@@ -379,19 +306,8 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
         __syncthreads();
     }
     bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
-    bf16_t* dv_base = dk_base + C;
-#pragma unroll
-    for (int n = 0; n < DN; n++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int d = n * 8 + 2 * t + (i & 1);
-            int key = i < 2 ? kr0 : kr1;
-            if (key < T && d < HS) {
-                add_e(dk_base + (size_t)key * stride + d, dk[n][i]);
-                add_e(dv_base + (size_t)key * stride + d, dv[n][i]);
-            }
-        }
-    }
+    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS);
+    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS);
 }
 
 // dQ for one tile of 64 queries (16 per warp), over keys in tiles of BK.
@@ -457,15 +373,7 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
                     mma_bf16(s[n + 1], qa[kk], bb[1]);
                 }
             }
-#pragma unroll
-            for (int n = 0; n < KN; n++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int key = k0 + n * 8 + 2 * t + (i & 1);
-                    int row = i < 2 ? r0 : r1;
-                    s[n][i] = key <= row ? fast_exp2(s[n][i] * scale_log2 - (i < 2 ? lse0 : lse1)) : 0.0f;
-                }
-            }
+            probs(s, k0, r0, r1, t, lse0, lse1, scale_log2);
             // dp (16 x BK) = dout · vᵀ, then ds = p ⊙ (dp - delta) · scale
             float dp[KN][4];
 #pragma unroll
@@ -480,11 +388,7 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
                     mma_bf16(dp[n + 1], doa[kk], bb[1]);
                 }
             }
-#pragma unroll
-            for (int n = 0; n < KN; n++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) dp[n][i] = s[n][i] * (dp[n][i] - (i < 2 ? delta0 : delta1)) * scale;
-            }
+            ds_rows(dp, s, delta0, delta1, scale);
             // dq (16 x D) += ds (16 x BK) · k (BK x D)
 #pragma unroll
             for (int j = 0; j < KN / 2; j++) {
@@ -501,14 +405,5 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
         }
         __syncthreads();
     }
-    bf16_t* dq_base = dqkv + (size_t)b * T * stride + (size_t)h * HS;
-#pragma unroll
-    for (int n = 0; n < DN; n++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int d = n * 8 + 2 * t + (i & 1);
-            int row = i < 2 ? r0 : r1;
-            if (row < T && d < HS) add_e(dq_base + (size_t)row * stride + d, dq[n][i]);
-        }
-    }
+    add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS);
 }
