@@ -17,10 +17,13 @@ const THREADS: u32 = 128;
 const ROWS_PER_BLOCK: usize = 64;
 
 /// The kernels for head size `hs`: their name suffix (the padded size, then the TF32 split or
-/// `bf16`) and how many elements of how many bytes one vector copy moves.
+/// `bf16`), how many elements of how many bytes one vector copy moves, and the query rows per
+/// block of the forward (the bf16 forward gives each warp two 16-row tiles up to head size 64:
+/// `Fwd16` in flash_bf16.cuh).
 struct Variant {
     suffix: String,
     vector: (usize, usize),
+    forward_rows: usize,
 }
 
 fn variant(hs: usize, precision: Precision, path: AttentionPath) -> Result<Variant> {
@@ -39,18 +42,22 @@ fn variant(hs: usize, precision: Precision, path: AttentionPath) -> Result<Varia
         (Precision::Bf16, AttentionPath::Flash) => Variant {
             suffix: format!("d{d}_bf16"),
             vector: (8, 2),
+            forward_rows: if d <= 64 { 128 } else { 64 },
         },
         (Precision::Bf16, _) => Variant {
             suffix: format!("d{d}_s1"),
             vector: (4, 2),
+            forward_rows: ROWS_PER_BLOCK,
         },
         (Precision::Tf32, _) => Variant {
             suffix: format!("d{d}_s1"),
             vector: (4, 4),
+            forward_rows: ROWS_PER_BLOCK,
         },
         (Precision::Fp32, _) => Variant {
             suffix: format!("d{d}_s3"),
             vector: (4, 4),
+            forward_rows: ROWS_PER_BLOCK,
         },
     })
 }
@@ -63,9 +70,9 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> 
 }
 
 impl CudaBackend {
-    /// (B·NH, row tiles): the tiles go in y, so they must fit its 65535 limit.
-    fn flash_grid(&self, b: usize, t: usize, nh: usize) -> Result<(u32, u32, u32)> {
-        let tiles = t.div_ceil(ROWS_PER_BLOCK);
+    /// (B·NH, tiles of `rows`): the tiles go in y, so they must fit its 65535 limit.
+    fn flash_grid(&self, b: usize, t: usize, nh: usize, rows: usize) -> Result<(u32, u32, u32)> {
+        let tiles = t.div_ceil(rows);
         let heads = b * nh;
         if tiles > 65_535 || heads > u32::MAX as usize {
             return Err(Error::Device(format!(
@@ -98,7 +105,7 @@ impl CudaBackend {
         let vec = vectorizable(hs, &[qkv], v.vector);
         self.try_launch(
             &name,
-            self.flash_grid(b, t, nh)?,
+            self.flash_grid(b, t, nh, v.forward_rows)?,
             (THREADS, 1, 1),
             args![out, lse, qkv, t, nh, hs, scale_log2, vec],
         )
@@ -136,7 +143,7 @@ impl CudaBackend {
         )?;
         let scale = 1.0 / (hs as f32).sqrt();
         let scale_log2 = std::f32::consts::LOG2_E * scale;
-        let grid = self.flash_grid(b, t, nh)?;
+        let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
         let vec = vectorizable(hs, &[qkv, dout], v.vector);
         let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
         self.try_launch(

@@ -199,21 +199,27 @@ __device__ __forceinline__ void vector_load(float* dst, const float* row, int r0
 // Accumulator tiles are 16 rows (r0 = g, r1 = g + 8 of the warp's 16) by N blocks of 8 columns
 // in the mma's C layout: element (n, i) is row (i < 2 ? r0 : r1), column n·8 + 2t + (i & 1).
 
-// One key tile's step of the online softmax (FlashAttention-2) for the rows r0, r1: scales and
-// causally masks the scores s (keys from k0), updates the running maxima m and sums l, turns s
-// into exp2(s - m) and rescales the output accumulators o.
+// One key tile's step of the online softmax (FlashAttention-2) for the rows r0, r1: masks the
+// raw scores s (keys from k0) causally where `mask` says the tile crosses the diagonal (a
+// warp-uniform flag: tiles wholly at or before the rows skip the index arithmetic), updates the
+// running maxima m (in scaled base-2 units) and sums l, turns s into exp2(s·scale_log2 - m) with
+// one FFMA per score, and rescales the output accumulators o.
 template <int N, int DN>
 __device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&o)[DN][4], float& m0, float& m1, float& l0,
-                                             float& l1, int k0, int r0, int r1, int t, float scale_log2) {
+                                             float& l1, int k0, int r0, int r1, int t, float scale_log2, bool mask) {
+    if (mask) {
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int key = k0 + n * 8 + 2 * t + (i & 1);
+                if (key > (i < 2 ? r0 : r1)) s[n][i] = NEG_INF;
+            }
+        }
+    }
     float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
     for (int n = 0; n < N; n++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int key = k0 + n * 8 + 2 * t + (i & 1);
-            int row = i < 2 ? r0 : r1;
-            s[n][i] = key <= row ? s[n][i] * scale_log2 : NEG_INF;
-        }
         mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
         mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
     }
@@ -222,18 +228,19 @@ __device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&o)[DN][4]
     mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
-    // Key 0 is visible to every row and tile 0 comes first, so the max is finite from here on.
-    float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    // The scale is positive, so the raw maximum scaled is the scaled maximum. Key 0 is visible
+    // to every row and tile 0 comes first, so the max is finite from here on.
+    float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
     float corr0 = fast_exp2(m0 - mn0), corr1 = fast_exp2(m1 - mn1);
     m0 = mn0;
     m1 = mn1;
     float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < N; n++) {
-        s[n][0] = fast_exp2(s[n][0] - m0);
-        s[n][1] = fast_exp2(s[n][1] - m0);
-        s[n][2] = fast_exp2(s[n][2] - m1);
-        s[n][3] = fast_exp2(s[n][3] - m1);
+        s[n][0] = fast_exp2(fmaf(s[n][0], scale_log2, -m0));
+        s[n][1] = fast_exp2(fmaf(s[n][1], scale_log2, -m0));
+        s[n][2] = fast_exp2(fmaf(s[n][2], scale_log2, -m1));
+        s[n][3] = fast_exp2(fmaf(s[n][3], scale_log2, -m1));
         sum0 += s[n][0] + s[n][1];
         sum1 += s[n][2] + s[n][3];
     }
@@ -275,72 +282,76 @@ __device__ __forceinline__ void forward_epilogue(E* out_base, size_t C, float* l
 }
 
 // pᵀ from sᵀ (keys kr0, kr1 by N·8 queries from q0, whose log-sum-exps are lse[0..]):
-// exp2(s·scale·log2e - lse), 0 where the query precedes the key or is past T.
+// exp2(s·scale·log2e - lse), and where `mask` (warp-uniform: the tile reaches before the last
+// key or past T) 0 where the query precedes the key or is past T.
 template <int N>
 __device__ __forceinline__ void probs_t(float (&st)[N][4], const float* lse, int q0, int kr0, int kr1, int t, int T,
-                                        float scale_log2) {
+                                        float scale_log2, bool mask) {
 #pragma unroll
     for (int n = 0; n < N; n++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int qi = n * 8 + 2 * t + (i & 1);
-            int q = q0 + qi;
-            int key = i < 2 ? kr0 : kr1;
-            st[n][i] = (q >= key && q < T) ? fast_exp2(st[n][i] * scale_log2 - lse[qi]) : 0.0f;
+            float p = fast_exp2(fmaf(st[n][i], scale_log2, -lse[qi]));
+            if (mask) {
+                int q = q0 + qi;
+                p = (q >= (i < 2 ? kr0 : kr1) && q < T) ? p : 0.0f;
+            }
+            st[n][i] = p;
         }
     }
 }
 
-// dsᵀ = pᵀ ⊙ (dpᵀ - delta) · scale, over dpᵀ in place (delta[0..] per query column).
+// dsᵀ/scale = pᵀ ⊙ (dpᵀ - delta), over dpᵀ in place (delta[0..] per query column); the
+// caller multiplies the finished dK by the scale once (`add_rows`' `mul`).
 template <int N>
-__device__ __forceinline__ void ds_t(float (&dpt)[N][4], const float (&st)[N][4], const float* delta, int t,
-                                     float scale) {
+__device__ __forceinline__ void ds_t(float (&dpt)[N][4], const float (&st)[N][4], const float* delta, int t) {
 #pragma unroll
     for (int n = 0; n < N; n++) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) dpt[n][i] = st[n][i] * (dpt[n][i] - delta[n * 8 + 2 * t + (i & 1)]) * scale;
+        for (int i = 0; i < 4; i++) dpt[n][i] = st[n][i] * (dpt[n][i] - delta[n * 8 + 2 * t + (i & 1)]);
     }
 }
 
 // p from s (rows r0, r1 by N·8 keys from k0, the rows' log-sum-exps lse0, lse1): exp2(s·scale·
-// log2e - lse), 0 where the key is after the row.
+// log2e - lse), and where `mask` (warp-uniform: the tile crosses the diagonal) 0 where the key
+// is after the row.
 template <int N>
 __device__ __forceinline__ void probs(float (&s)[N][4], int k0, int r0, int r1, int t, float lse0, float lse1,
-                                      float scale_log2) {
+                                      float scale_log2, bool mask) {
 #pragma unroll
     for (int n = 0; n < N; n++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int key = k0 + n * 8 + 2 * t + (i & 1);
-            int row = i < 2 ? r0 : r1;
-            s[n][i] = key <= row ? fast_exp2(s[n][i] * scale_log2 - (i < 2 ? lse0 : lse1)) : 0.0f;
+            float p = fast_exp2(fmaf(s[n][i], scale_log2, -(i < 2 ? lse0 : lse1)));
+            if (mask) p = k0 + n * 8 + 2 * t + (i & 1) <= (i < 2 ? r0 : r1) ? p : 0.0f;
+            s[n][i] = p;
         }
     }
 }
 
-// ds = p ⊙ (dp - delta) · scale, over dp in place (delta0, delta1 per row).
+// ds/scale = p ⊙ (dp - delta), over dp in place (delta0, delta1 per row); the caller scales dQ.
 template <int N>
-__device__ __forceinline__ void ds_rows(float (&dp)[N][4], const float (&s)[N][4], float delta0, float delta1,
-                                        float scale) {
+__device__ __forceinline__ void ds_rows(float (&dp)[N][4], const float (&s)[N][4], float delta0, float delta1) {
 #pragma unroll
     for (int n = 0; n < N; n++) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) dp[n][i] = s[n][i] * (dp[n][i] - (i < 2 ? delta0 : delta1)) * scale;
+        for (int i = 0; i < 4; i++) dp[n][i] = s[n][i] * (dp[n][i] - (i < 2 ? delta0 : delta1));
     }
 }
 
-// base[row, d] += acc for the rows r0, r1 (below T) and columns d below HS: a gradient tile into
-// its place in dqkv.
+// base[row, d] += mul·acc for the rows r0, r1 (below T) and columns d below HS: a gradient tile
+// into its place in dqkv.
 template <int DN, typename E>
 __device__ __forceinline__ void add_rows(E* base, size_t stride, const float (&acc)[DN][4], int r0, int r1, int t,
-                                         int T, int HS) {
+                                         int T, int HS, float mul) {
 #pragma unroll
     for (int n = 0; n < DN; n++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int d = n * 8 + 2 * t + (i & 1);
             int row = i < 2 ? r0 : r1;
-            if (row < T && d < HS) add_e(base + (size_t)row * stride + d, acc[n][i]);
+            if (row < T && d < HS) add_e(base + (size_t)row * stride + d, mul * acc[n][i]);
         }
     }
 }
@@ -403,7 +414,7 @@ __device__ __forceinline__ void flash_forward(E* out, float* lse, const E* qkv, 
                 for (int n = 0; n < KT; n++)
                     mma<SPLIT>(s[n], a, b_pair<SPLIT>(kt_s + (n * 8 + g) * LDK + kk * 8 + 2 * t));
             }
-            softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2);
+            softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2, k0 + BK - 1 > q0);
             // o (16 x D) += p (16 x BK) · v (BK x D)
 #pragma unroll
             for (int j = 0; j < KT; j++) {
@@ -487,7 +498,7 @@ __device__ __forceinline__ void flash_backward_dkdv(E* dqkv, const E* dout, cons
                 for (int n = 0; n < QT; n++)
                     mma<SPLIT>(st[n], a, b_pair<SPLIT>(q_s + (n * 8 + g) * LD + kk * 8 + 2 * t));
             }
-            probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2);
+            probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2, qs0 < key0 + 15 || qs0 + BQ > T);
             // dv (16 x D) += pᵀ (16 x BQ) · dout (BQ x D)
 #pragma unroll
             for (int j = 0; j < QT; j++) {
@@ -507,7 +518,7 @@ __device__ __forceinline__ void flash_backward_dkdv(E* dqkv, const E* dout, cons
                 for (int n = 0; n < QT; n++)
                     mma<SPLIT>(dpt[n], a, b_pair<SPLIT>(do_s + (n * 8 + g) * LD + kk * 8 + 2 * t));
             }
-            ds_t(dpt, st, delta_s[buf], t, scale);
+            ds_t(dpt, st, delta_s[buf], t);
             // dk (16 x D) += dsᵀ (16 x BQ) · q (BQ x D)
 #pragma unroll
             for (int j = 0; j < QT; j++) {
@@ -520,8 +531,8 @@ __device__ __forceinline__ void flash_backward_dkdv(E* dqkv, const E* dout, cons
         __syncthreads();
     }
     E* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
-    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS);
-    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS);
+    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS, scale);
+    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS, 1.0f);
 }
 
 // dQ for one tile of 64 queries (16 per warp), summing over keys in tiles.
@@ -586,7 +597,7 @@ __device__ __forceinline__ void flash_backward_dq(E* dqkv, const E* dout, const 
                 for (int n = 0; n < KT; n++)
                     mma<SPLIT>(s[n], a, b_pair<SPLIT>(k_s + (n * 8 + g) * LD + kk * 8 + 2 * t));
             }
-            probs(s, k0, r0, r1, t, lse0, lse1, scale_log2);
+            probs(s, k0, r0, r1, t, lse0, lse1, scale_log2, k0 + BK - 1 > q0);
             // dp (16 x BK) = dout · vᵀ, then ds = p ⊙ (dp - delta) · scale
             float dp[KT][4];
 #pragma unroll
@@ -598,7 +609,7 @@ __device__ __forceinline__ void flash_backward_dq(E* dqkv, const E* dout, const 
                 for (int n = 0; n < KT; n++)
                     mma<SPLIT>(dp[n], a, b_pair<SPLIT>(v_s + (n * 8 + g) * LD + kk * 8 + 2 * t));
             }
-            ds_rows(dp, s, delta0, delta1, scale);
+            ds_rows(dp, s, delta0, delta1);
             // dq (16 x D) += ds (16 x BK) · k (BK x D)
 #pragma unroll
             for (int j = 0; j < KT; j++) {
@@ -610,7 +621,7 @@ __device__ __forceinline__ void flash_backward_dq(E* dqkv, const E* dout, const 
         }
         __syncthreads();
     }
-    add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS);
+    add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS, scale);
 }
 
 // ---- entry points (one file per padded head size D): parameter lists ----------------------

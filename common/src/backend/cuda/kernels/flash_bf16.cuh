@@ -35,8 +35,12 @@ __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], const 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Two floats as a bf16 pair, lo in the low half, in one conversion (round to nearest even, as
+// to_bf16).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    return (unsigned)to_bf16(lo).bits | ((unsigned)to_bf16(hi).bits << 16);
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 // B fragments of two adjacent n-blocks (b[0]: columns n0..n0+7, b[1]: n0+8..n0+15) over the
 // reduced indices k0..k0+15, from a tile whose rows are B's columns ("n-major": B = Kᵀ with K's
@@ -111,12 +115,22 @@ __device__ __forceinline__ void tile_load16(bf16_t* tile, const bf16_t* base, si
 
 // ---- forward ------------------------------------------------------------------------------
 
-// Grid (B·NH, ceil(T/64)), 128 threads; late (heavy) query tiles first. out (B,T,NH·HS),
+// 16-row tiles of queries per warp in the forward: two for head sizes up to 64 (each B fragment
+// read from shared memory feeds two products, and the block covers 128 queries per pass over
+// the keys), one for 128 (two would not fit the registers).
+template <int D>
+struct Fwd16 {
+    static constexpr int M = D <= 64 ? 2 : 1;
+    static constexpr int ROWS = 64 * M;  // queries per block (flash.rs's grid agrees)
+};
+
+// Grid (B·NH, ceil(T/ROWS)), 128 threads; late (heavy) query tiles first. out (B,T,NH·HS),
 // lse (B·NH, T) in base 2.
 template <int D>
 __device__ __forceinline__ void flash16_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
                                                 float scale_log2, int vec) {
     constexpr int BK = Tile16<D>::ROWS, LD = Tile16<D>::LD;
+    constexpr int M = Fwd16<D>::M, BQ = Fwd16<D>::ROWS;
     constexpr int DK = D / 16;  // 16-wide steps over the head dimension
     constexpr int DN = D / 8;   // 8-wide blocks of output columns
     constexpr int KN = BK / 8;  // 8-key blocks of a tile
@@ -129,17 +143,21 @@ __device__ __forceinline__ void flash16_forward(bf16_t* out, float* lse, const b
     const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
     const bf16_t* k_base = q_base + C;
     const bf16_t* v_base = q_base + 2 * C;
-    int q0 = qt * 64 + warp * 16;
-    int r0 = q0 + g, r1 = q0 + g + 8;
+    int q0 = qt * BQ + warp * 16 * M;  // the warp's rows: q0 .. q0 + 16M - 1, tile m from q0 + 16m
 
-    unsigned qa[DK][4];
-    load_a16<DK>(qa, q_base, stride, r0, t, T, HS);
-    float o[DN][4];
+    unsigned qa[M][DK][4];
+    float o[M][DN][4];
+    float m_run[M][2], l_run[M][2];
 #pragma unroll
-    for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    for (int m = 0; m < M; m++) {
+        load_a16<DK>(qa[m], q_base, stride, q0 + 16 * m + g, t, T, HS);
+#pragma unroll
+        for (int n = 0; n < DN; n++) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+        m_run[m][0] = m_run[m][1] = NEG_INF;
+        l_run[m][0] = l_run[m][1] = 0.0f;
+    }
 
-    int q_end = min(qt * 64 + 64, T);
+    int q_end = min(qt * BQ + BQ, T);
     int n_tiles = (q_end + BK - 1) / BK;
     tile_load16<BK, D, LD>(ks[0], k_base, stride, 0, T, HS, vec);
     tile_load16<BK, D, LD>(vs[0], v_base, stride, 0, T, HS, vec);
@@ -153,42 +171,63 @@ __device__ __forceinline__ void flash16_forward(bf16_t* out, float* lse, const b
         cp_async_commit();
         cp_async_wait_one();
         __syncthreads();
-        if (k0 <= q0 + 15) {  // else every key is after this warp's queries
+        if (k0 <= q0 + 16 * M - 1) {  // else every key is after this warp's queries
             const bf16_t* k_s = ks[buf];
             const bf16_t* v_s = vs[buf];
-            // s (16 x BK) = q · kᵀ: B = kᵀ, read along the rows of the key tile.
-            float s[KN][4];
+            // s (16M x BK) = q · kᵀ: B = kᵀ, read along the rows of the key tile, each fragment
+            // used by the warp's M row tiles.
+            float s[M][KN][4];
 #pragma unroll
-            for (int n = 0; n < KN; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int m = 0; m < M; m++) {
+#pragma unroll
+                for (int n = 0; n < KN; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+            }
 #pragma unroll
             for (int kk = 0; kk < DK; kk++) {
 #pragma unroll
                 for (int n = 0; n < KN; n += 2) {
                     unsigned bb[2][2];
                     ldsm_b_nmajor(bb, k_s, LD, n * 8, kk * 16);
-                    mma_bf16(s[n], qa[kk], bb[0]);
-                    mma_bf16(s[n + 1], qa[kk], bb[1]);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        mma_bf16(s[m][n], qa[m][kk], bb[0]);
+                        mma_bf16(s[m][n + 1], qa[m][kk], bb[1]);
+                    }
                 }
             }
-            softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2);
-            // o (16 x D) += p (16 x BK) · v (BK x D): B = v, read down the columns of the tile.
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                int r0 = q0 + 16 * m + g;
+                softmax_step(s[m], o[m], m_run[m][0], m_run[m][1], l_run[m][0], l_run[m][1], k0, r0, r0 + 8, t,
+                             scale_log2, k0 + BK - 1 > q0 + 16 * m);
+            }
+            // o (16M x D) += p (16M x BK) · v (BK x D): B = v, read down the columns of the tile.
 #pragma unroll
             for (int j = 0; j < KN / 2; j++) {
-                unsigned a[4];
-                acc_pair_as_a(a, s[2 * j], s[2 * j + 1]);
+                unsigned a[M][4];
+#pragma unroll
+                for (int m = 0; m < M; m++) acc_pair_as_a(a[m], s[m][2 * j], s[m][2 * j + 1]);
 #pragma unroll
                 for (int n = 0; n < DN; n += 2) {
                     unsigned bb[2][2];
                     ldsm_b_kmajor(bb, v_s, LD, j * 16, n * 8);
-                    mma_bf16(o[n], a, bb[0]);
-                    mma_bf16(o[n + 1], a, bb[1]);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        mma_bf16(o[m][n], a[m], bb[0]);
+                        mma_bf16(o[m][n + 1], a[m], bb[1]);
+                    }
                 }
             }
         }
         __syncthreads();  // everyone is done with this buffer before it is refilled
     }
     bf16_t* out_base = out + (size_t)b * T * C + (size_t)h * HS;
-    forward_epilogue(out_base, C, lse + (size_t)blockIdx.x * T, o, m0, m1, l0, l1, r0, r1, t, T, HS);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        int r0 = q0 + 16 * m + g;
+        forward_epilogue(out_base, C, lse + (size_t)blockIdx.x * T, o[m], m_run[m][0], m_run[m][1], l_run[m][0],
+                         l_run[m][1], r0, r0 + 8, t, T, HS);
+    }
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -260,7 +299,7 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
                     mma_bf16(st[n + 1], ka[kk], bb[1]);
                 }
             }
-            probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2);
+            probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2, qs0 < key0 + 15 || qs0 + BQ > T);
             // dv (16 x D) += pᵀ (16 x BQ) · dout (BQ x D)
 #pragma unroll
             for (int j = 0; j < QN / 2; j++) {
@@ -288,7 +327,7 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
                     mma_bf16(dpt[n + 1], va[kk], bb[1]);
                 }
             }
-            ds_t(dpt, st, delta_s[buf], t, scale);
+            ds_t(dpt, st, delta_s[buf], t);
             // dk (16 x D) += dsᵀ (16 x BQ) · q (BQ x D)
 #pragma unroll
             for (int j = 0; j < QN / 2; j++) {
@@ -306,8 +345,8 @@ __device__ __forceinline__ void flash16_backward_dkdv(bf16_t* dqkv, const bf16_t
         __syncthreads();
     }
     bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
-    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS);
-    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS);
+    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS, scale);
+    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS, 1.0f);
 }
 
 // dQ for one tile of 64 queries (16 per warp), over keys in tiles of BK.
@@ -373,7 +412,7 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
                     mma_bf16(s[n + 1], qa[kk], bb[1]);
                 }
             }
-            probs(s, k0, r0, r1, t, lse0, lse1, scale_log2);
+            probs(s, k0, r0, r1, t, lse0, lse1, scale_log2, k0 + BK - 1 > q0);
             // dp (16 x BK) = dout · vᵀ, then ds = p ⊙ (dp - delta) · scale
             float dp[KN][4];
 #pragma unroll
@@ -388,7 +427,7 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
                     mma_bf16(dp[n + 1], doa[kk], bb[1]);
                 }
             }
-            ds_rows(dp, s, delta0, delta1, scale);
+            ds_rows(dp, s, delta0, delta1);
             // dq (16 x D) += ds (16 x BK) · k (BK x D)
 #pragma unroll
             for (int j = 0; j < KN / 2; j++) {
@@ -405,5 +444,5 @@ __device__ __forceinline__ void flash16_backward_dq(bf16_t* dqkv, const bf16_t* 
         }
         __syncthreads();
     }
-    add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS);
+    add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS, scale);
 }
