@@ -15,6 +15,8 @@ for t in /tmp/gpu-rt/tests/cli-*; do
     timeout 100 "$t" --include-ignored same_seed recompute 2>&1 | grep -E "^test "
   fi
 done
-stage2_cuda bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3 --precision bf16 2>/dev/null | tail -1 | tee "$OUT/ours-bf16.json"
+for p in bf16 tf32; do
+  stage2_cuda bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3 --precision $p 2>/dev/null | tail -1 | tee "$OUT/ours-$p.json"
+done
 timeout 60 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep attention | tee "$OUT/kernels-attn.jsonl"
 timeout 120 python3 stage2_cuda/gpu/pytorch_gpt2.py --precision bf16 --compile 2>/dev/null | tail -1 | tee "$OUT/torch-compile.json"
