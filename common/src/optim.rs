@@ -1,8 +1,9 @@
 //! AdamW with decoupled weight decay, global-norm gradient clipping, and the learning
 //! rate schedule (linear warmup, then cosine decay to a floor). Runs on the backend, so
-//! moments stay where the parameters are and clipping needs no host round trip.
+//! moments stay where the parameters are, and clipping, the skip of a non-finite step and the
+//! step's (loss, norm) need no host round trip: the host reads them when it likes.
 
-use crate::backend::{bf16, check_range, AdamWStep, Backend, DeviceBuffer};
+use crate::backend::{bf16, check_range, AdamWHyper, Backend, DeviceBuffer, StepState};
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -35,23 +36,26 @@ impl OptimConfig {
     }
 }
 
-/// The optimiser's small device scratch: Σg², then [norm, clip factor, loss], so that
-/// one copy brings back what a step reports.
-const SCRATCH: usize = 4;
-const LOSS_SLOT: usize = 3;
+/// Steps whose (loss, norm) the device keeps until the host reads them
+/// ([`AdamW::read_history`]): a step recorded and replayed writes them there, and the host
+/// reads them at log points.
+pub const HISTORY: usize = 1024;
 
 pub struct AdamW<B: Backend> {
     pub config: OptimConfig,
     /// First and second moments, in the parameter layout.
     pub m: B::Buffer<f32>,
     pub v: B::Buffer<f32>,
-    scratch: B::Buffer<f32>,
+    /// The step's scalars ([`StepState`]).
+    state: B::Buffer<f32>,
+    /// (loss, norm) of step s at 2·(s mod HISTORY).
+    history: B::Buffer<f32>,
     segments: Vec<(Range<usize>, bool)>,
     /// Parameters in the layout.
     n: usize,
 }
 
-/// What one step reports (read back in one small copy).
+/// What one step reports.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StepStats {
     pub loss: f32,
@@ -61,54 +65,99 @@ pub struct StepStats {
     pub skipped: bool,
 }
 
+impl StepStats {
+    /// The stats of 0-based `step` from its (loss, norm), by the rule the device applies.
+    pub fn of(config: &OptimConfig, step: u64, loss: f32, grad_norm: f32) -> Self {
+        StepStats {
+            loss,
+            grad_norm,
+            lr: config.lr_at(step),
+            skipped: !(loss.is_finite() && grad_norm.is_finite()),
+        }
+    }
+}
+
 impl<B: Backend> AdamW<B> {
     pub fn new(be: &B, layout: &ParamLayout, config: OptimConfig) -> Result<Self> {
         Ok(AdamW {
             config,
             m: be.alloc(layout.total)?,
             v: be.alloc(layout.total)?,
-            scratch: be.alloc(SCRATCH)?,
+            state: be.alloc(StepState::WORDS)?,
+            history: be.alloc(2 * HISTORY)?,
             segments: layout.decay_segments(),
             n: layout.total,
         })
     }
 
-    /// Where the step's loss goes (a buffer and an offset) for [`AdamW::measure`] to report
-    /// it with the gradient norm in one copy.
+    /// Where the step's loss goes (a buffer and an offset): each micro-batch adds its own.
     pub fn loss_slot(&self) -> (&B::Buffer<f32>, usize) {
-        (&self.scratch, LOSS_SLOT)
+        (&self.state, StepState::LOSS)
     }
 
-    /// The global gradient norm, its clipping factor (kept on the device for [`AdamW::step`])
-    /// and the loss left in [`AdamW::loss_slot`], read back in the step's one host copy.
-    pub fn measure(&mut self, be: &B, grads: &B::Buffer<f32>, step: u64) -> Result<StepStats> {
+    /// Writes 0-based `step`'s learning rate, bias corrections and number to the device (before
+    /// the step's work is queued or replayed).
+    pub fn begin_step(&self, be: &B, step: u64) -> Result<()> {
+        let c = &self.config;
+        let schedule = StepState::schedule(c.lr_at(step), c.beta1, c.beta2, step);
+        be.write(&self.state, StepState::SCHEDULE, &schedule)
+    }
+
+    /// Queues what follows the gradients: Σg², the norm, its clipping factor, the loss (summed
+    /// over micro-batches) times `loss_scale`, whether to apply the update, and (loss, norm)
+    /// into the history. Nothing is read back.
+    pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32) -> Result<()> {
         check_range("gradients", grads.len(), 0, self.n)?;
-        let s = self.scratch.ptr();
-        // SAFETY: grads holds the layout's n values (checked above); the scratch SCRATCH.
+        let s = self.state.ptr();
+        // SAFETY: grads holds the layout's n values (checked above); the state its words, the
+        // history 2·HISTORY.
         unsafe {
-            be.zero(s, LOSS_SLOT);
+            be.zero(s, 1); // sumsq
             be.sum_squares(s, grads.ptr(), self.n);
-            be.clip_factor(s.add(1), s, self.config.grad_clip);
+            be.step_stats(s, self.history.ptr(), HISTORY, self.config.grad_clip, loss_scale);
         }
-        let mut host = [0.0f32; 3];
-        be.read(&self.scratch, 1, &mut host)?;
-        Ok(StepStats {
-            loss: host[2],
-            grad_norm: host[0],
-            lr: self.config.lr_at(step),
-            skipped: false,
-        })
+        Ok(())
     }
 
-    /// Applies the update of 0-based `step` with the gradients [`AdamW::measure`] clipped,
-    /// writing the updated parameters rounded to bf16 into `copy` too, when given.
-    pub fn step(
-        &mut self,
+    /// This step's (loss, norm), read back now (a host round trip).
+    pub fn read_loss_and_norm(&self, be: &B) -> Result<(f32, f32)> {
+        let mut host = [0.0f32; StepState::WORDS];
+        be.read(&self.state, 0, &mut host)?;
+        Ok((host[StepState::LOSS], host[StepState::NORM]))
+    }
+
+    /// Overrides the device's decision to apply the update (ranks agree on it from the loss
+    /// averaged over ranks).
+    pub fn set_apply(&self, be: &B, apply: bool) -> Result<()> {
+        be.write(&self.state, StepState::APPLY, &[apply as u8 as f32])
+    }
+
+    /// The stats of the 0-based `steps` (at most [`HISTORY`] of the latest), from the history.
+    pub fn read_history(&self, be: &B, steps: Range<u64>) -> Result<Vec<(u64, StepStats)>> {
+        if steps.is_empty() {
+            return Ok(Vec::new());
+        }
+        assert!(steps.end - steps.start <= HISTORY as u64, "history holds {HISTORY} steps");
+        let mut host = vec![0.0f32; 2 * HISTORY];
+        be.read(&self.history, 0, &mut host)?;
+        Ok(steps
+            .map(|s| {
+                let at = 2 * (s as u32 as usize % HISTORY);
+                (s, StepStats::of(&self.config, s, host[at], host[at + 1]))
+            })
+            .collect())
+    }
+
+    /// Queues the update (each decay segment with its weight decay), with the gradients
+    /// clipped by the factor [`AdamW::finish_gradients`] left on the device, writing the
+    /// updated parameters rounded to bf16 into `copy` too, when given. The device skips it
+    /// when the step's loss or norm was not finite.
+    pub fn update(
+        &self,
         be: &B,
         params: &B::Buffer<f32>,
         copy: Option<&B::Buffer<bf16>>,
         grads: &B::Buffer<f32>,
-        step: u64,
     ) -> Result<()> {
         for (what, buf) in [
             ("parameters", params),
@@ -121,47 +170,31 @@ impl<B: Backend> AdamW<B> {
         if let Some(copy) = copy {
             check_range("bf16 parameters", copy.len(), 0, self.n)?;
         }
-        // SAFETY: params, grads, m, v and the copy hold the layout's n values (checked
-        // above); every segment lies inside 0..n.
-        unsafe { self.update(be, params, copy, grads, self.config.lr_at(step), step) };
-        Ok(())
-    }
-
-    /// AdamW over each decay segment, gradients scaled by the clip factor in the scratch.
-    ///
-    /// # Safety
-    /// `params`, `copy` and `grads` hold the layout's values.
-    unsafe fn update(
-        &self,
-        be: &B,
-        params: &B::Buffer<f32>,
-        copy: Option<&B::Buffer<bf16>>,
-        grads: &B::Buffer<f32>,
-        lr: f32,
-        step: u64,
-    ) {
-        let (c, s) = (&self.config, self.scratch.ptr());
+        let c = &self.config;
         for (range, decay) in &self.segments {
-            let hp = AdamWStep {
-                lr,
+            let hp = AdamWHyper {
                 beta1: c.beta1,
                 beta2: c.beta2,
                 eps: c.eps,
                 weight_decay: if *decay { c.weight_decay } else { 0.0 },
-                t: step + 1,
             };
             let (o, len) = (range.start, range.len());
-            be.adamw(
-                params.ptr().add(o),
-                grads.ptr().add(o),
-                self.m.ptr().add(o),
-                self.v.ptr().add(o),
-                len,
-                s.add(2),
-                hp,
-                copy.map(|c| c.ptr().add(o)),
-            );
+            // SAFETY: params, grads, m, v and the copy hold the layout's n values (checked
+            // above); every segment lies inside 0..n; the state holds its words.
+            unsafe {
+                be.adamw(
+                    params.ptr().add(o),
+                    grads.ptr().add(o),
+                    self.m.ptr().add(o),
+                    self.v.ptr().add(o),
+                    len,
+                    self.state.ptr(),
+                    hp,
+                    copy.map(|c| c.ptr().add(o)),
+                );
+            }
         }
+        Ok(())
     }
 }
 

@@ -14,7 +14,7 @@
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
-use common::backend::{bf16, token_order, Act, AdamWStep, Backend, DevPtr, DeviceBuffer};
+use common::backend::{bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, StepState};
 
 const FP32_TOL: f32 = 1e-4;
 
@@ -489,12 +489,18 @@ fn reductions_case<B: Backend>(be: &B, n: usize, max_norm: f32) -> Vec<Vec<f32>>
     let inp = upload(be, &random(n, 61, 1.0));
     let mean = upload(be, &[7.0]); // overwritten
     unsafe { be.mean(mean.ptr(), inp.ptr(), n) };
-    let sumsq = upload(be, &[0.25]); // accumulated into
-    unsafe { be.sum_squares(sumsq.ptr(), inp.ptr(), n) };
-    unsafe { be.sum_squares(sumsq.ptr(), inp.ptr(), n / 2) };
-    let clip = be.alloc::<f32>(2).unwrap();
-    unsafe { be.clip_factor(clip.ptr(), sumsq.ptr(), max_norm) };
-    vec![download(be, &mean), download(be, &sumsq), download(be, &clip)]
+    let state = StepState {
+        sumsq: 0.25, // accumulated into
+        loss: 3.0,
+        step: 5,
+        ..Default::default()
+    };
+    let state = upload(be, bytemuck::cast_slice(std::slice::from_ref(&state)));
+    unsafe { be.sum_squares(state.ptr(), inp.ptr(), n) };
+    unsafe { be.sum_squares(state.ptr(), inp.ptr(), n / 2) };
+    let history = be.alloc::<f32>(2 * 4).unwrap();
+    unsafe { be.step_stats(state.ptr(), history.ptr(), 4, max_norm, 0.5) };
+    vec![download(be, &mean), download(be, &state), download(be, &history)]
 }
 
 #[test]
@@ -506,7 +512,7 @@ fn reductions_and_clip_match_cpu() {
         let got = reductions_case(&gpu(Precision::Fp32), n, max_norm);
         check(
             &format!("reduce n{n} max_norm{max_norm}"),
-            &["mean", "sumsq", "clip"],
+            &["mean", "step state", "history"],
             &got,
             &want,
             FP32_TOL,
@@ -521,28 +527,29 @@ fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
     let m = upload(be, &random(n, 73, 0.1));
     let v: Vec<f32> = random(n, 74, 0.01).iter().map(|x| x.abs()).collect();
     let v = upload(be, &v);
-    let scale = upload(be, &[0.5]);
-    let hp = AdamWStep {
-        lr: 1e-3,
+    // 1-based step t, then t + 1; gradients clipped by 0.5.
+    let state = |t: u64| {
+        let [lr, bias1, bias2, _] = StepState::schedule(1e-3, 0.9, 0.95, t - 1);
+        let s = StepState {
+            lr,
+            bias1,
+            bias2,
+            step: (t - 1) as u32,
+            clip: 0.5,
+            apply: 1.0,
+            ..Default::default()
+        };
+        upload(be, bytemuck::cast_slice(std::slice::from_ref(&s)))
+    };
+    let hp = AdamWHyper {
         beta1: 0.9,
         beta2: 0.95,
         eps: 1e-8,
         weight_decay: 0.1,
-        t,
     };
-    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, scale.ptr(), hp, None) };
-    unsafe {
-        be.adamw(
-            params.ptr(),
-            grads.ptr(),
-            m.ptr(),
-            v.ptr(),
-            n,
-            scale.ptr(),
-            AdamWStep { t: t + 1, ..hp },
-            Some(copy.ptr()),
-        )
-    };
+    let (s1, s2) = (state(t), state(t + 1));
+    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, s1.ptr(), hp, None) };
+    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, s2.ptr(), hp, Some(copy.ptr())) };
     let mut copied = vec![bf16::ZERO; n];
     be.read(&copy, 0, &mut copied).unwrap();
     let copied = copied.iter().map(|x| x.to_f32()).collect();

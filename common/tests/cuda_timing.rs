@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
-use common::backend::{token_order, AdamWStep, Backend, DeviceBuffer};
+use common::backend::{token_order, AdamWHyper, StepState, Backend, DeviceBuffer};
 
 const B: usize = 16;
 const T: usize = 1024;
@@ -335,7 +335,17 @@ fn gpt2_step_table(precision: Precision) {
         be.alloc::<f32>(PARAMS).unwrap(),
         be.alloc::<f32>(PARAMS).unwrap(),
     );
-    let (sumsq, clip) = (be.alloc::<f32>(1).unwrap(), be.alloc::<f32>(2).unwrap());
+    let step = StepState {
+        lr: 6e-4,
+        bias1: 0.1,
+        bias2: 0.05,
+        clip: 1.0,
+        apply: 1.0,
+        ..Default::default()
+    };
+    let state = be.alloc::<f32>(StepState::WORDS).unwrap();
+    be.write(&state, 0, bytemuck::cast_slice(std::slice::from_ref(&step))).unwrap();
+    let (sumsq, history) = (be.alloc::<f32>(1).unwrap(), be.alloc::<f32>(8).unwrap());
     row("zero grads", time(&be, || unsafe { be.zero(grads.ptr(), PARAMS) }), 1);
     row(
         "sum_squares",
@@ -345,21 +355,18 @@ fn gpt2_step_table(precision: Precision) {
         1,
     );
     row(
-        "clip_factor",
+        "step_stats",
         time(&be, || unsafe {
-            be.clip_factor(clip.ptr().cast(), sumsq.ptr().cast(), 1.0)
+            be.step_stats(state.ptr().cast(), history.ptr().cast(), 4, 1.0, 1.0)
         }),
         1,
     );
-    let hp = AdamWStep {
-        lr: 6e-4,
+    let hp = AdamWHyper {
         beta1: 0.9,
         beta2: 0.95,
         eps: 1e-8,
         weight_decay: 0.1,
-        t: 1,
     };
-    let clip_ptr = clip.ptr().add(1);
     row(
         "adamw",
         time(&be, || unsafe {
@@ -369,7 +376,7 @@ fn gpt2_step_table(precision: Precision) {
                 m.ptr().cast(),
                 v.ptr().cast(),
                 PARAMS,
-                clip_ptr,
+                state.ptr().cast(),
                 hp,
                 None,
             )

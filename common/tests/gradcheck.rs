@@ -5,7 +5,7 @@
 
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::{CpuBackend, CpuBuffer};
-use common::backend::{token_order, AdamWStep, Backend, DeviceBuffer};
+use common::backend::{token_order, AdamWHyper, Backend, DeviceBuffer, StepState};
 use common::model::{ConfigOverrides, Gpt2, ModelConfig};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -457,28 +457,44 @@ fn adamw_matches_the_reference_formula() {
     );
     let v0: Vec<f32> = v0.iter().map(|x| x.abs()).collect();
     let (p, gb, m, v) = (upload(&be, &p0), upload(&be, &g), upload(&be, &m0), upload(&be, &v0));
-    let scale = upload(&be, &[0.5]);
-    let hp = AdamWStep {
-        lr: 1e-2,
+    // Step 2 (t = 3), gradients clipped by 0.5.
+    let [lr, bias1, bias2, _] = StepState::schedule(1e-2, 0.9, 0.95, 2);
+    let mut state = StepState {
+        lr,
+        bias1,
+        bias2,
+        step: 2,
+        clip: 0.5,
+        apply: 1.0,
+        ..Default::default()
+    };
+    let hp = AdamWHyper {
         beta1: 0.9,
         beta2: 0.95,
         eps: 1e-8,
         weight_decay: 0.1,
-        t: 3,
     };
-    unsafe {
-        be.adamw(
-            p.ptr().cast(),
-            gb.ptr().cast(),
-            m.ptr().cast(),
-            v.ptr().cast(),
-            n,
-            scale.ptr().cast(),
-            hp,
-            None,
-        )
+    let update = |state: &StepState| {
+        let st = upload(&be, bytemuck::cast_slice(std::slice::from_ref(state)));
+        unsafe {
+            be.adamw(
+                p.ptr().cast(),
+                gb.ptr().cast(),
+                m.ptr().cast(),
+                v.ptr().cast(),
+                n,
+                st.ptr().cast(),
+                hp,
+                None,
+            )
+        };
     };
+    update(&state);
     let (pn, mn, vn) = (read(&be, &p), read(&be, &m), read(&be, &v));
+    // A step the device decided to skip changes nothing.
+    state.apply = 0.0;
+    update(&state);
+    assert_eq!((read(&be, &p), read(&be, &m), read(&be, &v)), (pn.clone(), mn.clone(), vn.clone()), "skipped");
     for i in 0..n {
         let gi = g[i] as f64 * 0.5;
         let mi = 0.9 * m0[i] as f64 + 0.1 * gi;
@@ -494,18 +510,29 @@ fn adamw_matches_the_reference_formula() {
 }
 
 #[test]
-fn clip_factor_and_sum_squares() {
+fn step_stats_clip_average_decide_and_keep_history() {
     let be = be();
     let g = upload(&be, &[3.0, 4.0]);
-    let s = be.alloc::<f32>(4).unwrap();
-    unsafe { be.sum_squares(s.ptr().cast(), g.ptr().cast(), 2) };
-    unsafe { be.clip_factor(s.ptr().add(1), s.ptr().cast(), 1.0) };
-    let v = read(&be, &s);
-    assert_eq!(v[0], 25.0);
-    assert_eq!(v[1], 5.0);
-    assert!((v[2] - 0.2).abs() < 1e-6);
-    unsafe { be.clip_factor(s.ptr().add(1), s.ptr().cast(), 10.0) };
-    assert_eq!(read(&be, &s)[2], 1.0, "no clipping under the ceiling");
+    let history = be.alloc::<f32>(2 * 8).unwrap();
+    let stats = |loss: f32, max_norm: f32| {
+        let state = StepState {
+            loss,
+            step: 1029,
+            ..Default::default()
+        };
+        let s = upload(&be, bytemuck::cast_slice(std::slice::from_ref(&state)));
+        unsafe { be.sum_squares(s.ptr().cast(), g.ptr().cast(), 2) };
+        unsafe { be.step_stats(s.ptr().cast(), history.ptr().cast(), 8, max_norm, 0.5) };
+        *bytemuck::from_bytes::<StepState>(bytemuck::cast_slice(&read(&be, &s)))
+    };
+    let s = stats(6.0, 1.0);
+    assert_eq!((s.sumsq, s.norm, s.loss, s.apply), (25.0, 5.0, 3.0, 1.0));
+    assert!((s.clip - 0.2).abs() < 1e-6);
+    assert_eq!(&read(&be, &history)[10..12], &[3.0, 5.0], "step 1029 in slot 1029 mod 8");
+    assert_eq!(stats(6.0, 10.0).clip, 1.0, "no clipping under the ceiling");
+    assert_eq!(stats(6.0, 0.0).clip, 1.0, "clipping off");
+    assert_eq!(stats(f32::NAN, 1.0).apply, 0.0, "a non-finite loss skips the update");
+    assert_eq!(stats(f32::INFINITY, 1.0).apply, 0.0);
 }
 
 fn tiny_model(be: &CpuBackend) -> Gpt2<CpuBackend> {

@@ -24,6 +24,7 @@ pub use pool::Pool;
 
 use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -148,6 +149,75 @@ pub struct Graph<'a, B: Backend> {
     recompute: bool,
     /// The recompute scratch buffers by size in words, with the value each holds now.
     scratch: HashMap<usize, (DevPtr, Option<Tensor>)>,
+    /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
+    staged: Option<&'a TokenStage<B>>,
+}
+
+/// Token ids at fixed device memory, for a step recorded once and replayed: before each step
+/// the trainer uploads its ids here ([`TokenStage::stage`]), in the order the step's graph asks
+/// for them, and a graph given the stage ([`Graph::with_tokens`]) hands out these instead of
+/// uploading its own (an upload cannot be part of a recording). Each request is checked
+/// against what was staged, so a staging order that no longer matches the model's fails
+/// loudly instead of reading the wrong ids.
+pub struct TokenStage<B: Backend> {
+    buf: Option<B::Buffer<i32>>,
+    /// What was uploaded, with its offset in the buffer, in order.
+    staged: Vec<(usize, Vec<i32>)>,
+    next: Cell<usize>,
+}
+
+impl<B: Backend> Default for TokenStage<B> {
+    fn default() -> Self {
+        TokenStage {
+            buf: None,
+            staged: Vec::new(),
+            next: Cell::new(0),
+        }
+    }
+}
+
+impl<B: Backend> TokenStage<B> {
+    /// Uploads `arrays` into one buffer (grown when they do not fit), to be handed out in
+    /// this order.
+    pub fn stage(&mut self, be: &B, arrays: Vec<Vec<i32>>) -> Result<()> {
+        let total: usize = arrays.iter().map(Vec::len).sum();
+        if self.buf.as_ref().is_none_or(|buf| buf.len() < total) {
+            self.buf = None;
+            self.buf = Some(be.alloc(total)?);
+        }
+        let buf = self.buf.as_ref().expect("allocated above");
+        let mut at = 0;
+        self.staged.clear();
+        for ids in arrays {
+            be.write(buf, at, &ids)?;
+            let len = ids.len();
+            self.staged.push((at, ids));
+            at += len;
+        }
+        self.next.set(0);
+        Ok(())
+    }
+
+    /// Where the ids live (a recording that read them elsewhere must be made again).
+    pub fn addr(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |buf| buf.ptr().addr())
+    }
+
+    /// The next staged array, which must be `ids`.
+    fn take(&self, ids: &[i32]) -> Result<DevPtr<i32>> {
+        let i = self.next.get();
+        match (self.staged.get(i), &self.buf) {
+            (Some((at, staged)), Some(buf)) if staged.as_slice() == ids => {
+                self.next.set(i + 1);
+                Ok(buf.ptr().add(*at))
+            }
+            _ => Err(Error::Device(format!(
+                "the step asked for token ids ({} of them, request {i}) other than those staged for it: \
+                 the trainer's staging order does not match the model's",
+                ids.len()
+            ))),
+        }
+    }
 }
 
 impl<'a, B: Backend> Graph<'a, B> {
@@ -163,7 +233,14 @@ impl<'a, B: Backend> Graph<'a, B> {
             record,
             recompute: false,
             scratch: HashMap::new(),
+            staged: None,
         }
+    }
+
+    /// Token ids come from `stage` (uploaded before the step) instead of being uploaded here.
+    pub fn with_tokens(mut self, stage: &'a TokenStage<B>) -> Self {
+        self.staged = Some(stage);
+        self
     }
 
     /// Trades speed for memory: GELU and layernorm outputs are computed again in backward
@@ -237,6 +314,9 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     /// Copies token ids to backend memory for the graph's lifetime.
     fn tokens(&mut self, ids: &[i32]) -> Result<DevPtr<i32>> {
+        if let Some(stage) = self.staged {
+            return stage.take(ids);
+        }
         let p = self.alloc_words(ids.len())?.cast::<i32>();
         // SAFETY: a fresh pooled buffer of `ids.len()` 4-byte elements.
         unsafe { self.be.upload(p, ids)? };

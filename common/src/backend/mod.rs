@@ -185,16 +185,58 @@ impl Precision {
     }
 }
 
-/// Hyper-parameters of one AdamW update (decoupled weight decay, as in Loshchilov & Hutter).
+/// Hyper-parameters of AdamW that stay fixed over a run (decoupled weight decay, as in
+/// Loshchilov & Hutter); what changes per step is in [`StepState`].
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWStep {
-    pub lr: f32,
+pub struct AdamWHyper {
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
     pub weight_decay: f32,
-    /// 1-based step number, for bias correction.
-    pub t: u64,
+}
+
+/// The optimiser's per-step scalars, kept where the parameters are (`#[repr(C)]` f32 words:
+/// `StepState` in kernels/adamw.cu has the same layout). The host writes the step's schedule
+/// (`lr`, the bias corrections, `step`) before the step; the device finishes the rest
+/// ([`Backend::step_stats`]), and [`Backend::adamw`] reads it: a step needs no host round trip,
+/// so it can be recorded once and replayed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct StepState {
+    /// Σg² over the gradients (summed into by [`Backend::sum_squares`]).
+    pub sumsq: f32,
+    /// √sumsq.
+    pub norm: f32,
+    /// The factor that clips the norm to `max_norm` (1 when under it).
+    pub clip: f32,
+    /// The loss: the micro-batches' sum, then (by `step_stats`) their mean.
+    pub loss: f32,
+    pub lr: f32,
+    /// 1 - beta1^t and 1 - beta2^t for the 1-based step t.
+    pub bias1: f32,
+    pub bias2: f32,
+    /// The 0-based step (its slot in the history).
+    pub step: u32,
+    /// 1: apply the update; 0: skip it (a non-finite loss or norm).
+    pub apply: f32,
+}
+
+impl StepState {
+    /// Words of f32 it takes.
+    pub const WORDS: usize = std::mem::size_of::<StepState>() / 4;
+    /// Word offsets of the fields the host reads or writes.
+    pub const NORM: usize = 1;
+    pub const LOSS: usize = 3;
+    pub const SCHEDULE: usize = 4;
+    pub const APPLY: usize = 8;
+
+    /// The words `lr, bias1, bias2, step` the host writes at [`StepState::SCHEDULE`] before
+    /// 0-based step `step`: bias corrections in f64 (1 - beta^t loses digits in f32 for small t).
+    pub fn schedule(lr: f32, beta1: f32, beta2: f32, step: u64) -> [f32; 4] {
+        let t = (step + 1).min(i32::MAX as u64) as i32;
+        let bias = |beta: f32| (1.0 - (beta as f64).powi(t)) as f32;
+        [lr, bias(beta1), bias(beta2), f32::from_bits(step as u32)]
+    }
 }
 
 /// Dimensions shared by most ops: `bt` rows (batch × time) of width `c`.
@@ -244,6 +286,29 @@ pub trait Backend {
 
     /// Wait until all queued work is done (a no-op on the CPU).
     fn synchronize(&self) -> Result<()>;
+
+    // ---- recording: a step captured once and replayed (CUDA graphs) --------------------
+    /// Queued work recorded by [`Backend::begin_recording`]; `()` where there is none.
+    type Recording;
+    /// Whether this backend records work ([`Backend::begin_recording`]); the CPU does not: its
+    /// work runs as it is queued.
+    fn records(&self) -> bool {
+        false
+    }
+    /// From now until [`Backend::end_recording`], queued work is recorded instead of run; no
+    /// memory may be allocated or freed, and nothing read back, in between.
+    fn begin_recording(&self) -> Result<()> {
+        Err(Error::Device(format!("{} does not record work", self.name())))
+    }
+    /// The work queued since [`Backend::begin_recording`], to be replayed by [`Backend::replay`].
+    fn end_recording(&self) -> Result<Self::Recording>;
+    /// Queues the recorded work again, on the same memory.
+    fn replay(&self, recording: &Self::Recording) -> Result<()>;
+    /// Changes whenever the backend frees memory of its own that a recording may use (its
+    /// scratch grew): a recording made in another epoch must be made again.
+    fn memory_epoch(&self) -> u64 {
+        0
+    }
     /// Highest memory in use so far, in bytes (device memory on a GPU, RSS on the CPU).
     fn peak_memory_bytes(&self) -> u64;
     /// All the memory this backend computes in, in bytes (the GPU's, or the host's RAM),
@@ -518,16 +583,20 @@ pub trait Backend {
     /// # Safety
     /// `out`: 1; `inp`: `n`.
     unsafe fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize);
-    /// Reads Σg² from `sumsq[0]`; writes the global norm to `out[0]` and the factor that
-    /// clips it to `max_norm` (1 when already under, or when `max_norm` ≤ 0) to `out[1]`.
+    /// Finishes a step's [`StepState`] at `state` from its `sumsq` and summed `loss`: the
+    /// norm, the factor that clips it to `max_norm` (1 when already under, or when `max_norm`
+    /// ≤ 0: PyTorch's clip_grad_norm_), the loss times `loss_scale` (the mean over
+    /// micro-batches), `apply` (1 when loss and norm are finite), and (loss, norm) into
+    /// `history[2·(step mod history_len)..]`, where the host reads them when it likes.
     /// # Safety
-    /// `out`: 2; `sumsq`: 1.
-    unsafe fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32);
-    /// One AdamW update of `n` parameters; gradients are first multiplied by
-    /// `grad_scale[0]` (the clipping factor, kept on the device). With `copy`, the updated
-    /// parameters are also written there rounded to bf16, in the same pass.
+    /// `state`: [`StepState::WORDS`]; `history`: 2·`history_len`.
+    unsafe fn step_stats(&self, state: DevPtr, history: DevPtr, history_len: usize, max_norm: f32, loss_scale: f32);
+    /// One AdamW update of `n` parameters with the learning rate, bias corrections and
+    /// clipping factor of the [`StepState`] at `state`; nothing at all when its `apply` is 0.
+    /// With `copy`, the updated parameters are also written there rounded to bf16, in the
+    /// same pass.
     /// # Safety
-    /// `params`, `grads`, `m`, `v`: `n` elements each; `grad_scale`: 1; `copy`: `n`.
+    /// `params`, `grads`, `m`, `v`: `n` elements each; `state`: [`StepState::WORDS`]; `copy`: `n`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn adamw(
         &self,
@@ -536,8 +605,8 @@ pub trait Backend {
         m: DevPtr,
         v: DevPtr,
         n: usize,
-        grad_scale: DevPtr,
-        hp: AdamWStep,
+        state: DevPtr,
+        hp: AdamWHyper,
         copy: Option<DevPtr<bf16>>,
     );
 }

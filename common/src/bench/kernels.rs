@@ -5,7 +5,7 @@
 //! against the device's measured ceilings. Inputs are random (never zeros). Where an unfused
 //! form of the same computation exists it is timed beside it (`impl` "ours-unfused").
 
-use crate::backend::{Act, AdamWStep, Backend, DevPtr, DeviceBuffer};
+use crate::backend::{Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, StepState};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -254,23 +254,33 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
             m.f32s(n, 0.001, None)?,
             m.f32s(n, 0.0, Some(1e-6))?,
         );
-        let scale = m.f32s(1, 0.0, Some(1.0))?;
+        // Step 10, unclipped, applied.
+        let [lr, bias1, bias2, _] = StepState::schedule(1e-4, 0.9, 0.95, 9);
+        let step = StepState {
+            lr,
+            bias1,
+            bias2,
+            step: 9,
+            clip: 1.0,
+            apply: 1.0,
+            ..Default::default()
+        };
+        let state = be.alloc::<f32>(StepState::WORDS)?;
+        be.write(&state, 0, bytemuck::cast_slice(std::slice::from_ref(&step)))?;
         let copy = match be.act() {
             crate::backend::ActType::Bf16 => Some(be.alloc::<crate::backend::bf16>(n)?),
             crate::backend::ActType::F32 => None,
         };
-        let hp = AdamWStep {
-            lr: 1e-4,
+        let hp = AdamWHyper {
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
-            t: 10,
         };
         let bytes = n as f64 * (4.0 * 7.0 + if copy.is_some() { 2.0 } else { 0.0 });
         let copy_ptr = copy.as_ref().map(|c| c.ptr());
-        // SAFETY: `n` values in each buffer, one in `scale`, `n` in the copy.
-        let ms = time_ms(be, 5, || unsafe { be.adamw(p, g, mm, vv, n, scale, hp, copy_ptr) })?;
+        // SAFETY: `n` values in each buffer, the step state's words, `n` in the copy.
+        let ms = time_ms(be, 5, || unsafe { be.adamw(p, g, mm, vv, n, state.ptr(), hp, copy_ptr) })?;
         row("ours", "adamw", format!("{n} params"), ms, None, Some(bytes));
     }
     Ok(rows)

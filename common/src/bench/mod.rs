@@ -113,11 +113,12 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
     for step in args.warmup..args.warmup + args.steps {
         let r = trainer.step(&random_batch(), b, t, step)?;
         comm_s += r.comm_s;
-        loss = r.stats.loss;
+        loss = r.finished.last().map_or(loss, |(_, s)| s.loss);
         bar.inc(1);
     }
     be.synchronize()?;
     let secs = started.elapsed().as_secs_f64();
+    loss = trainer.flush()?.last().map_or(loss, |(_, s)| s.loss);
     bar.finish_and_clear();
     let steps = args.steps as f64;
     let tokens_per_s = (b * t * world) as f64 * steps / secs;

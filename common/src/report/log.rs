@@ -21,14 +21,18 @@ pub struct Window {
 }
 
 impl Window {
-    /// A step that took `seconds`: its loss counts unless the step was skipped.
-    pub fn add(&mut self, loss: f32, skipped: bool, seconds: f64) {
+    /// A step's loss: it counts unless the step was skipped.
+    pub fn add(&mut self, loss: f32, skipped: bool) {
         if skipped {
             self.bad_steps += 1;
         } else {
             self.loss_sum += loss as f64;
             self.steps += 1;
         }
+    }
+
+    /// Time spent in steps (their stats may come later).
+    pub fn add_time(&mut self, seconds: f64) {
         self.seconds += seconds;
     }
 

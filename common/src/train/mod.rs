@@ -32,15 +32,25 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let batch = run.loader.next_batch();
         let started = Instant::now();
         let report = run.trainer.step(&batch, local_batch, run.seq_len, step)?;
-        session.record(step, &report.stats, started.elapsed().as_secs_f64())?;
+        session.add_time(started.elapsed().as_secs_f64(), 1);
+        session.record_all(&report.finished)?;
 
         let done = step + 1;
         let last = done == run.total_steps;
         let stop = session.stop_requested(&run, done)?;
-        if done % run.eval_every == 0 || last {
+        let log_point = done % run.eval_every == 0 || last;
+        let periodic = args.checkpoint_every > 0 && done % args.checkpoint_every == 0;
+        if log_point || periodic || last || stop.is_some() {
+            // Replayed steps' stats wait on the device until now: the window and the
+            // --max-bad-steps check need them before a row or a checkpoint.
+            let started = Instant::now();
+            let finished = run.trainer.flush()?;
+            session.add_time(started.elapsed().as_secs_f64(), 0);
+            session.record_all(&finished)?;
+        }
+        if log_point {
             session.log_row(&mut run)?;
         }
-        let periodic = args.checkpoint_every > 0 && done % args.checkpoint_every == 0;
         if periodic || last || stop.is_some() {
             session.checkpoint(&run, done, periodic && !last && stop.is_none())?;
         }

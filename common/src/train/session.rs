@@ -103,14 +103,25 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Step `step` took `seconds`: into the window and the bar; an error once
-    /// `--max-bad-steps` steps in a row were skipped (every rank sees the same stats).
-    pub fn record(&mut self, step: u64, s: &StepStats, seconds: f64) -> Result<()> {
-        self.window.add(s.loss, s.skipped, seconds);
+    /// A step (or the wait for steps queued before) took `seconds`: into the window and the
+    /// summary's step time; a step done moves the bar.
+    pub fn add_time(&mut self, seconds: f64, steps_done: u64) {
+        self.window.add_time(seconds);
         self.step_time += seconds;
+        self.bar.inc(steps_done);
+    }
+
+    /// The stats of steps read back, in order (see [`Session::record`]).
+    pub fn record_all(&mut self, finished: &[(u64, StepStats)]) -> Result<()> {
+        finished.iter().try_for_each(|(step, s)| self.record(*step, s))
+    }
+
+    /// The stats of step `step`: into the window and the bar's message; an error once
+    /// `--max-bad-steps` steps in a row were skipped (every rank sees the same stats).
+    pub fn record(&mut self, step: u64, s: &StepStats) -> Result<()> {
+        self.window.add(s.loss, s.skipped);
         self.bar
             .set_message(format!("loss {:.4} lr {:.2e} norm {:.2}", s.loss, s.lr, s.grad_norm));
-        self.bar.inc(1);
         self.bad_in_a_row = if s.skipped { self.bad_in_a_row + 1 } else { 0 };
         if self.bad_in_a_row < self.args.max_bad_steps {
             return Ok(());

@@ -3,8 +3,8 @@
 //! of: one step, an evaluation, a sample, saving and restoring. `train` and `bench` both
 //! drive it.
 
-use crate::autograd::{Graph, Pool};
-use crate::backend::Backend;
+use crate::autograd::{check_ids, Graph, Pool, TokenStage};
+use crate::backend::{token_order, Backend};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
 use crate::comm::{broadcast_f32, Comm};
 use crate::data::Batch;
@@ -12,10 +12,11 @@ use crate::error::Result;
 use crate::generate::{self, SampleOptions};
 use crate::grad_sync::{GradSync, SyncMode};
 use crate::model::{Gpt2, ModelConfig};
-use crate::optim::{AdamW, OptimConfig, StepStats};
+use crate::optim::{AdamW, OptimConfig, StepStats, HISTORY};
 use crate::tokenizer::Tokenizer;
+use std::ops::Range;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How a trainer updates and synchronises; the CLI's flags map onto it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,22 +38,53 @@ pub struct Trainer<'a, B: Backend> {
     micro_batches: usize,
     recompute: bool,
     pool: Pool<B>,
+    /// The step's token ids at fixed device memory, when steps are recorded.
+    tokens: TokenStage<B>,
+    replay: Replay<B>,
+}
+
+/// A step recorded once and replayed (one GPU, one rank: the step as a CUDA graph), and the
+/// steps replayed since their (loss, norm) were last read.
+struct Replay<B: Backend> {
+    on: bool,
+    /// The shape of the last step run as queued, which sized the memory a recording uses.
+    warm: Option<StepShape>,
+    recording: Option<(StepShape, B::Recording)>,
+    /// Replayed steps not read yet, and when the last read was.
+    unread: Range<u64>,
+    read_at: Instant,
+}
+
+/// What a recording depends on: the step's shape and where its memory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StepShape {
+    b: usize,
+    t: usize,
+    micro_batches: usize,
+    memory_epoch: u64,
+    tokens_at: u64,
 }
 
 /// One step's report; times in seconds.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct StepReport {
-    /// Loss averaged over ranks, gradient norm and learning rate.
-    pub stats: StepStats,
+    /// The stats (loss averaged over micro-batches and ranks, gradient norm, learning rate)
+    /// of the steps read back during this call: this step when steps run as queued; when
+    /// they are replayed, the steps since the last read, now and then (see [`Trainer::flush`]).
+    pub finished: Vec<(u64, StepStats)>,
     pub compute_s: f64,
     pub comm_s: f64,
 }
+
+/// Replayed steps read back at least this often (a host round trip each time).
+const READ_EVERY: Duration = Duration::from_secs(1);
 
 impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
         let model = Gpt2::new(be, config)?;
         let opt = AdamW::new(be, &model.layout, settings.optim)?;
         let sync = GradSync::new(settings.sync, &model.layout);
+        let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
             be,
             comm,
@@ -62,6 +94,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
             micro_batches: settings.micro_batches.max(1),
             recompute: settings.recompute,
             pool: Pool::default(),
+            tokens: TokenStage::default(),
+            replay: Replay {
+                on: be.records() && comm.size() == 1 && !replay_off,
+                warm: None,
+                recording: None,
+                unread: 0..0,
+                read_at: Instant::now(),
+            },
         })
     }
 
@@ -78,49 +118,154 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok(())
     }
 
+    /// Steps run as queued, op by op, never recorded (what `GPT2_CUDA_GRAPH=0` asks for).
+    pub fn run_as_queued(mut self) -> Self {
+        self.replay.on = false;
+        self
+    }
+
+    /// Whether steps are being replayed from a recording (a CUDA graph) now.
+    pub fn replaying(&self) -> bool {
+        self.replay.recording.is_some()
+    }
+
     /// zero grads → (forward → backward) per micro-batch → gradients summed over ranks →
     /// clip + AdamW. A step whose loss (averaged over micro-batches and ranks) or gradient
-    /// norm is not finite leaves the model as it was (`stats.skipped`). `batch` is this
-    /// rank's (b, t) shard, cut into `micro_batches` pieces of b / micro_batches rows; `step`
-    /// is 0-based.
+    /// norm is not finite leaves the model as it was (`skipped`). `batch` is this rank's
+    /// (b, t) shard, cut into `micro_batches` pieces of b / micro_batches rows; `step` is
+    /// 0-based.
+    ///
+    /// On one GPU and one rank the step's work is recorded (the second step of a shape: the
+    /// first sizes the memory) and replayed from then on, with nothing read back: the
+    /// device decides whether to skip the update, and the step's (loss, norm) wait on the
+    /// device until [`Trainer::flush`] (or a read now and then) brings them back.
     pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
         let (be, comm) = (self.be, self.comm);
         let started = Instant::now();
+        self.opt.begin_step(be, step)?;
+        if self.replay.on {
+            let finished = self.step_replayed(batch, b, t, step)?;
+            let compute_s = started.elapsed().as_secs_f64();
+            return Ok(StepReport {
+                finished,
+                compute_s,
+                comm_s: 0.0,
+            });
+        }
+        let mut comm_s = self.queue_gradients(batch, b, t, false)?;
+        let (mut loss, norm) = self.opt.read_loss_and_norm(be)?;
+        if comm.size() > 1 {
+            let t0 = Instant::now();
+            let mut v = [loss];
+            comm.all_reduce_sum_host(&mut v)?;
+            loss = v[0] / comm.size() as f32;
+            comm_s += t0.elapsed().as_secs_f64();
+            // Every rank sees the same averaged loss and (gradients summed) the same norm.
+            self.opt.set_apply(be, loss.is_finite() && norm.is_finite())?;
+        }
+        let copy = self.model.params_bf16.as_ref();
+        self.opt.update(be, &self.model.params, copy, &self.model.grads)?;
+        let total_steps = self.opt.config.total_steps;
+        comm_s += self.sync.after_update(be, comm, &self.model, step, total_steps)?;
+        let total = started.elapsed().as_secs_f64();
+        Ok(StepReport {
+            finished: vec![(step, StepStats::of(&self.opt.config, step, loss, norm))],
+            compute_s: total - comm_s,
+            comm_s,
+        })
+    }
+
+    /// Queues zero grads → (forward → backward) per micro-batch → gradients summed over
+    /// ranks → norm, clipping factor and mean loss on the device. `staged`: the token ids
+    /// come from `self.tokens`. Returns the seconds spent communicating.
+    fn queue_gradients(&mut self, batch: &Batch, b: usize, t: usize, staged: bool) -> Result<f64> {
+        let (be, comm) = (self.be, self.comm);
         be.zero_buffer(&self.model.grads);
         let (k, mut comm_s) = (self.micro_batches, 0.0);
         let n = (b / k) * t; // tokens of a micro-batch
         for micro in 0..k {
             let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);
             let mut g = Graph::new(be, &mut self.pool, true).with_recompute(self.recompute);
+            if staged {
+                g = g.with_tokens(&self.tokens);
+            }
             let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
             let loss = fwd.loss.expect("targets given");
             comm_s += self.sync.backward(&mut g, loss, comm, &self.model.grads, (micro, k))?;
             let (slot, at) = self.opt.loss_slot();
             g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
         }
-        let mut stats = self.opt.measure(be, &self.model.grads, step)?;
-        stats.loss /= k as f32;
-        if comm.size() > 1 {
-            let t0 = Instant::now();
-            let mut v = [stats.loss];
-            comm.all_reduce_sum_host(&mut v)?;
-            stats.loss = v[0] / comm.size() as f32;
-            comm_s += t0.elapsed().as_secs_f64();
+        self.opt.finish_gradients(be, &self.model.grads, 1.0 / k as f32)?;
+        Ok(comm_s)
+    }
+
+    /// One step on one rank, replayed when a recording of its shape exists (see `step`).
+    fn step_replayed(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<Vec<(u64, StepStats)>> {
+        let be = self.be;
+        // The ids the step's graph will ask for, in its order: per micro-batch the inputs,
+        // their order for the embedding's backward, the targets (checked when handed out).
+        let (k, n) = (self.micro_batches, (b / self.micro_batches) * t);
+        let mut arrays = Vec::with_capacity(3 * k);
+        for micro in 0..k {
+            let inputs = &batch.inputs[micro * n..][..n];
+            // Checked here: a replayed step runs none of the graph's own checks.
+            check_ids("token id", inputs, self.model.config.padded_vocab_size)?;
+            check_ids("target id", &batch.targets[micro * n..][..n], self.model.config.vocab_size)?;
+            arrays.extend([inputs.to_vec(), token_order(inputs), batch.targets[micro * n..][..n].to_vec()]);
         }
-        // Every rank sees the same averaged loss and (gradients summed) the same norm.
-        stats.skipped = !(stats.loss.is_finite() && stats.grad_norm.is_finite());
-        if !stats.skipped {
-            let copy = self.model.params_bf16.as_ref();
-            self.opt.step(be, &self.model.params, copy, &self.model.grads, step)?;
+        self.tokens.stage(be, arrays)?;
+        let shape = |be: &B, tokens: &TokenStage<B>| StepShape {
+            b,
+            t,
+            micro_batches: k,
+            memory_epoch: be.memory_epoch(),
+            tokens_at: tokens.addr(),
+        };
+        let now = shape(be, &self.tokens);
+        match &self.replay.recording {
+            Some((recorded, rec)) if *recorded == now => be.replay(rec)?,
+            _ if self.replay.warm != Some(now) => {
+                // The first step of a shape runs as queued: it sizes the pool and the scratch.
+                self.replay.recording = None;
+                self.queue_step(batch, b, t)?;
+                self.replay.warm = Some(shape(be, &self.tokens));
+            }
+            _ => {
+                self.replay.recording = None;
+                be.begin_recording()?;
+                let queued = self.queue_step(batch, b, t);
+                let recorded = be.end_recording();
+                queued?;
+                let rec = recorded?;
+                be.replay(&rec)?;
+                self.replay.recording = Some((now, rec));
+            }
         }
-        let total_steps = self.opt.config.total_steps;
-        comm_s += self.sync.after_update(be, comm, &self.model, step, total_steps)?;
-        let total = started.elapsed().as_secs_f64();
-        Ok(StepReport {
-            stats,
-            compute_s: total - comm_s,
-            comm_s,
-        })
+        if self.replay.unread.is_empty() {
+            self.replay.unread = step..step;
+        }
+        self.replay.unread.end = step + 1;
+        let full = self.replay.unread.end - self.replay.unread.start >= (HISTORY / 2) as u64;
+        if full || self.replay.read_at.elapsed() >= READ_EVERY {
+            return self.flush();
+        }
+        Ok(Vec::new())
+    }
+
+    /// Queues a whole step on one rank: gradients, then the update (which the device skips
+    /// when the loss or the norm is not finite).
+    fn queue_step(&mut self, batch: &Batch, b: usize, t: usize) -> Result<()> {
+        self.queue_gradients(batch, b, t, true)?;
+        let copy = self.model.params_bf16.as_ref();
+        self.opt.update(self.be, &self.model.params, copy, &self.model.grads)
+    }
+
+    /// The stats of the replayed steps not read yet (waits for them); none when steps run as
+    /// queued (each step's come with it).
+    pub fn flush(&mut self) -> Result<Vec<(u64, StepStats)>> {
+        let unread = std::mem::replace(&mut self.replay.unread, 0..0);
+        self.replay.read_at = Instant::now();
+        self.opt.read_history(self.be, unread)
     }
 
     /// Mean loss over evaluation batches (forward only), weighted by rows.

@@ -20,7 +20,7 @@ mod loss;
 mod matmul;
 mod optim;
 
-use super::{bf16, Act, AdamWStep, Backend, DevPtr, DeviceBuffer, Elem};
+use super::{bf16, Act, AdamWHyper, StepState, Backend, DevPtr, DeviceBuffer, Elem};
 use crate::error::{Error, Result};
 use std::ptr::NonNull;
 
@@ -104,8 +104,18 @@ unsafe fn view_mut<'a, P: HostPtr>(p: P, n: usize) -> &'a mut [P::Elem] {
     std::slice::from_raw_parts_mut(p.addr() as *mut P::Elem, n)
 }
 
+/// The [`StepState`] at `p` (f32 words).
+///
+/// # Safety
+/// `p` holds [`StepState::WORDS`] words, not otherwise borrowed.
+unsafe fn state_mut<'a>(p: DevPtr) -> &'a mut StepState {
+    bytemuck::from_bytes_mut(bytemuck::cast_slice_mut(view_mut(p, StepState::WORDS)))
+}
+
 impl Backend for CpuBackend {
     type Buffer<T: Elem> = CpuBuffer<T>;
+    /// Nothing to record: work runs as it is queued.
+    type Recording = ();
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", self.threads)
@@ -125,6 +135,14 @@ impl Backend for CpuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn end_recording(&self) -> Result<()> {
+        Err(Error::Device("the CPU backend does not record work".into()))
+    }
+
+    fn replay(&self, _recording: &()) -> Result<()> {
         Ok(())
     }
 
@@ -405,9 +423,11 @@ impl Backend for CpuBackend {
         view_mut(out, 1)[0] += self.run(|| optim::sum_squares(inp));
     }
 
-    unsafe fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32) {
-        let [norm, factor] = optim::clip_factor(view(sumsq, 1)[0], max_norm);
-        view_mut(out, 2).copy_from_slice(&[norm, factor]);
+    unsafe fn step_stats(&self, state: DevPtr, history: DevPtr, history_len: usize, max_norm: f32, loss_scale: f32) {
+        let s = state_mut(state);
+        optim::step_stats(s, max_norm, loss_scale);
+        let at = 2 * (s.step as usize % history_len);
+        view_mut(history, 2 * history_len)[at..at + 2].copy_from_slice(&[s.loss, s.norm]);
     }
 
     unsafe fn adamw(
@@ -417,17 +437,21 @@ impl Backend for CpuBackend {
         m: DevPtr,
         v: DevPtr,
         n: usize,
-        grad_scale: DevPtr,
-        hp: AdamWStep,
+        state: DevPtr,
+        hp: AdamWHyper,
         copy: Option<DevPtr<bf16>>,
     ) {
-        let state = optim::AdamWState {
+        let step = *state_mut(state);
+        if step.apply == 0.0 {
+            return;
+        }
+        let moments = optim::AdamWState {
             params: view_mut(params, n),
             m: view_mut(m, n),
             v: view_mut(v, n),
         };
-        let (grads, scale) = (view(grads, n), view(grad_scale, 1)[0]);
-        self.run(|| optim::adamw(state, grads, scale, hp));
+        let grads = view(grads, n);
+        self.run(|| optim::adamw(moments, grads, &step, hp));
         if let Some(copy) = copy {
             self.round_to_bf16(copy, params, n);
         }

@@ -1,7 +1,7 @@
 //! Reductions (mean, sum of squares, the clipping factor) and the AdamW update.
 
 use super::elementwise::CHUNK;
-use crate::backend::AdamWStep;
+use crate::backend::{AdamWHyper, StepState};
 use rayon::prelude::*;
 
 /// Mean in f64, in order.
@@ -30,6 +30,13 @@ pub(super) fn clip_factor(sumsq: f32, max_norm: f32) -> [f32; 2] {
     [norm, factor]
 }
 
+/// Finishes `s` from its Σg² and summed loss: norm, clipping factor, mean loss, apply.
+pub(super) fn step_stats(s: &mut StepState, max_norm: f32, loss_scale: f32) {
+    [s.norm, s.clip] = clip_factor(s.sumsq, max_norm);
+    s.loss *= loss_scale;
+    s.apply = (s.loss.is_finite() && s.norm.is_finite()) as u8 as f32;
+}
+
 /// What AdamW updates in place.
 pub(super) struct AdamWState<'a> {
     pub params: &'a mut [f32],
@@ -37,9 +44,9 @@ pub(super) struct AdamWState<'a> {
     pub v: &'a mut [f32],
 }
 
-pub(super) fn adamw(s: AdamWState, grads: &[f32], scale: f32, hp: AdamWStep) {
-    let bc1 = 1.0 - hp.beta1.powi(hp.t as i32);
-    let bc2 = 1.0 - hp.beta2.powi(hp.t as i32);
+/// One update with the step's learning rate, bias corrections and clipping factor.
+pub(super) fn adamw(s: AdamWState, grads: &[f32], step: &StepState, hp: AdamWHyper) {
+    let (bc1, bc2, scale, lr) = (step.bias1, step.bias2, step.clip, step.lr);
     s.params
         .par_chunks_mut(CHUNK)
         .zip(grads.par_chunks(CHUNK))
@@ -50,7 +57,7 @@ pub(super) fn adamw(s: AdamWState, grads: &[f32], scale: f32, hp: AdamWStep) {
                 m[i] = hp.beta1 * m[i] + (1.0 - hp.beta1) * g;
                 v[i] = hp.beta2 * v[i] + (1.0 - hp.beta2) * g * g;
                 let (mhat, vhat) = (m[i] / bc1, v[i] / bc2);
-                p[i] -= hp.lr * (mhat / (vhat.sqrt() + hp.eps) + hp.weight_decay * p[i]);
+                p[i] -= lr * (mhat / (vhat.sqrt() + hp.eps) + hp.weight_decay * p[i]);
             }
         });
 }

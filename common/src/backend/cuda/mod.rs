@@ -50,6 +50,8 @@ pub struct CudaBackend {
     reduce_partials: CudaBuffer,
     /// Attention's intermediates; grown to the largest call seen, then reused.
     scratch: Mutex<Option<CudaBuffer>>,
+    /// Counts the scratch buffer's replacements (`Backend::memory_epoch`).
+    scratch_epoch: std::sync::atomic::AtomicU64,
     /// First failure of an op that cannot return one; reported by `synchronize`.
     error: Mutex<Option<String>>,
     memory: Arc<DeviceMemory>,
@@ -59,6 +61,12 @@ pub struct CudaBackend {
 }
 
 /// How causal attention runs. Both are kept so that they can be compared.
+/// A training step recorded as a CUDA graph (`Backend::begin_recording`), replayed on the
+/// same memory.
+pub struct Recording {
+    graph: cudarc::driver::CudaGraph,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionPath {
     /// Flash kernels: saves (B,NH,T) log-sum-exps. TF32 products on f32 operands
@@ -138,6 +146,7 @@ impl CudaBackend {
             blas_workspace,
             reduce_partials,
             scratch: Mutex::new(None),
+            scratch_epoch: Default::default(),
             error: Mutex::new(None),
             memory,
             name: format!("{gpu} ({arch}, {})", precision.name()),
@@ -245,6 +254,7 @@ impl CudaBackend {
             .map_err(|_| Error::Device("scratch lock poisoned".into()))?;
         if slot.as_ref().is_none_or(|buf| buf.len() < words) {
             *slot = None; // free the old one first (its drop waits for the stream)
+            self.scratch_epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             *slot = Some(self.memory.alloc(words)?);
         }
         Ok(slot.as_ref().map(|buf| buf.ptr()).unwrap_or_default())

@@ -6,7 +6,8 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 use super::blas::Gemm;
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
-use crate::backend::{bf16, Act, ActType, AdamWStep, Backend, DevPtr, DeviceBuffer, Elem, Precision};
+use super::Recording;
+use crate::backend::{bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Precision};
 use crate::error::{Error, Result};
 
 /// Threads per block for elementwise kernels.
@@ -159,6 +160,50 @@ impl Backend for CudaBackend {
             .map_err(|e| device_err("CUDA stream failed", e));
         self.take_error()?;
         synced
+    }
+
+    type Recording = Recording;
+
+    fn records(&self) -> bool {
+        true
+    }
+
+    fn begin_recording(&self) -> Result<()> {
+        self.take_error()?;
+        self.bind()?;
+        // Global mode: an allocation, a free or a synchronisation anywhere in the process while
+        // recording fails instead of being silently left out of the graph.
+        self.memory
+            .stream
+            .begin_capture(driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .map_err(|e| device_err("starting to record a CUDA graph", e))
+    }
+
+    fn end_recording(&self) -> Result<Recording> {
+        self.bind()?;
+        let graph = self
+            .memory
+            .stream
+            .end_capture(driver_sys::CUgraphInstantiate_flags(0));
+        // A launch that failed while recording left its error in the latch: that one first.
+        self.take_error()?;
+        match graph {
+            Ok(Some(graph)) => Ok(Recording { graph }),
+            Ok(None) => Err(Error::Device("recording a CUDA graph: nothing was queued".into())),
+            Err(e) => Err(device_err("recording the step as a CUDA graph", e)),
+        }
+    }
+
+    fn replay(&self, recording: &Recording) -> Result<()> {
+        self.bind()?;
+        recording
+            .graph
+            .launch()
+            .map_err(|e| device_err("replaying the step's CUDA graph", e))
+    }
+
+    fn memory_epoch(&self) -> u64 {
+        self.scratch_epoch.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn peak_memory_bytes(&self) -> u64 {
@@ -555,8 +600,9 @@ impl Backend for CudaBackend {
         );
     }
 
-    unsafe fn clip_factor(&self, out: DevPtr, sumsq: DevPtr, max_norm: f32) {
-        self.launch("clip_factor_kernel", (1, 1, 1), (32, 1, 1), args![out, sumsq, max_norm]);
+    unsafe fn step_stats(&self, state: DevPtr, history: DevPtr, history_len: usize, max_norm: f32, loss_scale: f32) {
+        let args = args![state, history, history_len, max_norm, loss_scale];
+        self.launch("step_stats_kernel", (1, 1, 1), (32, 1, 1), args);
     }
 
     unsafe fn adamw(
@@ -566,31 +612,21 @@ impl Backend for CudaBackend {
         m: DevPtr,
         v: DevPtr,
         n: usize,
-        grad_scale: DevPtr,
-        hp: AdamWStep,
+        state: DevPtr,
+        hp: AdamWHyper,
         copy: Option<DevPtr<bf16>>,
     ) {
-        let Ok(t) = i32::try_from(hp.t) else {
-            self.fail(Error::Device(format!("AdamW step {} out of range", hp.t)));
-            return;
-        };
-        // Bias corrections in f64 on the host: 1 - beta^t loses digits in f32 for small t.
-        let bias1 = (1.0 - (hp.beta1 as f64).powi(t)) as f32;
-        let bias2 = (1.0 - (hp.beta2 as f64).powi(t)) as f32;
         let args = args![
             params,
             grads,
             m,
             v,
             n,
-            grad_scale,
-            hp.lr,
+            state,
             hp.beta1,
             hp.beta2,
             hp.eps,
             hp.weight_decay,
-            bias1,
-            bias2,
             copy.unwrap_or_default()
         ];
         self.launch_1d("adamw_kernel", n, args);

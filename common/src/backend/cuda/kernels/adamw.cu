@@ -1,34 +1,53 @@
-// Gradient clipping factor and the AdamW update, both reading their scalars from device
-// memory so that a step needs no host round trip.
+// The step's scalars and the AdamW update, both on the device, so that a step needs no host
+// round trip and can be recorded once and replayed (a CUDA graph).
 
-// out[0] = ||g|| = sqrt(sumsq[0]); out[1] = max_norm / (||g|| + 1e-6) when ||g|| > max_norm > 0,
-// else 1 (PyTorch's clip_grad_norm_). One thread.
-extern "C" __global__ void clip_factor_kernel(float* out, const float* sumsq, float max_norm) {
+// The optimiser's per-step scalars: the layout of `StepState` in backend/mod.rs.
+struct StepState {
+    float sumsq;  // Σg²
+    float norm;   // √sumsq
+    float clip;   // the factor that clips the norm
+    float loss;   // the micro-batches' summed loss, then their mean
+    float lr;     // written by the host before the step
+    float bias1;  // 1 - beta1^t (host, f64)
+    float bias2;  // 1 - beta2^t (host, f64)
+    unsigned step;  // the 0-based step (host)
+    float apply;  // 1: update; 0: skip (a non-finite loss or norm)
+};
+
+// Norm, clipping factor (max_norm / (norm + 1e-6) when norm > max_norm > 0, else 1: PyTorch's
+// clip_grad_norm_), mean loss, apply; (loss, norm) into history[step mod len]. One thread.
+extern "C" __global__ void step_stats_kernel(StepState* s, float* history, int history_len, float max_norm,
+                                             float loss_scale) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    float norm = sqrtf(sumsq[0]);
-    out[0] = norm;
-    out[1] = (max_norm > 0.0f && norm > max_norm) ? max_norm / (norm + 1e-6f) : 1.0f;
+    float norm = sqrtf(s->sumsq);
+    float loss = s->loss * loss_scale;
+    s->norm = norm;
+    s->clip = (max_norm > 0.0f && norm > max_norm) ? max_norm / (norm + 1e-6f) : 1.0f;
+    s->loss = loss;
+    s->apply = (isfinite(loss) && isfinite(norm)) ? 1.0f : 0.0f;
+    float* slot = history + 2 * (s->step % (unsigned)history_len);
+    slot[0] = loss;
+    slot[1] = norm;
 }
 
-// g = grads · grad_scale[0]; m, v moments; decoupled weight decay (Loshchilov & Hutter).
-// bias1 = 1 - beta1^t and bias2 = 1 - beta2^t come from the host.
+// g = grads · clip; m, v moments; decoupled weight decay (Loshchilov & Hutter), with the
+// learning rate and bias corrections of the step's state; nothing when the step is skipped.
 // With `copy` (not null), the updated parameter is also written there rounded to bf16: the
 // weight copy a bf16 forward pass reads, in the same pass over memory.
 extern "C" __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int n,
-                                        const float* grad_scale, float lr, float beta1, float beta2,
-                                        float eps, float weight_decay, float bias1, float bias2,
-                                        bf16_t* copy) {
+                                        const StepState* s, float beta1, float beta2, float eps,
+                                        float weight_decay, bf16_t* copy) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float g = grads[i] * grad_scale[0];
+    if (i >= n || s->apply == 0.0f) return;
+    float g = grads[i] * s->clip;
     float mi = beta1 * m[i] + (1.0f - beta1) * g;
     float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    float m_hat = mi / bias1;
-    float v_hat = vi / bias2;
+    float m_hat = mi / s->bias1;
+    float v_hat = vi / s->bias2;
     float p = params[i];
-    p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    p -= s->lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
     params[i] = p;
     if (copy) copy[i] = to_bf16(p);
 }
