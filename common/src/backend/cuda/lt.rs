@@ -239,6 +239,17 @@ impl LtMatmul {
         self.run(stream, Epilogue::DGelu, (c, bt, oc), ops)
     }
 
+    /// Every plan made so far: its epilogue and (m, n, k), and whether the heuristic found
+    /// an algorithm for it.
+    pub(super) fn plans(&self) -> Vec<(String, [usize; 3], bool)> {
+        let plans = self.plans.lock().map(|p| {
+            p.iter()
+                .map(|(key, plan)| (format!("{:?}", key.epilogue), [key.m, key.n, key.k], plan.is_some()))
+                .collect()
+        });
+        plans.unwrap_or_default()
+    }
+
     /// Queues D = epilogue(op(A) · B) for (m, n, k), by the plan for its key (made on first
     /// use). Ok(false), with nothing queued, when the operands break the epilogue's rules or
     /// the heuristic has no algorithm for them.
@@ -393,6 +404,13 @@ impl LtMatmul {
                 None
             };
             let _ = lt::destroy_matmul_pref(pref);
+            if found.is_none() && key.epilogue.has_aux() {
+                // Said once per key: the step then runs GELU in its own kernels, more slowly.
+                eprintln!(
+                    "cuBLASLt has no algorithm for the {:?} epilogue at {}x{}x{} ({:?}): GELU runs unfused there",
+                    key.epilogue, m, n, k, self.act
+                );
+            }
             Ok(found.map(|h| {
                 plan.algo = h.algo;
                 plan

@@ -205,6 +205,13 @@ impl CudaBackend {
         self.gelu
     }
 
+    /// The cuBLASLt epilogue plans made so far (`Bias`, `GeluAux { bias }`, `DGelu`), each
+    /// with its (m, n, k) and whether cuBLASLt had an algorithm for it (where it had none,
+    /// the product ran unfused): what tests and benchmarks check the fused path by.
+    pub fn epilogue_plans(&self) -> Vec<(String, [usize; 3], bool)> {
+        self.lt.as_ref().map(|lt| lt.plans()).unwrap_or_default()
+    }
+
     /// cuBLASLt, when the MLP's GELU goes into its epilogues.
     fn gelu_epilogues(&self) -> Option<&LtMatmul> {
         self.lt.as_ref().filter(|_| self.gelu == GeluPath::Fused)
