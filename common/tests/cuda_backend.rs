@@ -257,15 +257,7 @@ fn matmul_tf32_is_close_to_cpu() {
 /// not include the forward's; dpre starts random (it is overwritten), dw and dbias too (they
 /// accumulate).
 #[allow(clippy::too_many_arguments)]
-fn mlp_case<B: Backend>(
-    be: &B,
-    q: Inputs,
-    bt: usize,
-    c: usize,
-    h: usize,
-    oc: usize,
-    with_bias: bool,
-) -> Vec<Vec<f32>> {
+fn mlp_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, h: usize, oc: usize, with_bias: bool) -> Vec<Vec<f32>> {
     // Weights scaled by 3/√C: pre spreads over GELU's curved part (|x| up to ~4).
     let inp = upload_act(be, &rnd(q, bt * c, 91, 1.0));
     let w_fc = upload_act(be, &rnd(q, h * c, 92, 3.0 / (c as f32).sqrt()));
@@ -346,9 +338,17 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
         plans.into_iter().filter(|(e, _, _)| e != "Bias").collect()
     };
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-        let q = if precision == Precision::Bf16 { Inputs::Bf16 } else { Inputs::F32 };
+        let q = if precision == Precision::Bf16 {
+            Inputs::Bf16
+        } else {
+            Inputs::F32
+        };
         let fused = gpu(precision);
-        assert_eq!(fused.gelu_path(), GeluPath::Fused, "fused is the default (GPT2_CUDA_GELU unset)");
+        assert_eq!(
+            fused.gelu_path(),
+            GeluPath::Fused,
+            "fused is the default (GPT2_CUDA_GELU unset)"
+        );
         let _ = mlp_case(&fused, q, 1024, 768, 3072, 768, true);
         let plans = gelu_plans(&fused);
         eprintln!("EPILOGUES {precision:?}: {plans:?}");
@@ -360,7 +360,10 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
         }
         let unfused = gpu(precision).with_gelu(GeluPath::Unfused);
         let _ = mlp_case(&unfused, q, 1024, 768, 3072, 768, true);
-        assert!(gelu_plans(&unfused).is_empty(), "{precision:?}: unfused made GELU plans");
+        assert!(
+            gelu_plans(&unfused).is_empty(),
+            "{precision:?}: unfused made GELU plans"
+        );
     }
 }
 

@@ -173,7 +173,10 @@ impl<B: Backend> Graph<'_, B> {
                 let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
                 // The second product back to the hidden layer, through GELU, into a buffer
                 // that lives for this op only: d(pre) = gelu'(pre) ⊙ (dout · w_proj).
-                let (dw, dbias) = (self.param_grad(w_proj)?, b_proj.map(|b| self.param_grad(b)).transpose()?);
+                let (dw, dbias) = (
+                    self.param_grad(w_proj)?,
+                    b_proj.map(|b| self.param_grad(b)).transpose()?,
+                );
                 let dpre_buf = self.pool.take(be, self.act().words(r * h))?;
                 let dpre = dpre_buf.ptr().cast::<Act>();
                 let a = self.data(act);

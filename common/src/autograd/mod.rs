@@ -528,8 +528,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         // scratch of its size, which x is not in: see above).
         unsafe {
             let (pre, act) = (self.ptr(pre), self.ptr(act));
-            self.be
-                .matmul_gelu_forward(pre, act, x, self.ptr(w_fc), b_fc, r, c, h);
+            self.be.matmul_gelu_forward(pre, act, x, self.ptr(w_fc), b_fc, r, c, h);
             self.be
                 .matmul_forward(self.ptr(out), act, self.ptr(w_proj), b_proj, r, h, oc);
         }

@@ -256,9 +256,17 @@ impl LtMatmul {
     ///
     /// # Safety
     /// The operands are device memory covering their (m, n, k) extents.
-    unsafe fn run(&self, stream: CUstream, epilogue: Epilogue, (m, n, k): (usize, usize, usize), ops: Operands) -> Result<bool> {
+    unsafe fn run(
+        &self,
+        stream: CUstream,
+        epilogue: Epilogue,
+        (m, n, k): (usize, usize, usize),
+        ops: Operands,
+    ) -> Result<bool> {
         if epilogue.has_bias() != ops.bias.is_some() || epilogue.has_aux() != ops.aux.is_some() {
-            return Err(Error::Device(format!("cuBLASLt {epilogue:?}: operands do not fit the epilogue")));
+            return Err(Error::Device(format!(
+                "cuBLASLt {epilogue:?}: operands do not fit the epilogue"
+            )));
         }
         let absent = DevPtr::<Act>::default(); // aligned to 256: what an absent operand reports
         let key = PlanKey {
