@@ -97,7 +97,7 @@ pub(super) fn gelu_backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
 pub(super) fn gelu_backward_in_place(d: &mut [f32], inp: &[f32]) {
     d.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(d, x)| {
         for (d, &x) in d.iter_mut().zip(x) {
-            *d = gelu_grad(x) * *d;
+            *d *= gelu_grad(x);
         }
     });
 }
