@@ -12,7 +12,7 @@
 #![cfg(feature = "cuda")]
 
 use common::backend::cpu::CpuBackend;
-use common::backend::cuda::{AttentionPath, CudaBackend};
+use common::backend::cuda::{AttentionPath, CudaBackend, GeluPath};
 use common::backend::Precision;
 use common::backend::{bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, StepState};
 
@@ -248,6 +248,123 @@ fn matmul_tf32_is_close_to_cpu() {
     let want = matmul_case(&cpu(), Inputs::F32, bt, c, oc, true);
     let got = matmul_case(&gpu(Precision::Tf32), Inputs::F32, bt, c, oc, true);
     check("matmul tf32", &["out", "dinp", "dw", "dbias"], &got, &want, 1e-2);
+}
+
+// ---- the MLP's products through GELU (cuBLASLt epilogues) ---------------------------
+
+/// `matmul_gelu_forward` (pre, act) and `matmul_backward_dgelu` (dpre, dw, dbias). The
+/// backward reads its own random pre and act (bf16-exact under bf16), so that its error does
+/// not include the forward's; dpre starts random (it is overwritten), dw and dbias too (they
+/// accumulate).
+#[allow(clippy::too_many_arguments)]
+fn mlp_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, h: usize, oc: usize, with_bias: bool) -> Vec<Vec<f32>> {
+    // Weights scaled by 3/√C: pre spreads over GELU's curved part (|x| up to ~4).
+    let inp = upload_act(be, &rnd(q, bt * c, 91, 1.0));
+    let w_fc = upload_act(be, &rnd(q, h * c, 92, 3.0 / (c as f32).sqrt()));
+    let b_fc = upload_act(be, &rnd(q, h, 93, 1.0));
+    let (pre, out) = (alloc_act(be, bt * h), alloc_act(be, bt * h));
+    let bias = with_bias.then(|| act(&b_fc));
+    unsafe { be.matmul_gelu_forward(act(&pre), act(&out), act(&inp), act(&w_fc), bias, bt, c, h) };
+    let pre_b = upload_act(be, &rnd(q, bt * h, 94, 4.0));
+    let act_b = upload_act(be, &rnd(q, bt * h, 95, 2.0));
+    let w_proj = upload_act(be, &rnd(q, oc * h, 96, 0.5));
+    let dout = upload_act(be, &rnd(q, bt * oc, 97, 1.0));
+    let dpre = upload_act(be, &rnd(q, bt * h, 98, 1.0));
+    let dw = upload(be, &rnd(q, oc * h, 99, 1.0));
+    let dbias = upload(be, &rnd(q, oc, 100, 1.0));
+    let dbias_ptr = with_bias.then(|| dbias.ptr());
+    unsafe {
+        be.matmul_backward_dgelu(
+            act(&dpre),
+            dw.ptr(),
+            dbias_ptr,
+            act(&dout),
+            act(&act_b),
+            act(&pre_b),
+            act(&w_proj),
+            bt,
+            h,
+            oc,
+        )
+    };
+    vec![
+        download_act(be, &pre, bt * h),
+        download_act(be, &out, bt * h),
+        download_act(be, &dpre, bt * h),
+        download(be, &dw),
+        download(be, &dbias),
+    ]
+}
+
+const MLP_NAMES: [&str; 5] = ["pre", "act", "dpre", "dw", "dbias"];
+
+/// (BT, C, H, OC, bias): H a multiple of 8 runs the epilogues (the auxiliary matrix's
+/// leading dimension is H); H = 36 falls back to the GELU kernels; GPT-2's MLP at BT = 333;
+/// a tiny odd one.
+const MLP_SHAPES: [(usize, usize, usize, usize, bool); 5] = [
+    (74, 48, 192, 48, true),
+    (64, 32, 128, 40, false),
+    (37, 48, 36, 20, true),
+    (333, 768, 3072, 768, true),
+    (5, 7, 8, 3, true),
+];
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mlp_gelu_epilogues_match_cpu() {
+    // fp32 at the file's tolerance (1e-4: cuBLASLt's GELU is the tanh form, as the CPU's),
+    // tf32 at 1e-2 as the matmul; fused (the default) and unfused.
+    for (precision, tol) in [(Precision::Fp32, FP32_TOL), (Precision::Tf32, 1e-2)] {
+        for path in [GeluPath::Fused, GeluPath::Unfused] {
+            let gpu = gpu(precision).with_gelu(path);
+            for (bt, c, h, oc, bias) in MLP_SHAPES {
+                let want = mlp_case(&cpu(), Inputs::F32, bt, c, h, oc, bias);
+                let got = mlp_case(&gpu, Inputs::F32, bt, c, h, oc, bias);
+                let test = format!("mlp {precision:?} {path:?} {bt}x{c}x{h}x{oc} bias={bias}");
+                check(&test, &MLP_NAMES, &got, &want, tol);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
+    // GPT-2 124M's MLP (C = 768, H = 3072): cuBLASLt must have an algorithm for both GELU
+    // epilogues, or the fused path silently runs the kernels; GPT2_CUDA_GELU=unfused makes
+    // no GELU plan at all.
+    let gelu_plans = |gpu: &CudaBackend| -> Vec<(String, [usize; 3], bool)> {
+        let plans = gpu.epilogue_plans();
+        plans.into_iter().filter(|(e, _, _)| e != "Bias").collect()
+    };
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let q = if precision == Precision::Bf16 {
+            Inputs::Bf16
+        } else {
+            Inputs::F32
+        };
+        let fused = gpu(precision);
+        assert_eq!(
+            fused.gelu_path(),
+            GeluPath::Fused,
+            "fused is the default (GPT2_CUDA_GELU unset)"
+        );
+        let _ = mlp_case(&fused, q, 1024, 768, 3072, 768, true);
+        let plans = gelu_plans(&fused);
+        eprintln!("EPILOGUES {precision:?}: {plans:?}");
+        for epilogue in ["GeluAux { bias: true }", "DGelu"] {
+            assert!(
+                plans.iter().any(|(e, _, found)| e == epilogue && *found),
+                "{precision:?}: no cuBLASLt algorithm ran the {epilogue} epilogue, GELU ran unfused: {plans:?}"
+            );
+        }
+        let unfused = gpu(precision).with_gelu(GeluPath::Unfused);
+        let _ = mlp_case(&unfused, q, 1024, 768, 3072, 768, true);
+        assert!(
+            gelu_plans(&unfused).is_empty(),
+            "{precision:?}: unfused made GELU plans"
+        );
+    }
 }
 
 // ---- layernorm ----------------------------------------------------------------------
@@ -701,6 +818,28 @@ fn bf16_matmul_is_within_bound() {
             &want,
             &[(2.0, c), (2.0, oc), (2.0, bt), (1.0, bt)],
         );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_mlp_gelu_epilogues_are_within_bound() {
+    // pre: a product with a bias, rounded once (k = 2, as the matmul's out); act: GELU (slope
+    // at most 1.13) of pre's error, then its own rounding (k = 3); dpre: unfused, d(act) is
+    // rounded and then dpre (k = 2), fused only dpre; dw and dbias as the matmul's.
+    for path in [GeluPath::Fused, GeluPath::Unfused] {
+        let gpu = gpu(Precision::Bf16).with_gelu(path);
+        for (bt, c, h, oc, bias) in MLP_SHAPES {
+            let want = mlp_case(&cpu(), Inputs::Bf16, bt, c, h, oc, bias);
+            let got = mlp_case(&gpu, Inputs::Bf16, bt, c, h, oc, bias);
+            check_bf16(
+                &format!("mlp {path:?} {bt}x{c}x{h}x{oc}"),
+                &MLP_NAMES,
+                &got,
+                &want,
+                &[(2.0, c), (3.0, c), (2.0, oc), (2.0, bt), (1.0, bt)],
+            );
+        }
     }
 }
 

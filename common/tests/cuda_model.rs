@@ -7,7 +7,7 @@
 
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::CpuBackend;
-use common::backend::cuda::CudaBackend;
+use common::backend::cuda::{CudaBackend, GeluPath};
 use common::backend::Backend;
 use common::backend::Precision;
 use common::comm::Single;
@@ -110,13 +110,19 @@ fn rel_err(got: &[f32], want: &[f32]) -> f32 {
 }
 
 fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
+    for gelu in [GeluPath::Fused, GeluPath::Unfused] {
+        gradients_match_on(&format!("{name} {gelu:?}"), &gpu().with_gelu(gelu), cfg, b, t);
+    }
+}
+
+fn gradients_match_on(name: &str, gpu: &CudaBackend, cfg: ModelConfig, b: usize, t: usize) {
     let batch = &batches(1, b, t)[0];
     let (cpu_loss, cpu_grads) = step0(&cpu(), cfg, batch, b, t);
-    let (gpu_loss, gpu_grads) = step0(&gpu(), cfg, batch, b, t);
+    let (gpu_loss, gpu_grads) = step0(gpu, cfg, batch, b, t);
     let model_layout = common::model::ParamLayout::new(&cfg);
     let mut bad = Vec::new();
     let loss_err = (gpu_loss - cpu_loss).abs() / cpu_loss.abs();
-    eprintln!("PARITY model {name:<8} loss       cpu={cpu_loss:.6} gpu={gpu_loss:.6} rel_err={loss_err:.2e}");
+    eprintln!("PARITY model {name:<14} loss       cpu={cpu_loss:.6} gpu={gpu_loss:.6} rel_err={loss_err:.2e}");
     if loss_err.is_nan() || loss_err > GRAD_TOL {
         bad.push(format!("loss: {loss_err:.3e}"));
     }
@@ -130,7 +136,7 @@ fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
         }
     }
     eprintln!(
-        "PARITY model {name:<8} grads      worst tensor rel_err={worst:.2e} over {} tensors, tol={GRAD_TOL:.0e}",
+        "PARITY model {name:<14} grads      worst tensor rel_err={worst:.2e} over {} tensors, tol={GRAD_TOL:.0e}",
         model_layout.entries.len()
     );
     assert!(bad.is_empty(), "{name}: {}", bad.join(", "));

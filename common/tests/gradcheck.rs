@@ -336,6 +336,20 @@ fn gelu_backward_matches_finite_differences() {
 }
 
 #[test]
+fn gelu_backward_in_place_is_gelu_backward_into_zeros() {
+    let be = be();
+    let n = 50_000; // several chunks
+    let mut r = rng(16);
+    let (x, dy) = (randn(n, 4.0, &mut r), randn(n, 1.0, &mut r));
+    let (inp, dout) = (upload(&be, &x), upload(&be, &dy));
+    let dinp = be.alloc::<f32>(n).unwrap();
+    unsafe { be.gelu_backward(dinp.ptr().cast(), inp.ptr().cast(), dout.ptr().cast(), n) };
+    unsafe { be.gelu_backward_in_place(dout.ptr().cast(), inp.ptr().cast(), n) };
+    // 0 + g·dy = g·dy exactly (compared as numbers: the sign of a zero may differ).
+    assert!(read(&be, &dinp) == read(&be, &dout));
+}
+
+#[test]
 fn relu_backward_matches_finite_differences() {
     // Inputs kept away from the kink at 0 (|x| >= 0.1, far beyond the difference step).
     let be = be();
@@ -632,4 +646,125 @@ fn cpu_results_do_not_depend_on_thread_count() {
         a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
         "1 and 2 threads must agree bit for bit"
     );
+}
+
+// ---- the MLP op ---------------------------------------------------------------------
+
+/// How a test graph writes its MLPs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum MlpForm {
+    /// `Graph::mlp`.
+    Op,
+    /// `Graph::mlp` under `--recompute` (the GELU outputs computed again in backward).
+    OpRecompute,
+    /// `matmul`, `gelu`, `matmul`: the ops `Graph::mlp` replaces.
+    Composed,
+}
+
+/// Dimensions of the MLP test net: B, T, C, hidden H, vocabulary V.
+const MLP_NET: (usize, usize, usize, usize, usize) = (2, 3, 8, 12, 7);
+
+/// Shapes of the net's parameters, in buffer order: wte, wpe, the first MLP (C→H→C, with
+/// biases), the second (C→H→V, no first bias).
+fn mlp_net_shapes() -> Vec<[usize; 2]> {
+    let (_, t, c, h, v) = MLP_NET;
+    vec![[v, c], [t, c], [h, c], [1, h], [c, h], [1, c], [h, c], [v, h], [1, v]]
+}
+
+/// Mean cross-entropy of encoder → mlp → mlp → cross-entropy; with `grads`, also back-
+/// propagates into them. Two MLPs, so that under `--recompute` the second's GELU output takes
+/// over the scratch and the first's is computed again in backward.
+fn mlp_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuffer<f32>>, form: MlpForm) -> f32 {
+    let (b, t, _, _, v) = MLP_NET;
+    let ids: Vec<i32> = vec![1, 5, 2, 6, 0, 3];
+    let targets: Vec<i32> = vec![5, 2, 6, 0, 3, 4];
+    let mut pool = Pool::default();
+    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(form == MlpForm::OpRecompute);
+    let mut at = 0;
+    let mut p = Vec::new();
+    for shape in mlp_net_shapes() {
+        let n = shape[0] * shape[1];
+        p.push(g.param(params, None, grads, at..at + n, shape).unwrap());
+        at += n;
+    }
+    let mlp = |g: &mut Graph<'_, CpuBackend>, x, w_fc, b_fc, w_proj, b_proj| match form {
+        MlpForm::Op | MlpForm::OpRecompute => g.mlp(x, w_fc, b_fc, w_proj, b_proj).unwrap(),
+        MlpForm::Composed => {
+            let pre = g.matmul(x, w_fc, b_fc).unwrap();
+            let act = g.gelu(pre).unwrap();
+            g.matmul(act, w_proj, b_proj).unwrap()
+        }
+    };
+    let x = g.encoder(&ids, p[0], p[1], b, t).unwrap();
+    let x = mlp(&mut g, x, p[2], Some(p[3]), p[4], Some(p[5]));
+    let logits = mlp(&mut g, x, p[6], None, p[7], Some(p[8]));
+    let loss = g.cross_entropy(logits, &targets, v).unwrap();
+    if grads.is_some() {
+        g.backward(loss, 1.0).unwrap();
+    }
+    let mut l = [0.0f32];
+    g.read(loss, &mut l).unwrap();
+    l[0]
+}
+
+fn mlp_net_params(be: &CpuBackend) -> CpuBuffer<f32> {
+    let n = mlp_net_shapes().iter().map(|s| s[0] * s[1]).sum();
+    upload(be, &randn(n, 1.0, &mut rng(17)))
+}
+
+#[test]
+fn mlp_op_gradient_matches_finite_differences() {
+    let be = be();
+    let params = mlp_net_params(&be);
+    let grads = be.alloc::<f32>(params.len()).unwrap();
+    mlp_net(&be, &params, Some(&grads), MlpForm::Op);
+    let analytic = read(&be, &grads);
+    let h = 1e-2f32;
+    let mut at = 0;
+    for (k, shape) in mlp_net_shapes().into_iter().enumerate() {
+        let n = shape[0] * shape[1];
+        let mut worst = 0.0f32;
+        for i in (at..at + n).step_by((n / 6).max(1)) {
+            let mut v = read(&be, &params);
+            let orig = v[i];
+            let mut loss_at = |x: f32| {
+                v[i] = x;
+                be.write(&params, 0, &v).unwrap();
+                mlp_net(&be, &params, None, MlpForm::Op) as f64
+            };
+            let numeric = ((loss_at(orig + h) - loss_at(orig - h)) / (2.0 * h as f64)) as f32;
+            loss_at(orig);
+            let a = analytic[i];
+            let err = (a - numeric).abs();
+            let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
+            assert!(err <= tol, "tensor {k}[{}]: analytic {a} vs numeric {numeric}", i - at);
+            worst = worst.max(err);
+        }
+        assert!(
+            analytic[at..at + n].iter().any(|&g| g != 0.0),
+            "tensor {k}: gradient is identically zero"
+        );
+        eprintln!("mlp tensor {k} {shape:?}: worst error {worst:.2e}");
+        at += n;
+    }
+}
+
+#[test]
+fn mlp_op_equals_the_composed_ops_and_recomputes_exactly_on_the_cpu() {
+    // The CPU backend's fused methods are the trait's defaults (the ops composed), so the
+    // op, the op under --recompute and matmul → gelu → matmul give the same numbers (compared
+    // as numbers: 0 + g·dy and g·dy may differ in the sign of a zero).
+    let be = be();
+    let params = mlp_net_params(&be);
+    let run = |form| {
+        let grads = be.alloc::<f32>(params.len()).unwrap();
+        let loss = mlp_net(&be, &params, Some(&grads), form);
+        (loss, read(&be, &grads))
+    };
+    let want = run(MlpForm::Composed);
+    for form in [MlpForm::Op, MlpForm::OpRecompute] {
+        let got = run(form);
+        assert_eq!(got.0.to_bits(), want.0.to_bits(), "{form:?}: loss");
+        assert!(got.1 == want.1, "{form:?}: gradients differ");
+    }
 }

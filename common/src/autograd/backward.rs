@@ -161,6 +161,33 @@ impl<B: Backend> Graph<'_, B> {
                 let x = self.data(inp);
                 be.gelu_backward(dinp, x, dout, r * c);
             }
+            Op::Mlp {
+                inp,
+                w_fc,
+                b_fc,
+                pre,
+                act,
+                w_proj,
+                b_proj,
+            } => {
+                let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
+                // The second product back to the hidden layer, through GELU, into a buffer
+                // that lives for this op only: d(pre) = gelu'(pre) ⊙ (dout · w_proj).
+                let (dw, dbias) = (
+                    self.param_grad(w_proj)?,
+                    b_proj.map(|b| self.param_grad(b)).transpose()?,
+                );
+                let dpre_buf = self.pool.take(be, self.act().words(r * h))?;
+                let dpre = dpre_buf.ptr().cast::<Act>();
+                let a = self.data(act);
+                be.matmul_backward_dgelu(dpre, dw, dbias, dout, a, self.ptr(pre), self.ptr(w_proj), r, h, c);
+                // The first product.
+                let (dinp, dw) = (self.act_grad(inp)?, self.param_grad(w_fc)?);
+                let dbias = b_fc.map(|b| self.param_grad(b)).transpose()?;
+                let x = self.data(inp);
+                be.matmul_backward(dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
+                self.pool.give(dpre_buf);
+            }
             Op::Relu { inp } => {
                 let dinp = self.act_grad(inp)?;
                 let x = self.data(inp);
@@ -213,6 +240,14 @@ fn read_by_others(tape: &[Node], x: Tensor, node: &Node) -> bool {
                 Op::LayerNorm { inp, w, b, .. } => x == inp || x == w || x == b,
                 Op::Attention { qkv, .. } => x == qkv,
                 Op::Gelu { inp } | Op::Relu { inp } => x == inp,
+                Op::Mlp {
+                    inp,
+                    w_fc,
+                    b_fc,
+                    w_proj,
+                    b_proj,
+                    ..
+                } => x == inp || x == w_fc || x == w_proj || b_fc == Some(x) || b_proj == Some(x),
                 Op::Add { a, b } => x == a || x == b,
                 Op::CrossEntropy { logits, .. } => x == logits,
                 Op::Mark { .. } => false,

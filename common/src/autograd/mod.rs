@@ -108,6 +108,19 @@ enum Op {
     Gelu {
         inp: Tensor,
     },
+    /// The transformer's MLP, gelu(inp · w_fcᵀ + b_fc) · w_projᵀ + b_proj: one op so that a
+    /// backend can fuse GELU into both products. `pre` (the first product) and `act` (its
+    /// GELU) are values of the graph but not on the tape; `act` is recomputed under
+    /// `--recompute`.
+    Mlp {
+        inp: Tensor,
+        w_fc: Tensor,
+        b_fc: Option<Tensor>,
+        pre: Tensor,
+        act: Tensor,
+        w_proj: Tensor,
+        b_proj: Option<Tensor>,
+    },
     Relu {
         inp: Tensor,
     },
@@ -244,7 +257,10 @@ impl<'a, B: Backend> Graph<'a, B> {
     }
 
     /// Trades speed for memory: GELU and layernorm outputs are computed again in backward
-    /// instead of kept (training graphs only; the results are the same, bit for bit).
+    /// instead of kept (training graphs only). The results are the same, bit for bit, when
+    /// the kernels that compute them again are the forward's: not when the backend fused
+    /// GELU into the MLP's first product (its epilogue may round GELU otherwise than
+    /// `gelu_forward`, which computes it again), where they agree to that rounding.
     pub fn with_recompute(mut self, on: bool) -> Self {
         self.recompute = on && self.record;
         self
@@ -376,20 +392,17 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.alloc_words(n)
     }
 
-    fn output(&mut self, shape: [usize; 2], op: Op) -> Result<Tensor> {
+    /// A new activation of `shape`, held for the graph's lifetime.
+    fn activation(&mut self, shape: [usize; 2]) -> Result<Tensor> {
         let p = self.alloc_words(self.act().words(shape[0] * shape[1]))?;
-        let out = self.push(p.addr(), shape, None, Kind::Activation);
-        if self.record {
-            self.tape.push(Node { op, out });
-        }
-        Ok(out)
+        Ok(self.push(p.addr(), shape, None, Kind::Activation))
     }
 
-    /// As [`Graph::output`] for a value that `--recompute` does not keep: its data goes to
-    /// the shared scratch of its size (taken over from whichever value held it).
-    fn output_recomputed(&mut self, shape: [usize; 2], op: Op, rebuild: Rebuild) -> Result<Tensor> {
+    /// As [`Graph::activation`] for a value that `--recompute` does not keep: its data goes
+    /// to the shared scratch of its size (taken over from whichever value held it).
+    fn activation_recomputed(&mut self, shape: [usize; 2], rebuild: Rebuild) -> Result<Tensor> {
         if !self.recompute {
-            return self.output(shape, op);
+            return self.activation(shape);
         }
         let words = self.act().words(shape[0] * shape[1]);
         let p = match self.scratch.get(&words) {
@@ -403,8 +416,27 @@ impl<'a, B: Backend> Graph<'a, B> {
         let out = self.push(p.addr(), shape, None, Kind::Activation);
         self.values[out.0].rebuild = Some(rebuild);
         self.scratch.insert(words, (p, Some(out)));
-        self.tape.push(Node { op, out });
         Ok(out)
+    }
+
+    /// `op`'s output: a new activation, recorded on the tape.
+    fn output(&mut self, shape: [usize; 2], op: Op) -> Result<Tensor> {
+        let out = self.activation(shape)?;
+        self.record_op(op, out);
+        Ok(out)
+    }
+
+    /// As [`Graph::output`] for a value that `--recompute` does not keep.
+    fn output_recomputed(&mut self, shape: [usize; 2], op: Op, rebuild: Rebuild) -> Result<Tensor> {
+        let out = self.activation_recomputed(shape, rebuild)?;
+        self.record_op(op, out);
+        Ok(out)
+    }
+
+    fn record_op(&mut self, op: Op, out: Tensor) {
+        if self.record {
+            self.tape.push(Node { op, out });
+        }
     }
 
     /// The data of `x`, computed again first when it is a recomputed value whose scratch now
@@ -525,6 +557,61 @@ impl<'a, B: Backend> Graph<'a, B> {
         let x = self.data(inp);
         // SAFETY: out has inp's shape.
         unsafe { self.be.gelu_forward(self.ptr(out), x, shape[0] * shape[1]) };
+        Ok(out)
+    }
+
+    /// The transformer's MLP sub-block as one op: `gelu(inp · w_fcᵀ + b_fc) · w_projᵀ + b_proj`,
+    /// (R, C) → (R, OC), with w_fc (H, C) and w_proj (OC, H). The same values as
+    /// `matmul`, `gelu`, `matmul`, but the backend may fuse GELU into the first product's
+    /// epilogue and gelu' into the backward product that reaches the hidden layer
+    /// ([`Backend::matmul_gelu_forward`], [`Backend::matmul_backward_dgelu`]), and the
+    /// gradient of the GELU output is never stored. Under `--recompute` the GELU output is
+    /// not kept: backward computes it again from the pre-activation with `gelu_forward`.
+    pub fn mlp(
+        &mut self,
+        inp: Tensor,
+        w_fc: Tensor,
+        b_fc: Option<Tensor>,
+        w_proj: Tensor,
+        b_proj: Option<Tensor>,
+    ) -> Result<Tensor> {
+        let ([r, c], [h, fc_c], [oc, proj_h]) = (self.shape(inp), self.shape(w_fc), self.shape(w_proj));
+        assert_eq!(c, fc_c, "mlp: the first product's inner dimensions differ");
+        assert_eq!(h, proj_h, "mlp: the second product's inner dimensions differ");
+        if let Some(b) = b_fc {
+            assert_eq!(self.shape(b), [1, h], "mlp: b_fc must be (1, H)");
+        }
+        if let Some(b) = b_proj {
+            assert_eq!(self.shape(b), [1, oc], "mlp: b_proj must be (1, OC)");
+        }
+        let pre = self.activation([r, h])?;
+        // A recomputed input of the hidden layer's size would share act's scratch: keep act then.
+        let words = |n: usize| self.act().words(n);
+        let act = if self.values[inp.0].rebuild.is_some() && words(r * c) == words(r * h) {
+            self.activation([r, h])?
+        } else {
+            self.activation_recomputed([r, h], Rebuild::Gelu { inp: pre })?
+        };
+        let op = Op::Mlp {
+            inp,
+            w_fc,
+            b_fc,
+            pre,
+            act,
+            w_proj,
+            b_proj,
+        };
+        let out = self.output([r, oc], op)?;
+        let (b_fc, b_proj) = (b_fc.map(|b| self.ptr(b)), b_proj.map(|b| self.ptr(b)));
+        let x = self.data(inp);
+        // SAFETY: shapes checked above; pre, act and out are fresh (act perhaps in the recompute
+        // scratch of its size, which x is not in: see above).
+        unsafe {
+            let (pre, act) = (self.ptr(pre), self.ptr(act));
+            self.be.matmul_gelu_forward(pre, act, x, self.ptr(w_fc), b_fc, r, c, h);
+            self.be
+                .matmul_forward(self.ptr(out), act, self.ptr(w_proj), b_proj, r, h, oc);
+        }
         Ok(out)
     }
 

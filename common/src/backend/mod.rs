@@ -527,6 +527,59 @@ pub trait Backend {
     /// # Safety
     /// `dinp`, `inp`, `dout`: `n` elements each.
     unsafe fn gelu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize);
+    /// `d = gelu'(inp) ⊙ d`, in place: the gradient with respect to the output becomes the one
+    /// with respect to the input (OVERWRITES, unlike the other backward ops).
+    /// # Safety
+    /// `d`, `inp`: `n` elements each.
+    unsafe fn gelu_backward_in_place(&self, d: DevPtr<Act>, inp: DevPtr<Act>, n: usize);
+
+    /// The MLP's first product through GELU: `pre (BT,OC) = inp (BT,C) · wᵀ + bias` and
+    /// `out = gelu(pre)`, both written. By default the two ops; a backend may fuse GELU into
+    /// the product's epilogue (CUDA: cuBLASLt's GELU_AUX_BIAS).
+    /// # Safety
+    /// As `matmul_forward`; `pre`, `out`: BT·OC each, distinct.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul_gelu_forward(
+        &self,
+        pre: DevPtr<Act>,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: Option<DevPtr<Act>>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        self.matmul_forward(pre, inp, w, bias, bt, c, oc);
+        self.gelu_forward(out, pre, bt * oc);
+    }
+    /// Backward of `matmul_forward(out, gelu(pre), w, bias, …)` down to `pre`, the MLP's second
+    /// product: `dpre (BT,C) = gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C))`, OVERWRITTEN (the
+    /// gradient of `gelu(pre)` is never stored); `dw += doutᵀ · act` and `dbias += Σ dout`
+    /// accumulate as in `matmul_backward`. `act` is `gelu(pre)` as the forward product read
+    /// it. By default the two ops; a backend may fuse gelu' into the product's epilogue
+    /// (CUDA: cuBLASLt's DGELU).
+    /// # Safety
+    /// As `matmul_backward` with `dpre` for `dinp` and `act` for `inp`; `pre`: BT·C; `dpre`
+    /// overlaps nothing else.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul_backward_dgelu(
+        &self,
+        dpre: DevPtr<Act>,
+        dw: DevPtr,
+        dbias: Option<DevPtr>,
+        dout: DevPtr<Act>,
+        act: DevPtr<Act>,
+        pre: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        self.zero_act(dpre, bt * c);
+        self.matmul_backward(dpre, dw, dbias, dout, act, w, bt, c, oc);
+        self.gelu_backward_in_place(dpre, pre, bt * c);
+    }
 
     /// `losses (BT) = -log softmax(logits[:, :V])[target]`, logits (BT,Vp), targets (BT).
     /// # Safety

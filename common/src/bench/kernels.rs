@@ -208,6 +208,53 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         let bwd = time_ms(be, 20, || unsafe { be.gelu_backward(dinp, inp, dout, n) })?;
         row("ours", "gelu_bwd", shape, bwd, None, Some(4.0 * n as f64 * a));
     }
+    {
+        // The MLP's products through GELU (fc forward, fcproj's backward into the hidden layer):
+        // GELU in the GEMM's epilogue where the backend fuses it, against the product and the
+        // GELU kernel apart (backward: d(act) stored, then gelu_backward into d(pre)).
+        let h = 4 * c;
+        let mut m = Arena::new(be);
+        let (inp, w_fc, b_fc) = (m.act(r * c, 1.0)?, m.act(h * c, 0.1)?, m.act(h, 0.1)?);
+        let (pre, out, dpre, dact) = (
+            m.act(r * h, 1.0)?,
+            m.act(r * h, 1.0)?,
+            m.act(r * h, 1.0)?,
+            m.act(r * h, 1.0)?,
+        );
+        let (w_proj, dout) = (m.act(c * h, 0.05)?, m.act(r * c, 1.0)?);
+        let (dw, db) = (m.f32s(c * h, 1.0, None)?, m.f32s(c, 1.0, None)?);
+        let shape = format!("{r}x{c}x{h}");
+        let flop = 2.0 * (r * c * h) as f64;
+        // SAFETY: every buffer holds what the op's contract asks at this shape.
+        let fused = time_ms(be, 10, || unsafe {
+            be.matmul_gelu_forward(pre, out, inp, w_fc, Some(b_fc), r, c, h)
+        })?;
+        row("ours", "matmul_gelu_fwd", shape.clone(), fused, Some(flop), None);
+        // SAFETY: as above.
+        let apart = time_ms(be, 10, || unsafe {
+            be.matmul_forward(pre, inp, w_fc, Some(b_fc), r, c, h);
+            be.gelu_forward(out, pre, r * h);
+        })?;
+        row(
+            "ours-unfused",
+            "matmul_gelu_fwd",
+            shape.clone(),
+            apart,
+            Some(flop),
+            None,
+        );
+        // SAFETY: as above (`out` stands for the GELU output the product read).
+        let fused = time_ms(be, 10, || unsafe {
+            be.matmul_backward_dgelu(dpre, dw, Some(db), dout, out, pre, w_proj, r, h, c)
+        })?;
+        row("ours", "matmul_dgelu_bwd", shape.clone(), fused, Some(2.0 * flop), None);
+        // SAFETY: as above.
+        let apart = time_ms(be, 10, || unsafe {
+            be.matmul_backward(dact, dw, Some(db), dout, out, w_proj, r, h, c);
+            be.gelu_backward(dpre, pre, dact, r * h);
+        })?;
+        row("ours-unfused", "matmul_dgelu_bwd", shape, apart, Some(2.0 * flop), None);
+    }
 
     // Cross-entropy forward + backward over vocabularies 32K to 128K (8K rows): fused, the
     // gradient written over the logits; unfused, into a second buffer zeroed first.

@@ -133,11 +133,9 @@ impl<B: Backend> Gpt2<B> {
             // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x))))
             let (w, bias) = (block(g, l, Param::Ln2W)?, block(g, l, Param::Ln2B)?);
             let h = g.layernorm(x, w, bias)?;
-            let (w, bias) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
-            let fc = g.matmul(h, w, Some(bias))?; // (BT, 4C)
-            let act = g.gelu(fc)?;
-            let (w, bias) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
-            let proj = g.matmul(act, w, Some(bias))?;
+            let (w_fc, b_fc) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
+            let (w_proj, b_proj) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
+            let proj = g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))?; // through (BT, 4C)
             x = g.add(x, proj)?;
         }
         let (w, bias) = (param(g, lay.get(Param::LnfW))?, param(g, lay.get(Param::LnfB))?);

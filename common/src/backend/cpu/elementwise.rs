@@ -74,16 +74,30 @@ pub(super) fn gelu_forward(out: &mut [f32], inp: &[f32]) {
     });
 }
 
+/// d gelu(x) / dx.
+#[inline]
+fn gelu_grad(x: f32) -> f32 {
+    let u = GELU_SCALE * (x + 0.044715 * x * x * x);
+    let th = fastmath::tanh(u);
+    let sech2 = 1.0 - th * th;
+    0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * x * x)
+}
+
 pub(super) fn gelu_backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
     dinp.par_chunks_mut(CHUNK)
         .zip(inp.par_chunks(CHUNK).zip(dout.par_chunks(CHUNK)))
         .for_each(|(d, (x, dy))| {
             for ((d, &x), &dy) in d.iter_mut().zip(x).zip(dy) {
-                let u = GELU_SCALE * (x + 0.044715 * x * x * x);
-                let th = fastmath::tanh(u);
-                let sech2 = 1.0 - th * th;
-                let grad = 0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * x * x);
-                *d += grad * dy;
+                *d += gelu_grad(x) * dy;
             }
         });
+}
+
+/// d = gelu'(x) · d, overwriting: `gelu_backward` into zeros, without a second buffer.
+pub(super) fn gelu_backward_in_place(d: &mut [f32], inp: &[f32]) {
+    d.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(d, x)| {
+        for (d, &x) in d.iter_mut().zip(x) {
+            *d *= gelu_grad(x);
+        }
+    });
 }

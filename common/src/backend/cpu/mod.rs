@@ -371,6 +371,10 @@ impl Backend for CpuBackend {
         self.run(|| elementwise::gelu_backward(view_mut(dinp, n), view(inp, n), view(dout, n)));
     }
 
+    unsafe fn gelu_backward_in_place(&self, d: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
+        self.run(|| elementwise::gelu_backward_in_place(view_mut(d, n), view(inp, n)));
+    }
+
     unsafe fn crossentropy_forward(
         &self,
         losses: DevPtr,

@@ -1,7 +1,12 @@
-//! cuBLASLt for the forward matmul with the bias added in the GEMM's epilogue (one pass over
-//! the output instead of the GEMM's write plus a bias kernel's read and write). A plan
-//! (descriptors and the heuristic's algorithm) is made once per shape and alignment, then
-//! reused. `Fp32` is CUBLAS_COMPUTE_32F (no TF32), `Tf32` CUBLAS_COMPUTE_32F_FAST_TF32.
+//! cuBLASLt for the matrix products that do more than multiply, in the GEMM's epilogue: the
+//! forward products add their bias (one pass over the output instead of the GEMM's write plus
+//! a bias kernel's read and write), and the MLP's GELU is fused into its two products:
+//! forward `aux = A·B + bias, D = gelu(aux)` (GELU_AUX_BIAS: the pre-activation and the
+//! activation in one pass), backward `D = gelu'(aux) ⊙ A·B` (DGELU). A plan (descriptors and
+//! the heuristic's algorithm) is made once per epilogue, shape and alignment, then reused, so
+//! the algorithm is fixed. `Fp32` is CUBLAS_COMPUTE_32F (no TF32), `Tf32`
+//! CUBLAS_COMPUTE_32F_FAST_TF32. A, B, D, the bias and the auxiliary matrix all have the
+//! activation type (the auxiliary matrix's type is left at its default, D's).
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::c_void;
@@ -18,13 +23,59 @@ use crate::backend::Precision;
 use crate::backend::{Act, ActType, DevPtr};
 use crate::error::{Error, Result};
 
-/// Shape and operand alignments: what an algorithm choice depends on.
+/// What the epilogue does with the product A·B (column-major, as cuBLASLt sees it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Epilogue {
+    /// D = A·B + bias, with A transposed (the forward products).
+    Bias,
+    /// aux = A·B (+ bias), D = gelu(aux), with A transposed (the MLP's first product).
+    GeluAux { bias: bool },
+    /// D = gelu'(aux) ⊙ A·B, A as stored (the MLP's backward product into its hidden layer).
+    DGelu,
+}
+
+impl Epilogue {
+    fn value(self) -> cublasLtEpilogue_t {
+        match self {
+            Epilogue::Bias => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::GeluAux { bias: true } => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+            Epilogue::GeluAux { bias: false } => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX,
+            Epilogue::DGelu => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DGELU,
+        }
+    }
+
+    /// The forward products read the weights (OC,C) row-major as the transpose of A.
+    fn trans_a(self) -> bool {
+        self != Epilogue::DGelu
+    }
+
+    fn has_bias(self) -> bool {
+        matches!(self, Epilogue::Bias | Epilogue::GeluAux { bias: true })
+    }
+
+    fn has_aux(self) -> bool {
+        self != Epilogue::Bias
+    }
+}
+
+/// Epilogue, shape and operand alignments: what an algorithm choice depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
+    epilogue: Epilogue,
     m: usize,
     n: usize,
     k: usize,
-    align: [u32; 4], // A (weights), B (input), D (output), bias, in bytes
+    align: [u32; 5], // A, B, D, bias, aux, in bytes (256 for an operand the epilogue lacks)
+}
+
+/// One product's device operands: D (m,n) = op(A) (m,k) · B (k,n), column-major.
+struct Operands {
+    a: DevPtr<Act>,
+    b: DevPtr<Act>,
+    d: DevPtr<Act>,
+    bias: Option<DevPtr<Act>>,
+    /// The auxiliary matrix of a GELU epilogue, laid out as D: (m,n), leading dimension m.
+    aux: Option<DevPtr<Act>>,
 }
 
 struct Plan {
@@ -119,14 +170,123 @@ impl LtMatmul {
         c: usize,
         oc: usize,
     ) -> Result<bool> {
-        let key = PlanKey {
-            m: oc,
-            n: bt,
-            k: c,
-            align: [alignment(w), alignment(inp), alignment(out), alignment(bias)],
+        let ops = Operands {
+            a: w,
+            b: inp,
+            d: out,
+            bias: Some(bias),
+            aux: None,
         };
-        if key.align[3] < 16 {
-            return Ok(false); // the epilogue reads the bias in 16-byte pieces
+        self.run(stream, Epilogue::Bias, (oc, bt, c), ops)
+    }
+
+    /// The MLP's first product, row-major: pre (BT,OC) = inp (BT,C) · wᵀ + bias and
+    /// out = gelu(pre), in one GEMM (GELU_AUX_BIAS, or GELU_AUX without a bias). False (having
+    /// queued nothing) when the epilogue cannot run here; the caller falls back.
+    ///
+    /// # Safety
+    /// `pre`, `out`: BT·OC, `inp`: BT·C, `w`: OC·C, `bias`: OC elements of device memory.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul_gelu(
+        &self,
+        stream: CUstream,
+        pre: DevPtr<Act>,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: Option<DevPtr<Act>>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) -> Result<bool> {
+        let epilogue = Epilogue::GeluAux { bias: bias.is_some() };
+        let ops = Operands {
+            a: w,
+            b: inp,
+            d: out,
+            bias,
+            aux: Some(pre),
+        };
+        self.run(stream, epilogue, (oc, bt, c), ops)
+    }
+
+    /// The MLP's backward product into its hidden layer, row-major: dpre (BT,C) =
+    /// gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C)), overwriting dpre (DGELU). Column-major:
+    /// dpreᵀ (C,BT) = w as stored (C,OC) · doutᵀ (OC,BT), pre laid out as dpre. False (having
+    /// queued nothing) when the epilogue cannot run here; the caller falls back.
+    ///
+    /// # Safety
+    /// `dpre`, `pre`: BT·C, `dout`: BT·OC, `w`: OC·C elements of device memory.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul_dgelu(
+        &self,
+        stream: CUstream,
+        dpre: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        w: DevPtr<Act>,
+        pre: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) -> Result<bool> {
+        let ops = Operands {
+            a: w,
+            b: dout,
+            d: dpre,
+            bias: None,
+            aux: Some(pre),
+        };
+        self.run(stream, Epilogue::DGelu, (c, bt, oc), ops)
+    }
+
+    /// Every plan made so far: its epilogue and (m, n, k), and whether the heuristic found
+    /// an algorithm for it.
+    pub(super) fn plans(&self) -> Vec<(String, [usize; 3], bool)> {
+        let plans = self.plans.lock().map(|p| {
+            p.iter()
+                .map(|(key, plan)| (format!("{:?}", key.epilogue), [key.m, key.n, key.k], plan.is_some()))
+                .collect()
+        });
+        plans.unwrap_or_default()
+    }
+
+    /// Queues D = epilogue(op(A) · B) for (m, n, k), by the plan for its key (made on first
+    /// use). Ok(false), with nothing queued, when the operands break the epilogue's rules or
+    /// the heuristic has no algorithm for them.
+    ///
+    /// # Safety
+    /// The operands are device memory covering their (m, n, k) extents.
+    unsafe fn run(
+        &self,
+        stream: CUstream,
+        epilogue: Epilogue,
+        (m, n, k): (usize, usize, usize),
+        ops: Operands,
+    ) -> Result<bool> {
+        if epilogue.has_bias() != ops.bias.is_some() || epilogue.has_aux() != ops.aux.is_some() {
+            return Err(Error::Device(format!(
+                "cuBLASLt {epilogue:?}: operands do not fit the epilogue"
+            )));
+        }
+        let absent = DevPtr::<Act>::default(); // aligned to 256: what an absent operand reports
+        let key = PlanKey {
+            epilogue,
+            m,
+            n,
+            k,
+            align: [
+                alignment(ops.a),
+                alignment(ops.b),
+                alignment(ops.d),
+                alignment(ops.bias.unwrap_or(absent)),
+                alignment(ops.aux.unwrap_or(absent)),
+            ],
+        };
+        // The epilogue reads the bias in 16-byte pieces; the auxiliary matrix's leading
+        // dimension (m) must be a multiple of 8 (cuBLASLt's rule) and we ask 16-byte alignment
+        // of it as of the bias.
+        if key.align[3] < 16 || key.align[4] < 16 || (epilogue.has_aux() && !m.is_multiple_of(8)) {
+            return Ok(false);
         }
         let mut plans = self
             .plans
@@ -134,7 +294,7 @@ impl LtMatmul {
             .map_err(|_| Error::Device("cuBLASLt plan lock poisoned".into()))?;
         let plan = match plans.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(self.make_plan(&key)?),
+            Entry::Vacant(e) => e.insert(self.make_plan(&key, ops.aux)?),
         };
         let Some(plan) = plan.as_ref() else {
             return Ok(false);
@@ -143,44 +303,45 @@ impl LtMatmul {
         // SAFETY: the plan's descriptors are live; pointers are device addresses sized by the
         // caller for these shapes; the workspace is ours and outlives the call.
         unsafe {
-            let bias_ptr = bias.addr() as *const c_void;
-            lt::set_matmul_desc_attribute(
-                plan.desc,
-                cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                &bias_ptr as *const *const c_void as *const c_void,
-                std::mem::size_of::<*const c_void>(),
-            )
-            .map_err(lt_err("set bias pointer"))?;
+            if let Some(bias) = ops.bias {
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)?;
+            }
+            if let Some(aux) = ops.aux {
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux)?;
+            }
             lt::matmul(
                 self.handle,
                 plan.desc,
                 &alpha as *const f32 as *const c_void,
                 &beta as *const f32 as *const c_void,
-                w.addr() as *const c_void,
+                ops.a.addr() as *const c_void,
                 plan.a,
-                inp.addr() as *const c_void,
+                ops.b.addr() as *const c_void,
                 plan.b,
-                out.addr() as *const c_void,
+                ops.d.addr() as *const c_void,
                 plan.d,
-                out.addr() as *mut c_void,
+                ops.d.addr() as *mut c_void,
                 plan.d,
                 &plan.algo,
                 self.workspace.addr() as *mut c_void,
                 self.workspace_bytes,
                 stream as lt_sys::cudaStream_t,
             )
-            .map_err(|e| Error::Device(format!("cuBLASLt matmul {oc}x{bt}x{c} failed: {e}")))?;
+            .map_err(|e| Error::Device(format!("cuBLASLt matmul {epilogue:?} {m}x{n}x{k} failed: {e}")))?;
         }
         Ok(true)
     }
 
-    fn make_plan(&self, key: &PlanKey) -> Result<Option<Plan>> {
+    /// Descriptors and the heuristic's first algorithm for `key`, or None when it has none.
+    /// `aux` (a GELU epilogue's auxiliary matrix) is set before the heuristic runs: cuBLASLt
+    /// reads its alignment from the pointer.
+    fn make_plan(&self, key: &PlanKey, aux: Option<DevPtr<Act>>) -> Result<Option<Plan>> {
         let f32_t = cudaDataType::CUDA_R_32F;
         let elem_t = match self.act {
             ActType::F32 => f32_t,
             ActType::Bf16 => cudaDataType::CUDA_R_16BF,
         };
-        // Scale type f32 (alpha, beta); A, B, D and the bias in the activation type.
+        // Scale type f32 (alpha, beta); A, B, D, the bias and aux in the activation type.
         let desc = lt::create_matmul_desc(self.compute, f32_t).map_err(lt_err("matmul descriptor"))?;
         let layout = |rows: usize, cols: usize, ld: usize| {
             lt::create_matrix_layout(elem_t, rows as u64, cols as u64, ld as i64).map_err(lt_err("layout"))
@@ -193,28 +354,45 @@ impl LtMatmul {
             d: std::ptr::null_mut(),
             algo: cublasLtMatmulAlgo_t { data: [0; 8] },
         };
-        // A as stored: w (OC,C) row-major is column-major (C, OC), transposed by the op.
-        plan.a = layout(key.k, key.m, key.k)?;
-        plan.b = layout(key.k, key.n, key.k)?;
-        plan.d = layout(key.m, key.n, key.m)?;
-        let trans: i32 = 1; // CUBLAS_OP_T
-        let epilogue = cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+        let (m, n, k) = (key.m, key.n, key.k);
+        plan.a = if key.epilogue.trans_a() {
+            // w (OC,C) row-major is column-major (C, OC) = (k, m), transposed by the op.
+            layout(k, m, k)?
+        } else {
+            // w (OC,C) row-major is column-major (C, OC) = (m, k), as stored.
+            layout(m, k, m)?
+        };
+        plan.b = layout(k, n, k)?;
+        plan.d = layout(m, n, m)?;
+        let trans: i32 = key.epilogue.trans_a() as i32; // CUBLAS_OP_T or CUBLAS_OP_N
+        let epilogue = key.epilogue.value();
+        let aux_ld = m as i64;
         // SAFETY: live descriptors; each attribute gets a value of its documented type.
         unsafe {
             lt::set_matmul_desc_attribute(
                 plan.desc,
-                cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                Attr::CUBLASLT_MATMUL_DESC_TRANSA,
                 &trans as *const i32 as *const c_void,
                 4,
             )
             .map_err(lt_err("transpose A"))?;
             lt::set_matmul_desc_attribute(
                 plan.desc,
-                cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                Attr::CUBLASLT_MATMUL_DESC_EPILOGUE,
                 &epilogue as *const cublasLtEpilogue_t as *const c_void,
                 std::mem::size_of::<cublasLtEpilogue_t>(),
             )
             .map_err(lt_err("epilogue"))?;
+            if let Some(aux) = aux {
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                    &aux_ld as *const i64 as *const c_void,
+                    8,
+                )
+                .map_err(lt_err("aux leading dimension"))?;
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux)?;
+            }
             let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
             let ws = self.workspace_bytes as u64;
             let set = |attr, value: *const c_void, size| lt::set_matmul_pref_attribute(pref, attr, value, size);
@@ -234,12 +412,39 @@ impl LtMatmul {
                 None
             };
             let _ = lt::destroy_matmul_pref(pref);
+            if found.is_none() && key.epilogue.has_aux() {
+                // Said once per key: the step then runs GELU in its own kernels, more slowly.
+                eprintln!(
+                    "cuBLASLt has no algorithm for the {:?} epilogue at {}x{}x{} ({:?}): GELU runs unfused there",
+                    key.epilogue, m, n, k, self.act
+                );
+            }
             Ok(found.map(|h| {
                 plan.algo = h.algo;
                 plan
             }))
         }
     }
+}
+
+use cublasLtMatmulDescAttributes_t as Attr;
+
+/// Sets a pointer attribute (the bias's, the auxiliary matrix's) of `desc` to `p`.
+///
+/// # Safety
+/// `desc` is a live descriptor.
+unsafe fn set_pointer(desc: lt_sys::cublasLtMatmulDesc_t, attr: Attr, p: DevPtr<Act>) -> Result<()> {
+    let ptr = p.addr() as *const c_void;
+    // SAFETY: a live descriptor; a pointer attribute gets a pointer-sized value.
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc,
+            attr,
+            &ptr as *const *const c_void as *const c_void,
+            std::mem::size_of::<*const c_void>(),
+        )
+    }
+    .map_err(lt_err("set a pointer"))
 }
 
 impl Drop for LtMatmul {

@@ -42,7 +42,8 @@ pub struct CudaBackend {
     // Field order is drop order: kernels and cuBLAS go before the memory they use.
     kernels: Kernels,
     blas: Blas,
-    /// cuBLASLt for matmuls with a bias (fused epilogue); `None` when off or missing.
+    /// cuBLASLt for matmuls with a bias or the MLP's GELU (fused epilogues); `None` when off
+    /// (GPT2_CUDA_BIAS_EPILOGUE=0) or missing.
     lt: Option<LtMatmul>,
     #[allow(dead_code, reason = "owned here, used by cuBLAS through its raw pointer")]
     blas_workspace: CudaBuffer,
@@ -58,6 +59,7 @@ pub struct CudaBackend {
     name: String,
     precision: Precision,
     attention: AttentionPath,
+    gelu: GeluPath,
 }
 
 /// How causal attention runs. Both are kept so that they can be compared.
@@ -94,6 +96,31 @@ impl AttentionPath {
     }
 }
 
+/// How the MLP's GELU runs. Both are kept so that they can be compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GeluPath {
+    /// In the epilogues of the MLP's products (cuBLASLt): the first product writes the
+    /// pre-activation and its GELU, the backward product into the hidden layer applies gelu'.
+    /// Where an epilogue cannot run (no cuBLASLt, alignment, no algorithm), as `Unfused`.
+    Fused,
+    /// The GELU kernels beside the products: forward `gelu_forward`, backward the product
+    /// then `gelu_backward_in_place`.
+    Unfused,
+}
+
+impl GeluPath {
+    /// From the environment variable `GPT2_CUDA_GELU` (`fused`, the default, or `unfused`).
+    fn from_env() -> Result<Self> {
+        match std::env::var("GPT2_CUDA_GELU").as_deref() {
+            Err(_) | Ok("") | Ok("fused") => Ok(GeluPath::Fused),
+            Ok("unfused") => Ok(GeluPath::Unfused),
+            Ok(other) => Err(Error::Input(format!(
+                "GPT2_CUDA_GELU={other}: expected `fused` or `unfused`"
+            ))),
+        }
+    }
+}
+
 impl CudaBackend {
     /// Opens GPU `device`, compiles the kernels for its architecture and sets up cuBLAS.
     pub fn new(device: usize, precision: Precision) -> Result<Self> {
@@ -121,6 +148,7 @@ impl CudaBackend {
         let memory = Arc::new(DeviceMemory::new(ctx, stream));
 
         let attention = AttentionPath::from_env()?;
+        let gelu = GeluPath::from_env()?;
         if attention == AttentionPath::Gemm && precision == Precision::Bf16 {
             return Err(Error::Input(
                 "GPT2_CUDA_ATTENTION=gemm runs in f32 only: use --precision fp32 or tf32 with it".into(),
@@ -152,6 +180,7 @@ impl CudaBackend {
             name: format!("{gpu} ({arch}, {})", precision.name()),
             precision,
             attention,
+            gelu,
         })
     }
 
@@ -164,14 +193,37 @@ impl CudaBackend {
         self
     }
 
-    /// The same backend with the matmul bias as a separate pass (for timing comparisons).
+    /// The same backend with the matmul bias as a separate pass (for timing comparisons);
+    /// without cuBLASLt the GELU epilogues go too.
     pub fn without_bias_epilogue(mut self) -> Self {
         self.lt = None;
         self
     }
 
+    /// The same backend with the MLP's GELU on `path` (tests compare the two).
+    pub fn with_gelu(mut self, path: GeluPath) -> Self {
+        self.gelu = path;
+        self
+    }
+
     pub fn attention_path(&self) -> AttentionPath {
         self.attention
+    }
+
+    pub fn gelu_path(&self) -> GeluPath {
+        self.gelu
+    }
+
+    /// The cuBLASLt epilogue plans made so far (`Bias`, `GeluAux { bias }`, `DGelu`), each
+    /// with its (m, n, k) and whether cuBLASLt had an algorithm for it (where it had none,
+    /// the product ran unfused): what tests and benchmarks check the fused path by.
+    pub fn epilogue_plans(&self) -> Vec<(String, [usize; 3], bool)> {
+        self.lt.as_ref().map(|lt| lt.plans()).unwrap_or_default()
+    }
+
+    /// cuBLASLt, when the MLP's GELU goes into its epilogues.
+    fn gelu_epilogues(&self) -> Option<&LtMatmul> {
+        self.lt.as_ref().filter(|_| self.gelu == GeluPath::Fused)
     }
 
     fn stream(&self) -> driver_sys::CUstream {

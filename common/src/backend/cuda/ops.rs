@@ -62,6 +62,87 @@ impl CudaBackend {
             self.fail(e);
         }
     }
+
+    /// `matmul_backward` with dinp's product as `(dinp, beta)`: beta 1 accumulates, 0
+    /// overwrites; `None` leaves dinp to the caller (the DGELU epilogue computed it).
+    ///
+    /// # Safety
+    /// As `matmul_backward`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul_backward_with(
+        &self,
+        dinp: Option<(DevPtr<Act>, f32)>,
+        dw: DevPtr,
+        dbias: Option<DevPtr>,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        // dinp (BT,C) = beta · dinp + dout (BT,OC) · w (OC,C).
+        let act = self.act();
+        let dbias_vec = dbias.and_then(|_| vec4_column_reduce(bt, oc, &[dout], act));
+        let (dout, inp, w) = (dout.cast::<f32>(), inp.cast(), w.cast());
+        if let Some((dinp, beta)) = dinp {
+            self.gemm(Gemm {
+                ab: act,
+                c_type: act,
+                trans_a: false,
+                trans_b: false,
+                m: c,
+                n: bt,
+                k: oc,
+                a: w,
+                lda: c,
+                stride_a: 0,
+                b: dout,
+                ldb: oc,
+                stride_b: 0,
+                beta,
+                c: dinp.cast(),
+                ldc: c,
+                stride_c: 0,
+                batch: 1,
+            });
+        }
+        // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
+        self.gemm(Gemm {
+            ab: act,
+            c_type: ActType::F32,
+            trans_a: false,
+            trans_b: true,
+            m: c,
+            n: oc,
+            k: bt,
+            a: inp,
+            lda: c,
+            stride_a: 0,
+            b: dout,
+            ldb: oc,
+            stride_b: 0,
+            beta: 1.0,
+            c: dw,
+            ldc: c,
+            stride_c: 0,
+            batch: 1,
+        });
+        if let Some(dbias) = dbias {
+            let (name, (grid, block), rows) = match dbias_vec {
+                Some(shape) => ("bias_backward_vec4_kernel", shape, VEC4_CHUNK_ROWS),
+                None => ("bias_backward_kernel", column_reduce_launch(bt, oc), COLUMN_CHUNK_ROWS),
+            };
+            let chunks = bt.div_ceil(rows);
+            match self.scratch(chunks * oc) {
+                Ok(part) => {
+                    self.launch(name, grid, block, args![part, dout, bt, oc, rows]);
+                    self.finish_column_sums(dbias, part, chunks, oc);
+                }
+                Err(e) => self.fail(e),
+            }
+        }
+    }
 }
 
 impl Backend for CudaBackend {
@@ -313,65 +394,61 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
-        // dinp (BT,C) += dout (BT,OC) · w (OC,C); beta = 1 accumulates.
-        let act = self.act();
-        let dbias_vec = dbias.and_then(|_| vec4_column_reduce(bt, oc, &[dout], act));
-        let (dinp, dout, inp, w) = (dinp.cast(), dout.cast::<f32>(), inp.cast(), w.cast());
-        self.gemm(Gemm {
-            ab: act,
-            c_type: act,
-            trans_a: false,
-            trans_b: false,
-            m: c,
-            n: bt,
-            k: oc,
-            a: w,
-            lda: c,
-            stride_a: 0,
-            b: dout,
-            ldb: oc,
-            stride_b: 0,
-            beta: 1.0,
-            c: dinp,
-            ldc: c,
-            stride_c: 0,
-            batch: 1,
-        });
-        // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
-        self.gemm(Gemm {
-            ab: act,
-            c_type: ActType::F32,
-            trans_a: false,
-            trans_b: true,
-            m: c,
-            n: oc,
-            k: bt,
-            a: inp,
-            lda: c,
-            stride_a: 0,
-            b: dout,
-            ldb: oc,
-            stride_b: 0,
-            beta: 1.0,
-            c: dw,
-            ldc: c,
-            stride_c: 0,
-            batch: 1,
-        });
-        if let Some(dbias) = dbias {
-            let (name, (grid, block), rows) = match dbias_vec {
-                Some(shape) => ("bias_backward_vec4_kernel", shape, VEC4_CHUNK_ROWS),
-                None => ("bias_backward_kernel", column_reduce_launch(bt, oc), COLUMN_CHUNK_ROWS),
-            };
-            let chunks = bt.div_ceil(rows);
-            match self.scratch(chunks * oc) {
-                Ok(part) => {
-                    self.launch(name, grid, block, args![part, dout, bt, oc, rows]);
-                    self.finish_column_sums(dbias, part, chunks, oc);
-                }
-                Err(e) => self.fail(e),
+        // dinp += dout · w: beta = 1 accumulates.
+        self.matmul_backward_with(Some((dinp, 1.0)), dw, dbias, dout, inp, w, bt, c, oc);
+    }
+
+    unsafe fn matmul_gelu_forward(
+        &self,
+        pre: DevPtr<Act>,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: Option<DevPtr<Act>>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        if let Some(lt) = self.gelu_epilogues() {
+            match self
+                .bind()
+                .and_then(|()| lt.matmul_gelu(self.stream(), pre, out, inp, w, bias, bt, c, oc))
+            {
+                Ok(true) => return,
+                Ok(false) => {} // the epilogue cannot run here: the product, then the GELU kernel
+                Err(e) => return self.fail(e),
             }
         }
+        self.matmul_forward(pre, inp, w, bias, bt, c, oc);
+        self.gelu_forward(out, pre, bt * oc);
+    }
+
+    unsafe fn matmul_backward_dgelu(
+        &self,
+        dpre: DevPtr<Act>,
+        dw: DevPtr,
+        dbias: Option<DevPtr>,
+        dout: DevPtr<Act>,
+        act: DevPtr<Act>,
+        pre: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        if let Some(lt) = self.gelu_epilogues() {
+            match self
+                .bind()
+                .and_then(|()| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc))
+            {
+                Ok(true) => return self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc),
+                Ok(false) => {} // the epilogue cannot run here: the product, then gelu' in place
+                Err(e) => return self.fail(e),
+            }
+        }
+        // dpre = dout · w (beta = 0 overwrites), then dpre = gelu'(pre) ⊙ dpre.
+        self.matmul_backward_with(Some((dpre, 0.0)), dw, dbias, dout, act, w, bt, c, oc);
+        self.gelu_backward_in_place(dpre, pre, bt * c);
     }
 
     unsafe fn layernorm_forward(
@@ -520,6 +597,14 @@ impl Backend for CudaBackend {
             self.launch_1d("gelu_backward_vec4_kernel", n / 4, args![dinp, inp, dout, n / 4]);
         } else {
             self.launch_1d("gelu_backward_kernel", n, args![dinp, inp, dout, n]);
+        }
+    }
+
+    unsafe fn gelu_backward_in_place(&self, d: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
+        if vec4_rows(n, &[d, inp], self.act()) {
+            self.launch_1d("gelu_backward_in_place_vec4_kernel", n / 4, args![d, inp, n / 4]);
+        } else {
+            self.launch_1d("gelu_backward_in_place_kernel", n, args![d, inp, n]);
         }
     }
 

@@ -1,5 +1,5 @@
 // The activations, elementwise: GELU, tanh approximation (GPT-2's), and ReLU (the MLP
-// workload's); backward accumulates into dinp.
+// workload's); backward accumulates into dinp, except the in-place GELU backward.
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
 
@@ -29,6 +29,21 @@ extern "C" __global__ void gelu_backward_vec4_kernel(act_t* dinp, const act_t* i
     float4 x = load4(inp + 4 * i), g = load4(dout + 4 * i), d = load4(dinp + 4 * i);
     store4(dinp + 4 * i, make_float4(d.x + gelu_grad(x.x) * g.x, d.y + gelu_grad(x.y) * g.y,
                                      d.z + gelu_grad(x.z) * g.z, d.w + gelu_grad(x.w) * g.w));
+}
+
+// d = gelu'(inp) * d, in place (overwrites): the MLP's d(pre) from d(act) when GELU is not
+// fused into the GEMM's epilogue.
+extern "C" __global__ void gelu_backward_in_place_vec4_kernel(act_t* d, const act_t* inp, int n4) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 x = load4(inp + 4 * i), g = load4(d + 4 * i);
+    store4(d + 4 * i, make_float4(gelu_grad(x.x) * g.x, gelu_grad(x.y) * g.y, gelu_grad(x.z) * g.z,
+                                  gelu_grad(x.w) * g.w));
+}
+
+extern "C" __global__ void gelu_backward_in_place_kernel(act_t* d, const act_t* inp, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = from_f(gelu_grad(to_f(inp[i])) * to_f(d[i]));
 }
 
 extern "C" __global__ void gelu_forward_kernel(act_t* out, const act_t* inp, int n) {
