@@ -6,13 +6,14 @@
 # total ms, share of the step. ncu serialises kernels, so the total is the sum of kernel times
 # (no launch gaps, no overlap): compare it with the bench's ms/step to see the gaps.
 set -uo pipefail
+[ -f .gpu/env.sh ] && source .gpu/env.sh >/dev/null 2>&1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -x "$ncu" ] || { echo "ncu not found"; exit 1; }
 for p in ${*:-bf16}; do
   csv="$OUT/profile-$p.csv"
   timeout 300 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
-    stage2_cuda bench --model gpt2 --batch 16 --seq-len 1024 --steps 1 --warmup 0 --precision "$p" \
+    "$(command -v stage2_cuda)" bench --model gpt2 --batch 16 --seq-len 1024 --steps 1 --warmup 0 --precision "$p" \
     >"$csv" 2>"$OUT/profile-$p.log" || { echo "ncu failed ($p)"; tail -5 "$OUT/profile-$p.log"; continue; }
   python3 - "$csv" "$p" <<'PY'
 import csv, sys, collections
