@@ -162,6 +162,10 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
                 Ok(())
             }
         }
+        Command::Mnist(args) => {
+            let be = (stage.backend)(&args.device, comm)?;
+            crate::mnist::train(&be, comm, &args)
+        }
         Command::Report(args) => {
             if comm.is_root() {
                 let path = crate::report::report(&args.runs, &args.out)?;

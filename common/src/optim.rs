@@ -1,8 +1,9 @@
-//! AdamW with decoupled weight decay, global-norm gradient clipping, and the learning
-//! rate schedule (linear warmup, then cosine decay to a floor). Runs on the backend, so
-//! moments stay where the parameters are and clipping needs no host round trip.
+//! AdamW with decoupled weight decay, SGD with momentum (the MLP workload's default),
+//! global-norm gradient clipping, and the learning rate schedule (linear warmup, then cosine
+//! decay to a floor). Runs on the backend, so moments stay where the parameters are and
+//! clipping needs no host round trip.
 
-use crate::backend::{bf16, check_range, AdamWStep, Backend, DeviceBuffer};
+use crate::backend::{bf16, check_range, AdamWStep, Backend, DevPtr, DeviceBuffer, SgdStep};
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -40,12 +41,74 @@ impl OptimConfig {
 const SCRATCH: usize = 4;
 const LOSS_SLOT: usize = 3;
 
+/// What every optimiser measures before its update: the global gradient norm, the factor
+/// that clips it (kept on the device for the update) and the step's loss, in one scratch
+/// buffer read back in one copy.
+struct Meter<B: Backend> {
+    scratch: B::Buffer<f32>,
+}
+
+impl<B: Backend> Meter<B> {
+    fn new(be: &B) -> Result<Self> {
+        Ok(Meter {
+            scratch: be.alloc(SCRATCH)?,
+        })
+    }
+
+    fn loss_slot(&self) -> (&B::Buffer<f32>, usize) {
+        (&self.scratch, LOSS_SLOT)
+    }
+
+    /// The clip factor [`Meter::measure`] left on the device: the updates scale by it.
+    fn clip_factor(&self) -> DevPtr {
+        self.scratch.ptr().add(2)
+    }
+
+    /// The stats of 0-based `step` over the first `n` gradients, clipping them as `config`
+    /// says (the factor stays on the device).
+    fn measure(&self, be: &B, grads: &B::Buffer<f32>, n: usize, config: &OptimConfig, step: u64) -> Result<StepStats> {
+        check_range("gradients", grads.len(), 0, n)?;
+        let s = self.scratch.ptr();
+        // SAFETY: grads holds n values (checked above); the scratch SCRATCH.
+        unsafe {
+            be.zero(s, LOSS_SLOT);
+            be.sum_squares(s, grads.ptr(), n);
+            be.clip_factor(s.add(1), s, config.grad_clip);
+        }
+        let mut host = [0.0f32; 3];
+        be.read(&self.scratch, 1, &mut host)?;
+        Ok(StepStats {
+            loss: host[2],
+            grad_norm: host[0],
+            lr: config.lr_at(step),
+            skipped: false,
+        })
+    }
+}
+
+/// Checks that `params`, `grads`, the state buffers and the bf16 copy hold `n` values.
+fn check_buffers<B: Backend>(
+    n: usize,
+    params: &B::Buffer<f32>,
+    grads: &B::Buffer<f32>,
+    state: &[&B::Buffer<f32>],
+    copy: Option<&B::Buffer<bf16>>,
+) -> Result<()> {
+    for (what, buf) in [("parameters", params), ("gradients", grads)].into_iter().chain(state.iter().map(|b| ("optimiser state", *b))) {
+        check_range(what, buf.len(), 0, n)?;
+    }
+    if let Some(copy) = copy {
+        check_range("bf16 parameters", copy.len(), 0, n)?;
+    }
+    Ok(())
+}
+
 pub struct AdamW<B: Backend> {
     pub config: OptimConfig,
     /// First and second moments, in the parameter layout.
     pub m: B::Buffer<f32>,
     pub v: B::Buffer<f32>,
-    scratch: B::Buffer<f32>,
+    meter: Meter<B>,
     segments: Vec<(Range<usize>, bool)>,
     /// Parameters in the layout.
     n: usize,
@@ -63,41 +126,31 @@ pub struct StepStats {
 
 impl<B: Backend> AdamW<B> {
     pub fn new(be: &B, layout: &ParamLayout, config: OptimConfig) -> Result<Self> {
+        Self::with_segments(be, layout.total, layout.decay_segments(), config)
+    }
+
+    /// For `n` parameters whose weight decay applies to the `segments` flagged true.
+    pub fn with_segments(be: &B, n: usize, segments: Vec<(Range<usize>, bool)>, config: OptimConfig) -> Result<Self> {
         Ok(AdamW {
             config,
-            m: be.alloc(layout.total)?,
-            v: be.alloc(layout.total)?,
-            scratch: be.alloc(SCRATCH)?,
-            segments: layout.decay_segments(),
-            n: layout.total,
+            m: be.alloc(n)?,
+            v: be.alloc(n)?,
+            meter: Meter::new(be)?,
+            segments,
+            n,
         })
     }
 
     /// Where the step's loss goes (a buffer and an offset) for [`AdamW::measure`] to report
     /// it with the gradient norm in one copy.
     pub fn loss_slot(&self) -> (&B::Buffer<f32>, usize) {
-        (&self.scratch, LOSS_SLOT)
+        self.meter.loss_slot()
     }
 
     /// The global gradient norm, its clipping factor (kept on the device for [`AdamW::step`])
     /// and the loss left in [`AdamW::loss_slot`], read back in the step's one host copy.
     pub fn measure(&mut self, be: &B, grads: &B::Buffer<f32>, step: u64) -> Result<StepStats> {
-        check_range("gradients", grads.len(), 0, self.n)?;
-        let s = self.scratch.ptr();
-        // SAFETY: grads holds the layout's n values (checked above); the scratch SCRATCH.
-        unsafe {
-            be.zero(s, LOSS_SLOT);
-            be.sum_squares(s, grads.ptr(), self.n);
-            be.clip_factor(s.add(1), s, self.config.grad_clip);
-        }
-        let mut host = [0.0f32; 3];
-        be.read(&self.scratch, 1, &mut host)?;
-        Ok(StepStats {
-            loss: host[2],
-            grad_norm: host[0],
-            lr: self.config.lr_at(step),
-            skipped: false,
-        })
+        self.meter.measure(be, grads, self.n, &self.config, step)
     }
 
     /// Applies the update of 0-based `step` with the gradients [`AdamW::measure`] clipped,
@@ -110,17 +163,7 @@ impl<B: Backend> AdamW<B> {
         grads: &B::Buffer<f32>,
         step: u64,
     ) -> Result<()> {
-        for (what, buf) in [
-            ("parameters", params),
-            ("gradients", grads),
-            ("m", &self.m),
-            ("v", &self.v),
-        ] {
-            check_range(what, buf.len(), 0, self.n)?;
-        }
-        if let Some(copy) = copy {
-            check_range("bf16 parameters", copy.len(), 0, self.n)?;
-        }
+        check_buffers::<B>(self.n, params, grads, &[&self.m, &self.v], copy)?;
         // SAFETY: params, grads, m, v and the copy hold the layout's n values (checked
         // above); every segment lies inside 0..n.
         unsafe { self.update(be, params, copy, grads, self.config.lr_at(step), step) };
@@ -140,7 +183,7 @@ impl<B: Backend> AdamW<B> {
         lr: f32,
         step: u64,
     ) {
-        let (c, s) = (&self.config, self.scratch.ptr());
+        let (c, clip) = (&self.config, self.meter.clip_factor());
         for (range, decay) in &self.segments {
             let hp = AdamWStep {
                 lr,
@@ -157,10 +200,122 @@ impl<B: Backend> AdamW<B> {
                 self.m.ptr().add(o),
                 self.v.ptr().add(o),
                 len,
-                s.add(2),
+                clip,
                 hp,
                 copy.map(|c| c.ptr().add(o)),
             );
+        }
+    }
+}
+
+/// SGD with momentum (PyTorch's form: v = μ·v + g, p -= lr·v), with the same schedule,
+/// clipping and reporting as [`AdamW`]; `config.weight_decay` is an L2 term on the segments
+/// flagged true.
+pub struct Sgd<B: Backend> {
+    pub config: OptimConfig,
+    pub momentum: f32,
+    /// The momentum buffer, in the parameter layout.
+    pub velocity: B::Buffer<f32>,
+    meter: Meter<B>,
+    segments: Vec<(Range<usize>, bool)>,
+    n: usize,
+}
+
+impl<B: Backend> Sgd<B> {
+    pub fn new(
+        be: &B,
+        n: usize,
+        segments: Vec<(Range<usize>, bool)>,
+        config: OptimConfig,
+        momentum: f32,
+    ) -> Result<Self> {
+        Ok(Sgd {
+            config,
+            momentum,
+            velocity: be.alloc(n)?,
+            meter: Meter::new(be)?,
+            segments,
+            n,
+        })
+    }
+
+    pub fn step(
+        &mut self,
+        be: &B,
+        params: &B::Buffer<f32>,
+        copy: Option<&B::Buffer<bf16>>,
+        grads: &B::Buffer<f32>,
+        step: u64,
+    ) -> Result<()> {
+        check_buffers::<B>(self.n, params, grads, &[&self.velocity], copy)?;
+        let lr = self.config.lr_at(step);
+        for (range, decay) in &self.segments {
+            let hp = SgdStep {
+                lr,
+                momentum: self.momentum,
+                weight_decay: if *decay { self.config.weight_decay } else { 0.0 },
+            };
+            let (o, len) = (range.start, range.len());
+            // SAFETY: every buffer holds the n values (checked above); each segment lies
+            // inside 0..n.
+            unsafe {
+                be.sgd(
+                    params.ptr().add(o),
+                    grads.ptr().add(o),
+                    self.velocity.ptr().add(o),
+                    len,
+                    self.meter.clip_factor(),
+                    hp,
+                    copy.map(|c| c.ptr().add(o)),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Either optimiser, behind one face (the MLP workload lets the command line choose).
+pub enum Optimizer<B: Backend> {
+    AdamW(AdamW<B>),
+    Sgd(Sgd<B>),
+}
+
+impl<B: Backend> Optimizer<B> {
+    pub fn config(&self) -> &OptimConfig {
+        match self {
+            Optimizer::AdamW(o) => &o.config,
+            Optimizer::Sgd(o) => &o.config,
+        }
+    }
+
+    fn meter(&self) -> &Meter<B> {
+        match self {
+            Optimizer::AdamW(o) => &o.meter,
+            Optimizer::Sgd(o) => &o.meter,
+        }
+    }
+
+    /// See [`AdamW::loss_slot`].
+    pub fn loss_slot(&self) -> (&B::Buffer<f32>, usize) {
+        self.meter().loss_slot()
+    }
+
+    /// See [`AdamW::measure`]: the norm over the first `n` gradients.
+    pub fn measure(&self, be: &B, grads: &B::Buffer<f32>, n: usize, step: u64) -> Result<StepStats> {
+        self.meter().measure(be, grads, n, self.config(), step)
+    }
+
+    pub fn step(
+        &mut self,
+        be: &B,
+        params: &B::Buffer<f32>,
+        copy: Option<&B::Buffer<bf16>>,
+        grads: &B::Buffer<f32>,
+        step: u64,
+    ) -> Result<()> {
+        match self {
+            Optimizer::AdamW(o) => o.step(be, params, copy, grads, step),
+            Optimizer::Sgd(o) => o.step(be, params, copy, grads, step),
         }
     }
 }

@@ -20,7 +20,7 @@ mod loss;
 mod matmul;
 mod optim;
 
-use super::{bf16, Act, AdamWStep, Backend, DevPtr, DeviceBuffer, Elem};
+use super::{bf16, Act, AdamWStep, Backend, DevPtr, DeviceBuffer, Elem, SgdStep};
 use crate::error::{Error, Result};
 use std::ptr::NonNull;
 
@@ -428,6 +428,24 @@ impl Backend for CpuBackend {
         };
         let (grads, scale) = (view(grads, n), view(grad_scale, 1)[0]);
         self.run(|| optim::adamw(state, grads, scale, hp));
+        if let Some(copy) = copy {
+            self.round_to_bf16(copy, params, n);
+        }
+    }
+
+    unsafe fn sgd(
+        &self,
+        params: DevPtr,
+        grads: DevPtr,
+        velocity: DevPtr,
+        n: usize,
+        grad_scale: DevPtr,
+        hp: SgdStep,
+        copy: Option<DevPtr<bf16>>,
+    ) {
+        let (p, v) = (view_mut(params, n), view_mut(velocity, n));
+        let (grads, scale) = (view(grads, n), view(grad_scale, 1)[0]);
+        self.run(|| optim::sgd(p, v, grads, scale, hp));
         if let Some(copy) = copy {
             self.round_to_bf16(copy, params, n);
         }

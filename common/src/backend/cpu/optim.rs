@@ -1,7 +1,7 @@
-//! Reductions (mean, sum of squares, the clipping factor) and the AdamW update.
+//! Reductions (mean, sum of squares, the clipping factor) and the AdamW and SGD updates.
 
 use super::elementwise::CHUNK;
-use crate::backend::AdamWStep;
+use crate::backend::{AdamWStep, SgdStep};
 use rayon::prelude::*;
 
 /// Mean in f64, in order.
@@ -51,6 +51,21 @@ pub(super) fn adamw(s: AdamWState, grads: &[f32], scale: f32, hp: AdamWStep) {
                 v[i] = hp.beta2 * v[i] + (1.0 - hp.beta2) * g * g;
                 let (mhat, vhat) = (m[i] / bc1, v[i] / bc2);
                 p[i] -= hp.lr * (mhat / (vhat.sqrt() + hp.eps) + hp.weight_decay * p[i]);
+            }
+        });
+}
+
+/// SGD with momentum, in place: `velocity` is the momentum buffer.
+pub(super) fn sgd(params: &mut [f32], velocity: &mut [f32], grads: &[f32], scale: f32, hp: SgdStep) {
+    params
+        .par_chunks_mut(CHUNK)
+        .zip(velocity.par_chunks_mut(CHUNK))
+        .zip(grads.par_chunks(CHUNK))
+        .for_each(|((p, v), g)| {
+            for i in 0..p.len() {
+                let g = g[i] * scale + hp.weight_decay * p[i];
+                v[i] = hp.momentum * v[i] + g;
+                p[i] -= hp.lr * v[i];
             }
         });
 }

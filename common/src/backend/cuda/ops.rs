@@ -6,7 +6,7 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 use super::blas::Gemm;
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
-use crate::backend::{bf16, Act, ActType, AdamWStep, Backend, DevPtr, DeviceBuffer, Elem, Precision};
+use crate::backend::{bf16, Act, ActType, AdamWStep, Backend, DevPtr, DeviceBuffer, Elem, Precision, SgdStep};
 use crate::error::{Error, Result};
 
 /// Threads per block for elementwise kernels.
@@ -594,5 +594,29 @@ impl Backend for CudaBackend {
             copy.unwrap_or_default()
         ];
         self.launch_1d("adamw_kernel", n, args);
+    }
+
+    unsafe fn sgd(
+        &self,
+        params: DevPtr,
+        grads: DevPtr,
+        velocity: DevPtr,
+        n: usize,
+        grad_scale: DevPtr,
+        hp: SgdStep,
+        copy: Option<DevPtr<bf16>>,
+    ) {
+        let args = args![
+            params,
+            grads,
+            velocity,
+            n,
+            grad_scale,
+            hp.lr,
+            hp.momentum,
+            hp.weight_decay,
+            copy.unwrap_or_default()
+        ];
+        self.launch_1d("sgd_kernel", n, args);
     }
 }

@@ -1,4 +1,4 @@
-// Gradient clipping factor and the AdamW update, both reading their scalars from device
+// Gradient clipping factor and the AdamW and SGD updates, both reading their scalars from device
 // memory so that a step needs no host round trip.
 
 // out[0] = ||g|| = sqrt(sumsq[0]); out[1] = max_norm / (||g|| + 1e-6) when ||g|| > max_norm > 0,
@@ -29,6 +29,23 @@ extern "C" __global__ void adamw_kernel(float* params, const float* grads, float
     float v_hat = vi / bias2;
     float p = params[i];
     p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    params[i] = p;
+    if (copy) copy[i] = to_bf16(p);
+}
+
+// SGD with momentum (PyTorch's form, no dampening), the MLP workload's optimiser:
+// g = grads · grad_scale[0] + weight_decay · p; velocity = momentum · velocity + g; p -= lr · velocity.
+// With `copy` (not null), the updated parameter is also written there rounded to bf16.
+extern "C" __global__ void sgd_kernel(float* params, const float* grads, float* velocity, int n,
+                                      const float* grad_scale, float lr, float momentum,
+                                      float weight_decay, bf16_t* copy) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float p = params[i];
+    float g = grads[i] * grad_scale[0] + weight_decay * p;
+    float v = momentum * velocity[i] + g;
+    velocity[i] = v;
+    p -= lr * v;
     params[i] = p;
     if (copy) copy[i] = to_bf16(p);
 }
