@@ -82,7 +82,7 @@ fn the_mlp_learns_and_a_seed_fixes_the_run() {
 fn adamw_trains_too_and_refuses_a_momentum() {
     let d = tmpdir("adamw");
     let files = data(&d, "idx");
-    let o = mnist(&files, &d.join("a"), &["--optimizer", "adamw", "--weight-decay", "0.01"]);
+    let o = mnist(&files, &d.join("a"), &["--optimizer", "adamw", "--lr", "3e-3", "--weight-decay", "0.01"]);
     assert_ok(&o);
     let t = table(&d.join("a"));
     assert!(t[3][3] > 0.9, "{t:?}");

@@ -730,9 +730,9 @@ fn mnist_reproduces_stage0() {
         v.extend("--hidden 32,16 --batch 50 --epochs 5".split(' ').map(str::to_string));
         v
     };
-    for optimizer in ["sgd", "adamw"] {
+    for (optimizer, lr) in [("sgd", "0.05"), ("adamw", "3e-3")] {
         let (reference, out) = (d.join(format!("stage0-{optimizer}")), d.join(format!("stage1-{optimizer}")));
-        let flag = ["--optimizer".to_string(), optimizer.to_string()];
+        let flag = ["--optimizer", optimizer, "--lr", lr].map(str::to_string);
         let o = run_limited(
             stage0_bin().to_str().unwrap(),
             &[args(&reference), flag.to_vec(), vec!["--threads".into(), "1".into()]].concat(),
