@@ -14,7 +14,7 @@
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
-use common::backend::{bf16, token_order, Act, AdamWStep, Backend, DevPtr, DeviceBuffer};
+use common::backend::{bf16, token_order, Act, AdamWStep, Backend, DevPtr, DeviceBuffer, SgdStep};
 
 const FP32_TOL: f32 = 1e-4;
 
@@ -562,6 +562,35 @@ fn adamw_matches_cpu() {
             &want,
             FP32_TOL,
         );
+    }
+}
+
+fn sgd_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
+    let copy = be.alloc::<bf16>(n).unwrap();
+    let params = upload(be, &random(n, 75, 1.0));
+    let grads = upload(be, &random(n, 76, 1.0));
+    let velocity = upload(be, &random(n, 77, 0.1));
+    let scale = upload(be, &[0.5]);
+    let hp = SgdStep {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 0.01,
+    };
+    unsafe { be.sgd(params.ptr(), grads.ptr(), velocity.ptr(), n, scale.ptr(), hp, None) };
+    let hp = SgdStep { weight_decay: 0.0, ..hp };
+    unsafe { be.sgd(params.ptr(), grads.ptr(), velocity.ptr(), n, scale.ptr(), hp, Some(copy.ptr())) };
+    let mut copied = vec![bf16::ZERO; n];
+    be.read(&copy, 0, &mut copied).unwrap();
+    let copied = copied.iter().map(|x| x.to_f32()).collect();
+    vec![download(be, &params), download(be, &velocity), copied]
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sgd_matches_cpu() {
+    for n in [1_001, 50_000] {
+        let (want, got) = (sgd_case(&cpu(), n), sgd_case(&gpu(Precision::Fp32), n));
+        check(&format!("sgd n{n}"), &["params", "velocity", "bf16 copy"], &got, &want, FP32_TOL);
     }
 }
 
