@@ -568,8 +568,8 @@ pub trait Backend {
         copy: Option<DevPtr<bf16>>,
     );
     /// One SGD update with momentum of `n` parameters (the MLP workload's optimiser):
-    /// g = grads · grad_scale[0] + weight_decay · p; velocity = momentum · velocity + g;
-    /// p -= lr · velocity. With `copy`, the updated parameters are also written there
+    /// `g = grads · grad_scale[0] + weight_decay · p`, `velocity = momentum · velocity + g`,
+    /// `p -= lr · velocity`. With `copy`, the updated parameters are also written there
     /// rounded to bf16, in the same pass.
     /// # Safety
     /// `params`, `grads`, `velocity`: `n` elements each; `grad_scale`: 1; `copy`: `n`.
