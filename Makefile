@@ -19,7 +19,7 @@ SHORT_FLAGS := --data data/tinyshakespeare.txt --model char --steps 100 --eval-e
 # libnvrtc from the PyPI wheel (no GPU needed), for the kernel-compile test.
 NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
 
-.PHONY: all deps build run test bench llmc-compare results clean
+.PHONY: all deps build run run-mnist mnist-results test bench llmc-compare results clean
 
 # GPU results copied back from a device run (see stage2_cuda/gpu/), when present.
 GPU_RUNS = $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(1)$(s)/loss.tsv),--run "$(s)=results/runs/$(1)$(s)"))
@@ -46,6 +46,23 @@ build: deps
 run: deps
 	$(CARGO) build --release -p stage0_serial
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out $(RUN_DIR)/stage0
+
+# Fashion-MNIST: Debian's dataset-fashion-mnist (installed on first use, as `deps` installs
+# its packages), then the default MLP (784→256→128→10, SGD with momentum) on stage 0 for 20
+# epochs: runs/mnist/loss.tsv.
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+run-mnist:
+	@[ -f $(FASHION_MNIST) ] || { echo "installing: dataset-fashion-mnist (apt)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq dataset-fashion-mnist >/dev/null; }
+	$(CARGO) build --release -p stage0_serial
+	$(BIN)/stage0_serial mnist --epochs 20 --out $(RUN_DIR)/mnist
+
+# `make run-mnist`, the same run on stage 1 ($(NP) ranks, the same global batch), then the
+# table, the test accuracy and stage 1's against it in results/mnist-stage0.md.
+mnist-results: run-mnist deps
+	$(CARGO) build --release -p stage1_mpi
+	mpirun -n $(NP) $(BIN)/stage1_mpi mnist --epochs 20 --out $(RUN_DIR)/mnist-stage1
+	results/mnist-stage0.sh $(RUN_DIR)/mnist $(RUN_DIR)/mnist-stage1 > results/mnist-stage0.md
 
 test: deps
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH REQUIRE_NVRTC=1 $(CARGO) test --workspace

@@ -80,15 +80,24 @@ impl Refused {
             Refused::Clap(e) if e.exit_code() == 0 => {
                 let _ = e.print();
             }
-            Refused::Clap(e) => {
-                let text = e.render().to_string();
-                let first = text.lines().next().unwrap_or("error: bad command line");
-                say(&format!("{name}: {first} (see {name} --help)"));
-            }
+            Refused::Clap(e) => say(&format!("{name}: {} (see {name} --help)", first_line(e))),
             Refused::Flags(msg) => say(&format!("{name}: error: {msg}")),
         }
         self.exit_code()
     }
+}
+
+/// clap's message as one line: its first, and where that ends in a colon (the missing
+/// flags, say), the indented lines that list what it announces.
+fn first_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut lines = text.lines();
+    let mut first = lines.next().unwrap_or("error: bad command line").to_string();
+    if first.ends_with(':') {
+        let listed: Vec<&str> = lines.take_while(|l| l.starts_with("  ")).map(str::trim).collect();
+        first = format!("{first} {}", listed.join(", "));
+    }
+    first
 }
 
 /// Parses the command line on every rank of a job and agrees on the outcome, so flags
@@ -161,6 +170,10 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             } else {
                 Ok(())
             }
+        }
+        Command::Mnist(args) => {
+            let be = (stage.backend)(&args.device, comm)?;
+            crate::mnist::train(&be, comm, &args)
         }
         Command::Report(args) => {
             if comm.is_root() {

@@ -251,13 +251,7 @@ impl Loader {
     /// Rebuild the order from scratch so it depends on `(seed, epoch)` alone, not on history:
     /// that is what lets [`Loader::set_cursor`] jump to any epoch.
     fn shuffle_for(&mut self, epoch: u64, num_windows: usize) {
-        self.order.clear();
-        self.order.extend(0..num_windows);
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ epoch.wrapping_mul(EPOCH_SEED_MIX));
-        for i in (1..num_windows).rev() {
-            let j = uniform_below(&mut rng, i as u64 + 1) as usize;
-            self.order.swap(i, j);
-        }
+        epoch_order(&mut self.order, num_windows, self.seed, epoch);
     }
 
     pub fn num_windows(&self) -> usize {
@@ -321,6 +315,18 @@ impl Loader {
     /// Epochs completed, fractional: `epoch + step_in_epoch / steps_per_epoch`.
     pub fn epochs_done(&self) -> f64 {
         self.cursor.epoch as f64 + self.cursor.step_in_epoch as f64 / self.steps_per_epoch() as f64
+    }
+}
+
+/// Sets `order` to 0..n in the Fisher–Yates order of `(seed, epoch)`: the order in which an
+/// epoch visits the training examples (windows here, images in the MLP workload).
+pub fn epoch_order(order: &mut Vec<usize>, n: usize, seed: u64, epoch: u64) {
+    order.clear();
+    order.extend(0..n);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ epoch.wrapping_mul(EPOCH_SEED_MIX));
+    for i in (1..n).rev() {
+        let j = uniform_below(&mut rng, i as u64 + 1) as usize;
+        order.swap(i, j);
     }
 }
 

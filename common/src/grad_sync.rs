@@ -48,6 +48,19 @@ impl GradSync {
         }
     }
 
+    /// For a model of `total` parameters in one bucket (no blocks: `Overlapped` sums it
+    /// after backward, as `Allreduce` does). Local SGD's averaging takes a GPT-2 model, so
+    /// only the gradient modes are for such models.
+    pub fn whole(mode: SyncMode, total: usize) -> Self {
+        assert!(!matches!(mode, SyncMode::LocalSgd { .. }), "local SGD averages a GPT-2 model's parameters");
+        GradSync {
+            mode,
+            blocks: Vec::new(),
+            outside: vec![0..total],
+            total,
+        }
+    }
+
     /// d(loss) to seed backward with: 1/(world · micro-batches) when gradients are averaged
     /// over ranks (local SGD steps each rank on its own mean gradient: 1/micro-batches).
     pub fn loss_scale(&self, world: usize, micro_batches: usize) -> f32 {

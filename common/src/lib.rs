@@ -4,7 +4,7 @@
 //! `comm` (single process, MPI, NCCL) and `grad_sync` (how gradients meet across ranks),
 //! `report` (loss log, progress, results tables), `text` (model output made printable), and
 //! finally `train`, the one loop for all stages; `bench`, `cli` and `app` sit on top.
-//! `mnist` holds the MLP workload's data (idx files; the model and its loop come next).
+//! `mnist` is the second workload: an MLP on idx files, trained by the same pieces.
 
 pub mod app;
 pub mod atomic_file;

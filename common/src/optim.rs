@@ -3,7 +3,7 @@
 //! moments stay where the parameters are, and clipping, the skip of a non-finite step and the
 //! step's (loss, norm) need no host round trip: the host reads them when it likes.
 
-use crate::backend::{bf16, check_range, AdamWHyper, Backend, DeviceBuffer, StepState};
+use crate::backend::{bf16, check_range, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -37,23 +37,9 @@ impl OptimConfig {
 }
 
 /// Steps whose (loss, norm) the device keeps until the host reads them
-/// ([`AdamW::read_history`]): a step recorded and replayed writes them there, and the host
+/// ([`StepMeter::read_history`]): a step recorded and replayed writes them there, and the host
 /// reads them at log points.
 pub const HISTORY: usize = 1024;
-
-pub struct AdamW<B: Backend> {
-    pub config: OptimConfig,
-    /// First and second moments, in the parameter layout.
-    pub m: B::Buffer<f32>,
-    pub v: B::Buffer<f32>,
-    /// The step's scalars ([`StepState`]).
-    state: B::Buffer<f32>,
-    /// (loss, norm) of step s at 2·(s mod HISTORY).
-    history: B::Buffer<f32>,
-    segments: Vec<(Range<usize>, bool)>,
-    /// Parameters in the layout.
-    n: usize,
-}
 
 /// What one step reports.
 #[derive(Clone, Copy, Debug, Default)]
@@ -77,16 +63,20 @@ impl StepStats {
     }
 }
 
-impl<B: Backend> AdamW<B> {
-    pub fn new(be: &B, layout: &ParamLayout, config: OptimConfig) -> Result<Self> {
-        Ok(AdamW {
-            config,
-            m: be.alloc(layout.total)?,
-            v: be.alloc(layout.total)?,
+/// What every optimiser measures around its update, on the device: the step's scalars
+/// ([`StepState`]: the schedule the host writes, the norm, clipping factor, mean loss and the
+/// decision to apply that the device works out) and a history of (loss, norm) per step.
+pub struct StepMeter<B: Backend> {
+    state: B::Buffer<f32>,
+    /// (loss, norm) of step s at 2·(s mod HISTORY).
+    history: B::Buffer<f32>,
+}
+
+impl<B: Backend> StepMeter<B> {
+    pub fn new(be: &B) -> Result<Self> {
+        Ok(StepMeter {
             state: be.alloc(StepState::WORDS)?,
             history: be.alloc(2 * HISTORY)?,
-            segments: layout.decay_segments(),
-            n: layout.total,
         })
     }
 
@@ -95,26 +85,42 @@ impl<B: Backend> AdamW<B> {
         (&self.state, StepState::LOSS)
     }
 
-    /// Writes 0-based `step`'s learning rate, bias corrections and number to the device (before
-    /// the step's work is queued or replayed).
-    pub fn begin_step(&self, be: &B, step: u64) -> Result<()> {
-        let c = &self.config;
-        let schedule = StepState::schedule(c.lr_at(step), c.beta1, c.beta2, step);
+    /// The [`StepState`] the updates read.
+    pub fn state(&self) -> DevPtr {
+        self.state.ptr()
+    }
+
+    /// Writes 0-based `step`'s learning rate, bias corrections (for AdamW's `betas`; 1 for
+    /// an optimiser without) and number to the device, before the step's work is queued or
+    /// replayed.
+    pub fn begin_step(&self, be: &B, lr: f32, betas: Option<(f32, f32)>, step: u64) -> Result<()> {
+        let mut schedule = StepState::schedule(lr, betas.map_or(0.0, |b| b.0), betas.map_or(0.0, |b| b.1), step);
+        if betas.is_none() {
+            (schedule[1], schedule[2]) = (1.0, 1.0);
+        }
         be.write(&self.state, StepState::SCHEDULE, &schedule)
     }
 
-    /// Queues what follows the gradients: Σg², the norm, its clipping factor, the loss (summed
-    /// over micro-batches) times `loss_scale`, whether to apply the update, and (loss, norm)
-    /// into the history. Nothing is read back.
-    pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32) -> Result<()> {
-        check_range("gradients", grads.len(), 0, self.n)?;
+    /// Queues what follows the gradients (the first `n` of `grads`): Σg², the norm, its
+    /// clipping factor for `grad_clip`, the loss (summed over micro-batches) times
+    /// `loss_scale`, whether to apply the update, and (loss, norm) into the history. Nothing
+    /// is read back.
+    pub fn finish_gradients(
+        &self,
+        be: &B,
+        grads: &B::Buffer<f32>,
+        n: usize,
+        grad_clip: f32,
+        loss_scale: f32,
+    ) -> Result<()> {
+        check_range("gradients", grads.len(), 0, n)?;
         let s = self.state.ptr();
-        // SAFETY: grads holds the layout's n values (checked above); the state its words, the
-        // history 2·HISTORY.
+        // SAFETY: grads holds n values (checked above); the state its words, the history
+        // 2·HISTORY.
         unsafe {
             be.zero(s, 1); // sumsq
-            be.sum_squares(s, grads.ptr(), self.n);
-            be.step_stats(s, self.history.ptr(), HISTORY, self.config.grad_clip, loss_scale);
+            be.sum_squares(s, grads.ptr(), n);
+            be.step_stats(s, self.history.ptr(), HISTORY, grad_clip, loss_scale);
         }
         Ok(())
     }
@@ -133,7 +139,7 @@ impl<B: Backend> AdamW<B> {
     }
 
     /// The stats of the 0-based `steps` (at most [`HISTORY`] of the latest), from the history.
-    pub fn read_history(&self, be: &B, steps: Range<u64>) -> Result<Vec<(u64, StepStats)>> {
+    pub fn read_history(&self, be: &B, config: &OptimConfig, steps: Range<u64>) -> Result<Vec<(u64, StepStats)>> {
         if steps.is_empty() {
             return Ok(Vec::new());
         }
@@ -143,13 +149,76 @@ impl<B: Backend> AdamW<B> {
         Ok(steps
             .map(|s| {
                 let at = 2 * (s as u32 as usize % HISTORY);
-                (s, StepStats::of(&self.config, s, host[at], host[at + 1]))
+                (s, StepStats::of(config, s, host[at], host[at + 1]))
             })
             .collect())
     }
+}
+
+/// Checks that `params`, `grads`, the optimiser's buffers and the bf16 copy hold `n` values.
+fn check_buffers<B: Backend>(
+    n: usize,
+    params: &B::Buffer<f32>,
+    grads: &B::Buffer<f32>,
+    state: &[&B::Buffer<f32>],
+    copy: Option<&B::Buffer<bf16>>,
+) -> Result<()> {
+    let named = [("parameters", params), ("gradients", grads)];
+    for (what, buf) in named.into_iter().chain(state.iter().map(|b| ("optimiser state", *b))) {
+        check_range(what, buf.len(), 0, n)?;
+    }
+    if let Some(copy) = copy {
+        check_range("bf16 parameters", copy.len(), 0, n)?;
+    }
+    Ok(())
+}
+
+pub struct AdamW<B: Backend> {
+    pub config: OptimConfig,
+    /// First and second moments, in the parameter layout.
+    pub m: B::Buffer<f32>,
+    pub v: B::Buffer<f32>,
+    pub meter: StepMeter<B>,
+    segments: Vec<(Range<usize>, bool)>,
+    /// Parameters in the layout.
+    n: usize,
+}
+
+impl<B: Backend> AdamW<B> {
+    pub fn new(be: &B, layout: &ParamLayout, config: OptimConfig) -> Result<Self> {
+        Self::with_segments(be, layout.total, layout.decay_segments(), config)
+    }
+
+    /// For `n` parameters whose weight decay applies to the `segments` flagged true.
+    pub fn with_segments(be: &B, n: usize, segments: Vec<(Range<usize>, bool)>, config: OptimConfig) -> Result<Self> {
+        Ok(AdamW {
+            config,
+            m: be.alloc(n)?,
+            v: be.alloc(n)?,
+            meter: StepMeter::new(be)?,
+            segments,
+            n,
+        })
+    }
+
+    /// See [`StepMeter::begin_step`]: the schedule of 0-based `step`.
+    pub fn begin_step(&self, be: &B, step: u64) -> Result<()> {
+        let c = &self.config;
+        self.meter.begin_step(be, c.lr_at(step), Some((c.beta1, c.beta2)), step)
+    }
+
+    /// See [`StepMeter::finish_gradients`], over every parameter's gradient.
+    pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32) -> Result<()> {
+        self.meter.finish_gradients(be, grads, self.n, self.config.grad_clip, loss_scale)
+    }
+
+    /// See [`StepMeter::read_history`].
+    pub fn read_history(&self, be: &B, steps: Range<u64>) -> Result<Vec<(u64, StepStats)>> {
+        self.meter.read_history(be, &self.config, steps)
+    }
 
     /// Queues the update (each decay segment with its weight decay), with the gradients
-    /// clipped by the factor [`AdamW::finish_gradients`] left on the device, writing the
+    /// clipped by the factor [`StepMeter::finish_gradients`] left on the device, writing the
     /// updated parameters rounded to bf16 into `copy` too, when given. The device skips it
     /// when the step's loss or norm was not finite.
     pub fn update(
@@ -159,17 +228,7 @@ impl<B: Backend> AdamW<B> {
         copy: Option<&B::Buffer<bf16>>,
         grads: &B::Buffer<f32>,
     ) -> Result<()> {
-        for (what, buf) in [
-            ("parameters", params),
-            ("gradients", grads),
-            ("m", &self.m),
-            ("v", &self.v),
-        ] {
-            check_range(what, buf.len(), 0, self.n)?;
-        }
-        if let Some(copy) = copy {
-            check_range("bf16 parameters", copy.len(), 0, self.n)?;
-        }
+        check_buffers::<B>(self.n, params, grads, &[&self.m, &self.v], copy)?;
         let c = &self.config;
         for (range, decay) in &self.segments {
             let hp = AdamWHyper {
@@ -179,8 +238,8 @@ impl<B: Backend> AdamW<B> {
                 weight_decay: if *decay { c.weight_decay } else { 0.0 },
             };
             let (o, len) = (range.start, range.len());
-            // SAFETY: params, grads, m, v and the copy hold the layout's n values (checked
-            // above); every segment lies inside 0..n; the state holds its words.
+            // SAFETY: params, grads, m, v and the copy hold the n values (checked above);
+            // every segment lies inside 0..n; the state holds its words.
             unsafe {
                 be.adamw(
                     params.ptr().add(o),
@@ -188,13 +247,121 @@ impl<B: Backend> AdamW<B> {
                     self.m.ptr().add(o),
                     self.v.ptr().add(o),
                     len,
-                    self.state.ptr(),
+                    self.meter.state(),
                     hp,
                     copy.map(|c| c.ptr().add(o)),
                 );
             }
         }
         Ok(())
+    }
+}
+
+/// SGD with momentum (PyTorch's form: v = μ·v + g, p -= lr·v), with the same schedule,
+/// clipping and reporting as [`AdamW`]; `config.weight_decay` is an L2 term on the segments
+/// flagged true.
+pub struct Sgd<B: Backend> {
+    pub config: OptimConfig,
+    pub momentum: f32,
+    /// The momentum buffer, in the parameter layout.
+    pub velocity: B::Buffer<f32>,
+    pub meter: StepMeter<B>,
+    segments: Vec<(Range<usize>, bool)>,
+    n: usize,
+}
+
+impl<B: Backend> Sgd<B> {
+    pub fn new(
+        be: &B,
+        n: usize,
+        segments: Vec<(Range<usize>, bool)>,
+        config: OptimConfig,
+        momentum: f32,
+    ) -> Result<Self> {
+        Ok(Sgd {
+            config,
+            momentum,
+            velocity: be.alloc(n)?,
+            meter: StepMeter::new(be)?,
+            segments,
+            n,
+        })
+    }
+
+    /// Queues the update with the learning rate and clipping factor of the meter's state
+    /// (skipped by the device when the step was not finite).
+    pub fn update(
+        &self,
+        be: &B,
+        params: &B::Buffer<f32>,
+        copy: Option<&B::Buffer<bf16>>,
+        grads: &B::Buffer<f32>,
+    ) -> Result<()> {
+        check_buffers::<B>(self.n, params, grads, &[&self.velocity], copy)?;
+        for (range, decay) in &self.segments {
+            let hp = SgdHyper {
+                momentum: self.momentum,
+                weight_decay: if *decay { self.config.weight_decay } else { 0.0 },
+            };
+            let (o, len) = (range.start, range.len());
+            // SAFETY: every buffer holds the n values (checked above); each segment lies
+            // inside 0..n; the state holds its words.
+            unsafe {
+                be.sgd(
+                    params.ptr().add(o),
+                    grads.ptr().add(o),
+                    self.velocity.ptr().add(o),
+                    len,
+                    self.meter.state(),
+                    hp,
+                    copy.map(|c| c.ptr().add(o)),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Either optimiser, behind one face (the MLP workload lets the command line choose).
+pub enum Optimizer<B: Backend> {
+    AdamW(AdamW<B>),
+    Sgd(Sgd<B>),
+}
+
+impl<B: Backend> Optimizer<B> {
+    pub fn config(&self) -> &OptimConfig {
+        match self {
+            Optimizer::AdamW(o) => &o.config,
+            Optimizer::Sgd(o) => &o.config,
+        }
+    }
+
+    pub fn meter(&self) -> &StepMeter<B> {
+        match self {
+            Optimizer::AdamW(o) => &o.meter,
+            Optimizer::Sgd(o) => &o.meter,
+        }
+    }
+
+    /// See [`StepMeter::begin_step`].
+    pub fn begin_step(&self, be: &B, step: u64) -> Result<()> {
+        match self {
+            Optimizer::AdamW(o) => o.begin_step(be, step),
+            Optimizer::Sgd(o) => o.meter.begin_step(be, o.config.lr_at(step), None, step),
+        }
+    }
+
+    pub fn update(
+        &self,
+        be: &B,
+        params: &B::Buffer<f32>,
+        copy: Option<&B::Buffer<bf16>>,
+        grads: &B::Buffer<f32>,
+    ) -> Result<()> {
+        match self {
+            Optimizer::AdamW(o) => o.update(be, params, copy, grads),
+            Optimizer::Sgd(o) => o.update(be, params, copy, grads),
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend, GeluPath};
 use common::backend::Precision;
-use common::backend::{bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, StepState};
+use common::backend::{bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
 
 const FP32_TOL: f32 = 1e-4;
 
@@ -686,6 +686,41 @@ fn adamw_matches_cpu() {
             &want,
             FP32_TOL,
         );
+    }
+}
+
+fn sgd_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
+    let copy = be.alloc::<bf16>(n).unwrap();
+    let params = upload(be, &random(n, 75, 1.0));
+    let grads = upload(be, &random(n, 76, 1.0));
+    let velocity = upload(be, &random(n, 77, 0.1));
+    // Learning rate 0.05, gradients clipped by 0.5.
+    let step = StepState {
+        lr: 0.05,
+        clip: 0.5,
+        apply: 1.0,
+        ..Default::default()
+    };
+    let state = upload(be, bytemuck::cast_slice(std::slice::from_ref(&step)));
+    let hp = SgdHyper {
+        momentum: 0.9,
+        weight_decay: 0.01,
+    };
+    unsafe { be.sgd(params.ptr(), grads.ptr(), velocity.ptr(), n, state.ptr(), hp, None) };
+    let hp = SgdHyper { weight_decay: 0.0, ..hp };
+    unsafe { be.sgd(params.ptr(), grads.ptr(), velocity.ptr(), n, state.ptr(), hp, Some(copy.ptr())) };
+    let mut copied = vec![bf16::ZERO; n];
+    be.read(&copy, 0, &mut copied).unwrap();
+    let copied = copied.iter().map(|x| x.to_f32()).collect();
+    vec![download(be, &params), download(be, &velocity), copied]
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sgd_matches_cpu() {
+    for n in [1_001, 50_000] {
+        let (want, got) = (sgd_case(&cpu(), n), sgd_case(&gpu(Precision::Fp32), n));
+        check(&format!("sgd n{n}"), &["params", "velocity", "bf16 copy"], &got, &want, FP32_TOL);
     }
 }
 

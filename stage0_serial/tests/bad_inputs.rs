@@ -9,6 +9,17 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stage0_serial");
 
+/// `mnist` on four idx files (training images and labels, test images and labels), with
+/// further flags.
+macro_rules! mnist {
+    ($ti:literal, $tl:literal, $si:literal, $sl:literal $(, $extra:literal)?) => {
+        concat!(
+            "mnist --out o --train-images ", $ti, " --train-labels ", $tl,
+            " --test-images ", $si, " --test-labels ", $sl $(, " ", $extra)?
+        )
+    };
+}
+
 /// (what is wrong, the command line after the binary's name, a word the message must hold).
 /// Files named here are made by `fixtures` in the directory the commands run in.
 const CASES: &[(&str, &str, &str)] = &[
@@ -193,6 +204,56 @@ const CASES: &[(&str, &str, &str)] = &[
         "tokenize --input missing.txt --output out.bin",
         "missing.txt",
     ),
+    (
+        "idx file with a wrong magic",
+        mnist!("magic.idx", "train-labels.idx", "test-images.idx", "test-labels.idx"),
+        "magic",
+    ),
+    (
+        "idx header counts that disagree with the file's size",
+        mnist!("size.idx", "train-labels.idx", "test-images.idx", "test-labels.idx"),
+        "bytes follow",
+    ),
+    (
+        "idx label outside the 10 classes",
+        mnist!("train-images.idx", "label-12.idx", "test-images.idx", "test-labels.idx"),
+        "label 12",
+    ),
+    (
+        "idx images and labels of different counts",
+        mnist!("train-images.idx", "test-labels.idx", "test-images.idx", "test-labels.idx"),
+        "labels",
+    ),
+    (
+        "idx test images of another size than the training images",
+        mnist!("train-images.idx", "train-labels.idx", "small-images.idx", "test-labels.idx"),
+        "pixels",
+    ),
+    (
+        "labels where the images belong",
+        mnist!("train-labels.idx", "train-labels.idx", "test-images.idx", "test-labels.idx"),
+        "labels file",
+    ),
+    (
+        "some of the four idx files only",
+        "mnist --out o --train-images train-images.idx",
+        "--train-labels",
+    ),
+    (
+        "a hidden layer of width 0",
+        mnist!("train-images.idx", "train-labels.idx", "test-images.idx", "test-labels.idx", "--hidden 64,0"),
+        "--hidden",
+    ),
+    (
+        "an MLP batch larger than the training set",
+        mnist!("train-images.idx", "train-labels.idx", "test-images.idx", "test-labels.idx", "--batch 500"),
+        "--batch",
+    ),
+    (
+        "momentum with AdamW",
+        mnist!("train-images.idx", "train-labels.idx", "test-images.idx", "test-labels.idx", "--optimizer adamw --momentum 0.5"),
+        "--momentum",
+    ),
     ("unknown subcommand", "fly", "fly"),
     ("unknown flag", "train --data corpus.txt --out o --lr-max 1", "--lr-max"),
 ];
@@ -232,6 +293,24 @@ fn fixtures() -> PathBuf {
     let mut big = tokens.clone();
     big[77] = 300;
     write(&dir, "vocab.bin", &bin_file(20240520, 2000, &big));
+    // Good idx files (made-up images: 200 for training, 100 for test) and broken ones.
+    let idx_pair = |set: &common::mnist::Dataset, name: &str| {
+        let (images, labels) = (dir.join(format!("{name}-images.idx")), dir.join(format!("{name}-labels.idx")));
+        common::mnist::synthetic::write_idx(set, &images, &labels).unwrap();
+    };
+    let train = common::mnist::synthetic::dataset(200, 8, 1);
+    idx_pair(&train, "train");
+    idx_pair(&common::mnist::synthetic::dataset(100, 8, 2), "test");
+    idx_pair(&common::mnist::synthetic::dataset(100, 6, 2), "small");
+    let images = std::fs::read(dir.join("train-images.idx")).unwrap();
+    let mut magic = images.clone();
+    magic[2] = 0x0d; // another type code reads as another format
+    magic[0] = 0x1b;
+    write(&dir, "magic.idx", &magic);
+    write(&dir, "size.idx", &images[..images.len() - 10]);
+    let mut labels = train.labels.clone();
+    labels[17] = 12;
+    write(&dir, "label-12.idx", &common::mnist::idx::encode(&[200], &labels));
     // A good checkpoint (tiny model, 4 steps) and broken copies of it.
     let train = "train --data corpus.txt --out run --model tiny --batch 4 --seq-len 16 --steps 4 --sample-len 0 --eval-batches 1";
     let o = Command::new(BIN).args(words(train)).current_dir(&dir).output().unwrap();

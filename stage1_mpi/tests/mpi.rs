@@ -1,7 +1,8 @@
 //! Stage 1 end to end under `mpirun -n 2` (MPICH Hydra): it reproduces stage 0's losses
 //! (with and without --overlap), local SGD learns, flags that differ between ranks and a
-//! rank that fails end every rank with a message naming it (never a hang), and `bench`
-//! reports compute and communication time. Each job runs under a timeout, one at a time.
+//! rank that fails end every rank with a message naming it (never a hang), `bench`
+//! reports compute and communication time, and `mnist` reproduces stage 0's table. Each job
+//! runs under a timeout, one at a time.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -696,5 +697,61 @@ fn validation_covers_the_same_windows_at_any_rank_count() {
             (g[2] - w[2]).abs() <= LOSS_TOL + 1e-6,
             "val loss: stage 1 {g:?} vs stage 0 {w:?}"
         );
+    }
+}
+
+/// `mnist` rows as (train loss, test loss, test accuracy), the epoch and timings dropped.
+fn mnist_table(dir: &Path) -> Vec<[f32; 3]> {
+    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<f32> = l.split('\t').map(|x| x.parse().unwrap()).collect();
+            [f[1], f[2], f[3]]
+        })
+        .collect()
+}
+
+#[test]
+fn mnist_reproduces_stage0() {
+    use common::mnist::synthetic;
+    let d = tmpdir("mnist");
+    let mut files = Vec::new();
+    for (set, count, seed) in [("train", 1000, 1), ("test", 300, 2)] {
+        let (images, labels) = (d.join(format!("{set}-images.idx")), d.join(format!("{set}-labels.idx")));
+        synthetic::write_idx(&synthetic::dataset(count, 12, seed), &images, &labels).unwrap();
+        files.extend([format!("--{set}-images"), images.display().to_string()]);
+        files.extend([format!("--{set}-labels"), labels.display().to_string()]);
+    }
+    // 1000 images in global batches of 50: 20 steps an epoch, 100 steps in all.
+    let args = |out: &Path| {
+        let mut v = vec!["mnist".to_string(), "--out".to_string(), out.display().to_string()];
+        v.extend(files.iter().cloned());
+        v.extend("--hidden 32,16 --batch 50 --epochs 5".split(' ').map(str::to_string));
+        v
+    };
+    for (optimizer, lr) in [("sgd", "0.05"), ("adamw", "3e-3")] {
+        let (reference, out) = (d.join(format!("stage0-{optimizer}")), d.join(format!("stage1-{optimizer}")));
+        let flag = ["--optimizer", optimizer, "--lr", lr].map(str::to_string);
+        let o = run_limited(
+            stage0_bin().to_str().unwrap(),
+            &[args(&reference), flag.to_vec(), vec!["--threads".into(), "1".into()]].concat(),
+            &[],
+            Duration::from_secs(60),
+        );
+        assert_ok(&o);
+        let o = mpirun(2, &[args(&out), flag.to_vec()].concat(), &[]);
+        assert_ok(&o);
+        assert_eq!(o.stdout.matches("train_loss").count(), 1, "rank 0 alone prints: {}", o.stdout);
+        let (got, want) = (mnist_table(&out), mnist_table(&reference));
+        assert_eq!(want.len(), 5);
+        // Losses within LOSS_TOL; accuracy within 0.2 points (the bound after training).
+        for (g, w) in got.iter().zip(&want) {
+            let close = (g[0] - w[0]).abs() <= LOSS_TOL + 1e-6
+                && (g[1] - w[1]).abs() <= LOSS_TOL + 1e-6
+                && (g[2] - w[2]).abs() <= 0.002;
+            assert!(close, "{optimizer}: stage 1 {got:?} vs stage 0 {want:?}");
+        }
+        assert!(want[4][2] > 0.9, "{optimizer}: it learns: {want:?}");
     }
 }

@@ -468,6 +468,16 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     // ---- ops ------------------------------------------------------------------------
 
+    /// `rows` × `cols` values from the host (inputs that are not token ids: the MLP's
+    /// pixels), as an activation that no op produced: backward ends there.
+    pub fn input(&mut self, data: &[f32], rows: usize, cols: usize) -> Result<Tensor> {
+        assert_eq!(data.len(), rows * cols, "input: {rows} × {cols} values expected");
+        let p = self.alloc_words(self.act().words(data.len()))?;
+        // SAFETY: a fresh pooled buffer that holds `data.len()` activations.
+        unsafe { self.be.upload_act(p.cast(), data)? };
+        Ok(self.push(p.addr(), [rows, cols], None, Kind::Activation))
+    }
+
     /// `(B·T, C) = wte[ids] + wpe[0..T]`, for `ids` (B·T) rows of `wte`.
     pub fn encoder(&mut self, ids: &[i32], wte: Tensor, wpe: Tensor, b: usize, t: usize) -> Result<Tensor> {
         let ([rows, c], [positions, pc]) = (self.shape(wte), self.shape(wpe));

@@ -154,6 +154,24 @@ pub fn check_range(what: &str, len: usize, at: usize, n: usize) -> Result<()> {
     }
 }
 
+/// Rounds the first `n` master weights in `params` into their bf16 `copy` (when there is
+/// one: a bf16 backend's forward pass reads it), after they changed other than by an
+/// optimiser's update (initialised, loaded, averaged).
+pub fn refresh_bf16_copy<B: Backend>(
+    be: &B,
+    params: &B::Buffer<f32>,
+    copy: Option<&B::Buffer<bf16>>,
+    n: usize,
+) -> Result<()> {
+    if let Some(copy) = copy {
+        check_range("bf16 copy", copy.len(), 0, n)?;
+        check_range("parameters", params.len(), 0, n)?;
+        // SAFETY: both buffers hold n values (checked above).
+        unsafe { be.round_to_bf16(copy.ptr(), params.ptr(), n) };
+    }
+    Ok(())
+}
+
 /// Arithmetic precision of a backend (the CPU backend is always fp32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
@@ -237,6 +255,15 @@ impl StepState {
         let bias = |beta: f32| (1.0 - (beta as f64).powi(t)) as f32;
         [lr, bias(beta1), bias(beta2), f32::from_bits(step as u32)]
     }
+}
+
+/// Hyper-parameters of SGD with momentum that stay fixed over a run (PyTorch's form, no
+/// dampening); the learning rate is the step's, in [`StepState`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdHyper {
+    pub momentum: f32,
+    /// L2 penalty added to the gradient (coupled, as PyTorch's SGD has it).
+    pub weight_decay: f32,
 }
 
 /// Dimensions shared by most ops: `bt` rows (batch × time) of width `c`.
@@ -660,6 +687,24 @@ pub trait Backend {
         n: usize,
         state: DevPtr,
         hp: AdamWHyper,
+        copy: Option<DevPtr<bf16>>,
+    );
+    /// One SGD update with momentum of `n` parameters (the MLP workload's optimiser), with
+    /// the learning rate and clipping factor of the [`StepState`] at `state` (nothing at all
+    /// when its `apply` is 0): `g = grads · clip + weight_decay · p`, `velocity = momentum ·
+    /// velocity + g`, `p -= lr · velocity`. With `copy`, the updated parameters are also
+    /// written there rounded to bf16, in the same pass.
+    /// # Safety
+    /// `params`, `grads`, `velocity`: `n` elements each; `state`: [`StepState::WORDS`]; `copy`: `n`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn sgd(
+        &self,
+        params: DevPtr,
+        grads: DevPtr,
+        velocity: DevPtr,
+        n: usize,
+        state: DevPtr,
+        hp: SgdHyper,
         copy: Option<DevPtr<bf16>>,
     );
 }

@@ -1,5 +1,6 @@
 //! The command line shared by all four stages (clap): `train`, `generate`, `tokenize`,
-//! `bench`. Each stage binary parses this and runs it on its own backend and comm.
+//! `bench`, `report` and `mnist`. Each stage binary parses this and runs it on its own
+//! backend and comm.
 
 mod checks;
 
@@ -86,6 +87,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Gather finished runs into OUT/README.md (time and loss tables) and OUT/loss.png.
     Report(ReportArgs),
+    /// Train an MLP classifier on MNIST-style idx files (by default Debian's Fashion-MNIST);
+    /// prints and writes OUT/loss.tsv (epoch, losses, test accuracy).
+    Mnist(MnistArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -282,6 +286,83 @@ pub struct TrainArgs {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub sync: SyncArgs,
+}
+
+/// `mnist --optimizer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OptimizerFlag {
+    /// SGD with momentum (--momentum).
+    Sgd,
+    /// AdamW (betas 0.9, 0.999).
+    Adamw,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MnistArgs {
+    /// Training images, an idx file (gzipped or not) [default: Debian's dataset-fashion-mnist,
+    /// which `make run-mnist` installs]. The four files go together.
+    #[arg(long, requires_all = ["train_labels", "test_images", "test_labels"])]
+    pub train_images: Option<PathBuf>,
+    /// Training labels, an idx file (gzipped or not).
+    #[arg(long, requires_all = ["train_images", "test_images", "test_labels"])]
+    pub train_labels: Option<PathBuf>,
+    /// Test images, an idx file (gzipped or not).
+    #[arg(long, requires_all = ["train_images", "train_labels", "test_labels"])]
+    pub test_images: Option<PathBuf>,
+    /// Test labels, an idx file (gzipped or not).
+    #[arg(long, requires_all = ["train_images", "train_labels", "test_images"])]
+    pub test_labels: Option<PathBuf>,
+    /// Output directory for loss.tsv (created if missing).
+    #[arg(long, default_value = "runs/mnist")]
+    pub out: PathBuf,
+    /// Widths of the hidden layers, comma-separated (the input width comes from the images,
+    /// the output is the 10 classes).
+    #[arg(long, value_delimiter = ',', default_value = "256,128", value_parser = at_least_one)]
+    pub hidden: Vec<usize>,
+    /// Passes over the training images.
+    #[arg(long, default_value_t = 20, value_parser = at_least_one_u64)]
+    pub epochs: u64,
+    /// Global batch size, in images, split over ranks.
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
+    pub batch: usize,
+    /// The optimiser.
+    #[arg(long, value_enum, default_value_t = OptimizerFlag::Sgd)]
+    pub optimizer: OptimizerFlag,
+    /// Peak learning rate; it decays along a cosine to 0 over the run [default: 0.05 with
+    /// sgd, 1e-3 with adamw].
+    #[arg(long, value_parser = positive_f32)]
+    pub lr: Option<f32>,
+    /// SGD's momentum, 0 to 1 (--optimizer sgd only) [default: 0.9].
+    #[arg(long, value_parser = fraction_f32)]
+    pub momentum: Option<f32>,
+    /// Weight decay of the weight matrices (not the biases): L2 with sgd, decoupled with adamw.
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative_f32)]
+    pub weight_decay: f32,
+    /// Seed for initialisation and data order.
+    #[arg(long, default_value_t = DEFAULT_SEED)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+impl MnistArgs {
+    /// `--lr`, or the optimiser's default.
+    pub fn lr(&self) -> f32 {
+        self.lr.unwrap_or(match self.optimizer {
+            OptimizerFlag::Sgd => 0.05,
+            OptimizerFlag::Adamw => 1e-3,
+        })
+    }
+
+    /// `--momentum` (0.9 when not given); refused with AdamW, which has none.
+    pub fn momentum(&self) -> crate::Result<f32> {
+        match (self.optimizer, self.momentum) {
+            (OptimizerFlag::Adamw, Some(_)) => {
+                crate::bail_input!("--momentum applies to --optimizer sgd only (AdamW's betas are fixed)")
+            }
+            (_, m) => Ok(m.unwrap_or(0.9)),
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]

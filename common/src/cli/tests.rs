@@ -69,6 +69,21 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("bench", "sync_every", &["0"]),
     ("report", "runs", &[]),
     ("report", "out", &[]),
+    ("mnist", "train_images", &[]),
+    ("mnist", "train_labels", &[]),
+    ("mnist", "test_images", &[]),
+    ("mnist", "test_labels", &[]),
+    ("mnist", "out", &[]),
+    ("mnist", "hidden", &["0", "x", "256,0", "-1", "1.5"]),
+    ("mnist", "epochs", &["0", "-1", "1.5"]),
+    ("mnist", "batch", &["0", "-4"]),
+    ("mnist", "optimizer", &["adam", "lbfgs"]),
+    ("mnist", "lr", &["0", "-1", "nan", "inf"]),
+    ("mnist", "momentum", &["-0.1", "1.5", "nan"]),
+    ("mnist", "weight_decay", &["-1", "nan"]),
+    ("mnist", "seed", &["-1", "x"]),
+    ("mnist", "threads", &["0", "100000"]),
+    ("mnist", "precision", &["fp16"]),
 ];
 
 /// Arguments that make each subcommand parse, before the flag under test.

@@ -163,6 +163,17 @@ pub fn parse_labels(name: &str, bytes: &[u8], classes: usize) -> Result<Vec<u8>>
     Ok(labels.to_vec())
 }
 
+/// An idx file of unsigned bytes: `dims` then `values` (the inverse of the readers, for
+/// tests and made-up data sets; a shape that disagrees with the values is written as asked).
+pub fn encode(dims: &[u32], values: &[u8]) -> Vec<u8> {
+    let mut bytes = vec![0, 0, UBYTE, dims.len() as u8];
+    for d in dims {
+        bytes.extend_from_slice(&d.to_be_bytes());
+    }
+    bytes.extend_from_slice(values);
+    bytes
+}
+
 /// Images and labels that belong together: the same count.
 pub fn check_pair(images: &Images, labels: &[u8], what: &str) -> Result<()> {
     if images.count != labels.len() {
@@ -180,14 +191,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn idx(dims: &[u32], values: &[u8]) -> Vec<u8> {
-        let mut b = vec![0, 0, UBYTE, dims.len() as u8];
-        for d in dims {
-            b.extend_from_slice(&d.to_be_bytes());
-        }
-        b.extend_from_slice(values);
-        b
-    }
+    use encode as idx;
 
     fn input_error(r: Result<impl std::fmt::Debug>) -> String {
         match r {

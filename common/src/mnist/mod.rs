@@ -1,7 +1,17 @@
-//! The MLP workload (Fashion-MNIST and MNIST): the data sets' idx files, read and checked.
-//! The model, the `mnist` subcommand and its training loop come next (see the issue on the MLP
-//! workload); this is the input side they build on.
+//! The MLP workload (Fashion-MNIST and MNIST), the `mnist` subcommand of every stage. Read in
+//! this order: `idx` (the data sets' files, read and checked), `data` (the training and test
+//! sets, read by rank 0 and sent to every rank), `mlp` (the model: Linear and ReLU layers as
+//! autograd ops, softmax cross-entropy), `train` (the loop: batches split over ranks,
+//! gradients summed, SGD with momentum or AdamW, a loss and accuracy row per epoch), and
+//! `synthetic` (made-up data sets of the same form, for tests).
 
+pub mod data;
 pub mod idx;
+pub mod mlp;
+pub mod synthetic;
+pub mod train;
 
+pub use data::{Dataset, CLASSES};
 pub use idx::{parse_images, parse_labels, read_images, read_labels, Images};
+pub use mlp::Mlp;
+pub use train::{train, MlpTrainer};

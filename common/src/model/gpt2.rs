@@ -5,7 +5,7 @@
 use super::params::{Init, Param, ParamEntry};
 use super::{ModelConfig, ParamLayout};
 use crate::autograd::{Graph, Tensor};
-use crate::backend::{bf16, ActType, Backend, DeviceBuffer};
+use crate::backend::{bf16, ActType, Backend};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -60,14 +60,7 @@ impl<B: Backend> Gpt2<B> {
     /// Rounds the master weights into the bf16 copy (when there is one): after the
     /// parameters were written other than by the optimiser (initialised, loaded, averaged).
     pub fn refresh_copy(&self, be: &B) -> Result<()> {
-        if let Some(copy) = &self.params_bf16 {
-            let n = self.layout.total;
-            crate::backend::check_range("bf16 copy", copy.len(), 0, n)?;
-            crate::backend::check_range("parameters", self.params.len(), 0, n)?;
-            // SAFETY: both buffers hold the layout's n values (checked above).
-            unsafe { be.round_to_bf16(copy.ptr(), self.params.ptr(), n) };
-        }
-        Ok(())
+        crate::backend::refresh_bf16_copy(be, &self.params, self.params_bf16.as_ref(), self.layout.total)
     }
 
     pub fn num_params(&self) -> usize {
@@ -151,9 +144,13 @@ impl<B: Backend> Gpt2<B> {
     }
 }
 
+/// A uniform sample in [0, 1) (24 random bits).
+pub(crate) fn uniform(rng: &mut ChaCha8Rng) -> f32 {
+    (rng.next_u32() >> 8) as f32 / (1u32 << 24) as f32
+}
+
 /// Standard normal samples (Box–Muller) scaled by `std`, in a fixed order.
 fn fill_normal(out: &mut [f32], std: f32, rng: &mut ChaCha8Rng) {
-    let uniform = |rng: &mut ChaCha8Rng| (rng.next_u32() >> 8) as f32 / (1u32 << 24) as f32;
     for pair in out.chunks_mut(2) {
         let u1 = uniform(rng).max(f32::MIN_POSITIVE);
         let u2 = uniform(rng);

@@ -7,4 +7,6 @@ pub mod params;
 
 pub use config::{round_up, ConfigOverrides, ModelConfig, PRESETS};
 pub use gpt2::{Forward, Gpt2};
+/// The seeded uniform samples GPT-2's initialisation draws from (the MLP's too).
+pub(crate) use gpt2::uniform;
 pub use params::{Param, ParamLayout};

@@ -96,6 +96,12 @@ impl LossLog {
     /// its checkpoint had seen written) keeps that many rows and drops any written after
     /// the checkpoint, so the table continues as if the run had never stopped.
     pub fn open(dir: &Path, keep_rows: Option<u64>) -> Result<Self> {
+        Self::open_table(dir, Self::HEADER, keep_rows)
+    }
+
+    /// As [`LossLog::open`], for a table of other columns (`header`, tab-separated): the
+    /// MLP workload's, whose rows it writes with [`LossLog::append_line`].
+    pub fn open_table(dir: &Path, header: &str, keep_rows: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let path = dir.join("loss.tsv");
         let kept: Vec<String> = match keep_rows {
@@ -106,7 +112,7 @@ impl LossLog {
             None => Vec::new(),
         };
         atomic_file::write(&path, |f| {
-            writeln!(f, "{}", Self::HEADER)?;
+            writeln!(f, "{header}")?;
             kept.iter().try_for_each(|row| writeln!(f, "{row}"))
         })?;
         let file = std::fs::OpenOptions::new()
@@ -126,7 +132,12 @@ impl LossLog {
     }
 
     pub fn append(&mut self, row: &LossRow) -> Result<()> {
-        writeln!(self.file, "{}", row.tsv())
+        self.append_line(&row.tsv())
+    }
+
+    /// Writes one row (tab-separated values) and flushes it.
+    pub fn append_line(&mut self, tsv: &str) -> Result<()> {
+        writeln!(self.file, "{tsv}")
             .and_then(|_| self.file.flush())
             .map_err(io_err(&self.path))?;
         self.rows += 1;

@@ -153,7 +153,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             });
         }
         let mut comm_s = self.queue_gradients(batch, b, t, false)?;
-        let (mut loss, norm) = self.opt.read_loss_and_norm(be)?;
+        let (mut loss, norm) = self.opt.meter.read_loss_and_norm(be)?;
         if comm.size() > 1 {
             let t0 = Instant::now();
             let mut v = [loss];
@@ -161,7 +161,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             loss = v[0] / comm.size() as f32;
             comm_s += t0.elapsed().as_secs_f64();
             // Every rank sees the same averaged loss and (gradients summed) the same norm.
-            self.opt.set_apply(be, loss.is_finite() && norm.is_finite())?;
+            self.opt.meter.set_apply(be, loss.is_finite() && norm.is_finite())?;
         }
         let copy = self.model.params_bf16.as_ref();
         self.opt.update(be, &self.model.params, copy, &self.model.grads)?;
@@ -192,7 +192,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
             let loss = fwd.loss.expect("targets given");
             comm_s += self.sync.backward(&mut g, loss, comm, &self.model.grads, (micro, k))?;
-            let (slot, at) = self.opt.loss_slot();
+            let (slot, at) = self.opt.meter.loss_slot();
             g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
         }
         self.opt.finish_gradients(be, &self.model.grads, 1.0 / k as f32)?;

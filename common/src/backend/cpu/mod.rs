@@ -20,7 +20,7 @@ mod loss;
 mod matmul;
 mod optim;
 
-use super::{bf16, Act, AdamWHyper, StepState, Backend, DevPtr, DeviceBuffer, Elem};
+use super::{bf16, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, SgdHyper, StepState};
 use crate::error::{Error, Result};
 use std::ptr::NonNull;
 
@@ -456,6 +456,28 @@ impl Backend for CpuBackend {
         };
         let grads = view(grads, n);
         self.run(|| optim::adamw(moments, grads, &step, hp));
+        if let Some(copy) = copy {
+            self.round_to_bf16(copy, params, n);
+        }
+    }
+
+    unsafe fn sgd(
+        &self,
+        params: DevPtr,
+        grads: DevPtr,
+        velocity: DevPtr,
+        n: usize,
+        state: DevPtr,
+        hp: SgdHyper,
+        copy: Option<DevPtr<bf16>>,
+    ) {
+        let step = *state_mut(state);
+        if step.apply == 0.0 {
+            return;
+        }
+        let (p, v) = (view_mut(params, n), view_mut(velocity, n));
+        let grads = view(grads, n);
+        self.run(|| optim::sgd(p, v, grads, &step, hp));
         if let Some(copy) = copy {
             self.round_to_bf16(copy, params, n);
         }

@@ -1,7 +1,7 @@
-//! Reductions (mean, sum of squares, the clipping factor) and the AdamW update.
+//! Reductions (mean, sum of squares, the clipping factor) and the AdamW and SGD updates.
 
 use super::elementwise::CHUNK;
-use crate::backend::{AdamWHyper, StepState};
+use crate::backend::{AdamWHyper, SgdHyper, StepState};
 use rayon::prelude::*;
 
 /// Mean in f64, in order.
@@ -58,6 +58,23 @@ pub(super) fn adamw(s: AdamWState, grads: &[f32], step: &StepState, hp: AdamWHyp
                 v[i] = hp.beta2 * v[i] + (1.0 - hp.beta2) * g * g;
                 let (mhat, vhat) = (m[i] / bc1, v[i] / bc2);
                 p[i] -= lr * (mhat / (vhat.sqrt() + hp.eps) + hp.weight_decay * p[i]);
+            }
+        });
+}
+
+/// SGD with momentum, in place: `velocity` is the momentum buffer.
+/// One SGD update with the step's learning rate and clipping factor.
+pub(super) fn sgd(params: &mut [f32], velocity: &mut [f32], grads: &[f32], step: &StepState, hp: SgdHyper) {
+    let (scale, lr) = (step.clip, step.lr);
+    params
+        .par_chunks_mut(CHUNK)
+        .zip(velocity.par_chunks_mut(CHUNK))
+        .zip(grads.par_chunks(CHUNK))
+        .for_each(|((p, v), g)| {
+            for i in 0..p.len() {
+                let g = g[i] * scale + hp.weight_decay * p[i];
+                v[i] = hp.momentum * v[i] + g;
+                p[i] -= lr * v[i];
             }
         });
 }

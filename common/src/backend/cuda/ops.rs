@@ -7,7 +7,7 @@ use super::blas::Gemm;
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
 use super::Recording;
-use crate::backend::{bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Precision};
+use crate::backend::{bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Precision, SgdHyper};
 use crate::error::{Error, Result};
 
 /// Threads per block for elementwise kernels.
@@ -715,5 +715,28 @@ impl Backend for CudaBackend {
             copy.unwrap_or_default()
         ];
         self.launch_1d("adamw_kernel", n, args);
+    }
+
+    unsafe fn sgd(
+        &self,
+        params: DevPtr,
+        grads: DevPtr,
+        velocity: DevPtr,
+        n: usize,
+        state: DevPtr,
+        hp: SgdHyper,
+        copy: Option<DevPtr<bf16>>,
+    ) {
+        let args = args![
+            params,
+            grads,
+            velocity,
+            n,
+            state,
+            hp.momentum,
+            hp.weight_decay,
+            copy.unwrap_or_default()
+        ];
+        self.launch_1d("sgd_kernel", n, args);
     }
 }

@@ -1,5 +1,5 @@
-// The step's scalars and the AdamW update, both on the device, so that a step needs no host
-// round trip and can be recorded once and replayed (a CUDA graph).
+// The step's scalars and the AdamW and SGD updates, all on the device, so that a step needs no
+// host round trip and can be recorded once and replayed (a CUDA graph).
 
 // The optimiser's per-step scalars: the layout of `StepState` in backend/mod.rs.
 struct StepState {
@@ -48,6 +48,23 @@ extern "C" __global__ void adamw_kernel(float* params, const float* grads, float
     float v_hat = vi / s->bias2;
     float p = params[i];
     p -= s->lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    params[i] = p;
+    if (copy) copy[i] = to_bf16(p);
+}
+
+// SGD with momentum (PyTorch's form): g = grads · clip + weight_decay · p, v = momentum · v + g,
+// p -= lr · v, with the step state's learning rate and clipping factor; nothing when the step
+// is skipped. `copy` as in adamw_kernel.
+extern "C" __global__ void sgd_kernel(float* params, const float* grads, float* velocity, int n,
+                                      const StepState* s, float momentum, float weight_decay,
+                                      bf16_t* copy) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || s->apply == 0.0f) return;
+    float p = params[i];
+    float g = grads[i] * s->clip + weight_decay * p;
+    float v = momentum * velocity[i] + g;
+    velocity[i] = v;
+    p -= s->lr * v;
     params[i] = p;
     if (copy) copy[i] = to_bf16(p);
 }
