@@ -217,7 +217,7 @@ impl<B: Backend> AdamW<B> {
         self.meter.read_history(be, &self.config, steps)
     }
 
-    /// Queues the update (each decay segment with its weight decay), with the gradients
+    /// Queues the update (one pass; weight decay on the decay segments), with the gradients
     /// clipped by the factor [`StepMeter::finish_gradients`] left on the device, writing the
     /// updated parameters rounded to bf16 into `copy` too, when given. The device skips it
     /// when the step's loss or norm was not finite.
@@ -230,28 +230,25 @@ impl<B: Backend> AdamW<B> {
     ) -> Result<()> {
         check_buffers::<B>(self.n, params, grads, &[&self.m, &self.v], copy)?;
         let c = &self.config;
-        for (range, decay) in &self.segments {
-            let hp = AdamWHyper {
-                beta1: c.beta1,
-                beta2: c.beta2,
-                eps: c.eps,
-                weight_decay: if *decay { c.weight_decay } else { 0.0 },
-            };
-            let (o, len) = (range.start, range.len());
-            // SAFETY: params, grads, m, v and the copy hold the n values (checked above);
-            // every segment lies inside 0..n; the state holds its words.
-            unsafe {
-                be.adamw(
-                    params.ptr().add(o),
-                    grads.ptr().add(o),
-                    self.m.ptr().add(o),
-                    self.v.ptr().add(o),
-                    len,
-                    self.meter.state(),
-                    hp,
-                    copy.map(|c| c.ptr().add(o)),
-                );
-            }
+        let hp = AdamWHyper {
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            weight_decay: c.weight_decay,
+        };
+        // SAFETY: params, grads, m, v and the copy hold the n values the segments cover
+        // (checked above); the state holds its words.
+        unsafe {
+            be.adamw(
+                params.ptr(),
+                grads.ptr(),
+                self.m.ptr(),
+                self.v.ptr(),
+                &self.segments,
+                self.meter.state(),
+                hp,
+                copy.map(|c| c.ptr()),
+            );
         }
         Ok(())
     }

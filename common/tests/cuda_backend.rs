@@ -665,8 +665,12 @@ fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
         weight_decay: 0.1,
     };
     let (s1, s2) = (state(t), state(t + 1));
-    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, s1.ptr(), hp, None) };
-    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), n, s2.ptr(), hp, Some(copy.ptr())) };
+    // Weight decay on the first and last thirds only: the kernel finds each parameter's segment.
+    let (a, b) = (n / 3, 2 * n / 3);
+    let segments = [(0..a, true), (a..b, false), (b..n, true)];
+    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), &segments, s1.ptr(), hp, None) };
+    let copy_ptr = Some(copy.ptr());
+    unsafe { be.adamw(params.ptr(), grads.ptr(), m.ptr(), v.ptr(), &segments, s2.ptr(), hp, copy_ptr) };
     let mut copied = vec![bf16::ZERO; n];
     be.read(&copy, 0, &mut copied).unwrap();
     let copied = copied.iter().map(|x| x.to_f32()).collect();

@@ -375,7 +375,7 @@ fn gpt2_step_table(precision: Precision) {
                 grads.ptr().cast(),
                 m.ptr().cast(),
                 v.ptr().cast(),
-                PARAMS,
+                &[(0..PARAMS, true)],
                 state.ptr().cast(),
                 hp,
                 None,

@@ -496,7 +496,7 @@ fn adamw_matches_the_reference_formula() {
                 gb.ptr().cast(),
                 m.ptr().cast(),
                 v.ptr().cast(),
-                n,
+                &[(0..n, true)],
                 st.ptr().cast(),
                 hp,
                 None,

@@ -25,6 +25,7 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::error::{Error, Result};
+use std::ops::Range;
 use std::marker::PhantomData;
 
 /// An element type that backend memory holds: plain bits, no drop.
@@ -671,12 +672,14 @@ pub trait Backend {
     /// # Safety
     /// `state`: [`StepState::WORDS`]; `history`: 2·`history_len`.
     unsafe fn step_stats(&self, state: DevPtr, history: DevPtr, history_len: usize, max_norm: f32, loss_scale: f32);
-    /// One AdamW update of `n` parameters with the learning rate, bias corrections and
-    /// clipping factor of the [`StepState`] at `state`; nothing at all when its `apply` is 0.
-    /// With `copy`, the updated parameters are also written there rounded to bf16, in the
-    /// same pass.
+    /// One AdamW update of the parameters the `segments` cover (in order, from 0), with
+    /// `hp.weight_decay` on the segments flagged true and none on the others, in one pass over
+    /// the buffers, with the learning rate, bias corrections and clipping factor of the
+    /// [`StepState`] at `state`; nothing at all when its `apply` is 0. With `copy`, the updated
+    /// parameters are also written there rounded to bf16, in the same pass.
     /// # Safety
-    /// `params`, `grads`, `m`, `v`: `n` elements each; `state`: [`StepState::WORDS`]; `copy`: `n`.
+    /// `params`, `grads`, `m`, `v`, `copy`: as many elements as the segments cover; `state`:
+    /// [`StepState::WORDS`].
     #[allow(clippy::too_many_arguments)]
     unsafe fn adamw(
         &self,
@@ -684,7 +687,7 @@ pub trait Backend {
         grads: DevPtr,
         m: DevPtr,
         v: DevPtr,
-        n: usize,
+        segments: &[(Range<usize>, bool)],
         state: DevPtr,
         hp: AdamWHyper,
         copy: Option<DevPtr<bf16>>,

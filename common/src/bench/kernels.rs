@@ -327,7 +327,7 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         let bytes = n as f64 * (4.0 * 7.0 + if copy.is_some() { 2.0 } else { 0.0 });
         let copy_ptr = copy.as_ref().map(|c| c.ptr());
         // SAFETY: `n` values in each buffer, the step state's words, `n` in the copy.
-        let ms = time_ms(be, 5, || unsafe { be.adamw(p, g, mm, vv, n, state.ptr(), hp, copy_ptr) })?;
+        let ms = time_ms(be, 5, || unsafe { be.adamw(p, g, mm, vv, &[(0..n, true)], state.ptr(), hp, copy_ptr) })?;
         row("ours", "adamw", format!("{n} params"), ms, None, Some(bytes));
     }
     Ok(rows)

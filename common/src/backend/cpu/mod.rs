@@ -22,6 +22,7 @@ mod optim;
 
 use super::{bf16, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, SgdHyper, StepState};
 use crate::error::{Error, Result};
+use std::ops::Range;
 use std::ptr::NonNull;
 
 /// Host memory standing in for device memory: an owned allocation reached only through
@@ -440,7 +441,7 @@ impl Backend for CpuBackend {
         grads: DevPtr,
         m: DevPtr,
         v: DevPtr,
-        n: usize,
+        segments: &[(Range<usize>, bool)],
         state: DevPtr,
         hp: AdamWHyper,
         copy: Option<DevPtr<bf16>>,
@@ -449,15 +450,22 @@ impl Backend for CpuBackend {
         if step.apply == 0.0 {
             return;
         }
-        let moments = optim::AdamWState {
-            params: view_mut(params, n),
-            m: view_mut(m, n),
-            v: view_mut(v, n),
-        };
-        let grads = view(grads, n);
-        self.run(|| optim::adamw(moments, grads, &step, hp));
-        if let Some(copy) = copy {
-            self.round_to_bf16(copy, params, n);
+        for (range, decay) in segments {
+            let (o, n) = (range.start, range.len());
+            let moments = optim::AdamWState {
+                params: view_mut(params.add(o), n),
+                m: view_mut(m.add(o), n),
+                v: view_mut(v.add(o), n),
+            };
+            let grads = view(grads.add(o), n);
+            let hp = AdamWHyper {
+                weight_decay: if *decay { hp.weight_decay } else { 0.0 },
+                ..hp
+            };
+            self.run(|| optim::adamw(moments, grads, &step, hp));
+        }
+        if let (Some(copy), Some((last, _))) = (copy, segments.last()) {
+            self.round_to_bf16(copy, params, last.end);
         }
     }
 

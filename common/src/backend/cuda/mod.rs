@@ -280,17 +280,26 @@ impl CudaBackend {
             .get(name)
             .ok_or_else(|| Error::Device(format!("kernel {name} is not in the registry")))?;
         // Every argument sits in 8 bytes; a kernel reads 4 of them for int/float (little-endian).
+        // Structs passed by value point at their own bytes.
         let mut storage = Vec::with_capacity(args.len());
         for arg in args {
-            storage.push(match *arg {
-                Arg::Ptr(addr) => addr,
-                Arg::Int(x) => i32::try_from(x)
+            storage.push(match arg {
+                Arg::Ptr(addr) => *addr,
+                Arg::Int(x) => i32::try_from(*x)
                     .map_err(|_| Error::Device(format!("{name}: size {x} does not fit a 32-bit int")))?
                     as u32 as u64,
                 Arg::F32(x) => x.to_bits() as u64,
+                Arg::Bytes(_) => 0,
             });
         }
-        let mut params: Vec<*mut c_void> = storage.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        let mut params: Vec<*mut c_void> = storage
+            .iter_mut()
+            .zip(args)
+            .map(|(v, arg)| match arg {
+                Arg::Bytes(bytes) => bytes.as_ptr() as *mut c_void,
+                _ => v as *mut u64 as *mut c_void,
+            })
+            .collect();
         self.bind()?;
         // SAFETY: argument count and types follow the kernel's signature (kept in step with
         // the .cu files by the backend tests); cuLaunchKernel copies the values before returning.
@@ -343,12 +352,14 @@ fn check_libraries() -> Result<()> {
 }
 
 /// One kernel argument.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Arg {
     /// A device address.
     Ptr(u64),
     Int(usize),
     F32(f32),
+    /// A struct passed by value, as its bytes.
+    Bytes(Vec<u8>),
 }
 
 impl<T> From<DevPtr<T>> for Arg {

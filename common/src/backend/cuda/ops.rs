@@ -7,6 +7,8 @@ use super::blas::Gemm;
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
 use super::Recording;
+use super::Arg;
+use std::ops::Range;
 use crate::backend::{bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Precision, SgdHyper};
 use crate::error::{Error, Result};
 
@@ -143,6 +145,21 @@ impl CudaBackend {
             }
         }
     }
+}
+
+/// Most weight-decay segments one AdamW launch takes (`DecaySegments` in adamw.cu).
+const DECAY_SEGMENTS: usize = 256;
+
+/// `DecaySegments` (adamw.cu) for `segments`, offsets from `start`: the count, each segment's
+/// end, then one bit per segment for whether it decays (u32 words, as the struct lays them out).
+fn decay_table(segments: &[(Range<usize>, bool)], start: usize) -> Arg {
+    let mut words = vec![0u32; 1 + DECAY_SEGMENTS + DECAY_SEGMENTS / 32];
+    words[0] = segments.len() as u32;
+    for (k, (range, decay)) in segments.iter().enumerate() {
+        words[1 + k] = (range.end - start) as u32;
+        words[1 + DECAY_SEGMENTS + k / 32] |= (*decay as u32) << (k % 32);
+    }
+    Arg::Bytes(bytemuck::cast_slice(&words).to_vec())
 }
 
 impl Backend for CudaBackend {
@@ -696,25 +713,32 @@ impl Backend for CudaBackend {
         grads: DevPtr,
         m: DevPtr,
         v: DevPtr,
-        n: usize,
+        segments: &[(Range<usize>, bool)],
         state: DevPtr,
         hp: AdamWHyper,
         copy: Option<DevPtr<bf16>>,
     ) {
-        let args = args![
-            params,
-            grads,
-            m,
-            v,
-            n,
-            state,
-            hp.beta1,
-            hp.beta2,
-            hp.eps,
-            hp.weight_decay,
-            copy.unwrap_or_default()
-        ];
-        self.launch_1d("adamw_kernel", n, args);
+        // One launch over the whole buffer, the segments passed by value (a layout with more
+        // than DECAY_SEGMENTS of them goes in pieces of that many).
+        for piece in segments.chunks(DECAY_SEGMENTS) {
+            let (start, end) = (piece[0].0.start, piece[piece.len() - 1].0.end);
+            let copy = copy.map(|c| c.add(start)).unwrap_or_default();
+            let args = args![
+                params.add(start),
+                grads.add(start),
+                m.add(start),
+                v.add(start),
+                end - start,
+                state,
+                hp.beta1,
+                hp.beta2,
+                hp.eps,
+                hp.weight_decay,
+                copy,
+                decay_table(piece, start)
+            ];
+            self.launch_1d("adamw_kernel", end - start, args);
+        }
     }
 
     unsafe fn sgd(

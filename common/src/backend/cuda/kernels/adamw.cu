@@ -30,15 +30,39 @@ extern "C" __global__ void step_stats_kernel(StepState* s, float* history, int h
     slot[1] = norm;
 }
 
-// g = grads · clip; m, v moments; decoupled weight decay (Loshchilov & Hutter), with the
-// learning rate and bias corrections of the step's state; nothing when the step is skipped.
-// With `copy` (not null), the updated parameter is also written there rounded to bf16: the
-// weight copy a bf16 forward pass reads, in the same pass over memory.
+// The weight-decay segments of a parameter buffer, passed by value in the launch (ops.rs's
+// decay_table): segment k covers [end[k-1], end[k]) and decays when bit k of `decay` is set.
+#define DECAY_SEGMENTS 256
+struct DecaySegments {
+    unsigned count;
+    unsigned end[DECAY_SEGMENTS];
+    unsigned decay[DECAY_SEGMENTS / 32];
+};
+
+// Whether parameter i decays: the segment holding it by binary search (the table stays in the
+// launch's constant bank: __grid_constant__, never copied per thread).
+__device__ __forceinline__ bool decays(const DecaySegments& s, unsigned i) {
+    unsigned lo = 0, hi = s.count - 1;
+    while (lo < hi) {
+        unsigned mid = (lo + hi) / 2;
+        if (s.end[mid] > i) hi = mid;
+        else lo = mid + 1;
+    }
+    return (s.decay[lo / 32] >> (lo % 32)) & 1u;
+}
+
+// One pass over the whole parameter buffer: g = grads · clip; m, v moments; decoupled weight
+// decay (Loshchilov & Hutter) where the segment decays, with the learning rate and bias
+// corrections of the step's state; nothing when the step is skipped. With `copy` (not null),
+// the updated parameter is also written there rounded to bf16: the weight copy a bf16 forward
+// pass reads, in the same pass over memory.
 extern "C" __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int n,
                                         const StepState* s, float beta1, float beta2, float eps,
-                                        float weight_decay, bf16_t* copy) {
+                                        float weight_decay, bf16_t* copy,
+                                        const __grid_constant__ DecaySegments segments) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n || s->apply == 0.0f) return;
+    float wd = decays(segments, (unsigned)i) ? weight_decay : 0.0f;
     float g = grads[i] * s->clip;
     float mi = beta1 * m[i] + (1.0f - beta1) * g;
     float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -47,7 +71,7 @@ extern "C" __global__ void adamw_kernel(float* params, const float* grads, float
     float m_hat = mi / s->bias1;
     float v_hat = vi / s->bias2;
     float p = params[i];
-    p -= s->lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    p -= s->lr * (m_hat / (sqrtf(v_hat) + eps) + wd * p);
     params[i] = p;
     if (copy) copy[i] = to_bf16(p);
 }
