@@ -42,8 +42,8 @@ pub struct CudaBackend {
     // Field order is drop order: kernels and cuBLAS go before the memory they use.
     kernels: Kernels,
     blas: Blas,
-    /// cuBLASLt for matmuls with a bias or the MLP's GELU (fused epilogues); `None` when off
-    /// (GPT2_CUDA_BIAS_EPILOGUE=0) or missing.
+    /// cuBLASLt for matmuls with a bias, the MLP's GELU or the bias gradient (fused
+    /// epilogues); `None` when off (GPT2_CUDA_BIAS_EPILOGUE=0) or missing.
     lt: Option<LtMatmul>,
     #[allow(dead_code, reason = "owned here, used by cuBLAS through its raw pointer")]
     blas_workspace: CudaBuffer,
@@ -223,7 +223,7 @@ impl CudaBackend {
     }
 
     /// The same backend with the matmul bias as a separate pass (for timing comparisons);
-    /// without cuBLASLt the GELU epilogues go too.
+    /// without cuBLASLt the GELU and bias-gradient epilogues go too.
     pub fn without_bias_epilogue(mut self) -> Self {
         self.lt = None;
         self
