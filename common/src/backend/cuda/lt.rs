@@ -63,7 +63,10 @@ impl Epilogue {
     }
 
     fn has_bias(self) -> bool {
-        matches!(self, Epilogue::Bias | Epilogue::GeluAux { bias: true } | Epilogue::BGradB)
+        matches!(
+            self,
+            Epilogue::Bias | Epilogue::GeluAux { bias: true } | Epilogue::BGradB
+        )
     }
 
     fn has_aux(self) -> bool {
@@ -324,7 +327,10 @@ impl LtMatmul {
             p.iter()
                 .filter_map(|(key, plan)| {
                     let plan = plan.as_ref()?;
-                    Some(format!("{:?} {}x{}x{}: {}", key.epilogue, key.m, key.n, key.k, plan.chosen))
+                    Some(format!(
+                        "{:?} {}x{}x{}: {}",
+                        key.epilogue, key.m, key.n, key.k, plan.chosen
+                    ))
                 })
                 .collect()
         });
@@ -366,7 +372,7 @@ impl LtMatmul {
         // The epilogue reads the bias in 16-byte pieces; the auxiliary matrix's leading
         // dimension (m) must be a multiple of 8 (cuBLASLt's rule) and we ask 16-byte alignment
         // of it as of the bias.
-        let mut fits = key.align[3] >= 16 && key.align[4] >= 16 && !(epilogue.has_aux() && !m.is_multiple_of(8));
+        let mut fits = key.align[3] >= 16 && key.align[4] >= 16 && (!epilogue.has_aux() || m.is_multiple_of(8));
         if epilogue == Epilogue::BGradB {
             // The bias gradient is fused only where every operand and every column is 16-byte
             // aligned: elsewhere cuBLASLt has only its narrow-load kernels left, slower than
@@ -629,7 +635,10 @@ fn algo_config(algo: &cublasLtMatmulAlgo_t, attr: lt_sys::cublasLtMatmulAlgoConf
 
 /// The number of k-slices an algorithm splits the product into (1: none).
 fn split_k(algo: &cublasLtMatmulAlgo_t) -> u32 {
-    algo_config(algo, lt_sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM)
+    algo_config(
+        algo,
+        lt_sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+    )
 }
 
 /// "algo 66 tile 20 split-K 1 reduction 0": what the notes and test logs quote.
