@@ -369,6 +369,13 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
 
 // ---- the bias gradient in the weight gradient's product (cuBLASLt BGRADB) -------------
 
+/// `matmul_backward` on buffers [dinp, dw, dbias, dout, inp, w] at (BT, C, OC).
+fn backward_with_bias<B: Backend>(be: &B, bufs: [&B::Buffer<f32>; 6], (bt, c, oc): (usize, usize, usize)) {
+    let [dinp, dw, dbias, dout, inp, w] = bufs;
+    // SAFETY: the callers' buffers hold the op's shapes.
+    unsafe { be.matmul_backward(act(dinp), dw.ptr(), Some(dbias.ptr()), act(dout), act(inp), act(w), bt, c, oc) };
+}
+
 /// `matmul_backward` twice, as two micro-batches (each its own inp and dout, the same w),
 /// into dinp, dw and dbias that start random. The fused bias gradient overwrites a scratch
 /// vector that must be ADDED into dbias: the second call checks accumulation (grad-accum).
@@ -381,24 +388,24 @@ fn bias_grad_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, oc: usize)
     for micro in 0..2 {
         let inp = upload_act(be, &rnd(q, bt * c, 125 + 2 * micro, 1.0));
         let dout = upload_act(be, &rnd(q, bt * oc, 126 + 2 * micro, 1.0));
-        unsafe {
-            be.matmul_backward(
-                act(&dinp),
-                dw.ptr(),
-                Some(dbias.ptr()),
-                act(&dout),
-                act(&inp),
-                act(&w),
-                bt,
-                c,
-                oc,
-            )
-        };
+        backward_with_bias(be, [&dinp, &dw, &dbias, &dout, &inp, &w], (bt, c, oc));
         inputs.push((inp, dout));
     }
     let out = vec![download_act(be, &dinp, bt * c), download(be, &dw), download(be, &dbias)];
     drop(inputs);
     out
+}
+
+/// One `matmul_backward` from zero gradients on fresh random inputs (the same for the same
+/// arguments): [dw, dbias].
+fn bias_grad_once(be: &CudaBackend, q: Inputs, bt: usize, c: usize, oc: usize) -> Vec<Vec<f32>> {
+    let inp = upload_act(be, &rnd(q, bt * c, 131, 1.0));
+    let dout = upload_act(be, &rnd(q, bt * oc, 132, 1.0));
+    let w = upload_act(be, &rnd(q, oc * c, 133, 0.5));
+    let dinp = alloc_act(be, bt * c);
+    let (dw, dbias) = (upload(be, &vec![0.0; oc * c]), upload(be, &vec![0.0; oc]));
+    backward_with_bias(be, [&dinp, &dw, &dbias, &dout, &inp, &w], (bt, c, oc));
+    vec![download(be, &dw), download(be, &dbias)]
 }
 
 const BIAS_GRAD_NAMES: [&str; 3] = ["dinp", "dw", "dbias"];
@@ -500,30 +507,10 @@ fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
         );
         let unfused = gpu(precision).with_bias_grad(BiasGradPath::Unfused);
         for (c, oc) in [(768, 2304), (768, 768), (768, 3072), (3072, 768)] {
-            let inp = upload_act(&fused, &rnd(q, bt * c, 131, 1.0));
-            let dout = upload_act(&fused, &rnd(q, bt * oc, 132, 1.0));
-            let w = upload_act(&fused, &rnd(q, oc * c, 133, 0.5));
-            let dinp = alloc_act(&fused, bt * c);
-            let (dw, dbias) = (upload(&fused, &vec![0.0; oc * c]), upload(&fused, &vec![0.0; oc]));
-            let run = || -> Vec<Vec<f32>> {
-                fused.write(&dw, 0, &vec![0.0; oc * c]).expect("upload");
-                fused.write(&dbias, 0, &vec![0.0; oc]).expect("upload");
-                unsafe {
-                    fused.matmul_backward(
-                        act(&dinp),
-                        dw.ptr(),
-                        Some(dbias.ptr()),
-                        act(&dout),
-                        act(&inp),
-                        act(&w),
-                        bt,
-                        c,
-                        oc,
-                    )
-                };
-                vec![download(&fused, &dw), download(&fused, &dbias)]
-            };
-            let (first, second) = (run(), run());
+            let (first, second) = (
+                bias_grad_once(&fused, q, bt, c, oc),
+                bias_grad_once(&fused, q, bt, c, oc),
+            );
             let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
                 v.iter().map(|x| x.iter().map(|f| f.to_bits()).collect()).collect()
             };
@@ -537,26 +524,6 @@ fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
                 "{precision:?}: no cuBLASLt algorithm ran BGRADB at C={c} OC={oc} BT={bt}, the bias gradient ran unfused: {:?}",
                 fused.epilogue_plans()
             );
-            // The same product and column sums unfused (each backend reads its own copies).
-            let inp_u = upload_act(&unfused, &rnd(q, bt * c, 131, 1.0));
-            let dout_u = upload_act(&unfused, &rnd(q, bt * oc, 132, 1.0));
-            let w_u = upload_act(&unfused, &rnd(q, oc * c, 133, 0.5));
-            let dinp_u = alloc_act(&unfused, bt * c);
-            let (dw_u, dbias_u) = (upload(&unfused, &vec![0.0; oc * c]), upload(&unfused, &vec![0.0; oc]));
-            unsafe {
-                unfused.matmul_backward(
-                    act(&dinp_u),
-                    dw_u.ptr(),
-                    Some(dbias_u.ptr()),
-                    act(&dout_u),
-                    act(&inp_u),
-                    act(&w_u),
-                    bt,
-                    c,
-                    oc,
-                )
-            };
-            let apart = vec![download(&unfused, &dw_u), download(&unfused, &dbias_u)];
             // Both sum the same values in f32 in different orders; tf32 may also round dout
             // to 10 mantissa bits inside the product's epilogue.
             let tol = if precision == Precision::Tf32 { 1e-2 } else { 1e-4 };
@@ -564,7 +531,7 @@ fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
                 &format!("bgrad fused~unfused {precision:?} {c}x{oc}"),
                 &["dw", "dbias"],
                 &first,
-                &apart,
+                &bias_grad_once(&unfused, q, bt, c, oc),
                 tol,
             );
         }
