@@ -443,7 +443,7 @@ impl LtMatmul {
     /// Descriptors and the heuristic's first algorithm for `key`, or None when it has none.
     /// The bias and a GELU epilogue's auxiliary matrix are set before the heuristic runs:
     /// cuBLASLt reads their alignment from the pointers. For the bias gradient (BGRADB) the
-    /// heuristic's first algorithm WITHOUT split-K is taken (see `pick`).
+    /// heuristic's first algorithm WITHOUT split-K is taken (`pick_without_split_k`).
     fn make_plan(&self, key: &PlanKey, ops: &Operands) -> Result<Option<Plan>> {
         let f32_t = cudaDataType::CUDA_R_32F;
         let elem_t = match self.act {
