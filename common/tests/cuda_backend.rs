@@ -12,7 +12,7 @@
 #![cfg(feature = "cuda")]
 
 use common::backend::cpu::CpuBackend;
-use common::backend::cuda::{AttentionPath, CudaBackend, GeluPath};
+use common::backend::cuda::{AttentionPath, BiasGradPath, CudaBackend, GeluPath};
 use common::backend::Precision;
 use common::backend::{bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
 
@@ -335,7 +335,7 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
     // no GELU plan at all.
     let gelu_plans = |gpu: &CudaBackend| -> Vec<(String, [usize; 3], bool)> {
         let plans = gpu.epilogue_plans();
-        plans.into_iter().filter(|(e, _, _)| e != "Bias").collect()
+        plans.into_iter().filter(|(e, _, _)| e.contains("Gelu")).collect()
     };
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
         let q = if precision == Precision::Bf16 {
@@ -363,6 +363,182 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
         assert!(
             gelu_plans(&unfused).is_empty(),
             "{precision:?}: unfused made GELU plans"
+        );
+    }
+}
+
+// ---- the bias gradient in the weight gradient's product (cuBLASLt BGRADB) -------------
+
+/// `matmul_backward` on buffers [dinp, dw, dbias, dout, inp, w] at (BT, C, OC).
+fn backward_with_bias<B: Backend>(be: &B, bufs: [&B::Buffer<f32>; 6], (bt, c, oc): (usize, usize, usize)) {
+    let [dinp, dw, dbias, dout, inp, w] = bufs;
+    // SAFETY: the callers' buffers hold the op's shapes.
+    unsafe { be.matmul_backward(act(dinp), dw.ptr(), Some(dbias.ptr()), act(dout), act(inp), act(w), bt, c, oc) };
+}
+
+/// `matmul_backward` twice, as two micro-batches (each its own inp and dout, the same w),
+/// into dinp, dw and dbias that start random. The fused bias gradient overwrites a scratch
+/// vector that must be ADDED into dbias: the second call checks accumulation (grad-accum).
+fn bias_grad_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, oc: usize) -> Vec<Vec<f32>> {
+    let w = upload_act(be, &rnd(q, oc * c, 121, 0.5));
+    let dinp = upload_act(be, &rnd(q, bt * c, 122, 1.0));
+    let dw = upload(be, &rnd(q, oc * c, 123, 1.0));
+    let dbias = upload(be, &rnd(q, oc, 124, 1.0));
+    let mut inputs = Vec::new(); // kept until the queued work has run
+    for micro in 0..2 {
+        let inp = upload_act(be, &rnd(q, bt * c, 125 + 2 * micro, 1.0));
+        let dout = upload_act(be, &rnd(q, bt * oc, 126 + 2 * micro, 1.0));
+        backward_with_bias(be, [&dinp, &dw, &dbias, &dout, &inp, &w], (bt, c, oc));
+        inputs.push((inp, dout));
+    }
+    let out = vec![download_act(be, &dinp, bt * c), download(be, &dw), download(be, &dbias)];
+    drop(inputs);
+    out
+}
+
+/// One `matmul_backward` from zero gradients on fresh random inputs (the same for the same
+/// arguments): [dw, dbias].
+fn bias_grad_once(be: &CudaBackend, q: Inputs, bt: usize, c: usize, oc: usize) -> Vec<Vec<f32>> {
+    let inp = upload_act(be, &rnd(q, bt * c, 131, 1.0));
+    let dout = upload_act(be, &rnd(q, bt * oc, 132, 1.0));
+    let w = upload_act(be, &rnd(q, oc * c, 133, 0.5));
+    let dinp = alloc_act(be, bt * c);
+    let (dw, dbias) = (upload(be, &vec![0.0; oc * c]), upload(be, &vec![0.0; oc]));
+    backward_with_bias(be, [&dinp, &dw, &dbias, &dout, &inp, &w], (bt, c, oc));
+    vec![download(be, &dw), download(be, &dbias)]
+}
+
+const BIAS_GRAD_NAMES: [&str; 3] = ["dinp", "dw", "dbias"];
+
+/// (BT, C, OC, whether the operands fit the epilogue): GPT-2's qkv and projection at odd BT,
+/// a small one; OC = 13 leaves dout's rows unaligned (26 or 52 bytes), so the bias gradient
+/// must fall back to the column-sum kernels there.
+const BIAS_GRAD_SHAPES: [(usize, usize, usize, bool); 4] = [
+    (333, 768, 2304, true),
+    (256, 768, 768, true),
+    (74, 48, 144, true),
+    (37, 48, 13, false),
+];
+
+/// The BGRADB plan the fused path made at (BT, C, OC), if any: Some(whether it had an
+/// algorithm). cuBLASLt's (m, n, k) are (C, OC, BT).
+fn bias_grad_plan(gpu: &CudaBackend, bt: usize, c: usize, oc: usize) -> Option<bool> {
+    let plans = gpu.epilogue_plans();
+    plans
+        .iter()
+        .find(|(e, shape, _)| e == "BGradB" && *shape == [c, oc, bt])
+        .map(|(_, _, found)| *found)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn matmul_bias_grad_epilogue_matches_cpu() {
+    // fp32 at the file's tolerance, tf32 at 1e-2 as the matmul; fused (the default) and
+    // unfused; two accumulating calls each.
+    for (precision, tol) in [(Precision::Fp32, FP32_TOL), (Precision::Tf32, 1e-2)] {
+        for path in [BiasGradPath::Fused, BiasGradPath::Unfused] {
+            let gpu = gpu(precision).with_bias_grad(path);
+            for (bt, c, oc, fits) in BIAS_GRAD_SHAPES {
+                let want = bias_grad_case(&cpu(), Inputs::F32, bt, c, oc);
+                let got = bias_grad_case(&gpu, Inputs::F32, bt, c, oc);
+                let plan = bias_grad_plan(&gpu, bt, c, oc);
+                let test = format!("bgrad {precision:?} {path:?} {bt}x{c}x{oc} plan={plan:?}");
+                check(&test, &BIAS_GRAD_NAMES, &got, &want, tol);
+                match path {
+                    BiasGradPath::Unfused => assert_eq!(plan, None, "{test}: unfused made a BGRADB plan"),
+                    BiasGradPath::Fused if !fits => {
+                        assert_eq!(plan, Some(false), "{test}: unaligned dout must fall back")
+                    }
+                    BiasGradPath::Fused => assert!(plan.is_some(), "{test}: no BGRADB plan was tried"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_matmul_bias_grad_epilogue_is_within_bound() {
+    // dinp: two cuBLAS products each rounded into the bf16 buffer (k = 3, one more rounding
+    // than the matmul's single update); dw: f32, two products of K = BT (k = 2 as the
+    // matmul's); dbias: f32 sums of bf16-exact values over 2·BT rows (k = 1).
+    for path in [BiasGradPath::Fused, BiasGradPath::Unfused] {
+        let gpu = gpu(Precision::Bf16).with_bias_grad(path);
+        for (bt, c, oc, fits) in BIAS_GRAD_SHAPES {
+            let want = bias_grad_case(&cpu(), Inputs::Bf16, bt, c, oc);
+            let got = bias_grad_case(&gpu, Inputs::Bf16, bt, c, oc);
+            let plan = bias_grad_plan(&gpu, bt, c, oc);
+            let test = format!("bgrad {path:?} {bt}x{c}x{oc} plan={plan:?}");
+            check_bf16(
+                &test,
+                &BIAS_GRAD_NAMES,
+                &got,
+                &want,
+                &[(3.0, oc), (2.0, 2 * bt), (1.0, 2 * bt)],
+            );
+            if path == BiasGradPath::Fused && !fits {
+                assert_eq!(plan, Some(false), "{test}: unaligned dout must fall back");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
+    // GPT-2 124M's four products with a bias at B·T = 16K (the GEMM's k): cuBLASLt must have
+    // an algorithm without split-K for BGRADB, or the fused path silently runs the column-sum
+    // kernels. The same call twice from the same gradients gives the same bits (the fixed
+    // algorithm); the bias gradient agrees with the unfused path's; GPT2_CUDA_BGRAD=unfused
+    // makes no BGRADB plan. The chosen algorithms are printed (split-K, reduction scheme, and
+    // the heuristic's first pick where it split k) for the notes.
+    let bt = 16_384;
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let q = if precision == Precision::Bf16 {
+            Inputs::Bf16
+        } else {
+            Inputs::F32
+        };
+        let fused = gpu(precision);
+        assert_eq!(
+            fused.bias_grad_path(),
+            BiasGradPath::Fused,
+            "fused is the default (GPT2_CUDA_BGRAD unset)"
+        );
+        let unfused = gpu(precision).with_bias_grad(BiasGradPath::Unfused);
+        for (c, oc) in [(768, 2304), (768, 768), (768, 3072), (3072, 768)] {
+            let (first, second) = (
+                bias_grad_once(&fused, q, bt, c, oc),
+                bias_grad_once(&fused, q, bt, c, oc),
+            );
+            let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+                v.iter().map(|x| x.iter().map(|f| f.to_bits()).collect()).collect()
+            };
+            assert!(
+                bits(&first) == bits(&second),
+                "{precision:?} {c}x{oc}: the fused bias gradient differs between two equal calls"
+            );
+            assert_eq!(
+                bias_grad_plan(&fused, bt, c, oc),
+                Some(true),
+                "{precision:?}: no cuBLASLt algorithm ran BGRADB at C={c} OC={oc} BT={bt}, the bias gradient ran unfused: {:?}",
+                fused.epilogue_plans()
+            );
+            // Both sum the same values in f32 in different orders; tf32 may also round dout
+            // to 10 mantissa bits inside the product's epilogue.
+            let tol = if precision == Precision::Tf32 { 1e-2 } else { 1e-4 };
+            check(
+                &format!("bgrad fused~unfused {precision:?} {c}x{oc}"),
+                &["dw", "dbias"],
+                &first,
+                &bias_grad_once(&unfused, q, bt, c, oc),
+                tol,
+            );
+        }
+        eprintln!("BGRAD ALGORITHMS {precision:?}: {:#?}", fused.epilogue_algorithms());
+        assert!(
+            !unfused.epilogue_plans().iter().any(|(e, _, _)| e == "BGradB"),
+            "{precision:?}: unfused made BGRADB plans"
         );
     }
 }

@@ -474,6 +474,12 @@ pub trait Backend {
         c: usize,
         oc: usize,
     );
+    /// dbias (OC) += Σ_rows dout (BT,OC): the bias gradient alone, as a pass of its own
+    /// (`matmul_backward` computes it too, the CUDA backend inside the weight gradient's
+    /// product; this is the unfused form that benchmarks set beside it).
+    /// # Safety
+    /// `dbias`: OC; `dout`: BT·OC.
+    unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize);
 
     /// out = (inp - mean) · rstd · w + b per row; saves mean (BT) and rstd (BT).
     /// # Safety

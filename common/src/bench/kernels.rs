@@ -256,6 +256,35 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         row("ours-unfused", "matmul_dgelu_bwd", shape, apart, Some(2.0 * flop), None);
     }
 
+    // The backward of GPT-2's four products with a bias (qkv, attention projection, fc,
+    // fcproj) at B·T = 16K: fused, the bias gradient in the weight gradient's product where
+    // the backend does so (CUDA: cuBLASLt's BGRADB epilogue, dout read once); unfused, the
+    // same products without it and the bias gradient as a pass of its own over dout. FLOP:
+    // both products (dinp and dW); bytes: not the bound (the products are).
+    for (c_in, oc) in [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)] {
+        let mut m = Arena::new(be);
+        let (inp, w, dout, dinp) = (
+            m.act(r * c_in, 1.0)?,
+            m.act(oc * c_in, 0.1)?,
+            m.act(r * oc, 1.0)?,
+            m.act(r * c_in, 1.0)?,
+        );
+        let (dw, db) = (m.f32s(oc * c_in, 1.0, None)?, m.f32s(oc, 1.0, None)?);
+        let shape = format!("{r}x{c_in}x{oc}");
+        let flop = 4.0 * (r * c_in * oc) as f64;
+        // SAFETY: every buffer holds what the op's contract asks at this shape.
+        let fused = time_ms(be, 10, || unsafe {
+            be.matmul_backward(dinp, dw, Some(db), dout, inp, w, r, c_in, oc)
+        })?;
+        row("ours", "matmul_bwd_bias", shape.clone(), fused, Some(flop), None);
+        // SAFETY: as above.
+        let apart = time_ms(be, 10, || unsafe {
+            be.matmul_backward(dinp, dw, None, dout, inp, w, r, c_in, oc);
+            be.bias_backward(db, dout, r, oc);
+        })?;
+        row("ours-unfused", "matmul_bwd_bias", shape, apart, Some(flop), None);
+    }
+
     // Cross-entropy forward + backward over vocabularies 32K to 128K (8K rows): fused, the
     // gradient written over the logits; unfused, into a second buffer zeroed first.
     for v in [32_768usize, 50_304, 131_072] {

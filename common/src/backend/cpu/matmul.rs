@@ -105,10 +105,15 @@ pub(super) fn backward(g: Grads, dout: &[f32], inp: &[f32], w: &[f32], c: usize,
         threads,
     );
     if let Some(dbias) = g.dbias {
-        dbias.par_chunks_mut(64).enumerate().for_each(|(j, acc)| {
-            for row in dout.chunks_exact(oc) {
-                axpy(acc, 1.0, &row[j * 64..][..acc.len()]);
-            }
-        });
+        bias_backward(dbias, dout, oc);
     }
+}
+
+/// dbias (OC) += Σ_rows dout (·,OC), 64 columns per task, rows in order.
+pub(super) fn bias_backward(dbias: &mut [f32], dout: &[f32], oc: usize) {
+    dbias.par_chunks_mut(64).enumerate().for_each(|(j, acc)| {
+        for row in dout.chunks_exact(oc) {
+            axpy(acc, 1.0, &row[j * 64..][..acc.len()]);
+        }
+    });
 }

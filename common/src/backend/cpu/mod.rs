@@ -269,6 +269,11 @@ impl Backend for CpuBackend {
         self.run(|| matmul::backward(grads, dout, inp, w, c, oc, self.threads));
     }
 
+    unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
+        let (dbias, dout) = (view_mut(dbias, oc), view(dout, bt * oc));
+        self.run(|| matmul::bias_backward(dbias, dout, oc));
+    }
+
     unsafe fn layernorm_forward(
         &self,
         out: DevPtr<Act>,

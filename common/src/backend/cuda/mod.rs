@@ -42,8 +42,8 @@ pub struct CudaBackend {
     // Field order is drop order: kernels and cuBLAS go before the memory they use.
     kernels: Kernels,
     blas: Blas,
-    /// cuBLASLt for matmuls with a bias or the MLP's GELU (fused epilogues); `None` when off
-    /// (GPT2_CUDA_BIAS_EPILOGUE=0) or missing.
+    /// cuBLASLt for matmuls with a bias, the MLP's GELU or the bias gradient (fused
+    /// epilogues); `None` when off (GPT2_CUDA_BIAS_EPILOGUE=0) or missing.
     lt: Option<LtMatmul>,
     #[allow(dead_code, reason = "owned here, used by cuBLAS through its raw pointer")]
     blas_workspace: CudaBuffer,
@@ -60,6 +60,7 @@ pub struct CudaBackend {
     precision: Precision,
     attention: AttentionPath,
     gelu: GeluPath,
+    bias_grad: BiasGradPath,
 }
 
 /// How causal attention runs. Both are kept so that they can be compared.
@@ -121,6 +122,32 @@ impl GeluPath {
     }
 }
 
+/// How `matmul_backward` computes the bias gradient. Both are kept so that they can be compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BiasGradPath {
+    /// In the weight gradient's product (cuBLASLt's BGRADB epilogue, reading dout once): the
+    /// epilogue overwrites a small f32 scratch vector, which `accumulate_kernel` adds into
+    /// dbias (gradients accumulate over micro-batches). Where the epilogue cannot run (no
+    /// cuBLASLt, alignment, no algorithm without split-K), as `Unfused`.
+    Fused,
+    /// cuBLAS's product, then the two-pass column sums of dout (`bias_backward_vec4_kernel`,
+    /// `column_sums_finish_kernel`).
+    Unfused,
+}
+
+impl BiasGradPath {
+    /// From the environment variable `GPT2_CUDA_BGRAD` (`fused`, the default, or `unfused`).
+    fn from_env() -> Result<Self> {
+        match std::env::var("GPT2_CUDA_BGRAD").as_deref() {
+            Err(_) | Ok("") | Ok("fused") => Ok(BiasGradPath::Fused),
+            Ok("unfused") => Ok(BiasGradPath::Unfused),
+            Ok(other) => Err(Error::Input(format!(
+                "GPT2_CUDA_BGRAD={other}: expected `fused` or `unfused`"
+            ))),
+        }
+    }
+}
+
 impl CudaBackend {
     /// Opens GPU `device`, compiles the kernels for its architecture and sets up cuBLAS.
     pub fn new(device: usize, precision: Precision) -> Result<Self> {
@@ -149,6 +176,7 @@ impl CudaBackend {
 
         let attention = AttentionPath::from_env()?;
         let gelu = GeluPath::from_env()?;
+        let bias_grad = BiasGradPath::from_env()?;
         if attention == AttentionPath::Gemm && precision == Precision::Bf16 {
             return Err(Error::Input(
                 "GPT2_CUDA_ATTENTION=gemm runs in f32 only: use --precision fp32 or tf32 with it".into(),
@@ -181,6 +209,7 @@ impl CudaBackend {
             precision,
             attention,
             gelu,
+            bias_grad,
         })
     }
 
@@ -194,7 +223,7 @@ impl CudaBackend {
     }
 
     /// The same backend with the matmul bias as a separate pass (for timing comparisons);
-    /// without cuBLASLt the GELU epilogues go too.
+    /// without cuBLASLt the GELU and bias-gradient epilogues go too.
     pub fn without_bias_epilogue(mut self) -> Self {
         self.lt = None;
         self
@@ -206,6 +235,16 @@ impl CudaBackend {
         self
     }
 
+    /// The same backend with the bias gradient on `path` (tests compare the two).
+    pub fn with_bias_grad(mut self, path: BiasGradPath) -> Self {
+        self.bias_grad = path;
+        self
+    }
+
+    pub fn bias_grad_path(&self) -> BiasGradPath {
+        self.bias_grad
+    }
+
     pub fn attention_path(&self) -> AttentionPath {
         self.attention
     }
@@ -214,16 +253,29 @@ impl CudaBackend {
         self.gelu
     }
 
-    /// The cuBLASLt epilogue plans made so far (`Bias`, `GeluAux { bias }`, `DGelu`), each
-    /// with its (m, n, k) and whether cuBLASLt had an algorithm for it (where it had none,
-    /// the product ran unfused): what tests and benchmarks check the fused path by.
+    /// The cuBLASLt epilogue plans made so far (`Bias`, `GeluAux { bias }`, `DGelu`,
+    /// `BGradB`), each with its (m, n, k) and whether cuBLASLt had an algorithm for it (where
+    /// it had none, or the operands did not fit, the product ran unfused): what tests and
+    /// benchmarks check the fused path by.
     pub fn epilogue_plans(&self) -> Vec<(String, [usize; 3], bool)> {
         self.lt.as_ref().map(|lt| lt.plans()).unwrap_or_default()
+    }
+
+    /// One line per epilogue plan with an algorithm: the algorithm's id, tile, split-K and
+    /// reduction scheme (and, for the bias gradient, the heuristic's first pick where it was
+    /// passed over for splitting k), for test logs and the notes.
+    pub fn epilogue_algorithms(&self) -> Vec<String> {
+        self.lt.as_ref().map(|lt| lt.algorithms()).unwrap_or_default()
     }
 
     /// cuBLASLt, when the MLP's GELU goes into its epilogues.
     fn gelu_epilogues(&self) -> Option<&LtMatmul> {
         self.lt.as_ref().filter(|_| self.gelu == GeluPath::Fused)
+    }
+
+    /// cuBLASLt, when the bias gradient goes into the weight gradient's epilogue.
+    fn bias_grad_epilogue(&self) -> Option<&LtMatmul> {
+        self.lt.as_ref().filter(|_| self.bias_grad == BiasGradPath::Fused)
     }
 
     fn stream(&self) -> driver_sys::CUstream {

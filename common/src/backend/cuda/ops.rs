@@ -66,7 +66,9 @@ impl CudaBackend {
     }
 
     /// `matmul_backward` with dinp's product as `(dinp, beta)`: beta 1 accumulates, 0
-    /// overwrites; `None` leaves dinp to the caller (the DGELU epilogue computed it).
+    /// overwrites; `None` leaves dinp to the caller (the DGELU epilogue computed it). The
+    /// bias gradient comes from the weight gradient's product (BGRADB) on `BiasGradPath::Fused`
+    /// where cuBLASLt can run it, else from `column_sums` after cuBLAS's product.
     ///
     /// # Safety
     /// As `matmul_backward`.
@@ -85,8 +87,7 @@ impl CudaBackend {
     ) {
         // dinp (BT,C) = beta · dinp + dout (BT,OC) · w (OC,C).
         let act = self.act();
-        let dbias_vec = dbias.and_then(|_| vec4_column_reduce(bt, oc, &[dout], act));
-        let (dout, inp, w) = (dout.cast::<f32>(), inp.cast(), w.cast());
+        let (dout_f, inp_f, w_f) = (dout.cast::<f32>(), inp.cast(), w.cast());
         if let Some((dinp, beta)) = dinp {
             self.gemm(Gemm {
                 ab: act,
@@ -96,10 +97,10 @@ impl CudaBackend {
                 m: c,
                 n: bt,
                 k: oc,
-                a: w,
+                a: w_f,
                 lda: c,
                 stride_a: 0,
-                b: dout,
+                b: dout_f,
                 ldb: oc,
                 stride_b: 0,
                 beta,
@@ -108,6 +109,24 @@ impl CudaBackend {
                 stride_c: 0,
                 batch: 1,
             });
+        }
+        if let (Some(dbias), Some(lt)) = (dbias, self.bias_grad_epilogue()) {
+            // dw += doutᵀ · inp with Σ_rows dout in the product's epilogue, into an OC-word
+            // scratch (the epilogue overwrites; gradients accumulate), then dbias += scratch.
+            // The scratch is live only between these two launches, inside this op.
+            let fused = self.scratch(oc).and_then(|part| {
+                self.bind()?;
+                let queued = lt.matmul_bgrad(self.stream(), dw, part, dout, inp, bt, c, oc)?;
+                if queued {
+                    self.accumulate(dbias, part, oc);
+                }
+                Ok(queued)
+            });
+            match fused {
+                Ok(true) => return,
+                Ok(false) => {} // the epilogue cannot run here: cuBLAS, then the column sums
+                Err(e) => return self.fail(e),
+            }
         }
         // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
         self.gemm(Gemm {
@@ -118,10 +137,10 @@ impl CudaBackend {
             m: c,
             n: oc,
             k: bt,
-            a: inp,
+            a: inp_f,
             lda: c,
             stride_a: 0,
-            b: dout,
+            b: dout_f,
             ldb: oc,
             stride_b: 0,
             beta: 1.0,
@@ -131,18 +150,27 @@ impl CudaBackend {
             batch: 1,
         });
         if let Some(dbias) = dbias {
-            let (name, (grid, block), rows) = match dbias_vec {
-                Some(shape) => ("bias_backward_vec4_kernel", shape, VEC4_CHUNK_ROWS),
-                None => ("bias_backward_kernel", column_reduce_launch(bt, oc), COLUMN_CHUNK_ROWS),
-            };
-            let chunks = bt.div_ceil(rows);
-            match self.scratch(chunks * oc) {
-                Ok(part) => {
-                    self.launch(name, grid, block, args![part, dout, bt, oc, rows]);
-                    self.finish_column_sums(dbias, part, chunks, oc);
-                }
-                Err(e) => self.fail(e),
+            self.column_sums(dbias, dout, bt, oc);
+        }
+    }
+
+    /// dbias (OC) += Σ_rows dout (BT,OC) in two deterministic passes: per-chunk column sums
+    /// into the scratch (float4 loads where the rows allow), then the chunks added in order.
+    ///
+    /// # Safety
+    /// `dbias`: OC f32s; `dout`: BT·OC activations.
+    unsafe fn column_sums(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
+        let (name, (grid, block), rows) = match vec4_column_reduce(bt, oc, &[dout], self.act()) {
+            Some(shape) => ("bias_backward_vec4_kernel", shape, VEC4_CHUNK_ROWS),
+            None => ("bias_backward_kernel", column_reduce_launch(bt, oc), COLUMN_CHUNK_ROWS),
+        };
+        let chunks = bt.div_ceil(rows);
+        match self.scratch(chunks * oc) {
+            Ok(part) => {
+                self.launch(name, grid, block, args![part, dout, bt, oc, rows]);
+                self.finish_column_sums(dbias, part, chunks, oc);
             }
+            Err(e) => self.fail(e),
         }
     }
 }
@@ -413,6 +441,10 @@ impl Backend for CudaBackend {
     ) {
         // dinp += dout · w: beta = 1 accumulates.
         self.matmul_backward_with(Some((dinp, 1.0)), dw, dbias, dout, inp, w, bt, c, oc);
+    }
+
+    unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
+        self.column_sums(dbias, dout, bt, oc);
     }
 
     unsafe fn matmul_gelu_forward(
