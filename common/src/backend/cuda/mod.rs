@@ -60,6 +60,7 @@ pub struct CudaBackend {
     precision: Precision,
     attention: AttentionPath,
     gelu: GeluPath,
+    residual: ResidualPath,
 }
 
 /// How causal attention runs. Both are kept so that they can be compared.
@@ -121,6 +122,32 @@ impl GeluPath {
     }
 }
 
+/// How the residual add and the layernorm after it run (`Backend::add_layernorm_forward` and
+/// `_backward`). Both are kept so that they can be compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResidualPath {
+    /// One kernel writes the sum and its layernorm (where rows allow 4-element accesses, else
+    /// as `Unfused`); in backward the layernorm's dinp kernel also writes the add's second
+    /// input gradient.
+    Fused,
+    /// `add` then `layernorm_forward`; in backward `layernorm_backward`, then a zero fill and
+    /// `accumulate_act` for the second input (the kernels of the separate ops).
+    Unfused,
+}
+
+impl ResidualPath {
+    /// From the environment variable `GPT2_CUDA_RESIDUAL` (`fused`, the default, or `unfused`).
+    fn from_env() -> Result<Self> {
+        match std::env::var("GPT2_CUDA_RESIDUAL").as_deref() {
+            Err(_) | Ok("") | Ok("fused") => Ok(ResidualPath::Fused),
+            Ok("unfused") => Ok(ResidualPath::Unfused),
+            Ok(other) => Err(Error::Input(format!(
+                "GPT2_CUDA_RESIDUAL={other}: expected `fused` or `unfused`"
+            ))),
+        }
+    }
+}
+
 impl CudaBackend {
     /// Opens GPU `device`, compiles the kernels for its architecture and sets up cuBLAS.
     pub fn new(device: usize, precision: Precision) -> Result<Self> {
@@ -149,6 +176,7 @@ impl CudaBackend {
 
         let attention = AttentionPath::from_env()?;
         let gelu = GeluPath::from_env()?;
+        let residual = ResidualPath::from_env()?;
         if attention == AttentionPath::Gemm && precision == Precision::Bf16 {
             return Err(Error::Input(
                 "GPT2_CUDA_ATTENTION=gemm runs in f32 only: use --precision fp32 or tf32 with it".into(),
@@ -181,6 +209,7 @@ impl CudaBackend {
             precision,
             attention,
             gelu,
+            residual,
         })
     }
 
@@ -204,6 +233,16 @@ impl CudaBackend {
     pub fn with_gelu(mut self, path: GeluPath) -> Self {
         self.gelu = path;
         self
+    }
+
+    /// The same backend with the residual add and layernorm on `path` (tests compare the two).
+    pub fn with_residual(mut self, path: ResidualPath) -> Self {
+        self.residual = path;
+        self
+    }
+
+    pub fn residual_path(&self) -> ResidualPath {
+        self.residual
     }
 
     pub fn attention_path(&self) -> AttentionPath {
