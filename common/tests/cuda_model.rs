@@ -7,7 +7,7 @@
 
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::CpuBackend;
-use common::backend::cuda::{CudaBackend, GeluPath};
+use common::backend::cuda::{CudaBackend, GeluPath, ResidualPath};
 use common::backend::Backend;
 use common::backend::Precision;
 use common::comm::Single;
@@ -110,8 +110,37 @@ fn rel_err(got: &[f32], want: &[f32]) -> f32 {
 }
 
 fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
-    for gelu in [GeluPath::Fused, GeluPath::Unfused] {
-        gradients_match_on(&format!("{name} {gelu:?}"), &gpu().with_gelu(gelu), cfg, b, t);
+    // The defaults, then each fused path off in turn.
+    for (gelu, residual) in [
+        (GeluPath::Fused, ResidualPath::Fused),
+        (GeluPath::Unfused, ResidualPath::Fused),
+        (GeluPath::Fused, ResidualPath::Unfused),
+    ] {
+        let gpu = gpu().with_gelu(gelu).with_residual(residual);
+        gradients_match_on(&format!("{name} {gelu:?}/{residual:?}"), &gpu, cfg, b, t);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn residual_fused_equals_unfused_at_step0() {
+    // The fused residual kernels compute what add + layernorm and layernorm_backward + zero +
+    // accumulate compute (the same roundings, the same reduction order), so the whole model's
+    // loss and gradients are the same numbers on either path, in every precision.
+    let cfg = config("char", ConfigOverrides::default());
+    let (b, t) = (4, 64);
+    let batch = &batches(1, b, t)[0];
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let on = |path| {
+            let be = CudaBackend::new(0, precision).expect("cuda").with_residual(path);
+            step0(&be, cfg, batch, b, t)
+        };
+        let (fused_loss, fused) = on(ResidualPath::Fused);
+        let (unfused_loss, unfused) = on(ResidualPath::Unfused);
+        let differ = fused.iter().zip(&unfused).filter(|(a, b)| a != b).count();
+        eprintln!("RESIDUAL model {precision:?}: loss {fused_loss} vs {unfused_loss}, {differ} gradients differ");
+        assert_eq!(fused_loss, unfused_loss, "{precision:?}: loss");
+        assert_eq!(differ, 0, "{precision:?}: gradients differ");
     }
 }
 

@@ -197,6 +197,57 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         );
     }
     {
+        // The residual add and the layernorm after it (every layernorm of the model but the
+        // first): fused, one pass that writes the sum and its layernorm, and in backward the
+        // dinp kernel writing the add's second input gradient too; unfused, `add` then
+        // `layernorm_forward`, and `layernorm_backward` then a zero fill and `accumulate_act`
+        // (the ops the model ran before). Floors: forward reads a and b and writes the sum and
+        // the output; backward reads the sum's gradient, dout and the sum and writes the
+        // sum's gradient and the copy.
+        let mut m = Arena::new(be);
+        let (x, y, sum, out) = (
+            m.act(r * c, 2.0)?,
+            m.act(r * c, 1.0)?,
+            m.act(r * c, 1.0)?,
+            m.act(r * c, 1.0)?,
+        );
+        let (dout, dsum, copy) = (m.act(r * c, 1.0)?, m.act(r * c, 1.0)?, m.act(r * c, 1.0)?);
+        let (w, b) = (m.act(c, 1.0)?, m.act(c, 1.0)?);
+        let (mean, rstd, dw, db) = (
+            m.f32s(r, 1.0, None)?,
+            m.f32s(r, 1.0, None)?,
+            m.f32s(c, 1.0, None)?,
+            m.f32s(c, 1.0, None)?,
+        );
+        let n = (r * c) as f64;
+        let shape = format!("{r}x{c}");
+        let (fwd_floor, bwd_floor) = (Some(4.0 * n * a + 8.0 * r as f64), Some(5.0 * n * a + 8.0 * r as f64));
+        // SAFETY: every buffer holds what the op's contract asks at this shape.
+        let fused = time_ms(be, 20, || unsafe {
+            be.add_layernorm_forward(sum, out, mean, rstd, x, y, w, b, r, c)
+        })?;
+        row("ours", "add_layernorm_fwd", shape.clone(), fused, None, fwd_floor);
+        // SAFETY: as above.
+        let apart = time_ms(be, 20, || unsafe {
+            be.add(sum, x, y, r * c);
+            be.layernorm_forward(out, mean, rstd, sum, w, b, r, c);
+        })?;
+        row("ours-unfused", "add_layernorm_fwd", shape.clone(), apart, None, fwd_floor);
+        // SAFETY: as above; sum, mean and rstd were written by the forward. dsum accumulates
+        // over the calls, which changes its values, not the work.
+        let fused = time_ms(be, 20, || unsafe {
+            be.add_layernorm_backward(dsum, Some(copy), dw, db, dout, sum, w, mean, rstd, r, c)
+        })?;
+        row("ours", "add_layernorm_bwd", shape.clone(), fused, None, bwd_floor);
+        // SAFETY: as above.
+        let apart = time_ms(be, 20, || unsafe {
+            be.layernorm_backward(dsum, dw, db, dout, sum, w, mean, rstd, r, c);
+            be.zero_act(copy, r * c);
+            be.accumulate_act(copy, dsum, r * c);
+        })?;
+        row("ours-unfused", "add_layernorm_bwd", shape, apart, None, bwd_floor);
+    }
+    {
         let n = r * 4 * c;
         let mut m = Arena::new(be);
         let (inp, out, dout, dinp) = (m.act(n, 4.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?);
