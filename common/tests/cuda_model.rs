@@ -73,10 +73,22 @@ fn batches(n: usize, b: usize, t: usize) -> Vec<Batch> {
 
 /// Loss and every parameter's gradient after one forward/backward from the seeded init.
 fn step0<B: Backend>(be: &B, cfg: ModelConfig, batch: &Batch, b: usize, t: usize) -> (f32, Vec<f32>) {
+    step0_with(be, cfg, batch, b, t, false)
+}
+
+/// `step0`, with the GELU and layernorm outputs computed again in backward when `recompute`.
+fn step0_with<B: Backend>(
+    be: &B,
+    cfg: ModelConfig,
+    batch: &Batch,
+    b: usize,
+    t: usize,
+    recompute: bool,
+) -> (f32, Vec<f32>) {
     let model = Gpt2::new(be, cfg).expect("model");
     model.init_weights(be, 1337).expect("init");
     let mut pool = Pool::default();
-    let mut g = Graph::new(be, &mut pool, true);
+    let mut g = Graph::new(be, &mut pool, true).with_recompute(recompute);
     let fwd = model
         .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)
         .expect("forward");
@@ -141,6 +153,29 @@ fn residual_fused_equals_unfused_at_step0() {
         eprintln!("RESIDUAL model {precision:?}: loss {fused_loss} vs {unfused_loss}, {differ} gradients differ");
         assert_eq!(fused_loss, unfused_loss, "{precision:?}: loss");
         assert_eq!(differ, 0, "{precision:?}: gradients differ");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn recompute_is_bit_for_bit_with_the_fused_residual() {
+    // Under --recompute each fused op's layernorm output is computed again by layernorm_forward
+    // from the kept sum; the fused kernel shares that kernel's row code, so the run is the same
+    // bit for bit (GELU unfused: the epilogue's GELU is recomputed by our kernel only to rounding).
+    let cfg = config("char", ConfigOverrides::default());
+    let (b, t) = (4, 64);
+    let batch = &batches(1, b, t)[0];
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let be = CudaBackend::new(0, precision)
+            .expect("cuda")
+            .with_gelu(GeluPath::Unfused)
+            .with_residual(ResidualPath::Fused);
+        let (kept_loss, kept) = step0_with(&be, cfg, batch, b, t, false);
+        let (again_loss, again) = step0_with(&be, cfg, batch, b, t, true);
+        let same = kept.iter().zip(&again).all(|(x, y)| x.to_bits() == y.to_bits());
+        eprintln!("RECOMPUTE {precision:?}: loss {kept_loss} vs {again_loss}, gradients equal: {same}");
+        assert_eq!(kept_loss.to_bits(), again_loss.to_bits(), "{precision:?}: loss");
+        assert!(same, "{precision:?}: gradients differ under --recompute");
     }
 }
 
