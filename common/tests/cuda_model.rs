@@ -133,6 +133,16 @@ fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
     }
 }
 
+/// Asserts that two `step0` results are the same run: loss and every gradient equal, as bits
+/// when `bits`, else as numbers (0 + g and g may differ in the sign of a zero).
+fn assert_same_step0(what: &str, (a_loss, a): &(f32, Vec<f32>), (b_loss, b): &(f32, Vec<f32>), bits: bool) {
+    let same = |x: f32, y: f32| if bits { x.to_bits() == y.to_bits() } else { x == y };
+    let differ = a.iter().zip(b).filter(|&(&x, &y)| !same(x, y)).count();
+    eprintln!("SAME {what}: loss {a_loss} vs {b_loss}, {differ} of {} gradients differ", a.len());
+    assert!(same(*a_loss, *b_loss), "{what}: loss");
+    assert_eq!(differ, 0, "{what}: gradients differ");
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn residual_fused_equals_unfused_at_step0() {
@@ -147,12 +157,8 @@ fn residual_fused_equals_unfused_at_step0() {
             let be = CudaBackend::new(0, precision).expect("cuda").with_residual(path);
             step0(&be, cfg, batch, b, t)
         };
-        let (fused_loss, fused) = on(ResidualPath::Fused);
-        let (unfused_loss, unfused) = on(ResidualPath::Unfused);
-        let differ = fused.iter().zip(&unfused).filter(|(a, b)| a != b).count();
-        eprintln!("RESIDUAL model {precision:?}: loss {fused_loss} vs {unfused_loss}, {differ} gradients differ");
-        assert_eq!(fused_loss, unfused_loss, "{precision:?}: loss");
-        assert_eq!(differ, 0, "{precision:?}: gradients differ");
+        let what = format!("residual fused vs unfused, {precision:?}");
+        assert_same_step0(&what, &on(ResidualPath::Fused), &on(ResidualPath::Unfused), false);
     }
 }
 
@@ -170,12 +176,9 @@ fn recompute_is_bit_for_bit_with_the_fused_residual() {
             .expect("cuda")
             .with_gelu(GeluPath::Unfused)
             .with_residual(ResidualPath::Fused);
-        let (kept_loss, kept) = step0_with(&be, cfg, batch, b, t, false);
-        let (again_loss, again) = step0_with(&be, cfg, batch, b, t, true);
-        let same = kept.iter().zip(&again).all(|(x, y)| x.to_bits() == y.to_bits());
-        eprintln!("RECOMPUTE {precision:?}: loss {kept_loss} vs {again_loss}, gradients equal: {same}");
-        assert_eq!(kept_loss.to_bits(), again_loss.to_bits(), "{precision:?}: loss");
-        assert!(same, "{precision:?}: gradients differ under --recompute");
+        let kept = step0_with(&be, cfg, batch, b, t, false);
+        let again = step0_with(&be, cfg, batch, b, t, true);
+        assert_same_step0(&format!("--recompute, {precision:?}"), &kept, &again, true);
     }
 }
 

@@ -712,6 +712,49 @@ fn mlp_net_params(be: &CpuBackend) -> CpuBuffer<f32> {
     upload(be, &randn(n, 1.0, &mut rng(17)))
 }
 
+/// Checks the `analytic` gradient of every tensor of a test net (`shapes`, in buffer order in
+/// `params`) against central differences of `loss` at up to 7 coordinates a tensor; the
+/// tensors listed in `unread` must have an all-zero gradient, every other a nonzero one.
+fn check_net_gradient(
+    name: &str,
+    be: &CpuBackend,
+    params: &CpuBuffer<f32>,
+    shapes: &[[usize; 2]],
+    analytic: &[f32],
+    unread: &[usize],
+    mut loss: impl FnMut() -> f64,
+) {
+    let h = 1e-2f32;
+    let mut at = 0;
+    for (k, shape) in shapes.iter().enumerate() {
+        let n = shape[0] * shape[1];
+        let mut worst = 0.0f32;
+        for i in (at..at + n).step_by((n / 6).max(1)) {
+            let mut v = read(be, params);
+            let orig = v[i];
+            let mut loss_at = |x: f32| {
+                v[i] = x;
+                be.write(params, 0, &v).unwrap();
+                loss()
+            };
+            let numeric = ((loss_at(orig + h) - loss_at(orig - h)) / (2.0 * h as f64)) as f32;
+            loss_at(orig);
+            let a = analytic[i];
+            let err = (a - numeric).abs();
+            let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
+            assert!(err <= tol, "{name} tensor {k}[{}]: analytic {a} vs numeric {numeric}", i - at);
+            worst = worst.max(err);
+        }
+        assert_eq!(
+            analytic[at..at + n].iter().all(|&g| g == 0.0),
+            unread.contains(&k),
+            "{name} tensor {k}: the gradient must be zero exactly where the tensor is unread"
+        );
+        eprintln!("{name} tensor {k} {shape:?}: worst error {worst:.2e}");
+        at += n;
+    }
+}
+
 #[test]
 fn mlp_op_gradient_matches_finite_differences() {
     let be = be();
@@ -719,34 +762,9 @@ fn mlp_op_gradient_matches_finite_differences() {
     let grads = be.alloc::<f32>(params.len()).unwrap();
     mlp_net(&be, &params, Some(&grads), MlpForm::Op);
     let analytic = read(&be, &grads);
-    let h = 1e-2f32;
-    let mut at = 0;
-    for (k, shape) in mlp_net_shapes().into_iter().enumerate() {
-        let n = shape[0] * shape[1];
-        let mut worst = 0.0f32;
-        for i in (at..at + n).step_by((n / 6).max(1)) {
-            let mut v = read(&be, &params);
-            let orig = v[i];
-            let mut loss_at = |x: f32| {
-                v[i] = x;
-                be.write(&params, 0, &v).unwrap();
-                mlp_net(&be, &params, None, MlpForm::Op) as f64
-            };
-            let numeric = ((loss_at(orig + h) - loss_at(orig - h)) / (2.0 * h as f64)) as f32;
-            loss_at(orig);
-            let a = analytic[i];
-            let err = (a - numeric).abs();
-            let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
-            assert!(err <= tol, "tensor {k}[{}]: analytic {a} vs numeric {numeric}", i - at);
-            worst = worst.max(err);
-        }
-        assert!(
-            analytic[at..at + n].iter().any(|&g| g != 0.0),
-            "tensor {k}: gradient is identically zero"
-        );
-        eprintln!("mlp tensor {k} {shape:?}: worst error {worst:.2e}");
-        at += n;
-    }
+    check_net_gradient("mlp", &be, &params, &mlp_net_shapes(), &analytic, &[], || {
+        mlp_net(&be, &params, None, MlpForm::Op) as f64
+    });
 }
 
 #[test]
@@ -859,37 +877,11 @@ fn add_layernorm_op_gradient_matches_finite_differences() {
     let grads = be.alloc::<f32>(params.len()).unwrap();
     residual_net(&be, &params, Some(&grads), ResidualForm::Op);
     let analytic = read(&be, &grads);
-    let h = 1e-2f32;
-    let mut at = 0;
-    // The last layernorm's output is never read: its (w, b) (tensors 14 and 15) have none.
-    for (k, shape) in residual_net_shapes().into_iter().enumerate() {
-        let n = shape[0] * shape[1];
-        let mut worst = 0.0f32;
-        for i in (at..at + n).step_by((n / 6).max(1)) {
-            let mut v = read(&be, &params);
-            let orig = v[i];
-            let mut loss_at = |x: f32| {
-                v[i] = x;
-                be.write(&params, 0, &v).unwrap();
-                residual_net(&be, &params, None, ResidualForm::Op) as f64
-            };
-            let numeric = ((loss_at(orig + h) - loss_at(orig - h)) / (2.0 * h as f64)) as f32;
-            loss_at(orig);
-            let a = analytic[i];
-            let err = (a - numeric).abs();
-            let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
-            assert!(err <= tol, "tensor {k}[{}]: analytic {a} vs numeric {numeric}", i - at);
-            worst = worst.max(err);
-        }
-        let unread = k == 14 || k == 15;
-        assert_eq!(
-            analytic[at..at + n].iter().all(|&g| g == 0.0),
-            unread,
-            "tensor {k}: gradient zero exactly where the value is unread"
-        );
-        eprintln!("residual tensor {k} {shape:?}: worst error {worst:.2e}");
-        at += n;
-    }
+    // The last layernorm's output is never read: its (w, b), tensors 14 and 15, get nothing.
+    let shapes = residual_net_shapes();
+    check_net_gradient("residual", &be, &params, &shapes, &analytic, &[14, 15], || {
+        residual_net(&be, &params, None, ResidualForm::Op) as f64
+    });
 }
 
 #[test]

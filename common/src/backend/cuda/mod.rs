@@ -112,13 +112,11 @@ pub enum GeluPath {
 impl GeluPath {
     /// From the environment variable `GPT2_CUDA_GELU` (`fused`, the default, or `unfused`).
     fn from_env() -> Result<Self> {
-        match std::env::var("GPT2_CUDA_GELU").as_deref() {
-            Err(_) | Ok("") | Ok("fused") => Ok(GeluPath::Fused),
-            Ok("unfused") => Ok(GeluPath::Unfused),
-            Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_GELU={other}: expected `fused` or `unfused`"
-            ))),
-        }
+        Ok(if fused_from_env("GPT2_CUDA_GELU")? {
+            GeluPath::Fused
+        } else {
+            GeluPath::Unfused
+        })
     }
 }
 
@@ -138,13 +136,21 @@ pub enum ResidualPath {
 impl ResidualPath {
     /// From the environment variable `GPT2_CUDA_RESIDUAL` (`fused`, the default, or `unfused`).
     fn from_env() -> Result<Self> {
-        match std::env::var("GPT2_CUDA_RESIDUAL").as_deref() {
-            Err(_) | Ok("") | Ok("fused") => Ok(ResidualPath::Fused),
-            Ok("unfused") => Ok(ResidualPath::Unfused),
-            Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_RESIDUAL={other}: expected `fused` or `unfused`"
-            ))),
-        }
+        Ok(if fused_from_env("GPT2_CUDA_RESIDUAL")? {
+            ResidualPath::Fused
+        } else {
+            ResidualPath::Unfused
+        })
+    }
+}
+
+/// An ablation switch: environment variable `var` is `fused` (true; also when unset or empty)
+/// or `unfused` (false).
+fn fused_from_env(var: &str) -> Result<bool> {
+    match std::env::var(var).as_deref() {
+        Err(_) | Ok("") | Ok("fused") => Ok(true),
+        Ok("unfused") => Ok(false),
+        Ok(other) => Err(Error::Input(format!("{var}={other}: expected `fused` or `unfused`"))),
     }
 }
 
