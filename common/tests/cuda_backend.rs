@@ -12,7 +12,7 @@
 #![cfg(feature = "cuda")]
 
 use common::backend::cpu::CpuBackend;
-use common::backend::cuda::{AttentionPath, BiasGradPath, CudaBackend, GeluPath};
+use common::backend::cuda::{AttentionPath, BiasGradPath, CudaBackend, GeluPath, ResidualPath};
 use common::backend::Precision;
 use common::backend::{bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
 
@@ -605,6 +605,180 @@ fn layernorm_matches_cpu() {
         let got = layernorm_case(&gpu(Precision::Fp32), Inputs::F32, bt, c);
         check(&format!("layernorm {bt}x{c}"), &names, &got, &want, FP32_TOL);
     }
+}
+
+// ---- the residual add fused into layernorm --------------------------------------------
+
+/// `add_layernorm_forward` (sum, out, mean, rstd), then `add_layernorm_backward` with a copy
+/// (dsum, copy, dw, db). The backward reads its own sum (bf16-exact under bf16) and that sum's
+/// statistics from `layernorm_forward`, so that its error does not include the forward's
+/// rounding of the sum; dsum, dw and db start random (they accumulate), the copy too (it is
+/// overwritten).
+fn add_layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec<Vec<f32>> {
+    // The residual stream with a small offset per row, and a branch output to add to it.
+    let offset = |i: usize| ((i / c) % 10) as f32 * 0.1;
+    let x: Vec<f32> = rnd(q, bt * c, 31, 2.0).iter().enumerate().map(|(i, v)| v + offset(i)).collect();
+    let x = rnd_to(q, x);
+    let a = upload_act(be, &x);
+    let b = upload_act(be, &rnd(q, bt * c, 32, 1.0));
+    let w = upload_act(be, &rnd(q, c, 33, 1.0));
+    let bias = upload_act(be, &rnd(q, c, 34, 1.0));
+    let (sum, out) = (alloc_act(be, bt * c), alloc_act(be, bt * c));
+    let (mean, rstd) = (be.alloc::<f32>(bt).unwrap(), be.alloc::<f32>(bt).unwrap());
+    let (w_p, bias_p) = (act(&w), act(&bias));
+    unsafe {
+        be.add_layernorm_forward(
+            act(&sum),
+            act(&out),
+            mean.ptr(),
+            rstd.ptr(),
+            act(&a),
+            act(&b),
+            w_p,
+            bias_p,
+            bt,
+            c,
+        )
+    };
+    let sum_b: Vec<f32> = rnd(q, bt * c, 35, 2.0).iter().enumerate().map(|(i, v)| v + offset(i)).collect();
+    let sum_b = upload_act(be, &rnd_to(q, sum_b));
+    let (mean_b, rstd_b, scratch) = (
+        be.alloc::<f32>(bt).unwrap(),
+        be.alloc::<f32>(bt).unwrap(),
+        alloc_act(be, bt * c),
+    );
+    unsafe { be.layernorm_forward(act(&scratch), mean_b.ptr(), rstd_b.ptr(), act(&sum_b), w_p, bias_p, bt, c) };
+    let dout = upload_act(be, &rnd(q, bt * c, 36, 1.0));
+    let dsum = upload_act(be, &rnd(q, bt * c, 37, 1.0));
+    let copy = upload_act(be, &rnd(q, bt * c, 38, 1.0));
+    let dw = upload(be, &rnd(q, c, 39, 1.0));
+    let db = upload(be, &rnd(q, c, 40, 1.0));
+    unsafe {
+        be.add_layernorm_backward(
+            act(&dsum),
+            Some(act(&copy)),
+            dw.ptr(),
+            db.ptr(),
+            act(&dout),
+            act(&sum_b),
+            w_p,
+            mean_b.ptr(),
+            rstd_b.ptr(),
+            bt,
+            c,
+        )
+    };
+    vec![
+        download_act(be, &sum, bt * c),
+        download_act(be, &out, bt * c),
+        download(be, &mean),
+        download(be, &rstd),
+        download_act(be, &dsum, bt * c),
+        download_act(be, &copy, bt * c),
+        download(be, &dw),
+        download(be, &db),
+    ]
+}
+
+/// Values rounded to bf16 when the case is for bf16.
+fn rnd_to(q: Inputs, v: Vec<f32>) -> Vec<f32> {
+    match q {
+        Inputs::F32 => v,
+        Inputs::Bf16 => v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
+    }
+}
+
+const ADD_LN_NAMES: [&str; 8] = ["sum", "out", "mean", "rstd", "dsum", "copy", "dw", "db"];
+
+/// (BT, C): C = 48 and 768 run the fused forward kernel; C = 33 (not a multiple of 4) falls
+/// back to the two ops forward and the scalar dinp kernel (which writes the copy too).
+const ADD_LN_SHAPES: [(usize, usize); 4] = [(74, 48), (1, 8), (300, 768), (600, 33)];
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn add_layernorm_matches_cpu() {
+    // fp32 and tf32 (no product here: the same kernels) at the file's tolerance, both paths.
+    for precision in [Precision::Fp32, Precision::Tf32] {
+        for path in [ResidualPath::Fused, ResidualPath::Unfused] {
+            let gpu = gpu(precision).with_residual(path);
+            for (bt, c) in ADD_LN_SHAPES {
+                let want = add_layernorm_case(&cpu(), Inputs::F32, bt, c);
+                let got = add_layernorm_case(&gpu, Inputs::F32, bt, c);
+                let test = format!("add_layernorm {precision:?} {path:?} {bt}x{c}");
+                check(&test, &ADD_LN_NAMES, &got, &want, FP32_TOL);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_add_layernorm_is_within_bound() {
+    // sum: one rounding of a two-term sum (k = 1, K = 2, as `add`); out: the sum's rounding
+    // (relative 2⁻⁹ of |x| ≤ 3, against a row spread of about 1) through the normalisation,
+    // then its own rounding (k = 2); mean, rstd: f32 statistics of the rounded sum (k = 2);
+    // backward as `layernorm_backward` (dsum read back and updated, k = 2; the copy is the
+    // same values; dw and db f32 sums over rows, k = 1).
+    for path in [ResidualPath::Fused, ResidualPath::Unfused] {
+        let gpu = gpu(Precision::Bf16).with_residual(path);
+        for (bt, c) in [(300, 768), (74, 48), (600, 33)] {
+            let want = add_layernorm_case(&cpu(), Inputs::Bf16, bt, c);
+            let got = add_layernorm_case(&gpu, Inputs::Bf16, bt, c);
+            check_bf16(
+                &format!("add_layernorm {path:?} {bt}x{c}"),
+                &ADD_LN_NAMES,
+                &got,
+                &want,
+                &[
+                    (1.0, 2),
+                    (2.0, c),
+                    (2.0, c),
+                    (2.0, c),
+                    (2.0, c),
+                    (2.0, c),
+                    (1.0, bt),
+                    (1.0, bt),
+                ],
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn add_layernorm_fused_equals_unfused() {
+    // The fused forward rounds the sum as add_vec4_kernel does and runs layernorm_forward_vec4's
+    // row code on it; the fused backward is the same dinp kernel with a second store. So the
+    // two paths give the same numbers in every precision (compared as numbers: the unfused
+    // copy is 0 + g, which may differ from g in the sign of a zero).
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let q = if precision == Precision::Bf16 {
+            Inputs::Bf16
+        } else {
+            Inputs::F32
+        };
+        let fused = gpu(precision).with_residual(ResidualPath::Fused);
+        let unfused = gpu(precision).with_residual(ResidualPath::Unfused);
+        for (bt, c) in ADD_LN_SHAPES {
+            let want = add_layernorm_case(&unfused, q, bt, c);
+            let got = add_layernorm_case(&fused, q, bt, c);
+            for ((name, g), u) in ADD_LN_NAMES.iter().zip(&got).zip(&want) {
+                let differ = g.iter().zip(u).filter(|(a, b)| a != b).count();
+                eprintln!("RESIDUAL {precision:?} {bt}x{c} {name:<5} fused vs unfused: {differ} of {} differ", g.len());
+                assert_eq!(differ, 0, "{precision:?} {bt}x{c} {name}: fused and unfused differ");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn residual_path_defaults_to_fused() {
+    assert_eq!(
+        gpu(Precision::Bf16).residual_path(),
+        ResidualPath::Fused,
+        "fused is the default (GPT2_CUDA_RESIDUAL unset)"
+    );
 }
 
 // ---- attention ----------------------------------------------------------------------

@@ -7,7 +7,7 @@
 
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::CpuBackend;
-use common::backend::cuda::{CudaBackend, GeluPath};
+use common::backend::cuda::{CudaBackend, GeluPath, ResidualPath};
 use common::backend::Backend;
 use common::backend::Precision;
 use common::comm::Single;
@@ -73,10 +73,22 @@ fn batches(n: usize, b: usize, t: usize) -> Vec<Batch> {
 
 /// Loss and every parameter's gradient after one forward/backward from the seeded init.
 fn step0<B: Backend>(be: &B, cfg: ModelConfig, batch: &Batch, b: usize, t: usize) -> (f32, Vec<f32>) {
+    step0_with(be, cfg, batch, b, t, false)
+}
+
+/// `step0`, with the GELU and layernorm outputs computed again in backward when `recompute`.
+fn step0_with<B: Backend>(
+    be: &B,
+    cfg: ModelConfig,
+    batch: &Batch,
+    b: usize,
+    t: usize,
+    recompute: bool,
+) -> (f32, Vec<f32>) {
     let model = Gpt2::new(be, cfg).expect("model");
     model.init_weights(be, 1337).expect("init");
     let mut pool = Pool::default();
-    let mut g = Graph::new(be, &mut pool, true);
+    let mut g = Graph::new(be, &mut pool, true).with_recompute(recompute);
     let fwd = model
         .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)
         .expect("forward");
@@ -110,8 +122,63 @@ fn rel_err(got: &[f32], want: &[f32]) -> f32 {
 }
 
 fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
-    for gelu in [GeluPath::Fused, GeluPath::Unfused] {
-        gradients_match_on(&format!("{name} {gelu:?}"), &gpu().with_gelu(gelu), cfg, b, t);
+    // The defaults, then each fused path off in turn.
+    for (gelu, residual) in [
+        (GeluPath::Fused, ResidualPath::Fused),
+        (GeluPath::Unfused, ResidualPath::Fused),
+        (GeluPath::Fused, ResidualPath::Unfused),
+    ] {
+        let gpu = gpu().with_gelu(gelu).with_residual(residual);
+        gradients_match_on(&format!("{name} {gelu:?}/{residual:?}"), &gpu, cfg, b, t);
+    }
+}
+
+/// Asserts that two `step0` results are the same run: loss and every gradient equal, as bits
+/// when `bits`, else as numbers (0 + g and g may differ in the sign of a zero).
+fn assert_same_step0(what: &str, (a_loss, a): &(f32, Vec<f32>), (b_loss, b): &(f32, Vec<f32>), bits: bool) {
+    let same = |x: f32, y: f32| if bits { x.to_bits() == y.to_bits() } else { x == y };
+    let differ = a.iter().zip(b).filter(|&(&x, &y)| !same(x, y)).count();
+    eprintln!("SAME {what}: loss {a_loss} vs {b_loss}, {differ} of {} gradients differ", a.len());
+    assert!(same(*a_loss, *b_loss), "{what}: loss");
+    assert_eq!(differ, 0, "{what}: gradients differ");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn residual_fused_equals_unfused_at_step0() {
+    // The fused residual kernels compute what add + layernorm and layernorm_backward + zero +
+    // accumulate compute (the same roundings, the same reduction order), so the whole model's
+    // loss and gradients are the same numbers on either path, in every precision.
+    let cfg = config("char", ConfigOverrides::default());
+    let (b, t) = (4, 64);
+    let batch = &batches(1, b, t)[0];
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let on = |path| {
+            let be = CudaBackend::new(0, precision).expect("cuda").with_residual(path);
+            step0(&be, cfg, batch, b, t)
+        };
+        let what = format!("residual fused vs unfused, {precision:?}");
+        assert_same_step0(&what, &on(ResidualPath::Fused), &on(ResidualPath::Unfused), false);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn recompute_is_bit_for_bit_with_the_fused_residual() {
+    // Under --recompute each fused op's layernorm output is computed again by layernorm_forward
+    // from the kept sum; the fused kernel shares that kernel's row code, so the run is the same
+    // bit for bit (GELU unfused: the epilogue's GELU is recomputed by our kernel only to rounding).
+    let cfg = config("char", ConfigOverrides::default());
+    let (b, t) = (4, 64);
+    let batch = &batches(1, b, t)[0];
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let be = CudaBackend::new(0, precision)
+            .expect("cuda")
+            .with_gelu(GeluPath::Unfused)
+            .with_residual(ResidualPath::Fused);
+        let kept = step0_with(&be, cfg, batch, b, t, false);
+        let again = step0_with(&be, cfg, batch, b, t, true);
+        assert_same_step0(&format!("--recompute, {precision:?}"), &kept, &again, true);
     }
 }
 

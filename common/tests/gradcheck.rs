@@ -712,6 +712,49 @@ fn mlp_net_params(be: &CpuBackend) -> CpuBuffer<f32> {
     upload(be, &randn(n, 1.0, &mut rng(17)))
 }
 
+/// Checks the `analytic` gradient of every tensor of a test net (`shapes`, in buffer order in
+/// `params`) against central differences of `loss` at up to 7 coordinates a tensor; the
+/// tensors listed in `unread` must have an all-zero gradient, every other a nonzero one.
+fn check_net_gradient(
+    name: &str,
+    be: &CpuBackend,
+    params: &CpuBuffer<f32>,
+    shapes: &[[usize; 2]],
+    analytic: &[f32],
+    unread: &[usize],
+    mut loss: impl FnMut() -> f64,
+) {
+    let h = 1e-2f32;
+    let mut at = 0;
+    for (k, shape) in shapes.iter().enumerate() {
+        let n = shape[0] * shape[1];
+        let mut worst = 0.0f32;
+        for i in (at..at + n).step_by((n / 6).max(1)) {
+            let mut v = read(be, params);
+            let orig = v[i];
+            let mut loss_at = |x: f32| {
+                v[i] = x;
+                be.write(params, 0, &v).unwrap();
+                loss()
+            };
+            let numeric = ((loss_at(orig + h) - loss_at(orig - h)) / (2.0 * h as f64)) as f32;
+            loss_at(orig);
+            let a = analytic[i];
+            let err = (a - numeric).abs();
+            let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
+            assert!(err <= tol, "{name} tensor {k}[{}]: analytic {a} vs numeric {numeric}", i - at);
+            worst = worst.max(err);
+        }
+        assert_eq!(
+            analytic[at..at + n].iter().all(|&g| g == 0.0),
+            unread.contains(&k),
+            "{name} tensor {k}: the gradient must be zero exactly where the tensor is unread"
+        );
+        eprintln!("{name} tensor {k} {shape:?}: worst error {worst:.2e}");
+        at += n;
+    }
+}
+
 #[test]
 fn mlp_op_gradient_matches_finite_differences() {
     let be = be();
@@ -719,34 +762,9 @@ fn mlp_op_gradient_matches_finite_differences() {
     let grads = be.alloc::<f32>(params.len()).unwrap();
     mlp_net(&be, &params, Some(&grads), MlpForm::Op);
     let analytic = read(&be, &grads);
-    let h = 1e-2f32;
-    let mut at = 0;
-    for (k, shape) in mlp_net_shapes().into_iter().enumerate() {
-        let n = shape[0] * shape[1];
-        let mut worst = 0.0f32;
-        for i in (at..at + n).step_by((n / 6).max(1)) {
-            let mut v = read(&be, &params);
-            let orig = v[i];
-            let mut loss_at = |x: f32| {
-                v[i] = x;
-                be.write(&params, 0, &v).unwrap();
-                mlp_net(&be, &params, None, MlpForm::Op) as f64
-            };
-            let numeric = ((loss_at(orig + h) - loss_at(orig - h)) / (2.0 * h as f64)) as f32;
-            loss_at(orig);
-            let a = analytic[i];
-            let err = (a - numeric).abs();
-            let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
-            assert!(err <= tol, "tensor {k}[{}]: analytic {a} vs numeric {numeric}", i - at);
-            worst = worst.max(err);
-        }
-        assert!(
-            analytic[at..at + n].iter().any(|&g| g != 0.0),
-            "tensor {k}: gradient is identically zero"
-        );
-        eprintln!("mlp tensor {k} {shape:?}: worst error {worst:.2e}");
-        at += n;
-    }
+    check_net_gradient("mlp", &be, &params, &mlp_net_shapes(), &analytic, &[], || {
+        mlp_net(&be, &params, None, MlpForm::Op) as f64
+    });
 }
 
 #[test]
@@ -766,5 +784,124 @@ fn mlp_op_equals_the_composed_ops_and_recomputes_exactly_on_the_cpu() {
         let got = run(form);
         assert_eq!(got.0.to_bits(), want.0.to_bits(), "{form:?}: loss");
         assert!(got.1 == want.1, "{form:?}: gradients differ");
+    }
+}
+
+// ---- the residual add fused into layernorm ------------------------------------------
+
+/// How a test graph writes its residual connections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ResidualForm {
+    /// `Graph::add_layernorm`.
+    Op,
+    /// `Graph::add_layernorm` under `--recompute` (the layernorm outputs computed again).
+    OpRecompute,
+    /// `add` then `layernorm`: the ops `Graph::add_layernorm` replaces.
+    Composed,
+}
+
+/// Dimensions of the residual test net: B, T, C, vocabulary V.
+const RESIDUAL_NET: (usize, usize, usize, usize) = (2, 3, 8, 7);
+
+/// Shapes of the net's parameters, in buffer order: wte, wpe, a layernorm's (w, b), then three
+/// times a product (w, bias) and the fused op's layernorm (w, b), then the head.
+fn residual_net_shapes() -> Vec<[usize; 2]> {
+    let (_, t, c, v) = RESIDUAL_NET;
+    let mut shapes = vec![[v, c], [t, c], [1, c], [1, c]];
+    for _ in 0..3 {
+        shapes.extend([[c, c], [1, c], [1, c], [1, c]]);
+    }
+    shapes.push([v, c]);
+    shapes
+}
+
+/// Mean cross-entropy of a net that reaches each path of the fused op's backward; with
+/// `grads`, also back-propagates into them:
+///
+/// ```text
+/// x0 = encoder; h0 = ln(x0); (x1, h1) = F(x0, mm(h0))   x0 has no gradient yet: written
+/// (x2, h2) = F(x1, mm(h1))                               x1 has one (from the add below)
+/// (x3, _) = F(x2, mm(h2))                                only the sum has a gradient
+/// logits = mm(x3 + x1)
+/// ```
+fn residual_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuffer<f32>>, form: ResidualForm) -> f32 {
+    let (b, t, _, v) = RESIDUAL_NET;
+    let ids: Vec<i32> = vec![1, 5, 2, 6, 0, 3];
+    let targets: Vec<i32> = vec![5, 2, 6, 0, 3, 4];
+    let mut pool = Pool::default();
+    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(form == ResidualForm::OpRecompute);
+    let mut at = 0;
+    let mut p = Vec::new();
+    for shape in residual_net_shapes() {
+        let n = shape[0] * shape[1];
+        p.push(g.param(params, None, grads, at..at + n, shape).unwrap());
+        at += n;
+    }
+    let fused = |g: &mut Graph<'_, CpuBackend>, x, y, w, bias| match form {
+        ResidualForm::Op | ResidualForm::OpRecompute => g.add_layernorm(x, y, w, bias).unwrap(),
+        ResidualForm::Composed => {
+            let sum = g.add(x, y).unwrap();
+            (sum, g.layernorm(sum, w, bias).unwrap())
+        }
+    };
+    let x0 = g.encoder(&ids, p[0], p[1], b, t).unwrap();
+    let mut h = g.layernorm(x0, p[2], p[3]).unwrap();
+    let mut xs = vec![x0];
+    for k in 0..3 {
+        let q = &p[4 + 4 * k..8 + 4 * k];
+        let y = g.matmul(h, q[0], Some(q[1])).unwrap();
+        let (x, normed) = fused(&mut g, *xs.last().unwrap(), y, q[2], q[3]);
+        xs.push(x);
+        h = normed;
+    }
+    let z = g.add(xs[3], xs[1]).unwrap();
+    let logits = g.matmul(z, p[16], None).unwrap();
+    let loss = g.cross_entropy(logits, &targets, v).unwrap();
+    if grads.is_some() {
+        g.backward(loss, 1.0).unwrap();
+    }
+    let mut l = [0.0f32];
+    g.read(loss, &mut l).unwrap();
+    l[0]
+}
+
+fn residual_net_params(be: &CpuBackend) -> CpuBuffer<f32> {
+    let n = residual_net_shapes().iter().map(|s| s[0] * s[1]).sum();
+    upload(be, &randn(n, 1.0, &mut rng(23)))
+}
+
+#[test]
+fn add_layernorm_op_gradient_matches_finite_differences() {
+    let be = be();
+    let params = residual_net_params(&be);
+    let grads = be.alloc::<f32>(params.len()).unwrap();
+    residual_net(&be, &params, Some(&grads), ResidualForm::Op);
+    let analytic = read(&be, &grads);
+    // The last layernorm's output is never read: its (w, b), tensors 14 and 15, get nothing.
+    let shapes = residual_net_shapes();
+    check_net_gradient("residual", &be, &params, &shapes, &analytic, &[14, 15], || {
+        residual_net(&be, &params, None, ResidualForm::Op) as f64
+    });
+}
+
+#[test]
+fn add_layernorm_op_equals_add_then_layernorm_bit_for_bit_on_the_cpu() {
+    // The CPU backend's add_layernorm methods are the trait's defaults (add, layernorm_forward;
+    // layernorm_backward, then zero + accumulate for the copy), and the graph hands the
+    // gradients out as Op::Add did: the op, the op under --recompute and add → layernorm give
+    // the same bits, which keeps stage 0's runs what they were.
+    let be = be();
+    let params = residual_net_params(&be);
+    let run = |form| {
+        let grads = be.alloc::<f32>(params.len()).unwrap();
+        let loss = residual_net(&be, &params, Some(&grads), form);
+        (loss, read(&be, &grads))
+    };
+    let want = run(ResidualForm::Composed);
+    for form in [ResidualForm::Op, ResidualForm::OpRecompute] {
+        let got = run(form);
+        assert_eq!(got.0.to_bits(), want.0.to_bits(), "{form:?}: loss");
+        let same = got.1.iter().zip(&want.1).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{form:?}: gradients differ");
     }
 }

@@ -56,13 +56,14 @@ if want shapes; then  # the issue's other bf16 shapes: GPT-2 medium at B=8, and 
   bench "ours-bf16-t2048" stage2_cuda bench --model gpt2 --max-seq-len 2048 --batch 8 --seq-len 2048 --steps 10 --warmup 3 --precision bf16
   bench "torch-compile-bf16-t2048" python3 "$here/pytorch_gpt2.py" --precision bf16 --compile --batch 8 --seq-len 2048
 fi
-if want ablate; then  # earlier versions, for NOTES.md: GEMM attention, bias as a separate pass, GELU kernels
+if want ablate; then  # earlier versions, for NOTES.md: GEMM attention, bias as a separate pass, GELU kernels, residual add apart
   bench "ours-fp32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision fp32
   bench "ours-tf32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision tf32
   bench "ours-tf32-bias-unfused" env GPT2_CUDA_BIAS_EPILOGUE=0 stage2_cuda "${gpt2[@]}" --precision tf32
   bench "ours-bf16-flash-tf32" env GPT2_CUDA_ATTENTION=flash-tf32 stage2_cuda "${gpt2[@]}" --precision bf16
   bench "ours-bf16-gelu-unfused" env GPT2_CUDA_GELU=unfused stage2_cuda "${gpt2[@]}" --precision bf16
   bench "ours-tf32-gelu-unfused" env GPT2_CUDA_GELU=unfused stage2_cuda "${gpt2[@]}" --precision tf32
+  bench "ours-bf16-residual-unfused" env GPT2_CUDA_RESIDUAL=unfused stage2_cuda "${gpt2[@]}" --precision bf16
 fi
 
 rc=0

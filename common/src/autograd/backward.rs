@@ -23,6 +23,20 @@ impl<B: Backend> Graph<'_, B> {
         .map(DevPtr::cast)
     }
 
+    /// A gradient slot for activation `x`, which has none yet, that the caller's op will
+    /// OVERWRITE: a pooled buffer, not zeroed.
+    fn act_grad_overwritten(&mut self, x: Tensor) -> Result<DevPtr<Act>> {
+        assert!(
+            self.values[x.0].kind == Kind::Activation && self.values[x.0].grad.is_none(),
+            "an overwritten gradient is an activation's first"
+        );
+        let buf = self.pool.take(self.be, self.act().words(self.numel(x)))?;
+        let g = buf.ptr();
+        self.grads.insert(x.0, buf);
+        self.values[x.0].grad = Some(g.addr());
+        Ok(g.cast())
+    }
+
     /// Gradient slot of parameter `x` (f32): its view of the gradient buffer, or a zeroed
     /// pooled buffer when the graph was given none.
     fn param_grad(&mut self, x: Tensor) -> Result<DevPtr> {
@@ -94,6 +108,10 @@ impl<B: Backend> Graph<'_, B> {
             } else {
                 match self.values[node.out.0].grad {
                     Some(g) => DevPtr::from_addr(g),
+                    // The residual stream's gradient alone (its layernorm output unused).
+                    None if matches!(node.op, Op::AddLayerNorm { sum, .. } if self.values[sum.0].grad.is_some()) => {
+                        DevPtr::default()
+                    }
                     None => continue, // nothing downstream depends on this value
                 }
             };
@@ -203,6 +221,15 @@ impl<B: Backend> Graph<'_, B> {
                     }
                 }
             }
+            Op::AddLayerNorm {
+                a,
+                b,
+                sum,
+                w,
+                bias,
+                mean,
+                rstd,
+            } => self.add_layernorm_backward(be, [a, b], sum, [w, bias], [mean, rstd], dout, r, c)?,
             Op::CrossEntropy {
                 logits,
                 targets,
@@ -228,6 +255,57 @@ impl<B: Backend> Graph<'_, B> {
         }
         Ok(())
     }
+
+    /// Backward of [`Op::AddLayerNorm`], `sum = a + b` and the node's output `layernorm(sum)`
+    /// with gradient `dout` (null when only the sum has one). The sum's gradient (zeroed first
+    /// if nothing downstream gave it one) takes the layernorm's input gradient in place and is
+    /// then each input's: one input takes over its buffer, as an add's does (`b` first, as
+    /// `Op::Add`), and the other, when it has no gradient yet, has it written by the same
+    /// backend call (`copy`) instead of zeroed and accumulated. Inputs that already have a
+    /// gradient accumulate.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn add_layernorm_backward(
+        &mut self,
+        be: &B,
+        [a, b]: [Tensor; 2],
+        sum: Tensor,
+        [w, bias]: [Tensor; 2],
+        [mean, rstd]: [DevPtr; 2],
+        dout: DevPtr<Act>,
+        r: usize,
+        c: usize,
+    ) -> Result<()> {
+        let n = r * c;
+        let dsum = self.act_grad(sum)?;
+        let heir = if a != b { self.hand_down(sum, [b, a]) } else { None };
+        let other = heir.map(|h| if h == b { a } else { b });
+        let copy = match other {
+            Some(x) if !self.is_param(x) && self.values[x.0].grad.is_none() => Some(self.act_grad_overwritten(x)?),
+            _ => None,
+        };
+        if dout.addr() != 0 {
+            let (dw, db) = (self.param_grad(w)?, self.param_grad(bias)?);
+            let s = self.data(sum);
+            be.add_layernorm_backward(dsum, copy, dw, db, dout, s, self.ptr(w), mean, rstd, r, c);
+        } else if let Some(copy) = copy {
+            be.zero_act(copy, n);
+            be.accumulate_act(copy, dsum, n);
+        }
+        for x in [a, b] {
+            if Some(x) != heir && (copy.is_none() || Some(x) != other) {
+                let dx = self.act_grad(x)?;
+                be.accumulate_act(dx, dsum, n);
+            }
+        }
+        if heir.is_none() {
+            // No input took the sum's gradient over: it was read for the last time above.
+            if let Some(buf) = self.grads.remove(&sum.0) {
+                self.pool.give(buf);
+                self.values[sum.0].grad = None;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Does any op on `tape` other than `node` take `x` as an input?
@@ -249,6 +327,7 @@ fn read_by_others(tape: &[Node], x: Tensor, node: &Node) -> bool {
                     ..
                 } => x == inp || x == w_fc || x == w_proj || b_fc == Some(x) || b_proj == Some(x),
                 Op::Add { a, b } => x == a || x == b,
+                Op::AddLayerNorm { a, b, w, bias, .. } => x == a || x == b || x == w || x == bias,
                 Op::CrossEntropy { logits, .. } => x == logits,
                 Op::Mark { .. } => false,
             }

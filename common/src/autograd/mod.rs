@@ -128,6 +128,20 @@ enum Op {
         a: Tensor,
         b: Tensor,
     },
+    /// The residual connection and the layernorm after it, one op with two outputs: `sum =
+    /// a + b` (the residual stream, a value of the graph but not on the tape) and the node's
+    /// output, `layernorm(sum)` (not kept under `--recompute`: computed again from `sum`).
+    /// Backward adds the layernorm's input gradient into the sum's and hands that to both
+    /// inputs without a separate accumulate ([`Backend::add_layernorm_backward`]).
+    AddLayerNorm {
+        a: Tensor,
+        b: Tensor,
+        sum: Tensor,
+        w: Tensor,
+        bias: Tensor,
+        mean: DevPtr,
+        rstd: DevPtr,
+    },
     CrossEntropy {
         logits: Tensor,
         targets: DevPtr<i32>,
@@ -649,6 +663,60 @@ impl<'a, B: Backend> Graph<'a, B> {
         // SAFETY: out, a and b have one shape; out is fresh.
         unsafe { self.be.add(self.ptr(out), a, b, n) };
         Ok(out)
+    }
+
+    /// The residual connection and the layernorm that reads it, as one op: returns `(sum,
+    /// normed)` with `sum = a + b` and `normed = layernorm(sum; w, bias)`, the values of `add`
+    /// then `layernorm` (the CPU computes them with exactly those ops). A backend may compute
+    /// both in one pass over `a` and `b` ([`Backend::add_layernorm_forward`]), and in backward
+    /// the layernorm's input gradient goes into the residual stream's in the pass that
+    /// computes it. Under `--recompute`, `normed` is not kept: backward computes it again from
+    /// `sum` with `layernorm_forward`.
+    pub fn add_layernorm(&mut self, a: Tensor, b: Tensor, w: Tensor, bias: Tensor) -> Result<(Tensor, Tensor)> {
+        let shape @ [r, c] = self.shape(a);
+        assert_eq!(shape, self.shape(b), "add_layernorm: shapes differ");
+        assert!(
+            self.shape(w) == [1, c] && self.shape(bias) == [1, c],
+            "add_layernorm: w and bias must be (1, C)"
+        );
+        let (a_recomputed, b_recomputed) = (self.values[a.0].rebuild.is_some(), self.values[b.0].rebuild.is_some());
+        assert!(
+            !(a_recomputed && b_recomputed),
+            "add_layernorm: two recomputed inputs of one size would share a scratch buffer"
+        );
+        let sum = self.activation(shape)?;
+        let (mean, rstd) = (self.alloc_f32(r)?, self.alloc_f32(r)?);
+        let op = Op::AddLayerNorm {
+            a,
+            b,
+            sum,
+            w,
+            bias,
+            mean,
+            rstd,
+        };
+        // A recomputed input sits in the scratch of this size, which `normed` would take over.
+        let normed = if a_recomputed || b_recomputed {
+            self.output(shape, op)?
+        } else {
+            let rebuild = Rebuild::LayerNorm {
+                inp: sum,
+                w,
+                b: bias,
+                mean,
+                rstd,
+            };
+            self.output_recomputed(shape, op, rebuild)?
+        };
+        let (x, y) = (self.data(a), self.data(b));
+        // SAFETY: shapes checked above; sum and normed are fresh (normed perhaps in the
+        // recompute scratch of its size, which neither input is in: see above); mean and rstd
+        // hold r values.
+        unsafe {
+            let (s, n, w, bias) = (self.ptr(sum), self.ptr(normed), self.ptr(w), self.ptr(bias));
+            self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c);
+        }
+        Ok((sum, normed))
     }
 
     /// Mean cross-entropy of logits (R, Vp) against `targets` (R ids below `v` ≤ Vp) → (1, 1).

@@ -513,6 +513,63 @@ pub trait Backend {
         c: usize,
     );
 
+    /// The residual connection and the layernorm after it: `sum = a + b` (rounded to the
+    /// activation type) and `out = layernorm(sum)` with its mean and rstd, as `add` then
+    /// `layernorm_forward` compute them. By default those two ops; a backend may do both in
+    /// one pass that reads `a` and `b` once (CUDA: `add_layernorm_forward_vec4_kernel`).
+    /// # Safety
+    /// As `add` over BT·C activations and `layernorm_forward` with `sum` for `inp`; `sum` and
+    /// `out` distinct from each other and from every input.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn add_layernorm_forward(
+        &self,
+        sum: DevPtr<Act>,
+        out: DevPtr<Act>,
+        mean: DevPtr,
+        rstd: DevPtr,
+        a: DevPtr<Act>,
+        b: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+    ) {
+        self.add(sum, a, b, bt * c);
+        self.layernorm_forward(out, mean, rstd, sum, w, bias, bt, c);
+    }
+    /// Backward of `add_layernorm_forward` down to the residual stream: `dsum +=
+    /// layernorm_backward(dout)` in place, after which `dsum` holds the whole gradient of the
+    /// sum, which is the gradient of `a` and of `b` alike; with `copy`, that gradient is also
+    /// written there (OVERWRITTEN, not accumulated), so that the second input gets its gradient
+    /// in the same pass instead of a zero fill and an accumulate. `dw`, `db` accumulate. By
+    /// default `layernorm_backward`, then `copy` zeroed and `accumulate_act` into it (the ops
+    /// an `add` and a `layernorm` ran); a backend may write `copy` from the layernorm
+    /// backward's own pass (CUDA: the dinp kernel's second output).
+    /// # Safety
+    /// As `layernorm_backward` with `dsum` for `dinp` and `sum` for `inp`; `copy`: BT·C
+    /// activations, overlapping no other operand.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn add_layernorm_backward(
+        &self,
+        dsum: DevPtr<Act>,
+        copy: Option<DevPtr<Act>>,
+        dw: DevPtr,
+        db: DevPtr,
+        dout: DevPtr<Act>,
+        sum: DevPtr<Act>,
+        w: DevPtr<Act>,
+        mean: DevPtr,
+        rstd: DevPtr,
+        bt: usize,
+        c: usize,
+    ) {
+        self.layernorm_backward(dsum, dw, db, dout, sum, w, mean, rstd, bt, c);
+        if let Some(copy) = copy {
+            self.zero_act(copy, bt * c);
+            self.accumulate_act(copy, dsum, bt * c);
+        }
+    }
+
     /// f32 elements of saved state `attention_forward` needs for its backward (the backend
     /// chooses: full probabilities on the CPU, log-sum-exp rows in a flash kernel).
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize;

@@ -190,11 +190,45 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         row(
             "ours",
             "layernorm_bwd",
-            shape,
+            shape.clone(),
             bwd,
             None,
             Some(4.0 * n * a + 8.0 * r as f64),
         );
+
+        // The residual add and the layernorm after it (every layernorm of the model but the
+        // first), `inp` the residual stream, `y` the branch: fused, one pass that writes the
+        // sum and its layernorm, and in backward the dinp kernel writing the add's second
+        // input gradient (`copy`) too; unfused, `add` then `layernorm_forward`, and
+        // `layernorm_backward` then a zero fill and `accumulate_act` (the model's ops before).
+        // Floors: forward reads inp and y and writes the sum and the output; backward reads
+        // the sum's gradient, dout and the sum and writes the sum's gradient and the copy.
+        let (y, sum, copy) = (m.act(r * c, 1.0)?, m.act(r * c, 1.0)?, m.act(r * c, 1.0)?);
+        let (fwd_floor, bwd_floor) = (Some(4.0 * n * a + 8.0 * r as f64), Some(5.0 * n * a + 8.0 * r as f64));
+        // SAFETY: as above.
+        let fused = time_ms(be, 20, || unsafe {
+            be.add_layernorm_forward(sum, out, mean, rstd, inp, y, w, b, r, c)
+        })?;
+        row("ours", "add_layernorm_fwd", shape.clone(), fused, None, fwd_floor);
+        // SAFETY: as above.
+        let apart = time_ms(be, 20, || unsafe {
+            be.add(sum, inp, y, r * c);
+            be.layernorm_forward(out, mean, rstd, sum, w, b, r, c);
+        })?;
+        row("ours-unfused", "add_layernorm_fwd", shape.clone(), apart, None, fwd_floor);
+        // SAFETY: as above; sum, mean and rstd were written by the forward. dinp (the sum's
+        // gradient) accumulates over the calls, which changes its values, not the work.
+        let fused = time_ms(be, 20, || unsafe {
+            be.add_layernorm_backward(dinp, Some(copy), dw, db, dout, sum, w, mean, rstd, r, c)
+        })?;
+        row("ours", "add_layernorm_bwd", shape.clone(), fused, None, bwd_floor);
+        // SAFETY: as above.
+        let apart = time_ms(be, 20, || unsafe {
+            be.layernorm_backward(dinp, dw, db, dout, sum, w, mean, rstd, r, c);
+            be.zero_act(copy, r * c);
+            be.accumulate_act(copy, dinp, r * c);
+        })?;
+        row("ours-unfused", "add_layernorm_bwd", shape, apart, None, bwd_floor);
     }
     {
         let n = r * 4 * c;

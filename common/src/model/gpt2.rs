@@ -111,28 +111,34 @@ impl<B: Backend> Gpt2<B> {
         let wte = param(g, lay.get(Param::Wte))?;
         let wpe = param(g, lay.get(Param::Wpe))?;
         let mut x = g.encoder(inputs, wte, wpe, b, t)?; // (BT, C)
+        // In backward, passing mark l means block l's gradients are complete. Block l's first
+        // layernorm is fused with the residual add that ends block l - 1, so its mark goes
+        // before that op.
+        g.mark(0);
+        let (w, bias) = (block(g, 0, Param::Ln1W)?, block(g, 0, Param::Ln1B)?);
+        let mut h = g.layernorm(x, w, bias)?;
         for l in 0..cfg.n_layer {
-            // In backward, passing this mark means block l's gradients are complete.
-            g.mark(l);
-            // attention sub-block: x = x + proj(attn(ln1(x)))
-            let (w, bias) = (block(g, l, Param::Ln1W)?, block(g, l, Param::Ln1B)?);
-            let h = g.layernorm(x, w, bias)?;
+            // attention sub-block: x = x + proj(attn(ln1(x))), with ln2(x) in the same op
             let (w, bias) = (block(g, l, Param::QkvW)?, block(g, l, Param::QkvB)?);
             let qkv = g.matmul(h, w, Some(bias))?; // (BT, 3C)
             let a = g.attention(qkv, b, t, cfg.n_head)?; // (BT, C)
             let (w, bias) = (block(g, l, Param::AttProjW)?, block(g, l, Param::AttProjB)?);
             let proj = g.matmul(a, w, Some(bias))?;
-            x = g.add(x, proj)?;
-            // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x))))
             let (w, bias) = (block(g, l, Param::Ln2W)?, block(g, l, Param::Ln2B)?);
-            let h = g.layernorm(x, w, bias)?;
+            (x, h) = g.add_layernorm(x, proj, w, bias)?;
+            // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x)))), with the next block's ln1(x)
+            // (or, after the last block, the final layernorm) in the same op
             let (w_fc, b_fc) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
             let (w_proj, b_proj) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
             let proj = g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))?; // through (BT, 4C)
-            x = g.add(x, proj)?;
+            let (w, bias) = if l + 1 < cfg.n_layer {
+                g.mark(l + 1);
+                (block(g, l + 1, Param::Ln1W)?, block(g, l + 1, Param::Ln1B)?)
+            } else {
+                (param(g, lay.get(Param::LnfW))?, param(g, lay.get(Param::LnfB))?)
+            };
+            (x, h) = g.add_layernorm(x, proj, w, bias)?;
         }
-        let (w, bias) = (param(g, lay.get(Param::LnfW))?, param(g, lay.get(Param::LnfB))?);
-        let mut h = g.layernorm(x, w, bias)?;
         if last_only {
             // (B, C): the last row of each sequence. With B = 1 a plain view suffices.
             assert_eq!(b, 1, "last_only supports one sequence");

@@ -61,6 +61,7 @@ pub struct CudaBackend {
     attention: AttentionPath,
     gelu: GeluPath,
     bias_grad: BiasGradPath,
+    residual: ResidualPath,
 }
 
 /// How causal attention runs. Both are kept so that they can be compared.
@@ -112,13 +113,45 @@ pub enum GeluPath {
 impl GeluPath {
     /// From the environment variable `GPT2_CUDA_GELU` (`fused`, the default, or `unfused`).
     fn from_env() -> Result<Self> {
-        match std::env::var("GPT2_CUDA_GELU").as_deref() {
-            Err(_) | Ok("") | Ok("fused") => Ok(GeluPath::Fused),
-            Ok("unfused") => Ok(GeluPath::Unfused),
-            Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_GELU={other}: expected `fused` or `unfused`"
-            ))),
-        }
+        Ok(if fused_from_env("GPT2_CUDA_GELU")? {
+            GeluPath::Fused
+        } else {
+            GeluPath::Unfused
+        })
+    }
+}
+
+/// How the residual add and the layernorm after it run (`Backend::add_layernorm_forward` and
+/// `_backward`). Both are kept so that they can be compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResidualPath {
+    /// One kernel writes the sum and its layernorm (where rows allow 4-element accesses, else
+    /// as `Unfused`); in backward the layernorm's dinp kernel also writes the add's second
+    /// input gradient.
+    Fused,
+    /// `add` then `layernorm_forward`; in backward `layernorm_backward`, then a zero fill and
+    /// `accumulate_act` for the second input (the kernels of the separate ops).
+    Unfused,
+}
+
+impl ResidualPath {
+    /// From the environment variable `GPT2_CUDA_RESIDUAL` (`fused`, the default, or `unfused`).
+    fn from_env() -> Result<Self> {
+        Ok(if fused_from_env("GPT2_CUDA_RESIDUAL")? {
+            ResidualPath::Fused
+        } else {
+            ResidualPath::Unfused
+        })
+    }
+}
+
+/// An ablation switch: environment variable `var` is `fused` (true; also when unset or empty)
+/// or `unfused` (false).
+fn fused_from_env(var: &str) -> Result<bool> {
+    match std::env::var(var).as_deref() {
+        Err(_) | Ok("") | Ok("fused") => Ok(true),
+        Ok("unfused") => Ok(false),
+        Ok(other) => Err(Error::Input(format!("{var}={other}: expected `fused` or `unfused`"))),
     }
 }
 
@@ -177,6 +210,7 @@ impl CudaBackend {
         let attention = AttentionPath::from_env()?;
         let gelu = GeluPath::from_env()?;
         let bias_grad = BiasGradPath::from_env()?;
+        let residual = ResidualPath::from_env()?;
         if attention == AttentionPath::Gemm && precision == Precision::Bf16 {
             return Err(Error::Input(
                 "GPT2_CUDA_ATTENTION=gemm runs in f32 only: use --precision fp32 or tf32 with it".into(),
@@ -210,6 +244,7 @@ impl CudaBackend {
             attention,
             gelu,
             bias_grad,
+            residual,
         })
     }
 
@@ -243,6 +278,16 @@ impl CudaBackend {
 
     pub fn bias_grad_path(&self) -> BiasGradPath {
         self.bias_grad
+    }
+
+    /// The same backend with the residual add and layernorm on `path` (tests compare the two).
+    pub fn with_residual(mut self, path: ResidualPath) -> Self {
+        self.residual = path;
+        self
+    }
+
+    pub fn residual_path(&self) -> ResidualPath {
+        self.residual
     }
 
     pub fn attention_path(&self) -> AttentionPath {

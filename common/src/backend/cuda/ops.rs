@@ -5,7 +5,7 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 
 use super::blas::Gemm;
 use super::memory::device_err;
-use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
+use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, ResidualPath, MAX_REDUCE_BLOCKS, THREADS};
 use super::Recording;
 use super::Arg;
 use std::ops::Range;
@@ -57,6 +57,60 @@ impl CudaBackend {
     /// `out`: `c` values; `partials`: `chunks · c`.
     unsafe fn finish_column_sums(&self, out: DevPtr, partials: DevPtr, chunks: usize, c: usize) {
         self.launch_1d("column_sums_finish_kernel", c, args![out, partials, chunks, c]);
+    }
+
+    /// `layernorm_backward`, and with `copy` the updated dinp also written there (OVERWRITTEN)
+    /// by the same kernel: `add_layernorm_backward`'s second input gradient.
+    ///
+    /// # Safety
+    /// As `layernorm_backward`; `copy`: BT·C activations, overlapping no other operand.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn layernorm_backward_with(
+        &self,
+        dinp: DevPtr<Act>,
+        copy: Option<DevPtr<Act>>,
+        dw: DevPtr,
+        db: DevPtr,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        mean: DevPtr,
+        rstd: DevPtr,
+        bt: usize,
+        c: usize,
+    ) {
+        let grid = blocks(bt, ROWS_PER_BLOCK);
+        let copy = copy.unwrap_or_default(); // null: no copy
+        let args = args![dinp, copy, dout, inp, w, mean, rstd, bt, c];
+        let name = if vec4_rows(c, &[dinp, copy, dout, inp, w], self.act()) {
+            "layernorm_backward_dinp_vec4_kernel"
+        } else {
+            "layernorm_backward_dinp_kernel"
+        };
+        self.launch(name, grid, (THREADS as u32, 1, 1), args);
+        let (name, (grid, block), rows) = match vec4_column_reduce(bt, c, &[dout, inp], self.act()) {
+            Some(shape) => ("layernorm_backward_params_vec4_kernel", shape, VEC4_CHUNK_ROWS),
+            None => (
+                "layernorm_backward_params_kernel",
+                column_reduce_launch(bt, c),
+                COLUMN_CHUNK_ROWS,
+            ),
+        };
+        let chunks = bt.div_ceil(rows);
+        match self.scratch(2 * chunks * c) {
+            Ok(dw_part) => {
+                let db_part = dw_part.add(chunks * c);
+                self.launch(
+                    name,
+                    grid,
+                    block,
+                    args![dw_part, db_part, dout, inp, mean, rstd, bt, c, rows],
+                );
+                self.finish_column_sums(dw, dw_part, chunks, c);
+                self.finish_column_sums(db, db_part, chunks, c);
+            }
+            Err(e) => self.fail(e),
+        }
     }
 
     unsafe fn gemm(&self, g: Gemm) {
@@ -538,36 +592,56 @@ impl Backend for CudaBackend {
         bt: usize,
         c: usize,
     ) {
-        let grid = blocks(bt, ROWS_PER_BLOCK);
-        let args = args![dinp, dout, inp, w, mean, rstd, bt, c];
-        let name = if vec4_rows(c, &[dinp, dout, inp, w], self.act()) {
-            "layernorm_backward_dinp_vec4_kernel"
+        self.layernorm_backward_with(dinp, None, dw, db, dout, inp, w, mean, rstd, bt, c);
+    }
+
+    unsafe fn add_layernorm_forward(
+        &self,
+        sum: DevPtr<Act>,
+        out: DevPtr<Act>,
+        mean: DevPtr,
+        rstd: DevPtr,
+        a: DevPtr<Act>,
+        b: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+    ) {
+        // The fused kernel is the vec4 one; otherwise (and on the unfused path) the two ops.
+        if self.residual == ResidualPath::Fused && vec4_rows(c, &[sum, out, a, b, w, bias], self.act()) {
+            let grid = blocks(bt, ROWS_PER_BLOCK);
+            let args = args![sum, out, mean, rstd, a, b, w, bias, bt, c];
+            self.launch("add_layernorm_forward_vec4_kernel", grid, (THREADS as u32, 1, 1), args);
         } else {
-            "layernorm_backward_dinp_kernel"
-        };
-        self.launch(name, grid, (THREADS as u32, 1, 1), args);
-        let (name, (grid, block), rows) = match vec4_column_reduce(bt, c, &[dout, inp], self.act()) {
-            Some(shape) => ("layernorm_backward_params_vec4_kernel", shape, VEC4_CHUNK_ROWS),
-            None => (
-                "layernorm_backward_params_kernel",
-                column_reduce_launch(bt, c),
-                COLUMN_CHUNK_ROWS,
-            ),
-        };
-        let chunks = bt.div_ceil(rows);
-        match self.scratch(2 * chunks * c) {
-            Ok(dw_part) => {
-                let db_part = dw_part.add(chunks * c);
-                self.launch(
-                    name,
-                    grid,
-                    block,
-                    args![dw_part, db_part, dout, inp, mean, rstd, bt, c, rows],
-                );
-                self.finish_column_sums(dw, dw_part, chunks, c);
-                self.finish_column_sums(db, db_part, chunks, c);
+            self.add(sum, a, b, bt * c);
+            self.layernorm_forward(out, mean, rstd, sum, w, bias, bt, c);
+        }
+    }
+
+    unsafe fn add_layernorm_backward(
+        &self,
+        dsum: DevPtr<Act>,
+        copy: Option<DevPtr<Act>>,
+        dw: DevPtr,
+        db: DevPtr,
+        dout: DevPtr<Act>,
+        sum: DevPtr<Act>,
+        w: DevPtr<Act>,
+        mean: DevPtr,
+        rstd: DevPtr,
+        bt: usize,
+        c: usize,
+    ) {
+        if self.residual == ResidualPath::Fused {
+            // The dinp kernel writes the copy beside dsum: no zero fill, no accumulate.
+            self.layernorm_backward_with(dsum, copy, dw, db, dout, sum, w, mean, rstd, bt, c);
+        } else {
+            self.layernorm_backward_with(dsum, None, dw, db, dout, sum, w, mean, rstd, bt, c);
+            if let Some(copy) = copy {
+                self.zero_act(copy, bt * c);
+                self.accumulate_act(copy, dsum, bt * c);
             }
-            Err(e) => self.fail(e),
         }
     }
 

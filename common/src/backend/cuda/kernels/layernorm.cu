@@ -27,10 +27,13 @@ extern "C" __global__ void layernorm_forward_kernel(act_t* out, float* mean, flo
     for (int c = lane; c < C; c += WARP_SIZE) o[c] = from_f((to_f(x[c]) - m) * s * to_f(w[c]) + to_f(b[c]));
 }
 
-// dinp += (w·dout - mean(w·dout) - norm · mean(w·dout·norm)) · rstd, one warp per row.
-extern "C" __global__ void layernorm_backward_dinp_kernel(act_t* dinp, const act_t* dout, const act_t* inp,
-                                                          const act_t* w, const float* mean, const float* rstd,
-                                                          int N, int C) {
+// dinp += (w·dout - mean(w·dout) - norm · mean(w·dout·norm)) · rstd, one warp per row. With
+// `copy` (else null), the updated dinp is also written there: under a residual connection
+// (add_layernorm_backward) dinp is the residual stream's gradient, and `copy` the gradient of
+// the add's second input, which is the same.
+extern "C" __global__ void layernorm_backward_dinp_kernel(act_t* dinp, act_t* copy, const act_t* dout,
+                                                          const act_t* inp, const act_t* w, const float* mean,
+                                                          const float* rstd, int N, int C) {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
@@ -51,19 +54,20 @@ extern "C" __global__ void layernorm_backward_dinp_kernel(act_t* dinp, const act
     for (int c = lane; c < C; c += WARP_SIZE) {
         float norm = (to_f(x[c]) - m) * s;
         float dnorm = to_f(w[c]) * to_f(g[c]);
-        d[c] = from_f(to_f(d[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+        act_t v = from_f(to_f(d[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+        d[c] = v;
+        if (copy) copy[off + c] = v;
     }
 }
 
 // layernorm_forward_kernel and layernorm_backward_dinp_kernel for C a multiple of 4 and rows
 // aligned to 4 elements: each lane reads and writes 4 consecutive values at a time (16 bytes
 // in f32, 8 in bf16) instead of one, so a warp moves 512 (256) bytes per instruction.
-extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean, float* rstd, const act_t* inp,
-                                                         const act_t* w, const act_t* b, int N, int C) {
-    int lane = threadIdx.x % WARP_SIZE;
-    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    if (row >= N) return;
-    const act_t* x = inp + (size_t)row * C;
+// One row of layernorm_forward_vec4_kernel, for `lane` of the row's warp: shared with
+// add_layernorm_forward_vec4_kernel, so that the fused op's statistics and output are these,
+// bit for bit (`--recompute` computes its output again with layernorm_forward).
+__device__ __forceinline__ void layernorm_row_vec4(act_t* o, float* mean, float* rstd, const act_t* x,
+                                                   const act_t* w, const act_t* b, int lane, int C) {
     float sum = 0.0f;
     for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
         float4 v = load4(x + c);
@@ -78,10 +82,9 @@ extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean
     }
     float s = 1.0f / sqrtf(warp_sum(var) / C + LN_EPS);
     if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = s;
+        *mean = m;
+        *rstd = s;
     }
-    act_t* o = out + (size_t)row * C;
     for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
         float4 v = load4(x + c), wv = load4(w + c), bv = load4(b + c);
         store4(o + c, make_float4((v.x - m) * s * wv.x + bv.x, (v.y - m) * s * wv.y + bv.y,
@@ -89,8 +92,38 @@ extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean
     }
 }
 
-extern "C" __global__ void layernorm_backward_dinp_vec4_kernel(act_t* dinp, const act_t* dout, const act_t* inp,
-                                                               const act_t* w, const float* mean,
+extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean, float* rstd, const act_t* inp,
+                                                         const act_t* w, const act_t* b, int N, int C) {
+    int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    size_t off = (size_t)row * C;
+    layernorm_row_vec4(out + off, mean + row, rstd + row, inp + off, w, b, lane, C);
+}
+
+// The residual connection and the layernorm after it in one pass (llm.c's
+// fused_residual_forward): sum = a + b, rounded to act_t as add_vec4_kernel rounds it, then
+// layernorm_forward_vec4_kernel's row over the rounded sum. a and b are read once; the
+// statistics and the output re-read the row of `sum` this lane has just written (its own
+// writes, from L2), where the unfused pair reads the sum back from memory in a second kernel.
+// C a multiple of 4, rows aligned to 4 elements; one warp per row.
+extern "C" __global__ void add_layernorm_forward_vec4_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
+                                                             const act_t* a, const act_t* b, const act_t* w,
+                                                             const act_t* bias, int N, int C) {
+    int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    size_t off = (size_t)row * C;
+    act_t* s = sum + off;
+    for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
+        float4 x = load4(a + off + c), y = load4(b + off + c);
+        store4(s + c, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+    }
+    layernorm_row_vec4(out + off, mean + row, rstd + row, s, w, bias, lane, C);
+}
+
+extern "C" __global__ void layernorm_backward_dinp_vec4_kernel(act_t* dinp, act_t* copy, const act_t* dout,
+                                                               const act_t* inp, const act_t* w, const float* mean,
                                                                const float* rstd, int N, int C) {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
@@ -120,7 +153,9 @@ extern "C" __global__ void layernorm_backward_dinp_vec4_kernel(act_t* dinp, cons
         float ds[4] = {dv.x, dv.y, dv.z, dv.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) ds[k] += (dn[k] - dnorm_mean - (xs[k] - m) * s * dnorm_norm_mean) * s;
-        store4(d + c, make_float4(ds[0], ds[1], ds[2], ds[3]));
+        float4 v = make_float4(ds[0], ds[1], ds[2], ds[3]);
+        store4(d + c, v);
+        if (copy) store4(copy + off + c, v);  // the same rounding as d's
     }
 }
 
