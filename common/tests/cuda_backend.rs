@@ -486,9 +486,10 @@ fn bf16_matmul_bias_grad_epilogue_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
-    // GPT-2 124M's four products with a bias at B·T = 16K (the GEMM's k): cuBLASLt must have
-    // an algorithm without split-K for BGRADB, or the fused path silently runs the column-sum
-    // kernels. The same call twice from the same gradients gives the same bits (the fixed
+    // GPT-2 124M's four products with a bias at B·T = 16K (the GEMM's k), with the fused path
+    // asked for: where cuBLASLt has an algorithm without split-K for BGRADB (not every
+    // precision and shape has one: the first device run found a gap, printed below), the
+    // same call twice from the same gradients gives the same bits (the fixed
     // algorithm); the bias gradient agrees with the unfused path's; GPT2_CUDA_BGRAD=unfused
     // makes no BGRADB plan. The chosen algorithms are printed (split-K, reduction scheme, and
     // the heuristic's first pick where it split k) for the notes.
@@ -499,12 +500,12 @@ fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
         } else {
             Inputs::F32
         };
-        let fused = gpu(precision);
         assert_eq!(
-            fused.bias_grad_path(),
-            BiasGradPath::Fused,
-            "fused is the default (GPT2_CUDA_BGRAD unset)"
+            gpu(precision).bias_grad_path(),
+            BiasGradPath::Unfused,
+            "unfused is the default (GPT2_CUDA_BGRAD unset)"
         );
+        let fused = gpu(precision).with_bias_grad(BiasGradPath::Fused);
         let unfused = gpu(precision).with_bias_grad(BiasGradPath::Unfused);
         for (c, oc) in [(768, 2304), (768, 768), (768, 3072), (3072, 768)] {
             let (first, second) = (
@@ -518,12 +519,11 @@ fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
                 bits(&first) == bits(&second),
                 "{precision:?} {c}x{oc}: the fused bias gradient differs between two equal calls"
             );
-            assert_eq!(
-                bias_grad_plan(&fused, bt, c, oc),
-                Some(true),
-                "{precision:?}: no cuBLASLt algorithm ran BGRADB at C={c} OC={oc} BT={bt}, the bias gradient ran unfused: {:?}",
-                fused.epilogue_plans()
-            );
+            let plan = bias_grad_plan(&fused, bt, c, oc);
+            assert!(plan.is_some(), "{precision:?} {c}x{oc}: the fused path made no BGRADB plan");
+            if plan == Some(false) {
+                eprintln!("BGRAD {precision:?} C={c} OC={oc}: no algorithm without split-K, ran unfused");
+            }
             // Both sum the same values in f32 in different orders; tf32 may also round dout
             // to 10 mantissa bits inside the product's epilogue.
             let tol = if precision == Precision::Tf32 { 1e-2 } else { 1e-4 };

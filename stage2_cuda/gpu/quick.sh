@@ -21,7 +21,7 @@ for p in bf16 tf32; do
 done
 # Ablations of the newest changes (QUICK_ABLATE="NAME=VALUE ..."): each env setting alone, bf16.
 for a in ${QUICK_ABLATE:-}; do
-  env "$a" stage2_cuda $gpt2 --precision bf16 2>/dev/null | tail -1 | tee "$OUT/ours-bf16-$a.json"
+  env "$a" stage2_cuda $gpt2 --precision bf16 2>/dev/null | tail -1 | tee "$OUT/ours-bf16-${a//=/-}.json"
 done
 timeout 60 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention|gelu" | tee "$OUT/kernels-attn.jsonl"
 timeout 120 python3 stage2_cuda/gpu/pytorch_gpt2.py --precision bf16 --compile 2>/dev/null | tail -1 | tee "$OUT/torch-compile.json"

@@ -64,6 +64,8 @@ if want ablate; then  # earlier versions, for NOTES.md: GEMM attention, bias as 
   bench "ours-bf16-gelu-unfused" env GPT2_CUDA_GELU=unfused stage2_cuda "${gpt2[@]}" --precision bf16
   bench "ours-tf32-gelu-unfused" env GPT2_CUDA_GELU=unfused stage2_cuda "${gpt2[@]}" --precision tf32
   bench "ours-bf16-residual-unfused" env GPT2_CUDA_RESIDUAL=unfused stage2_cuda "${gpt2[@]}" --precision bf16
+  bench "ours-bf16-bgrad-fused" env GPT2_CUDA_BGRAD=fused stage2_cuda "${gpt2[@]}" --precision bf16
+  bench "ours-bf16-no-graph" env GPT2_CUDA_GRAPH=0 stage2_cuda "${gpt2[@]}" --precision bf16
 fi
 
 rc=0
