@@ -174,13 +174,19 @@ def rows(path):
     lines = [l.rstrip("\n").split("\t") for l in open(path)]
     return [dict(zip(lines[0], l)) for l in lines[1:]]
 a, b = rows(sys.argv[1]), rows(sys.argv[2])
-worst = 0.0
+worst = {"train_loss": 0.0, "val_loss": 0.0}
 for x, y in zip(a, b):
-    for col in ("train_loss", "val_loss"):
+    for col in worst:
         rel = abs(float(y[col]) - float(x[col])) / float(x[col])
-        worst = max(worst, rel)
+        worst[col] = max(worst[col], rel)
     print(f"CONVERGE epoch {x['epoch']}: train fp32 {x['train_loss']} bf16 {y['train_loss']} | val fp32 {x['val_loss']} bf16 {y['val_loss']}")
-print(f"CONVERGE worst relative difference {100 * worst:.2f}% over {len(a)} evaluations (bound 2%): {'PASS' if worst <= 0.02 and len(a) == len(b) and a else 'FAIL'}")
+ok = len(a) == len(b) and a
+# The evaluation's loss is the validation loss; the train column (the window's mean) is shown
+# too: late in this run the corpus is memorised and tiny train losses move by several percent
+# between fp32 runs that differ only in how GELU is computed (NOTES.md).
+for col, name in (("val_loss", "validation"), ("train_loss", "train (window mean)")):
+    verdict = "PASS" if worst[col] <= 0.02 and ok else "FAIL"
+    print(f"CONVERGE worst {name} difference {100 * worst[col]:.2f}% over {len(a)} evaluations (bound 2%): {verdict}")
 PY
 fi
 
