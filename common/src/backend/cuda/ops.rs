@@ -351,11 +351,12 @@ impl Backend for CudaBackend {
     fn begin_recording(&self) -> Result<()> {
         self.take_error()?;
         self.bind()?;
-        // Global mode: an allocation, a free or a synchronisation anywhere in the process while
-        // recording fails instead of being silently left out of the graph.
+        // Thread-local mode: an allocation, a free or a synchronisation by this thread while
+        // recording fails instead of being silently left out of the graph. (Global mode would
+        // also fail other threads' calls meanwhile: GPU tests running side by side did.)
         self.memory
             .stream
-            .begin_capture(driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .begin_capture(driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| device_err("starting to record a CUDA graph", e))
     }
 
