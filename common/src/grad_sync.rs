@@ -52,7 +52,10 @@ impl GradSync {
     /// after backward, as `Allreduce` does). Local SGD's averaging takes a GPT-2 model, so
     /// only the gradient modes are for such models.
     pub fn whole(mode: SyncMode, total: usize) -> Self {
-        assert!(!matches!(mode, SyncMode::LocalSgd { .. }), "local SGD averages a GPT-2 model's parameters");
+        assert!(
+            !matches!(mode, SyncMode::LocalSgd { .. }),
+            "local SGD averages a GPT-2 model's parameters"
+        );
         GradSync {
             mode,
             blocks: Vec::new(),

@@ -143,7 +143,10 @@ impl<B: Backend> StepMeter<B> {
         if steps.is_empty() {
             return Ok(Vec::new());
         }
-        assert!(steps.end - steps.start <= HISTORY as u64, "history holds {HISTORY} steps");
+        assert!(
+            steps.end - steps.start <= HISTORY as u64,
+            "history holds {HISTORY} steps"
+        );
         let mut host = vec![0.0f32; 2 * HISTORY];
         be.read(&self.history, 0, &mut host)?;
         Ok(steps
@@ -209,7 +212,8 @@ impl<B: Backend> AdamW<B> {
 
     /// See [`StepMeter::finish_gradients`], over every parameter's gradient.
     pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32) -> Result<()> {
-        self.meter.finish_gradients(be, grads, self.n, self.config.grad_clip, loss_scale)
+        self.meter
+            .finish_gradients(be, grads, self.n, self.config.grad_clip, loss_scale)
     }
 
     /// See [`StepMeter::read_history`].

@@ -6,8 +6,9 @@
 use common::backend::cuda::{compile, compile_cached, kernel_names, kernel_sources, nvrtc_present, nvrtc_version};
 use common::backend::ActType;
 
-/// The architecture we deploy on (Hopper: H100, H200).
-const ARCHS: [&str; 2] = ["compute_90", "sm_90"];
+/// The architecture we deploy on (Hopper: H100, H200): PTX, the plain cubin, and the sm_90a
+/// cubin the backend loads on Hopper (wgmma in the head-size-64 flash kernels).
+const ARCHS: [&str; 3] = ["compute_90", "sm_90", "sm_90a"];
 
 /// False (after saying why) when NVRTC is missing and that is allowed; panics when it is
 /// missing and REQUIRE_NVRTC is set.
@@ -62,6 +63,42 @@ fn ptx_defines_every_registered_kernel() {
                 "{file}: {name} missing from the PTX (extern \"C\"?)"
             );
         }
+    }
+}
+
+/// On sm_90a the bf16 flash kernels for head size 64 are Hopper's warpgroup products, with the
+/// shared-memory fence the tensor cores' reads need; elsewhere their bodies only trap.
+#[test]
+fn hopper_flash_kernels_use_warpgroup_products() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let (file, src) = kernel_sources(ActType::Bf16)
+        .into_iter()
+        .find(|(f, _)| *f == "flash_d64.cu")
+        .expect("flash_d64.cu");
+    let hopper = String::from_utf8_lossy(&compile(file, &src, "compute_90a").expect("compiles")).into_owned();
+    let plain = String::from_utf8_lossy(&compile(file, &src, "compute_90").expect("compiles")).into_owned();
+    for kernel in [
+        "flash_forward_d64_wgmma",
+        "flash_backward_dkdv_d64_wgmma",
+        "flash_backward_dq_d64_wgmma",
+    ] {
+        let body = |ptx: &str| {
+            let at = ptx.find(&format!(".entry {kernel}(")).expect("kernel in the PTX");
+            let end = ptx[at + 1..].find(".entry ").map_or(ptx.len(), |e| at + 1 + e);
+            ptx[at..end].to_string()
+        };
+        let (h, p) = (body(&hopper), body(&plain));
+        assert!(
+            h.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"),
+            "{kernel}: no wgmma"
+        );
+        assert!(h.contains("fence.proxy.async.shared::cta"), "{kernel}: no proxy fence");
+        assert!(
+            !p.contains("wgmma.mma_async") && p.contains("trap"),
+            "{kernel}: sm_90 must only trap"
+        );
     }
 }
 

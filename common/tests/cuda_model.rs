@@ -138,7 +138,10 @@ fn gradients_match(name: &str, cfg: ModelConfig, b: usize, t: usize) {
 fn assert_same_step0(what: &str, (a_loss, a): &(f32, Vec<f32>), (b_loss, b): &(f32, Vec<f32>), bits: bool) {
     let same = |x: f32, y: f32| if bits { x.to_bits() == y.to_bits() } else { x == y };
     let differ = a.iter().zip(b).filter(|&(&x, &y)| !same(x, y)).count();
-    eprintln!("SAME {what}: loss {a_loss} vs {b_loss}, {differ} of {} gradients differ", a.len());
+    eprintln!(
+        "SAME {what}: loss {a_loss} vs {b_loss}, {differ} of {} gradients differ",
+        a.len()
+    );
     assert!(same(*a_loss, *b_loss), "{what}: loss");
     assert_eq!(differ, 0, "{what}: gradients differ");
 }
@@ -302,11 +305,17 @@ fn replayed_steps_equal_steps_run_as_queued() {
     for (precision, micro) in [(Precision::Fp32, 1), (Precision::Tf32, 2), (Precision::Bf16, 1)] {
         let (want_loss, want_params, queued_replays) = replay_run(precision, false, micro);
         let (loss, params, replayed) = replay_run(precision, true, micro);
-        assert!(!queued_replays && replayed, "{precision:?}: the replayed run must replay");
+        assert!(
+            !queued_replays && replayed,
+            "{precision:?}: the replayed run must replay"
+        );
         assert_eq!(loss, want_loss, "{precision:?} micro {micro}: losses");
         let same = params.iter().zip(&want_params).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "{precision:?} micro {micro}: final parameters differ");
-        eprintln!("REPLAY {precision:?} micro {micro}: 12 steps equal, last loss {:.4}", loss[11]);
+        eprintln!(
+            "REPLAY {precision:?} micro {micro}: 12 steps equal, last loss {:.4}",
+            loss[11]
+        );
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
-use common::backend::{token_order, AdamWHyper, StepState, Backend, DeviceBuffer};
+use common::backend::{token_order, AdamWHyper, Backend, DeviceBuffer, StepState};
 
 const B: usize = 16;
 const T: usize = 1024;
@@ -344,7 +344,8 @@ fn gpt2_step_table(precision: Precision) {
         ..Default::default()
     };
     let state = be.alloc::<f32>(StepState::WORDS).unwrap();
-    be.write(&state, 0, bytemuck::cast_slice(std::slice::from_ref(&step))).unwrap();
+    be.write(&state, 0, bytemuck::cast_slice(std::slice::from_ref(&step)))
+        .unwrap();
     let (sumsq, history) = (be.alloc::<f32>(1).unwrap(), be.alloc::<f32>(8).unwrap());
     row("zero grads", time(&be, || unsafe { be.zero(grads.ptr(), PARAMS) }), 1);
     row(

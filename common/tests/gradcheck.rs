@@ -508,7 +508,11 @@ fn adamw_matches_the_reference_formula() {
     // A step the device decided to skip changes nothing.
     state.apply = 0.0;
     update(&state);
-    assert_eq!((read(&be, &p), read(&be, &m), read(&be, &v)), (pn.clone(), mn.clone(), vn.clone()), "skipped");
+    assert_eq!(
+        (read(&be, &p), read(&be, &m), read(&be, &v)),
+        (pn.clone(), mn.clone(), vn.clone()),
+        "skipped"
+    );
     for i in 0..n {
         let gi = g[i] as f64 * 0.5;
         let mi = 0.9 * m0[i] as f64 + 0.1 * gi;
@@ -542,7 +546,11 @@ fn step_stats_clip_average_decide_and_keep_history() {
     let s = stats(6.0, 1.0);
     assert_eq!((s.sumsq, s.norm, s.loss, s.apply), (25.0, 5.0, 3.0, 1.0));
     assert!((s.clip - 0.2).abs() < 1e-6);
-    assert_eq!(&read(&be, &history)[10..12], &[3.0, 5.0], "step 1029 in slot 1029 mod 8");
+    assert_eq!(
+        &read(&be, &history)[10..12],
+        &[3.0, 5.0],
+        "step 1029 in slot 1029 mod 8"
+    );
     assert_eq!(stats(6.0, 10.0).clip, 1.0, "no clipping under the ceiling");
     assert_eq!(stats(6.0, 0.0).clip, 1.0, "clipping off");
     assert_eq!(stats(f32::NAN, 1.0).apply, 0.0, "a non-finite loss skips the update");
@@ -742,7 +750,11 @@ fn check_net_gradient(
             let a = analytic[i];
             let err = (a - numeric).abs();
             let tol = 2e-2 * a.abs().max(numeric.abs()) + 2e-3;
-            assert!(err <= tol, "{name} tensor {k}[{}]: analytic {a} vs numeric {numeric}", i - at);
+            assert!(
+                err <= tol,
+                "{name} tensor {k}[{}]: analytic {a} vs numeric {numeric}",
+                i - at
+            );
             worst = worst.max(err);
         }
         assert_eq!(

@@ -221,17 +221,32 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
     (
         "idx images and labels of different counts",
-        mnist!("train-images.idx", "test-labels.idx", "test-images.idx", "test-labels.idx"),
+        mnist!(
+            "train-images.idx",
+            "test-labels.idx",
+            "test-images.idx",
+            "test-labels.idx"
+        ),
         "labels",
     ),
     (
         "idx test images of another size than the training images",
-        mnist!("train-images.idx", "train-labels.idx", "small-images.idx", "test-labels.idx"),
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "small-images.idx",
+            "test-labels.idx"
+        ),
         "pixels",
     ),
     (
         "labels where the images belong",
-        mnist!("train-labels.idx", "train-labels.idx", "test-images.idx", "test-labels.idx"),
+        mnist!(
+            "train-labels.idx",
+            "train-labels.idx",
+            "test-images.idx",
+            "test-labels.idx"
+        ),
         "labels file",
     ),
     (
@@ -241,17 +256,35 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
     (
         "a hidden layer of width 0",
-        mnist!("train-images.idx", "train-labels.idx", "test-images.idx", "test-labels.idx", "--hidden 64,0"),
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "test-images.idx",
+            "test-labels.idx",
+            "--hidden 64,0"
+        ),
         "--hidden",
     ),
     (
         "an MLP batch larger than the training set",
-        mnist!("train-images.idx", "train-labels.idx", "test-images.idx", "test-labels.idx", "--batch 500"),
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "test-images.idx",
+            "test-labels.idx",
+            "--batch 500"
+        ),
         "--batch",
     ),
     (
         "momentum with AdamW",
-        mnist!("train-images.idx", "train-labels.idx", "test-images.idx", "test-labels.idx", "--optimizer adamw --momentum 0.5"),
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "test-images.idx",
+            "test-labels.idx",
+            "--optimizer adamw --momentum 0.5"
+        ),
         "--momentum",
     ),
     ("unknown subcommand", "fly", "fly"),
@@ -295,7 +328,10 @@ fn fixtures() -> PathBuf {
     write(&dir, "vocab.bin", &bin_file(20240520, 2000, &big));
     // Good idx files (made-up images: 200 for training, 100 for test) and broken ones.
     let idx_pair = |set: &common::mnist::Dataset, name: &str| {
-        let (images, labels) = (dir.join(format!("{name}-images.idx")), dir.join(format!("{name}-labels.idx")));
+        let (images, labels) = (
+            dir.join(format!("{name}-images.idx")),
+            dir.join(format!("{name}-labels.idx")),
+        );
         common::mnist::synthetic::write_idx(set, &images, &labels).unwrap();
     };
     let train = common::mnist::synthetic::dataset(200, 8, 1);

@@ -21,7 +21,10 @@ fn tmpdir(name: &str) -> PathBuf {
 fn data(dir: &Path, ext: &str) -> Vec<String> {
     let mut flags = Vec::new();
     for (set, count, seed) in [("train", 600, 1), ("test", 200, 2)] {
-        let (images, labels) = (dir.join(format!("{set}-images.{ext}")), dir.join(format!("{set}-labels.{ext}")));
+        let (images, labels) = (
+            dir.join(format!("{set}-images.{ext}")),
+            dir.join(format!("{set}-labels.{ext}")),
+        );
         synthetic::write_idx(&synthetic::dataset(count, 12, seed), &images, &labels).unwrap();
         flags.extend([format!("--{set}-images"), images.display().to_string()]);
         flags.extend([format!("--{set}-labels"), labels.display().to_string()]);
@@ -66,10 +69,16 @@ fn the_mlp_learns_and_a_seed_fixes_the_run() {
     let o = mnist(&files, &d.join("a"), &[]);
     assert_ok(&o);
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("MLP 144→32→16→10") && stdout.contains("test accuracy"), "{stdout}");
+    assert!(
+        stdout.contains("MLP 144→32→16→10") && stdout.contains("test accuracy"),
+        "{stdout}"
+    );
     let t = table(&d.join("a"));
     assert_eq!(t.len(), 4, "one row per epoch: {t:?}");
-    assert!(t[3][1] < t[0][1] && t[3][3] > 0.9, "the test loss falls and accuracy passes 90%: {t:?}");
+    assert!(
+        t[3][1] < t[0][1] && t[3][3] > 0.9,
+        "the test loss falls and accuracy passes 90%: {t:?}"
+    );
     // The same seed gives the same table; gzipped files read the same.
     let gz = data(&d, "gz");
     assert_ok(&mnist(&gz, &d.join("b"), &[]));
@@ -82,7 +91,11 @@ fn the_mlp_learns_and_a_seed_fixes_the_run() {
 fn adamw_trains_too_and_refuses_a_momentum() {
     let d = tmpdir("adamw");
     let files = data(&d, "idx");
-    let o = mnist(&files, &d.join("a"), &["--optimizer", "adamw", "--lr", "3e-3", "--weight-decay", "0.01"]);
+    let o = mnist(
+        &files,
+        &d.join("a"),
+        &["--optimizer", "adamw", "--lr", "3e-3", "--weight-decay", "0.01"],
+    );
     assert_ok(&o);
     let t = table(&d.join("a"));
     assert!(t[3][3] > 0.9, "{t:?}");

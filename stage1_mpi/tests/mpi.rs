@@ -731,7 +731,10 @@ fn mnist_reproduces_stage0() {
         v
     };
     for (optimizer, lr) in [("sgd", "0.05"), ("adamw", "3e-3")] {
-        let (reference, out) = (d.join(format!("stage0-{optimizer}")), d.join(format!("stage1-{optimizer}")));
+        let (reference, out) = (
+            d.join(format!("stage0-{optimizer}")),
+            d.join(format!("stage1-{optimizer}")),
+        );
         let flag = ["--optimizer", optimizer, "--lr", lr].map(str::to_string);
         let o = run_limited(
             stage0_bin().to_str().unwrap(),
@@ -742,7 +745,12 @@ fn mnist_reproduces_stage0() {
         assert_ok(&o);
         let o = mpirun(2, &[args(&out), flag.to_vec()].concat(), &[]);
         assert_ok(&o);
-        assert_eq!(o.stdout.matches("train_loss").count(), 1, "rank 0 alone prints: {}", o.stdout);
+        assert_eq!(
+            o.stdout.matches("train_loss").count(),
+            1,
+            "rank 0 alone prints: {}",
+            o.stdout
+        );
         let (got, want) = (mnist_table(&out), mnist_table(&reference));
         assert_eq!(want.len(), 5);
         // Losses within LOSS_TOL; accuracy within 0.2 points (the bound after training).

@@ -25,8 +25,8 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::error::{Error, Result};
-use std::ops::Range;
 use std::marker::PhantomData;
+use std::ops::Range;
 
 /// An element type that backend memory holds: plain bits, no drop.
 pub trait Elem: bytemuck::Pod + Send + Sync + 'static {}

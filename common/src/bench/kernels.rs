@@ -215,7 +215,14 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
             be.add(sum, inp, y, r * c);
             be.layernorm_forward(out, mean, rstd, sum, w, b, r, c);
         })?;
-        row("ours-unfused", "add_layernorm_fwd", shape.clone(), apart, None, fwd_floor);
+        row(
+            "ours-unfused",
+            "add_layernorm_fwd",
+            shape.clone(),
+            apart,
+            None,
+            fwd_floor,
+        );
         // SAFETY: as above; sum, mean and rstd were written by the forward. dinp (the sum's
         // gradient) accumulates over the calls, which changes its values, not the work.
         let fused = time_ms(be, 20, || unsafe {
@@ -390,7 +397,9 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         let bytes = n as f64 * (4.0 * 7.0 + if copy.is_some() { 2.0 } else { 0.0 });
         let copy_ptr = copy.as_ref().map(|c| c.ptr());
         // SAFETY: `n` values in each buffer, the step state's words, `n` in the copy.
-        let ms = time_ms(be, 5, || unsafe { be.adamw(p, g, mm, vv, &[(0..n, true)], state.ptr(), hp, copy_ptr) })?;
+        let ms = time_ms(be, 5, || unsafe {
+            be.adamw(p, g, mm, vv, &[(0..n, true)], state.ptr(), hp, copy_ptr)
+        })?;
         row("ours", "adamw", format!("{n} params"), ms, None, Some(bytes));
     }
     Ok(rows)

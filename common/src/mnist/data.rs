@@ -35,9 +35,12 @@ impl Files {
     /// The flags' files (clap makes sure all four or none are given), or else the Debian
     /// package's.
     pub fn from_args(args: &MnistArgs) -> Files {
-        if let (Some(a), Some(b), Some(c), Some(d)) =
-            (&args.train_images, &args.train_labels, &args.test_images, &args.test_labels)
-        {
+        if let (Some(a), Some(b), Some(c), Some(d)) = (
+            &args.train_images,
+            &args.train_labels,
+            &args.test_images,
+            &args.test_labels,
+        ) {
             return Files {
                 train: (a.clone(), b.clone()),
                 test: (c.clone(), d.clone()),

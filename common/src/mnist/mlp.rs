@@ -65,7 +65,10 @@ pub struct Mlp<B: Backend> {
 impl<B: Backend> Mlp<B> {
     /// Allocates zeroed parameters and gradients for `widths` (input, hidden..., classes).
     pub fn new(be: &B, widths: &[usize]) -> Result<Self> {
-        assert!(widths.len() >= 2 && widths.iter().all(|&w| w > 0), "an MLP needs an input and an output width");
+        assert!(
+            widths.len() >= 2 && widths.iter().all(|&w| w > 0),
+            "an MLP needs an input and an output width"
+        );
         let layers = layers(widths);
         let total = layers.last().map_or(0, |l| l.bias.end);
         Ok(Mlp {
@@ -124,7 +127,13 @@ impl<B: Backend> Mlp<B> {
         let copy = self.params_bf16.as_ref();
         let mut x = g.input(pixels, rows, self.widths[0])?;
         for (i, l) in self.layers.iter().enumerate() {
-            let w = g.param(&self.params, copy, Some(&self.grads), l.weight.clone(), [l.outputs, l.inputs])?;
+            let w = g.param(
+                &self.params,
+                copy,
+                Some(&self.grads),
+                l.weight.clone(),
+                [l.outputs, l.inputs],
+            )?;
             let b = g.param(&self.params, copy, Some(&self.grads), l.bias.clone(), [1, l.outputs])?;
             x = g.matmul(x, w, Some(b))?;
             if i + 1 < self.layers.len() {
@@ -147,7 +156,10 @@ mod tests {
     fn the_layout_is_layer_by_layer() {
         let ls = layers(&[784, 256, 128, 10]);
         assert_eq!(ls.len(), 3);
-        assert_eq!((ls[0].weight.clone(), ls[0].bias.clone()), (0..784 * 256, 784 * 256..784 * 256 + 256));
+        assert_eq!(
+            (ls[0].weight.clone(), ls[0].bias.clone()),
+            (0..784 * 256, 784 * 256..784 * 256 + 256)
+        );
         assert_eq!(ls[1].weight.start, ls[0].bias.end);
         assert_eq!(ls[2].bias.end, 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
     }
@@ -188,7 +200,11 @@ mod tests {
             mlp.set_params(&be, &p).unwrap();
             let down = loss_of(&mlp, &mut pool, false);
             let numeric = (up - down) / (2.0 * h as f64);
-            assert!((numeric - grads[i] as f64).abs() < 2e-3, "parameter {i}: {numeric} vs {}", grads[i]);
+            assert!(
+                (numeric - grads[i] as f64).abs() < 2e-3,
+                "parameter {i}: {numeric} vs {}",
+                grads[i]
+            );
         }
     }
 

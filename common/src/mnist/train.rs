@@ -232,7 +232,12 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
             let stats = trainer.step(&pixels, &labels, local, step)?;
             window.add(stats.loss, false);
             window.add_time(t0.elapsed().as_secs_f64());
-            bar.set_message(format!("epoch {} loss {:.4} lr {:.2e}", epoch + 1, stats.loss, stats.lr));
+            bar.set_message(format!(
+                "epoch {} loss {:.4} lr {:.2e}",
+                epoch + 1,
+                stats.loss,
+                stats.lr
+            ));
             bar.inc(1);
         }
         let (train_loss, _, samples_per_s) = window.take(b);

@@ -6,7 +6,7 @@ mod gpt2;
 pub mod params;
 
 pub use config::{round_up, ConfigOverrides, ModelConfig, PRESETS};
-pub use gpt2::{Forward, Gpt2};
 /// The seeded uniform samples GPT-2's initialisation draws from (the MLP's too).
 pub(crate) use gpt2::uniform;
+pub use gpt2::{Forward, Gpt2};
 pub use params::{Param, ParamLayout};

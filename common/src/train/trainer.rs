@@ -210,8 +210,16 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let inputs = &batch.inputs[micro * n..][..n];
             // Checked here: a replayed step runs none of the graph's own checks.
             check_ids("token id", inputs, self.model.config.padded_vocab_size)?;
-            check_ids("target id", &batch.targets[micro * n..][..n], self.model.config.vocab_size)?;
-            arrays.extend([inputs.to_vec(), token_order(inputs), batch.targets[micro * n..][..n].to_vec()]);
+            check_ids(
+                "target id",
+                &batch.targets[micro * n..][..n],
+                self.model.config.vocab_size,
+            )?;
+            arrays.extend([
+                inputs.to_vec(),
+                token_order(inputs),
+                batch.targets[micro * n..][..n].to_vec(),
+            ]);
         }
         self.tokens.stage(be, arrays)?;
         let shape = |be: &B, tokens: &TokenStage<B>| StepShape {

@@ -3,9 +3,12 @@
 //! into scratch, then dK/dV per key tile and dQ per query tile. Kernels exist for head sizes up
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.
 //!
-//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16).
-//! `GPT2_CUDA_ATTENTION=flash-tf32` runs the TF32 kernels on the bf16 operands instead (they
-//! widen them to f32 in shared memory, exactly), the first bf16 version, for comparison.
+//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16);
+//! on Hopper, for head size 64 with 16-byte-aligned rows, `kernels/flash_wgmma.cuh` instead
+//! (the same schedule on warpgroup products that read their right operand from shared memory).
+//! `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync kernels on Hopper too, and `flash-tf32`
+//! runs the TF32 kernels on the bf16 operands (they widen them to f32 in shared memory,
+//! exactly), the first bf16 version; both for comparison.
 
 use super::{args, blocks, AttentionPath, CudaBackend};
 use crate::backend::Precision;
@@ -26,7 +29,8 @@ struct Variant {
     forward_rows: usize,
 }
 
-fn variant(hs: usize, precision: Precision, path: AttentionPath) -> Result<Variant> {
+/// `wgmma`: the Hopper kernels may run (an sm_90a build, head size 64, rows 16-byte aligned).
+fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) -> Result<Variant> {
     let d = match hs {
         1..=16 => 16,
         17..=32 => 32,
@@ -39,7 +43,12 @@ fn variant(hs: usize, precision: Precision, path: AttentionPath) -> Result<Varia
         }
     };
     Ok(match (precision, path) {
-        (Precision::Bf16, AttentionPath::Flash) => Variant {
+        (Precision::Bf16, AttentionPath::Flash) if wgmma && hs == 64 => Variant {
+            suffix: "d64_wgmma".into(),
+            vector: (8, 2),
+            forward_rows: ROWS_PER_BLOCK,
+        },
+        (Precision::Bf16, AttentionPath::Flash | AttentionPath::FlashMma) => Variant {
             suffix: format!("d{d}_bf16"),
             vector: (8, 2),
             forward_rows: if d <= 64 { 128 } else { 64 },
@@ -70,6 +79,11 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> 
 }
 
 impl CudaBackend {
+    /// Whether the Hopper kernels (`flash_wgmma.cuh`) can take head size `hs` over `ptrs`.
+    fn wgmma_fits(&self, hs: usize, ptrs: &[DevPtr<Act>]) -> bool {
+        self.wgmma && hs == 64 && vectorizable(hs, ptrs, (8, 2)) == 1
+    }
+
     /// (B·NH, tiles of `rows`): the tiles go in y, so they must fit its 65535 limit.
     fn flash_grid(&self, b: usize, t: usize, nh: usize, rows: usize) -> Result<(u32, u32, u32)> {
         let tiles = t.div_ceil(rows);
@@ -99,7 +113,7 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(hs, self.precision, self.attention)?;
+        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]))?;
         let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
         let vec = vectorizable(hs, &[qkv], v.vector);
@@ -130,7 +144,7 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(hs, self.precision, self.attention)?;
+        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, dout]))?;
         let suffix = &v.suffix;
         let rows = b * nh * t;
         let delta = self.scratch(rows)?;

@@ -59,6 +59,8 @@ pub struct CudaBackend {
     name: String,
     precision: Precision,
     attention: AttentionPath,
+    /// The kernels were built for sm_90a (Hopper), so its warpgroup products (wgmma) exist.
+    wgmma: bool,
     gelu: GeluPath,
     bias_grad: BiasGradPath,
     residual: ResidualPath,
@@ -76,6 +78,10 @@ pub enum AttentionPath {
     /// Flash kernels: saves (B,NH,T) log-sum-exps. TF32 products on f32 operands
     /// (`kernels/flash_attention.cuh`), bf16 products on bf16 ones (`kernels/flash_bf16.cuh`).
     Flash,
+    /// Under bf16, the mma.sync bf16 kernels (`kernels/flash_bf16.cuh`) also where `Flash`
+    /// would take Hopper's warpgroup products (`kernels/flash_wgmma.cuh`), for comparison; the
+    /// same as `Flash` in fp32 and tf32.
+    FlashMma,
     /// Under bf16, the TF32 flash kernels on bf16 operands (the first bf16 version), kept
     /// for comparison; the same as `Flash` in fp32 and tf32.
     FlashTf32,
@@ -85,14 +91,15 @@ pub enum AttentionPath {
 
 impl AttentionPath {
     /// From the environment variable `GPT2_CUDA_ATTENTION` (`flash`, the default,
-    /// `flash-tf32` or `gemm`).
+    /// `flash-mma`, `flash-tf32` or `gemm`).
     fn from_env() -> Result<Self> {
         match std::env::var("GPT2_CUDA_ATTENTION").as_deref() {
             Err(_) | Ok("") | Ok("flash") => Ok(AttentionPath::Flash),
+            Ok("flash-mma") => Ok(AttentionPath::FlashMma),
             Ok("flash-tf32") => Ok(AttentionPath::FlashTf32),
             Ok("gemm") => Ok(AttentionPath::Gemm),
             Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_ATTENTION={other}: expected `flash`, `flash-tf32` or `gemm`"
+                "GPT2_CUDA_ATTENTION={other}: expected `flash`, `flash-mma`, `flash-tf32` or `gemm`"
             ))),
         }
     }
@@ -208,7 +215,12 @@ impl CudaBackend {
                 "GPU {device} is sm_{major}{minor}: these kernels need compute capability 8.0 or newer (Ampere, Hopper)"
             )));
         }
-        let arch = format!("sm_{major}{minor}");
+        // Hopper (9.0) builds for sm_90a: its architecture-specific instructions (wgmma), which
+        // the flash attention kernels for head size 64 use.
+        let arch = match (major, minor) {
+            (9, 0) => "sm_90a".to_string(),
+            _ => format!("sm_{major}{minor}"),
+        };
         let stream = ctx.new_stream().map_err(|e| device_err("creating a CUDA stream", e))?;
         let gpu = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let memory = Arc::new(DeviceMemory::new(ctx, stream));
@@ -248,6 +260,7 @@ impl CudaBackend {
             name: format!("{gpu} ({arch}, {})", precision.name()),
             precision,
             attention,
+            wgmma: arch == "sm_90a",
             gelu,
             bias_grad,
             residual,
@@ -257,7 +270,7 @@ impl CudaBackend {
     /// The same backend with attention on `path` (tests compare the two; the GEMM path
     /// is f32 only, so a bf16 backend stays on flash).
     pub fn with_attention(mut self, path: AttentionPath) -> Self {
-        if self.precision != Precision::Bf16 {
+        if self.precision != Precision::Bf16 || path != AttentionPath::Gemm {
             self.attention = path;
         }
         self
@@ -294,6 +307,12 @@ impl CudaBackend {
 
     pub fn residual_path(&self) -> ResidualPath {
         self.residual
+    }
+
+    /// Whether the kernels were built for sm_90a, where the bf16 flash kernels for head size
+    /// 64 are Hopper's warpgroup products.
+    pub fn has_wgmma(&self) -> bool {
+        self.wgmma
     }
 
     pub fn attention_path(&self) -> AttentionPath {

@@ -39,6 +39,9 @@ const KERNEL_FILES: &[(&str, &str)] = &[
 const FLASH_TEMPLATES: &str = include_str!("kernels/flash_attention.cuh");
 /// The bf16 tensor-core flash kernels (`flash16_forward<D>` and the two backward kernels).
 const FLASH_BF16_TEMPLATES: &str = include_str!("kernels/flash_bf16.cuh");
+/// Hopper's warpgroup-product flash kernels for head size 64 (`flashwg_forward` and the two
+/// backward kernels); their bodies exist in sm_90a builds only.
+const FLASH_WGMMA: &str = include_str!("kernels/flash_wgmma.cuh");
 
 /// Head sizes the flash kernels are built for (a head is padded up to the next one), with
 /// the name each compiled file goes by.
@@ -64,6 +67,30 @@ fn flash_source(d: usize, act: ActType) -> String {
             let template = kernel.replacen("flash", "flash16", 1);
             src +=
                 &format!("extern \"C\" __global__ void {kernel}_d{d}_bf16({params}) {{ {template}<{d}>({args}); }}\n");
+        }
+        if d == 64 {
+            src += FLASH_WGMMA;
+            for (kernel, call) in [
+                ("flash_forward", "flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2)"),
+                (
+                    "flash_backward_dkdv",
+                    "flashwg_backward_dkdv(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2)",
+                ),
+                (
+                    "flash_backward_dq",
+                    "flashwg_backward_dq(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2)",
+                ),
+            ] {
+                let params = if kernel == "flash_forward" {
+                    "FWD_PARAMS"
+                } else {
+                    "BWD_PARAMS"
+                };
+                src += &format!(
+                    "extern \"C\" __global__ void {kernel}_d64_wgmma({params}) \
+                     {{ FLASH_WGMMA_BODY({call}); }}\n"
+                );
+            }
         }
     }
     src += &format!("// Instances for head sizes padded to {d}.\n");

@@ -5,12 +5,12 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 
 use super::blas::Gemm;
 use super::memory::device_err;
-use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, ResidualPath, MAX_REDUCE_BLOCKS, THREADS};
-use super::Recording;
 use super::Arg;
-use std::ops::Range;
+use super::Recording;
+use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, ResidualPath, MAX_REDUCE_BLOCKS, THREADS};
 use crate::backend::{bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Precision, SgdHyper};
 use crate::error::{Error, Result};
+use std::ops::Range;
 
 /// Threads per block for elementwise kernels.
 /// Rows (one warp each) per block for the row-wise kernels.
@@ -362,10 +362,7 @@ impl Backend for CudaBackend {
 
     fn end_recording(&self) -> Result<Recording> {
         self.bind()?;
-        let graph = self
-            .memory
-            .stream
-            .end_capture(driver_sys::CUgraphInstantiate_flags(0));
+        let graph = self.memory.stream.end_capture(driver_sys::CUgraphInstantiate_flags(0));
         // A launch that failed while recording left its error in the latch: that one first.
         self.take_error()?;
         match graph {
@@ -648,8 +645,8 @@ impl Backend for CudaBackend {
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
         match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashTf32 => b * nh * t, // log-sum-exp per row
-            AttentionPath::Gemm => b * nh * t * t,                         // the probabilities
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => b * nh * t, // log-sum-exp per row
+            AttentionPath::Gemm => b * nh * t * t, // the probabilities
         }
     }
 
@@ -665,7 +662,7 @@ impl Backend for CudaBackend {
     ) {
         // The GEMM path is f32 only (a bf16 backend is never on it: see `CudaBackend::new`).
         let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashTf32 => {
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
                 self.attention_forward_flash(out, saved, qkv, b, t, c, nh)
             }
             AttentionPath::Gemm => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
@@ -688,7 +685,7 @@ impl Backend for CudaBackend {
         nh: usize,
     ) {
         let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashTf32 => {
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
                 self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh)
             }
             AttentionPath::Gemm => {

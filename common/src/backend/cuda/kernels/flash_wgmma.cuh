@@ -1,0 +1,283 @@
+// Flash attention for head size 64 on Hopper's warpgroup products (wgmma.mma_async, sm_90a):
+// the schedule of flash_bf16.cuh (64 query or key rows a block, 16 a warp; online softmax in
+// base 2; the deterministic two-kernel backward, no atomics) with every product issued by the
+// block's four warps together as one warpgroup, m64n64k16: the left operand from registers
+// (the same A fragments mma.sync takes), the right one read by the tensor cores straight from
+// shared memory, so no ldmatrix and no B fragments in registers, and the products run
+// asynchronously to the issuing warps.
+//
+// Shared tiles are 64 rows of 64 bf16 (128 bytes), in the layout wgmma's 128-byte swizzle
+// reads: the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of that row, tiles 1024-byte
+// aligned. The one stored layout serves both ways a tile is read: with the rows as the
+// product's N and the 64 columns as its K ("K-major": kᵀ in q·kᵀ), or with the rows as K and
+// the columns as N ("MN-major", transposed: v in p·v).
+//
+// Accumulators of m64n64 are, per warp, its 16 rows in eight 16x8 mma C fragments: d[n][i] is
+// row g (i < 2) or g + 8, column 8n + 2t + (i & 1): the layout the shared softmax steps of
+// flash_attention.cuh take. Needs flash_attention.cuh and flash_bf16.cuh first.
+// Only in an sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); the launcher picks these kernels only
+// there, for head size 64 with 16-byte-aligned rows.
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Element offset of chunk c (8 bf16) of row r in a swizzled 64x64 tile.
+__device__ __forceinline__ int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
+
+// Starts copying rows [r0, r0 + 64) of a (T, stride) bf16 matrix (64 columns) into a swizzled
+// tile by 16-byte cp.async; rows past T are zero-filled.
+__device__ __forceinline__ void tile_load_swz(bf16_t* tile, const bf16_t* base, size_t stride, int r0, int T) {
+#pragma unroll
+    for (int i = threadIdx.x; i < 64 * 8; i += FLASH_THREADS) {
+        int r = i >> 3, c = i & 7;
+        bool inside = r0 + r < T;
+        const bf16_t* src = inside ? base + (size_t)(r0 + r) * stride + c * 8 : base;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(tile + swz(r, c))),
+                     "l"(src), "r"(inside ? 16 : 0));
+    }
+}
+
+// Waits for all but the newest cp.async group, then makes the landed tiles visible to the
+// tensor cores (the async proxy) and to the whole block.
+__device__ __forceinline__ void tiles_ready() {
+    cp_async_wait_one();
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+}
+
+// The shared-memory matrix descriptor of a swizzled tile from `p` (start address, 16-byte
+// units), 8-row groups 1024 bytes apart (the stride byte offset), 128-byte swizzle. The
+// leading byte offset only matters for tiles wider than one 64-element swizzle atom, which
+// these never are; 1024 too, so that either reading of the two fields finds the 8-row groups.
+__device__ __forceinline__ unsigned long long wg_desc(const bf16_t* p) {
+    unsigned long long a = shared_address(p);
+    return ((a & 0x3FFFF) >> 4) | (64ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// Keeps the compiler from moving reads or writes of accumulator registers across the issue
+// of an asynchronous product and the wait for it (CUTLASS's warpgroup_fence_operand).
+__device__ __forceinline__ void wg_hold(float (&d)[8][4]) {
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm volatile("" : "+f"(d[n][i])::"memory");
+    }
+}
+
+// d (64x64, f32) += a (64x16, this warp's A fragment) · B (16x64 from shared memory, by
+// `desc`): TRANS 0 reads B's columns along the tile's rows (K-major), 1 its rows (MN-major).
+template <int TRANS>
+__device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "{%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+          "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS), "r"(1));
+}
+
+__device__ __forceinline__ void zero_acc(float (&d)[8][4]) {
+#pragma unroll
+    for (int n = 0; n < 8; n++) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.0f;
+}
+
+// d = a (64x64, four 16-wide A fragments along K) · tileᵀ: the tile's rows are the product's
+// columns (K-major reads, advancing 16 columns = 32 bytes a step). Waits for the result.
+__device__ __forceinline__ void wg_product_nt(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile) {
+    zero_acc(d);
+    wg_hold(d);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma64<0>(d, a[kk], wg_desc(tile + kk * 16));
+    wg_commit();
+    wg_wait_all();
+    wg_hold(d);
+}
+
+// d += p (64x64, the accumulator tile s rounded to bf16, as A fragments) · tile: the tile's rows
+// are the product's K (MN-major reads, advancing 16 rows = 2048 bytes a step). Waits.
+__device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)[8][4], const bf16_t* tile) {
+    unsigned a[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc_pair_as_a(a[j], s[2 * j], s[2 * j + 1]);
+    wg_hold(d);
+    wg_fence();
+#pragma unroll
+    for (int j = 0; j < 4; j++) wgmma64<1>(d, a[j], wg_desc(tile + j * 16 * 64));
+    wg_commit();
+    wg_wait_all();
+    wg_hold(d);
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+// Grid (B·NH, ceil(T/64)), 128 threads; late (heavy) query tiles first. out (B,T,NH·HS), lse
+// (B·NH, T) in base 2. Every key tile up to the block's last query is multiplied by all four
+// warps (a warpgroup product); masking is per warp as in the mma.sync kernels.
+__device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
+                                                float scale_log2) {
+    __shared__ __align__(1024) bf16_t ks[2][64 * 64];
+    __shared__ __align__(1024) bf16_t vs[2][64 * 64];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int qt = gridDim.y - 1 - blockIdx.y;
+    int b = blockIdx.x / NH, h = blockIdx.x % NH;
+    size_t C = (size_t)NH * HS, stride = 3 * C;
+    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const bf16_t* k_base = q_base + C;
+    const bf16_t* v_base = q_base + 2 * C;
+    int q0 = qt * 64 + warp * 16, r0 = q0 + g, r1 = r0 + 8;
+
+    unsigned qa[4][4];
+    load_a16<4>(qa, q_base, stride, r0, t, T, HS);
+    float o[8][4];
+    zero_acc(o);
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+
+    int n_tiles = qt + 1;  // key tiles 0..qt: the last holds the diagonal
+    tile_load_swz(ks[0], k_base, stride, 0, T);
+    tile_load_swz(vs[0], v_base, stride, 0, T);
+    cp_async_commit();
+    for (int kt = 0; kt < n_tiles; kt++) {
+        int k0 = kt * 64, buf = kt & 1;
+        if (kt + 1 < n_tiles) {
+            tile_load_swz(ks[buf ^ 1], k_base, stride, k0 + 64, T);
+            tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
+        }
+        cp_async_commit();
+        tiles_ready();
+        float s[8][4];
+        wg_product_nt(s, qa, ks[buf]);  // s = q · kᵀ
+        softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2, k0 + 63 > q0);
+        wg_product_nn(o, s, vs[buf]);  // o += p · v
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+    }
+    forward_epilogue(out + (size_t)b * T * C + (size_t)h * HS, C, lse + (size_t)blockIdx.x * T, o, m0, m1, l0, l1, r0,
+                     r1, t, T, HS);
+}
+
+// ---- backward -----------------------------------------------------------------------------
+
+// dK and dV for one tile of 64 keys (16 per warp), over every later query in tiles of 64.
+// Grid (B·NH, ceil(T/64)). Accumulates into dqkv.
+__device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                                                      const float* lse, const float* delta, int T, int NH, int HS,
+                                                      float scale, float scale_log2) {
+    __shared__ __align__(1024) bf16_t qs[2][64 * 64];
+    __shared__ __align__(1024) bf16_t dos[2][64 * 64];
+    __shared__ float lse_s[2][64];
+    __shared__ float delta_s[2][64];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int b = blockIdx.x / NH, h = blockIdx.x % NH;
+    size_t C = (size_t)NH * HS, stride = 3 * C;
+    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const bf16_t* k_base = q_base + C;
+    const bf16_t* v_base = q_base + 2 * C;
+    const bf16_t* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float* lse_row = lse + (size_t)blockIdx.x * T;
+    const float* delta_row = delta + (size_t)blockIdx.x * T;
+    int k_start = blockIdx.y * 64;
+    int key0 = k_start + warp * 16;
+    int kr0 = key0 + g, kr1 = kr0 + 8;
+
+    unsigned ka[4][4], va[4][4];
+    load_a16<4>(ka, k_base, stride, kr0, t, T, HS);
+    load_a16<4>(va, v_base, stride, kr0, t, T, HS);
+    float dk[8][4], dv[8][4];
+    zero_acc(dk);
+    zero_acc(dv);
+
+    auto load = [&](int buf, int q_start) {
+        tile_load_swz(qs[buf], q_base, stride, q_start, T);
+        tile_load_swz(dos[buf], do_base, C, q_start, T);
+        vector_load(lse_s[buf], lse_row, q_start, 64, T);
+        vector_load(delta_s[buf], delta_row, q_start, 64, T);
+    };
+    int n_tiles = (T - k_start + 63) / 64;
+    load(0, k_start);
+    cp_async_commit();
+    for (int it = 0; it < n_tiles; it++) {
+        int qs0 = k_start + it * 64, buf = it & 1;
+        if (it + 1 < n_tiles) load(buf ^ 1, qs0 + 64);
+        cp_async_commit();
+        tiles_ready();
+        float st[8][4];
+        wg_product_nt(st, ka, qs[buf]);  // sᵀ (keys x queries) = k · qᵀ
+        probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2, qs0 < key0 + 15 || qs0 + 64 > T);
+        wg_product_nn(dv, st, dos[buf]);  // dv += pᵀ · dout
+        float dpt[8][4];
+        wg_product_nt(dpt, va, dos[buf]);  // dpᵀ = v · doutᵀ
+        ds_t(dpt, st, delta_s[buf], t);
+        wg_product_nn(dk, dpt, qs[buf]);  // dk += dsᵀ · q
+        __syncthreads();
+    }
+    bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
+    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS, scale);
+    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS, 1.0f);
+}
+
+// dQ for one tile of 64 queries (16 per warp), over keys in tiles of 64.
+// Grid (B·NH, ceil(T/64)); late (heavy) query tiles first. Accumulates into dqkv.
+__device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                                                    const float* lse, const float* delta, int T, int NH, int HS,
+                                                    float scale, float scale_log2) {
+    __shared__ __align__(1024) bf16_t ks[2][64 * 64];
+    __shared__ __align__(1024) bf16_t vs[2][64 * 64];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int qt = gridDim.y - 1 - blockIdx.y;
+    int b = blockIdx.x / NH, h = blockIdx.x % NH;
+    size_t C = (size_t)NH * HS, stride = 3 * C;
+    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const bf16_t* k_base = q_base + C;
+    const bf16_t* v_base = q_base + 2 * C;
+    const bf16_t* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
+    int q0 = qt * 64 + warp * 16;
+    int r0 = q0 + g, r1 = r0 + 8;
+    const float* lse_row = lse + (size_t)blockIdx.x * T;
+    const float* delta_row = delta + (size_t)blockIdx.x * T;
+    float lse0 = r0 < T ? lse_row[r0] : 0.0f, lse1 = r1 < T ? lse_row[r1] : 0.0f;
+    float delta0 = r0 < T ? delta_row[r0] : 0.0f, delta1 = r1 < T ? delta_row[r1] : 0.0f;
+
+    unsigned qa[4][4], doa[4][4];
+    load_a16<4>(qa, q_base, stride, r0, t, T, HS);
+    load_a16<4>(doa, do_base, C, r0, t, T, HS);
+    float dq[8][4];
+    zero_acc(dq);
+
+    int n_tiles = qt + 1;
+    tile_load_swz(ks[0], k_base, stride, 0, T);
+    tile_load_swz(vs[0], v_base, stride, 0, T);
+    cp_async_commit();
+    for (int kt = 0; kt < n_tiles; kt++) {
+        int k0 = kt * 64, buf = kt & 1;
+        if (kt + 1 < n_tiles) {
+            tile_load_swz(ks[buf ^ 1], k_base, stride, k0 + 64, T);
+            tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
+        }
+        cp_async_commit();
+        tiles_ready();
+        float s[8][4];
+        wg_product_nt(s, qa, ks[buf]);  // s = q · kᵀ, then p
+        probs(s, k0, r0, r1, t, lse0, lse1, scale_log2, k0 + 63 > q0);
+        float dp[8][4];
+        wg_product_nt(dp, doa, vs[buf]);  // dp = dout · vᵀ, then ds
+        ds_rows(dp, s, delta0, delta1);
+        wg_product_nn(dq, dp, ks[buf]);  // dq += ds · k
+        __syncthreads();
+    }
+    add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS, scale);
+}
+
+#define FLASH_WGMMA_BODY(call) call
+#else
+// Not an sm_90a build: the kernels exist (so every build has the same names) but must not run.
+#define FLASH_WGMMA_BODY(call) __trap()
+#endif
