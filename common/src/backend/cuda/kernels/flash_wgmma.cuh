@@ -90,32 +90,81 @@ __device__ __forceinline__ void zero_acc(float (&d)[8][4]) {
     for (int n = 0; n < 8; n++) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.0f;
 }
 
-// d = a (64x64, four 16-wide A fragments along K) · tileᵀ: the tile's rows are the product's
-// columns (K-major reads, advancing 16 columns = 32 bytes a step). Waits for the result.
+// Issues d += a (64x64, four 16-wide A fragments along K) · tileᵀ: the tile's rows are the
+// product's columns (K-major reads, advancing 16 columns = 32 bytes a step).
+__device__ __forceinline__ void wg_issue_nt(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma64<0>(d, a[kk], wg_desc(tile + kk * 16));
+}
+
+// Issues d += a (64x64, four A fragments along K) · tile: the tile's rows are the product's K
+// (MN-major reads, advancing 16 rows = 2048 bytes a step).
+__device__ __forceinline__ void wg_issue_nn(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) wgmma64<1>(d, a[j], wg_desc(tile + j * 16 * 64));
+}
+
+// An accumulator tile rounded to bf16 as the A fragments of the next product.
+__device__ __forceinline__ void acc_as_a16(unsigned (&a)[4][4], const float (&s)[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc_pair_as_a(a[j], s[2 * j], s[2 * j + 1]);
+}
+
+// d = a · tileᵀ, waited for.
 __device__ __forceinline__ void wg_product_nt(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile) {
     zero_acc(d);
     wg_hold(d);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wgmma64<0>(d, a[kk], wg_desc(tile + kk * 16));
+    wg_issue_nt(d, a, tile);
     wg_commit();
     wg_wait_all();
     wg_hold(d);
 }
 
-// d += p (64x64, the accumulator tile s rounded to bf16, as A fragments) · tile: the tile's rows
-// are the product's K (MN-major reads, advancing 16 rows = 2048 bytes a step). Waits.
+// d += s (rounded to bf16) · tile, waited for.
 __device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)[8][4], const bf16_t* tile) {
     unsigned a[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) acc_pair_as_a(a[j], s[2 * j], s[2 * j + 1]);
+    acc_as_a16(a, s);
     wg_hold(d);
     wg_fence();
-#pragma unroll
-    for (int j = 0; j < 4; j++) wgmma64<1>(d, a[j], wg_desc(tile + j * 16 * 64));
+    wg_issue_nn(d, a, tile);
     wg_commit();
     wg_wait_all();
     wg_hold(d);
+}
+
+// Two independent products at once, waited for together: d1 = a1 · tile1ᵀ, d2 = a2 · tile2ᵀ
+// (the tensor cores get eight products in a row instead of four, and the warps wait once).
+__device__ __forceinline__ void wg_products_nt(float (&d1)[8][4], const unsigned (&a1)[4][4], const bf16_t* tile1,
+                                               float (&d2)[8][4], const unsigned (&a2)[4][4], const bf16_t* tile2) {
+    zero_acc(d1);
+    zero_acc(d2);
+    wg_hold(d1);
+    wg_hold(d2);
+    wg_fence();
+    wg_issue_nt(d1, a1, tile1);
+    wg_issue_nt(d2, a2, tile2);
+    wg_commit();
+    wg_wait_all();
+    wg_hold(d1);
+    wg_hold(d2);
+}
+
+// d1 += s1 · tile1 and d2 += s2 · tile2 (s rounded to bf16) at once, waited for together.
+__device__ __forceinline__ void wg_products_nn(float (&d1)[8][4], const float (&s1)[8][4], const bf16_t* tile1,
+                                               float (&d2)[8][4], const float (&s2)[8][4], const bf16_t* tile2) {
+    unsigned a1[4][4], a2[4][4];
+    acc_as_a16(a1, s1);
+    acc_as_a16(a2, s2);
+    wg_hold(d1);
+    wg_hold(d2);
+    wg_fence();
+    wg_issue_nn(d1, a1, tile1);
+    wg_issue_nn(d2, a2, tile2);
+    wg_commit();
+    wg_wait_all();
+    wg_hold(d1);
+    wg_hold(d2);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -209,14 +258,12 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
         if (it + 1 < n_tiles) load(buf ^ 1, qs0 + 64);
         cp_async_commit();
         tiles_ready();
-        float st[8][4];
-        wg_product_nt(st, ka, qs[buf]);  // sᵀ (keys x queries) = k · qᵀ
+        // sᵀ (keys x queries) = k · qᵀ and dpᵀ = v · doutᵀ, then pᵀ and dsᵀ
+        float st[8][4], dpt[8][4];
+        wg_products_nt(st, ka, qs[buf], dpt, va, dos[buf]);
         probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2, qs0 < key0 + 15 || qs0 + 64 > T);
-        wg_product_nn(dv, st, dos[buf]);  // dv += pᵀ · dout
-        float dpt[8][4];
-        wg_product_nt(dpt, va, dos[buf]);  // dpᵀ = v · doutᵀ
         ds_t(dpt, st, delta_s[buf], t);
-        wg_product_nn(dk, dpt, qs[buf]);  // dk += dsᵀ · q
+        wg_products_nn(dv, st, dos[buf], dk, dpt, qs[buf]);  // dv += pᵀ · dout, dk += dsᵀ · q
         __syncthreads();
     }
     bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
@@ -264,11 +311,10 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
         }
         cp_async_commit();
         tiles_ready();
-        float s[8][4];
-        wg_product_nt(s, qa, ks[buf]);  // s = q · kᵀ, then p
+        // s = q · kᵀ and dp = dout · vᵀ, then p and ds
+        float s[8][4], dp[8][4];
+        wg_products_nt(s, qa, ks[buf], dp, doa, vs[buf]);
         probs(s, k0, r0, r1, t, lse0, lse1, scale_log2, k0 + 63 > q0);
-        float dp[8][4];
-        wg_product_nt(dp, doa, vs[buf]);  // dp = dout · vᵀ, then ds
         ds_rows(dp, s, delta0, delta1);
         wg_product_nn(dq, dp, ks[buf]);  // dq += ds · k
         __syncthreads();
