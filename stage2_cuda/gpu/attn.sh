@@ -8,7 +8,7 @@ export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cat .gpu/commit; nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 t=$(ls /tmp/gpu-rt/tests/cuda_backend-* | head -1)
-timeout 300 "$t" --include-ignored bf16_attention ${ATTN_TESTS:-} 2>&1 | tee "$OUT/attn-test.log" | grep -E "PARITY|test result|panicked|wgmma|FAILED"
+timeout 300 "$t" --include-ignored --nocapture bf16_attention ${ATTN_TESTS:-} 2>&1 | tee "$OUT/attn-test.log" | grep -E "PARITY|test result|panicked|wgmma|FAILED"
 for path in flash flash-mma; do
   GPT2_CUDA_ATTENTION=$path timeout 120 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention" | sed "s/^/$path /" | tee -a "$OUT/kernels-attn.txt"
 done
