@@ -858,7 +858,7 @@ fn attention_matches_cpu() {
             let want = attention_case(&cpu(), Inputs::F32, b, t, c, nh);
             let got = attention_case(&gpu(Precision::Fp32).with_attention(path), Inputs::F32, b, t, c, nh);
             check(
-                &format!("attention {path:?} b{b} t{t} c{c} nh{nh}"),
+                &format!("attention {path:?} fused {fused} b{b} t{t} c{c} nh{nh}"),
                 &["out", "dqkv"],
                 &got,
                 &want,
@@ -1343,14 +1343,15 @@ fn bf16_attention_is_within_bound() {
         (1, 64, 128, 2),
         (2, 1024, 768, 12),
     ];
-    for path in [AttentionPath::Flash, AttentionPath::FlashMma] {
-        let gpu = gpu(Precision::Bf16).with_attention(path);
-        eprintln!("{path:?}: wgmma {}", gpu.has_wgmma());
+    // Flash with the one-kernel backward (Hopper), Flash with two, and mma.sync.
+    for (path, fused) in [(AttentionPath::Flash, true), (AttentionPath::Flash, false), (AttentionPath::FlashMma, false)] {
+        let gpu = gpu(Precision::Bf16).with_attention(path).with_fused_attention_backward(fused);
+        eprintln!("{path:?}: wgmma {}, fused backward {fused}", gpu.has_wgmma());
         for (b, t, c, nh) in cases {
             let want = attention_case(&cpu(), Inputs::Bf16, b, t, c, nh);
             let got = attention_case(&gpu, Inputs::Bf16, b, t, c, nh);
             check_bf16(
-                &format!("attention {path:?} b{b} t{t} c{c} nh{nh}"),
+                &format!("attention {path:?} fused {fused} b{b} t{t} c{c} nh{nh}"),
                 &["out", "dqkv"],
                 &got,
                 &want,

@@ -9,14 +9,30 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cat .gpu/commit; nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 t=$(ls /tmp/gpu-rt/tests/cuda_backend-* | head -1)
 timeout 300 "$t" --include-ignored --nocapture bf16_attention ${ATTN_TESTS:-} 2>&1 | tee "$OUT/attn-test.log" | grep -E "PARITY|test result|panicked|wgmma|FAILED"
-for path in flash flash-mma; do
-  GPT2_CUDA_ATTENTION=$path timeout 120 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention" | sed "s/^/$path /" | tee -a "$OUT/kernels-attn.txt"
+# Attention variants: the default, the two-kernel Hopper backward, and the mma.sync kernels.
+variants="GPT2_CUDA_ATTENTION=flash GPT2_CUDA_ATTN_BWD=split GPT2_CUDA_ATTENTION=flash-mma"
+for v in $variants; do
+  env $v timeout 120 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention" | sed "s/^/$v /" | tee -a "$OUT/kernels-attn.txt"
 done
 gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3 --precision bf16"
 for rep in 1 2; do
-  for path in flash flash-mma; do
-    GPT2_CUDA_ATTENTION=$path timeout 120 stage2_cuda $gpt2 2>/dev/null | tail -1 | sed "s/^/$path-r$rep /" | tee -a "$OUT/bench.txt"
+  for v in $variants; do
+    env $v timeout 120 stage2_cuda $gpt2 2>/dev/null | tail -1 | sed "s/^/$v-r$rep /" | tee -a "$OUT/bench.txt"
   done
   timeout 180 python3 stage2_cuda/gpu/pytorch_gpt2.py --precision bf16 --compile 2>/dev/null | tail -1 | sed "s/^/torch-compile-r$rep /" | tee -a "$OUT/bench.txt"
   [ -n "${ONE_ROUND:-}" ] && break
 done
+python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+print("kernel rows (ms):")
+for line in open(os.path.join(out, "kernels-attn.txt")):
+    tag, js = line.split(" ", 1)
+    r = json.loads(js)
+    print(f"  {tag:<30} {r['op']:<14} {r['shape']:<24} {r['ms']:.4f} ms {r['flop'] / r['ms'] / 1e9:.0f} TFLOP/s")
+print("step:")
+for line in open(os.path.join(out, "bench.txt")):
+    tag, js = line.split(" ", 1)
+    r = json.loads(js)
+    print(f"  {tag:<34} {r['tokens_per_s']:>10.0f} tokens/s {r['ms_per_step']:.2f} ms  {r['peak_device_mb']:.0f} MiB")
+PY

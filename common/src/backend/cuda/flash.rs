@@ -11,7 +11,7 @@
 //! exactly), the first bf16 version; both for comparison.
 
 use super::{args, blocks, AttentionPath, CudaBackend};
-use crate::backend::Precision;
+use crate::backend::{Backend, Precision};
 use crate::backend::{Act, DevPtr};
 use crate::error::{Error, Result};
 
@@ -76,6 +76,19 @@ fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) ->
 fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> usize {
     let width = (n * bytes) as u64;
     (hs.is_multiple_of(n) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
+}
+
+/// `GPT2_CUDA_ATTN_BWD`: `fused` (the default: on Hopper at head size 64, one kernel for dK,
+/// dV and dQ, dQ added in a fixed order) or `split` (a dK/dV kernel and a dQ kernel, which
+/// computes the scores and dP a second time), for comparison.
+pub(super) fn fused_backward_from_env() -> Result<bool> {
+    match std::env::var("GPT2_CUDA_ATTN_BWD").as_deref() {
+        Err(_) | Ok("") | Ok("fused") => Ok(true),
+        Ok("split") => Ok(false),
+        Ok(other) => Err(Error::Input(format!(
+            "GPT2_CUDA_ATTN_BWD={other}: expected `fused` or `split`"
+        ))),
+    }
 }
 
 impl CudaBackend {
@@ -147,7 +160,12 @@ impl CudaBackend {
         let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, dout]))?;
         let suffix = &v.suffix;
         let rows = b * nh * t;
-        let delta = self.scratch(rows)?;
+        // The one-kernel backward (Hopper, head size 64): dQ summed in key-tile order into
+        // f32 scratch after delta, with a turn counter per (head, query tile).
+        let fused = suffix == "d64_wgmma" && self.fused_attention_backward;
+        let tiles = t.div_ceil(ROWS_PER_BLOCK);
+        let (acc_words, counter_words) = if fused { (b * nh * tiles * 64 * 64, b * nh * tiles) } else { (0, 0) };
+        let delta = self.scratch(rows + acc_words + counter_words)?;
         // One warp per position, 8 per block.
         self.try_launch(
             "flash_backward_delta_kernel",
@@ -159,6 +177,23 @@ impl CudaBackend {
         let scale_log2 = std::f32::consts::LOG2_E * scale;
         let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
         let vec = vectorizable(hs, &[qkv, dout], v.vector);
+        if fused {
+            let dq_acc = delta.add(rows);
+            let counters = dq_acc.add(acc_words);
+            self.zero(counters, counter_words);
+            self.try_launch(
+                "flash_backward_fused_d64_wgmma",
+                grid,
+                (THREADS, 1, 1),
+                args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec, dq_acc, counters],
+            )?;
+            return self.try_launch(
+                "flash_dq_finish_kernel",
+                blocks(b * t * nh * 16, THREADS as usize),
+                (THREADS, 1, 1),
+                args![dqkv, dq_acc, b, t, nh, tiles * 64, scale],
+            );
+        }
         let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
         self.try_launch(
             &format!("flash_backward_dkdv_{suffix}"),

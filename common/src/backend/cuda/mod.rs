@@ -61,6 +61,8 @@ pub struct CudaBackend {
     attention: AttentionPath,
     /// The kernels were built for sm_90a (Hopper), so its warpgroup products (wgmma) exist.
     wgmma: bool,
+    /// The flash backward in one kernel where the Hopper kernels run (`GPT2_CUDA_ATTN_BWD`).
+    fused_attention_backward: bool,
     gelu: GeluPath,
     bias_grad: BiasGradPath,
     residual: ResidualPath,
@@ -261,6 +263,7 @@ impl CudaBackend {
             precision,
             attention,
             wgmma: arch == "sm_90a",
+            fused_attention_backward: flash::fused_backward_from_env()?,
             gelu,
             bias_grad,
             residual,
@@ -307,6 +310,12 @@ impl CudaBackend {
 
     pub fn residual_path(&self) -> ResidualPath {
         self.residual
+    }
+
+    /// The same backend with the Hopper flash backward in one kernel (`true`) or two.
+    pub fn with_fused_attention_backward(mut self, fused: bool) -> Self {
+        self.fused_attention_backward = fused;
+        self
     }
 
     /// Whether the kernels were built for sm_90a, where the bf16 flash kernels for head size

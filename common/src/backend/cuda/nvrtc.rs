@@ -91,6 +91,9 @@ fn flash_source(d: usize, act: ActType) -> String {
                      {{ FLASH_WGMMA_BODY({call}); }}\n"
                 );
             }
+            src += "extern \"C\" __global__ void flash_backward_fused_d64_wgmma(BWD_PARAMS, float* dq_acc, int* counters) \
+                    { FLASH_WGMMA_BODY(flashwg_backward_fused(dqkv, dout, qkv, lse, delta, dq_acc, counters, T, NH, \
+                    HS, scale, scale_log2)); }\n";
         }
     }
     src += &format!("// Instances for head sizes padded to {d}.\n");

@@ -206,7 +206,17 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
         float s[8][4];
         wg_product_nt(s, qa, ks[buf]);  // s = q · kᵀ
         softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2, k0 + 63 > q0);
-        wg_product_nn(o, s, vs[buf]);  // o += p · v
+        // o += p · v, through an accumulator of its own: o, rescaled by the softmax step, is
+        // never an operand of the asynchronous product (accumulating into it directly gave 7%
+        // errors past the first key tile on an H100).
+        float pv[8][4];
+        zero_acc(pv);
+        wg_product_nn(pv, s, vs[buf]);
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[n][i] += pv[n][i];
+        }
         __syncthreads();  // everyone is done with this buffer before it is refilled
     }
     forward_epilogue(out + (size_t)b * T * C + (size_t)h * HS, C, lse + (size_t)blockIdx.x * T, o, m0, m1, l0, l1, r0,
@@ -320,6 +330,172 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
         __syncthreads();
     }
     add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS, scale);
+}
+
+// ---- backward in one kernel: dQ added in a fixed order --------------------------------------
+
+// d (64x64) = a · b with both operands from shared memory, each tile's rows the product's K
+// (MN-major reads of both: a is dsᵀ, rows the keys, so the product reads ds; b is k). Waits.
+__device__ __forceinline__ void wgmma64_ss_tt(float (&d)[8][4], unsigned long long adesc, unsigned long long bdesc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 1, 1;\n}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+          "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(adesc), "l"(bdesc), "r"(1));
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void store_release(int* p, int v) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// Loads and stores at L2, past the multiprocessor's L1 (another block on this SM may have
+// cached the line before a third one on another SM changed it).
+__device__ __forceinline__ float2 load_cg2(const float* p) {
+    float2 v;
+    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void store_cg2(float* p, float x, float y) {
+    asm volatile("st.global.cg.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+
+// dK, dV and dQ in one pass: for one tile of 64 keys (block y), over the query tiles from the
+// last down to the diagonal, the five products of FlashAttention-2's backward (sᵀ, dpᵀ, then
+// dv += pᵀ·dout, dk += dsᵀ·q and dq = ds·k). The query tile's dq goes into `dq_acc` (f32,
+// (B·NH, tiles·64, 64)) in key-tile order, so the sums are the same every run without atomics:
+// key tile j waits until `counters[head, query tile]` says j (tile 0 stores, the others add;
+// the diagonal tile, the last, sets the counter back to 0 for the next call). Key tiles go in
+// launch order (y ascending) and each waits only on earlier ones, which started before it and
+// reach each query tile first. `flash_dq_finish_kernel` adds dq_acc into dqkv afterwards.
+__device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                                                       const float* lse, const float* delta, float* dq_acc,
+                                                       int* counters, int T, int NH, int HS, float scale,
+                                                       float scale_log2) {
+    __shared__ __align__(1024) bf16_t qs[2][64 * 64];
+    __shared__ __align__(1024) bf16_t dos[2][64 * 64];
+    __shared__ __align__(1024) bf16_t k_s[64 * 64];   // this block's keys, b of dq = ds · k
+    __shared__ __align__(1024) bf16_t dst_s[64 * 64]; // dsᵀ, rows the keys
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int b = blockIdx.x / NH, h = blockIdx.x % NH;
+    size_t C = (size_t)NH * HS, stride = 3 * C;
+    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const bf16_t* k_base = q_base + C;
+    const bf16_t* v_base = q_base + 2 * C;
+    const bf16_t* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float* lse_row = lse + (size_t)blockIdx.x * T;
+    const float* delta_row = delta + (size_t)blockIdx.x * T;
+    int kt = blockIdx.y, k_start = kt * 64;
+    int key0 = k_start + warp * 16;
+    int kr0 = key0 + g, kr1 = kr0 + 8;
+    int q_tiles = gridDim.y;  // ceil(T / 64), as many query tiles as key tiles
+    float* acc_head = dq_acc + (size_t)blockIdx.x * q_tiles * 64 * 64;
+    int* counter_head = counters + (size_t)blockIdx.x * q_tiles;
+
+    unsigned ka[4][4], va[4][4];
+    load_a16<4>(ka, k_base, stride, kr0, t, T, HS);
+    load_a16<4>(va, v_base, stride, kr0, t, T, HS);
+    float dk[8][4], dv[8][4];
+    zero_acc(dk);
+    zero_acc(dv);
+
+    auto load = [&](int buf, int q_start) {
+        tile_load_swz(qs[buf], q_base, stride, q_start, T);
+        tile_load_swz(dos[buf], do_base, C, q_start, T);
+    };
+    tile_load_swz(k_s, k_base, stride, k_start, T);
+    int n_tiles = q_tiles - kt;  // query tiles kt .. q_tiles - 1, the last first
+    load(0, (q_tiles - 1) * 64);
+    cp_async_commit();
+    for (int it = 0; it < n_tiles; it++) {
+        int qtile = q_tiles - 1 - it, qs0 = qtile * 64, buf = it & 1;
+        if (it + 1 < n_tiles) load(buf ^ 1, qs0 - 64);
+        cp_async_commit();
+        tiles_ready();
+        // sᵀ = k · qᵀ and dpᵀ = v · doutᵀ
+        float st[8][4], dpt[8][4];
+        wg_products_nt(st, ka, qs[buf], dpt, va, dos[buf]);
+        // pᵀ and dsᵀ/scale, the queries' log-sum-exps and deltas read where they lie (L1)
+        bool mask = qs0 < key0 + 15 || qs0 + 64 > T;
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int q = qs0 + n * 8 + 2 * t + (i & 1);
+                int qc = q < T ? q : T - 1;
+                float p = fast_exp2(fmaf(st[n][i], scale_log2, -lse_row[qc]));
+                if (mask) p = (q >= (i < 2 ? kr0 : kr1) && q < T) ? p : 0.0f;
+                st[n][i] = p;
+                dpt[n][i] = p * (dpt[n][i] - delta_row[qc]);
+            }
+        }
+        // dsᵀ to shared memory (bf16, swizzled), where the tensor cores read ds from
+        int lr = warp * 16 + g;
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            *(unsigned*)&dst_s[swz(lr, n) + 2 * t] = pack_bf16(dpt[n][0], dpt[n][1]);
+            *(unsigned*)&dst_s[swz(lr + 8, n) + 2 * t] = pack_bf16(dpt[n][2], dpt[n][3]);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+        // dv += pᵀ · dout, dk += dsᵀ · q, dq = ds · k, issued together
+        unsigned pa[4][4], da[4][4];
+        acc_as_a16(pa, st);
+        acc_as_a16(da, dpt);
+        float dq[8][4];
+        zero_acc(dq);
+        wg_hold(dv);
+        wg_hold(dk);
+        wg_hold(dq);
+        wg_fence();
+        wg_issue_nn(dv, pa, dos[buf]);
+        wg_issue_nn(dk, da, qs[buf]);
+#pragma unroll
+        for (int j = 0; j < 4; j++) wgmma64_ss_tt(dq, wg_desc(dst_s + j * 16 * 64), wg_desc(k_s + j * 16 * 64));
+        wg_commit();
+        wg_wait_all();
+        wg_hold(dv);
+        wg_hold(dk);
+        wg_hold(dq);
+        // this key tile's turn at the query tile's dq
+        int* counter = counter_head + qtile;
+        if (threadIdx.x == 0) {
+            while (load_acquire(counter) != kt) {
+            }
+        }
+        __syncthreads();
+        float* acc = acc_head + (size_t)qs0 * 64;
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float* p = acc + (lr + 8 * half) * 64 + n * 8 + 2 * t;
+                float x = dq[n][2 * half], y = dq[n][2 * half + 1];
+                if (kt > 0) {
+                    float2 old = load_cg2(p);
+                    x += old.x;
+                    y += old.y;
+                }
+                store_cg2(p, x, y);
+            }
+        }
+        __threadfence();
+        __syncthreads();  // also: dsᵀ and the tiles are free for the next iteration
+        if (threadIdx.x == 0) store_release(counter, kt == qtile ? 0 : kt + 1);
+    }
+    bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
+    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS, scale);
+    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS, 1.0f);
 }
 
 #define FLASH_WGMMA_BODY(call) call
