@@ -858,7 +858,7 @@ fn attention_matches_cpu() {
             let want = attention_case(&cpu(), Inputs::F32, b, t, c, nh);
             let got = attention_case(&gpu(Precision::Fp32).with_attention(path), Inputs::F32, b, t, c, nh);
             check(
-                &format!("attention {path:?} fused {fused} b{b} t{t} c{c} nh{nh}"),
+                &format!("attention {path:?} b{b} t{t} c{c} nh{nh}"),
                 &["out", "dqkv"],
                 &got,
                 &want,
