@@ -1386,3 +1386,58 @@ fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
     let bounds = [(0.0, 1), (0.0, 1), (0.0, 1), (0.0, 1), (1.0, 2), (1.0, 2), (0.0, 1)];
     check_bf16("memory ops", &names, &got, &want, &bounds);
 }
+
+/// Where the bf16 attention kernels differ from the CPU: per 64-row block of queries (out, dq)
+/// and keys (dk, dv), with the gradient buffer starting at zero so that every figure is the
+/// kernel's own; T = 200 (four tiles, the last partial), one head of 64 and two of 64.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_attention_errors_by_tile() {
+    for (b, t, c, nh) in [(1, 200, 64, 1), (2, 256, 128, 2)] {
+        let want = cpu().run(b, t, c, nh);
+        for (path, fused) in [(AttentionPath::Flash, false), (AttentionPath::Flash, true), (AttentionPath::FlashMma, false)] {
+            let got = gpu(Precision::Bf16).with_attention(path).with_fused_attention_backward(fused).run(b, t, c, nh);
+            let hs = c / nh;
+            let mut line = format!("TILES {path:?} fused {fused} b{b} t{t} c{c}:");
+            for (name, which, part) in [("out", 0, 0), ("dq", 1, 0), ("dk", 1, 1), ("dv", 1, 2)] {
+                let width = if which == 0 { c } else { 3 * c };
+                line += &format!(" {name} [");
+                for tile in 0..t.div_ceil(64) {
+                    let (mut num, mut den) = (0.0f64, 0.0f64);
+                    for bi in 0..b {
+                        for r in tile * 64..((tile + 1) * 64).min(t) {
+                            for h in 0..nh {
+                                for d in 0..hs {
+                                    let i = (bi * t + r) * width + part * c + h * hs + d;
+                                    num += ((got[which][i] - want[which][i]) as f64).powi(2);
+                                    den += (want[which][i] as f64).powi(2);
+                                }
+                            }
+                        }
+                    }
+                    line += &format!(" {:.1e}", (num / den.max(1e-30)).sqrt());
+                }
+                line += " ]";
+            }
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// attention_case with a zeroed gradient buffer, over any backend.
+trait ErasedAttention {
+    fn run(&self, b: usize, t: usize, c: usize, nh: usize) -> Vec<Vec<f32>>;
+}
+impl<B: Backend> ErasedAttention for B {
+    fn run(&self, b: usize, t: usize, c: usize, nh: usize) -> Vec<Vec<f32>> {
+        let be = self;
+        let qkv = upload_act(be, &rnd(Inputs::Bf16, b * t * 3 * c, 31, 1.0));
+        let out = alloc_act(be, b * t * c);
+        let saved = be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap();
+        unsafe { be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh) };
+        let dout = upload_act(be, &rnd(Inputs::Bf16, b * t * c, 32, 1.0));
+        let dqkv = upload_act(be, &vec![0.0; b * t * 3 * c]);
+        unsafe { be.attention_backward(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh) };
+        vec![download_act(be, &out, b * t * c), download_act(be, &dqkv, b * t * 3 * c)]
+    }
+}

@@ -71,14 +71,14 @@ fn flash_source(d: usize, act: ActType) -> String {
         if d == 64 {
             src += FLASH_WGMMA;
             for (kernel, call) in [
-                ("flash_forward", "flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2)"),
+                ("flash_forward", "flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec)"),
                 (
                     "flash_backward_dkdv",
-                    "flashwg_backward_dkdv(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2)",
+                    "flashwg_backward_dkdv(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2, vec)",
                 ),
                 (
                     "flash_backward_dq",
-                    "flashwg_backward_dq(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2)",
+                    "flashwg_backward_dq(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2, vec)",
                 ),
             ] {
                 let params = if kernel == "flash_forward" {
@@ -93,7 +93,7 @@ fn flash_source(d: usize, act: ActType) -> String {
             }
             src += "extern \"C\" __global__ void flash_backward_fused_d64_wgmma(BWD_PARAMS, float* dq_acc, int* counters) \
                     { FLASH_WGMMA_BODY(flashwg_backward_fused(dqkv, dout, qkv, lse, delta, dq_acc, counters, T, NH, \
-                    HS, scale, scale_log2)); }\n";
+                    HS, scale, scale_log2, vec)); }\n";
         }
     }
     src += &format!("// Instances for head sizes padded to {d}.\n");

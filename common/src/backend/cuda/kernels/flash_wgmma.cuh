@@ -38,8 +38,12 @@ __device__ __forceinline__ void tile_load_swz(bf16_t* tile, const bf16_t* base, 
 
 // Waits for all but the newest cp.async group, then makes the landed tiles visible to the
 // tensor cores (the async proxy) and to the whole block.
-__device__ __forceinline__ void tiles_ready() {
-    cp_async_wait_one();
+__device__ __forceinline__ void tiles_ready(int sync) {
+    if (sync == 2) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+    } else {
+        cp_async_wait_one();
+    }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
 }
@@ -173,7 +177,7 @@ __device__ __forceinline__ void wg_products_nn(float (&d1)[8][4], const float (&
 // (B·NH, T) in base 2. Every key tile up to the block's last query is multiplied by all four
 // warps (a warpgroup product); masking is per warp as in the mma.sync kernels.
 __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
-                                                float scale_log2) {
+                                                float scale_log2, int vec) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
     __shared__ __align__(1024) bf16_t vs[2][64 * 64];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -202,7 +206,7 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
             tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
         }
         cp_async_commit();
-        tiles_ready();
+        tiles_ready(vec);
         float s[8][4];
         wg_product_nt(s, qa, ks[buf]);  // s = q · kᵀ
         softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2, k0 + 63 > q0);
@@ -229,7 +233,7 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
 // Grid (B·NH, ceil(T/64)). Accumulates into dqkv.
 __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                       const float* lse, const float* delta, int T, int NH, int HS,
-                                                      float scale, float scale_log2) {
+                                                      float scale, float scale_log2, int vec) {
     __shared__ __align__(1024) bf16_t qs[2][64 * 64];
     __shared__ __align__(1024) bf16_t dos[2][64 * 64];
     __shared__ float lse_s[2][64];
@@ -267,7 +271,7 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
         int qs0 = k_start + it * 64, buf = it & 1;
         if (it + 1 < n_tiles) load(buf ^ 1, qs0 + 64);
         cp_async_commit();
-        tiles_ready();
+        tiles_ready(vec);
         // sᵀ (keys x queries) = k · qᵀ and dpᵀ = v · doutᵀ, then pᵀ and dsᵀ
         float st[8][4], dpt[8][4];
         wg_products_nt(st, ka, qs[buf], dpt, va, dos[buf]);
@@ -285,7 +289,7 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
 // Grid (B·NH, ceil(T/64)); late (heavy) query tiles first. Accumulates into dqkv.
 __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                     const float* lse, const float* delta, int T, int NH, int HS,
-                                                    float scale, float scale_log2) {
+                                                    float scale, float scale_log2, int vec) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
     __shared__ __align__(1024) bf16_t vs[2][64 * 64];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -320,7 +324,7 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
             tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
         }
         cp_async_commit();
-        tiles_ready();
+        tiles_ready(vec);
         // s = q · kᵀ and dp = dout · vᵀ, then p and ds
         float s[8][4], dp[8][4];
         wg_products_nt(s, qa, ks[buf], dp, doa, vs[buf]);
@@ -381,7 +385,7 @@ __device__ __forceinline__ void store_cg2(float* p, float x, float y) {
 __device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                        const float* lse, const float* delta, float* dq_acc,
                                                        int* counters, int T, int NH, int HS, float scale,
-                                                       float scale_log2) {
+                                                       float scale_log2, int vec) {
     __shared__ __align__(1024) bf16_t qs[2][64 * 64];
     __shared__ __align__(1024) bf16_t dos[2][64 * 64];
     __shared__ __align__(1024) bf16_t k_s[64 * 64];   // this block's keys, b of dq = ds · k
@@ -421,7 +425,7 @@ __device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_
         int qtile = q_tiles - 1 - it, qs0 = qtile * 64, buf = it & 1;
         if (it + 1 < n_tiles) load(buf ^ 1, qs0 - 64);
         cp_async_commit();
-        tiles_ready();
+        tiles_ready(vec);
         // sᵀ = k · qᵀ and dpᵀ = v · doutᵀ
         float st[8][4], dpt[8][4];
         wg_products_nt(st, ka, qs[buf], dpt, va, dos[buf]);
