@@ -7,13 +7,14 @@ use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
 use crate::comm::Comm;
 use crate::error::Result;
-use crate::generate::{self, SampleOptions};
+use crate::generate::{self, SampleOptions, Stop};
 use crate::model::Gpt2;
-use crate::text::{self, TextStream};
+use crate::text::{self, StopText, TextStream};
 use crate::tokenizer::Tokenizer;
 use crate::{autograd::Pool, data};
 use clap::FromArgMatches;
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 
 /// How a stage executes: its name, where it runs, how to make its backend.
@@ -166,7 +167,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
                     crate::bail_input!("--temperature must be positive (or use --greedy)");
                 }
                 let be = (stage.backend)(&args.device, comm)?;
-                generate_cmd(&be, ckpt, &args)
+                generate_cmd(&be, ckpt, &args, stage.name)
             } else {
                 Ok(())
             }
@@ -192,7 +193,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
     }
 }
 
-fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &GenerateArgs) -> Result<()> {
+fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &GenerateArgs, name: &str) -> Result<()> {
     let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
     let tok = Tokenizer::new(kind)?;
     let model = Gpt2::new(be, ckpt.meta.config)?;
@@ -204,33 +205,87 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
         .and_then(|v| v.as_u64())
         .map(|t| t as usize);
     drop(ckpt);
-    let prompt = tok.encode(&args.prompt);
-    if prompt.is_empty() {
-        crate::bail_input!("--prompt is empty: give at least one character");
+    let prompts = prompts(args)?;
+    if args.stop.as_deref() == Some("") {
+        crate::bail_input!("--stop is empty: give the text to stop at");
     }
-    let opts = SampleOptions {
+    let base = SampleOptions {
         max_new_tokens: args.max_new_tokens,
         greedy: args.greedy,
         temperature: args.temperature,
         top_k: args.top_k,
+        top_p: args.top_p,
         seed: args.seed,
+        stream: 0,
         context: trained_seq_len.unwrap_or(model.config.max_seq_len),
+        end_of_text: tok.end_of_text(),
+        kv_cache: !args.no_kv_cache,
+        slide: false,
     };
+    let mut pool = Pool::default();
     let mut out = std::io::stdout().lock();
-    // Everything on stdout follows one convention (see `text`): the prompt too, so a
-    // backslash or control character in it reads the same as one the model wrote.
-    let _ = write!(out, "{}", text::printable(args.prompt.as_bytes()));
-    // Stream text as it comes; bytes of a multi-byte character are held until complete.
-    let mut stream = TextStream::new(&tok);
-    generate::generate(&model, be, &mut Pool::default(), &prompt, &opts, |id| {
-        let piece = stream.push(id);
-        if !piece.is_empty() {
+    for (i, prompt) in prompts.iter().enumerate() {
+        let ids = tok.encode(prompt);
+        if ids.is_empty() {
+            crate::bail_input!("--prompt is empty: give at least one character");
+        }
+        if prompts.len() > 1 {
+            let _ = writeln!(out, "--- prompt {} ---", i + 1);
+        }
+        // Everything on stdout follows one convention (see `text`): the prompt too, so a
+        // backslash or control character in it reads the same as one the model wrote.
+        let _ = write!(out, "{}", text::printable(prompt.as_bytes()));
+        // Stream text as it comes; bytes of a multi-byte character are held until complete,
+        // and an end that may begin the stop string until it is known not to.
+        let mut stream = TextStream::new(&tok);
+        let mut stop = args.stop.as_deref().map(StopText::new);
+        let mut show = |piece: String, out: &mut std::io::StdoutLock| {
+            let (piece, stopped) = match &mut stop {
+                Some(stop) => stop.push(&piece),
+                None => (piece, false),
+            };
             let _ = write!(out, "{piece}");
             let _ = out.flush();
+            stopped
+        };
+        let opts = SampleOptions {
+            stream: i as u64,
+            ..base
+        };
+        let done = generate::generate(&model, be, &mut pool, &ids, &opts, |id| {
+            match show(stream.push(id), &mut out) {
+                true => ControlFlow::Break(()),
+                false => ControlFlow::Continue(()),
+            }
+        })?;
+        if done.stop != Stop::Caller && !show(stream.finish(), &mut out) {
+            let rest = stop.as_mut().map(StopText::finish).unwrap_or_default();
+            let _ = write!(out, "{rest}");
         }
-    })?;
-    let _ = writeln!(out, "{}", stream.finish());
+        let _ = writeln!(out);
+        if let Stop::Context { limit } = done.stop {
+            let _ = out.flush();
+            say(&format!(
+                "{name}: stopped at the model's context of {limit} tokens (prompt {} + {} new); the window does not slide",
+                ids.len(),
+                done.tokens.len()
+            ));
+        }
+    }
     Ok(())
+}
+
+/// `--prompt`, or the lines of `--prompt-file` (empty ones skipped).
+fn prompts(args: &GenerateArgs) -> Result<Vec<String>> {
+    let Some(path) = &args.prompt_file else {
+        return Ok(vec![args.prompt.clone()]);
+    };
+    let text = std::fs::read_to_string(path).map_err(crate::error::io_err(path))?;
+    let lines: Vec<String> = text.lines().filter(|l| !l.is_empty()).map(str::to_string).collect();
+    if lines.is_empty() {
+        crate::bail_input!("{}: no prompt in the file (one a line)", path.display());
+    }
+    Ok(lines)
 }
 
 fn tokenize_cmd(args: &TokenizeArgs) -> Result<()> {

@@ -194,6 +194,37 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
     ("empty prompt", "generate --checkpoint good.ckpt --prompt ''", "prompt"),
     (
+        "a prompt that fills the context",
+        "generate --checkpoint good.ckpt --prompt ROMEO:ROMEO:ROMEO:",
+        "context",
+    ),
+    (
+        "prompt file missing",
+        "generate --checkpoint good.ckpt --prompt-file missing.txt",
+        "missing.txt",
+    ),
+    (
+        "prompt file without a prompt",
+        "generate --checkpoint good.ckpt --prompt-file empty.txt",
+        "no prompt",
+    ),
+    (
+        "--prompt with --prompt-file",
+        "generate --checkpoint good.ckpt --prompt a --prompt-file corpus.txt",
+        "--prompt-file",
+    ),
+    (
+        "top-p of 0",
+        "generate --checkpoint good.ckpt --top-p 0",
+        "--top-p",
+    ),
+    (
+        "--greedy with --top-p",
+        "generate --checkpoint good.ckpt --greedy --top-p 0.9",
+        "--top-p",
+    ),
+    ("empty stop string", "generate --checkpoint good.ckpt --stop ''", "--stop"),
+    (
         "a batch no memory holds",
         "bench --model gpt2 --batch 4000000000000",
         "too large",

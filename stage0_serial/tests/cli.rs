@@ -295,7 +295,13 @@ fn untrained_byte_model_output_is_printable() {
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_printable("generate's output", &o.stdout);
-        assert!(o.stdout.starts_with(b"ROMEO:") && o.stdout.len() > 200);
+        // Trained at --seq-len 16: the prompt's 6 bytes and 10 new ones fill the context.
+        assert!(o.stdout.starts_with(b"ROMEO:") && o.stdout.len() > 16);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            err.trim(),
+            "stage0_serial: stopped at the model's context of 16 tokens (prompt 6 + 10 new); the window does not slide"
+        );
     }
 }
 
@@ -548,4 +554,61 @@ fn non_finite_steps_are_skipped_counted_and_stop_the_run() {
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
+}
+
+#[test]
+fn generate_samples_top_p_stops_at_a_string_and_keeps_a_batch_in_order() {
+    let d = tmpdir("gen-batch");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "30"]);
+    assert!(run(&with_flag(args, "--seq-len", "48")).status.success());
+    let ck = out.join("model.ckpt");
+    let gen = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--max-new-tokens",
+            "30",
+        ];
+        a.extend_from_slice(extra);
+        let o = run(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    // top-p: reproducible from the seed; a tiny mass leaves the most likely token alone.
+    let nucleus = gen(&["--prompt", "JULIET:", "--top-p", "0.9", "--seed", "3"]);
+    assert_eq!(nucleus, gen(&["--prompt", "JULIET:", "--top-p", "0.9", "--seed", "3"]));
+    let greedy = gen(&["--prompt", "JULIET:", "--greedy"]);
+    assert_eq!(gen(&["--prompt", "JULIET:", "--top-p", "1e-6", "--seed", "4"]), greedy);
+    // With the cache or without, the same text.
+    assert_eq!(gen(&["--prompt", "JULIET:", "--greedy", "--no-kv-cache"]), greedy);
+    // --stop: the text up to the string, which is not printed.
+    let continuation = &greedy["JULIET:".len()..];
+    let stop: String = continuation.chars().skip(3).take(2).collect();
+    let at = continuation.find(&stop).unwrap();
+    let stopped = gen(&["--prompt", "JULIET:", "--greedy", "--stop", &stop]);
+    assert_eq!(stopped, format!("JULIET:{}\n", &continuation[..at]));
+    // A batch: each prompt's completion after its header, in the file's order (greedy: the
+    // same as one run per prompt).
+    let prompts = ["ROMEO:", "JULIET:", "O Ro"];
+    let file = d.join("prompts.txt");
+    std::fs::write(&file, format!("{}\n\n{}\n{}\n", prompts[0], prompts[1], prompts[2])).unwrap();
+    let batch = gen(&["--prompt-file", file.to_str().unwrap(), "--greedy"]);
+    let expected: String = (0..3)
+        .map(|i| {
+            format!(
+                "--- prompt {} ---\n{}",
+                i + 1,
+                gen(&["--prompt", prompts[i], "--greedy"])
+            )
+        })
+        .collect();
+    assert_eq!(batch, expected);
+    // Sampled, the batch is reproducible too, and prompt 1 draws from the seed's first stream.
+    let sampled = gen(&["--prompt-file", file.to_str().unwrap(), "--seed", "8"]);
+    assert_eq!(sampled, gen(&["--prompt-file", file.to_str().unwrap(), "--seed", "8"]));
+    let first = gen(&["--prompt", prompts[0], "--seed", "8"]);
+    assert!(sampled.starts_with(&format!("--- prompt 1 ---\n{first}")));
 }

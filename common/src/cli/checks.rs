@@ -56,6 +56,12 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "top_k",
         "greedy decoding takes the most likely token and never samples",
     ),
+    (
+        "greedy",
+        "top_p",
+        "greedy decoding takes the most likely token and never samples",
+    ),
+    ("prompt", "prompt_file", "both give the prompt"),
 ];
 
 /// `sync_every` → `--sync-every`.
@@ -165,6 +171,17 @@ pub(super) fn fraction_f32(s: &str) -> Result<f32, String> {
             Ok(x)
         } else {
             Err("must be between 0 and 1".into())
+        }
+    })
+}
+
+/// `--top-p`: a probability mass, above 0 and at most 1.
+pub(super) fn mass_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| {
+        if x > 0.0 && x <= 1.0 {
+            Ok(x)
+        } else {
+            Err("must be above 0 and at most 1".into())
         }
     })
 }

@@ -13,8 +13,8 @@ use crate::backend::Precision;
 use crate::grad_sync::SyncMode;
 use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
-    at_least_one, at_least_one_u64, fraction_f32, non_negative_f32, open_fraction_f32, positive_f32, positive_f64,
-    thread_count, token_count,
+    at_least_one, at_least_one_u64, fraction_f32, mass_f32, non_negative_f32, open_fraction_f32, positive_f32,
+    positive_f64, thread_count, token_count,
 };
 
 use clap::{Args, Parser, Subcommand};
@@ -373,9 +373,19 @@ pub struct GenerateArgs {
     /// Text to continue.
     #[arg(long, default_value = "\n")]
     pub prompt: String,
-    /// Tokens to generate (at most 1,000,000).
+    /// A batch of prompts, one a line (empty lines skipped): each completion is printed after
+    /// a line `--- prompt N ---`, in the file's order. Prompt N samples from its own stream of
+    /// --seed, so its text does not depend on the other lines.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// Tokens to generate (at most 1,000,000). Generation also stops at end-of-text (GPT-2
+    /// BPE models), at --stop, and where the prompt and new tokens fill the model's context
+    /// (its training sequence length; the window does not slide), which it says in one line.
     #[arg(long, default_value_t = 300, value_parser = token_count)]
     pub max_new_tokens: usize,
+    /// Stop when the text generated contains STRING (not printed), as shown (escapes included).
+    #[arg(long, value_name = "STRING")]
+    pub stop: Option<String>,
     /// Pick the most likely token each time (deterministic).
     #[arg(long)]
     pub greedy: bool,
@@ -385,9 +395,17 @@ pub struct GenerateArgs {
     /// Sample among the K most likely tokens only (0: all).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
+    /// Then among the most likely tokens whose probabilities add up to P only (nucleus
+    /// sampling; above 0, at most 1; 1: all).
+    #[arg(long, default_value_t = 1.0, value_parser = mass_f32)]
+    pub top_p: f32,
     /// Sampling seed.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Run the whole sequence through the model for every new token instead of keeping
+    /// each position's keys and values (slower; the reference the cache is tested against).
+    #[arg(long)]
+    pub no_kv_cache: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
