@@ -190,8 +190,43 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
                 Ok(())
             }
         }
+        Command::Export(args) if comm.is_root() => {
+            let ckpt = checkpoint::load(&args.checkpoint)?;
+            let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
+            crate::interop::export(&args.out, &ckpt.meta.config, kind, &ckpt.params)?;
+            println!("{}: written from {}", args.out.display(), args.checkpoint.display());
+            Ok(())
+        }
+        Command::Import(args) if comm.is_root() => {
+            let model = crate::interop::import(&args.from)?;
+            let n = model.params.len();
+            let zeros = vec![0.0f32; n];
+            let meta = checkpoint::CheckpointMeta {
+                config: model.config,
+                tokenizer: model.tokenizer.name().to_string(),
+                step: 0,
+                data_epoch: 0,
+                data_step_in_epoch: 0,
+                seed: 0,
+                train: serde_json::json!({ IMPORTED_FROM: args.from.display().to_string() }),
+                progress: serde_json::json!({}),
+            };
+            checkpoint::save(&args.out, &meta, &model.params, &zeros, &zeros)?;
+            println!(
+                "{}: {n} parameters ({} tokenizer) from {}",
+                args.out.display(),
+                model.tokenizer.name(),
+                args.from.display()
+            );
+            Ok(())
+        }
+        Command::Export(_) | Command::Import(_) => Ok(()),
     }
 }
+
+/// The key of an imported checkpoint's settings that names the directory it came from: such
+/// a checkpoint is no run to `--resume`, only weights to start from (`--init-from`).
+pub const IMPORTED_FROM: &str = "imported_from";
 
 fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &GenerateArgs, name: &str) -> Result<()> {
     let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
@@ -205,6 +240,9 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
         .and_then(|v| v.as_u64())
         .map(|t| t as usize);
     drop(ckpt);
+    if let Some(path) = &args.dump_logits {
+        return dump_logits(be, &model, &args.prompt, &tok.encode(&args.prompt), path);
+    }
     let prompts = prompts(args)?;
     if args.stop.as_deref() == Some("") {
         crate::bail_input!("--stop is empty: give the text to stop at");
@@ -272,6 +310,35 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
             ));
         }
     }
+    Ok(())
+}
+
+/// `generate --dump-logits`: the logits of every position of `prompt`, as JSON.
+fn dump_logits<B: Backend>(be: &B, model: &Gpt2<B>, text: &str, prompt: &[u32], path: &std::path::Path) -> Result<()> {
+    let cfg = &model.config;
+    if prompt.is_empty() || prompt.len() > cfg.max_seq_len {
+        crate::bail_input!(
+            "--dump-logits: the prompt is {} tokens; it must be 1 to the model's {} positions",
+            prompt.len(),
+            cfg.max_seq_len
+        );
+    }
+    let ids: Vec<i32> = prompt.iter().map(|&x| x as i32).collect();
+    let mut logits = vec![0.0f32; ids.len() * cfg.padded_vocab_size];
+    {
+        let mut pool = Pool::default();
+        let mut g = crate::autograd::Graph::new(be, &mut pool, false);
+        let fwd = model.forward(&mut g, &ids, None, 1, ids.len(), false)?;
+        g.read(fwd.logits, &mut logits)?;
+    }
+    let rows: Vec<&[f32]> = logits
+        .chunks_exact(cfg.padded_vocab_size)
+        .map(|row| &row[..cfg.vocab_size])
+        .collect();
+    let json = serde_json::json!({ "prompt": text, "tokens": prompt, "logits": rows });
+    let bytes = serde_json::to_vec(&json).expect("plain data serialises");
+    crate::atomic_file::write(path, |f| f.write_all(&bytes))?;
+    println!("{}: logits of {} positions", path.display(), prompt.len());
     Ok(())
 }
 

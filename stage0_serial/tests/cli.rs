@@ -612,3 +612,43 @@ fn generate_samples_top_p_stops_at_a_string_and_keeps_a_batch_in_order() {
     let first = gen(&["--prompt", prompts[0], "--seed", "8"]);
     assert!(sampled.starts_with(&format!("--- prompt 1 ---\n{first}")));
 }
+
+#[test]
+fn export_import_round_trips_and_init_from_starts_a_new_run() {
+    let d = tmpdir("interop");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "20"]);
+    assert!(run(&args).status.success());
+    let (ck, hf, imported) = (out.join("model.ckpt"), d.join("hf"), d.join("imported.ckpt"));
+    let ok = |a: &[&str]| {
+        let o = run(a);
+        assert!(o.status.success(), "{a:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    ok(&["export", "--checkpoint", ck.to_str().unwrap(), "--format", "safetensors", "--out", hf.to_str().unwrap()]);
+    for f in ["model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json"] {
+        assert!(hf.join(f).exists(), "{f} missing");
+    }
+    ok(&["import", "--from", hf.to_str().unwrap(), "--out", imported.to_str().unwrap()]);
+    // The same model: the same logits, bit for bit, and the same greedy text.
+    let logits = |ckpt: &Path, file: &str| {
+        let path = d.join(file);
+        ok(&["generate", "--checkpoint", ckpt.to_str().unwrap(), "--prompt", "ROMEO:", "--dump-logits", path.to_str().unwrap()]);
+        std::fs::read(path).unwrap()
+    };
+    assert_eq!(logits(&ck, "a.json"), logits(&imported, "b.json"));
+    let greedy = |ckpt: &Path| ok(&["generate", "--checkpoint", ckpt.to_str().unwrap(), "--greedy", "--max-new-tokens", "8"]);
+    assert_eq!(greedy(&ck), greedy(&imported));
+    // Fine-tuning from it: a new run at step 0 with its own schedule; --resume is refused.
+    let ft = d.join("ft");
+    let args = train_args(data.to_str().unwrap(), ft.to_str().unwrap(), &["--steps", "3"]);
+    let mut init = args.clone();
+    init.retain(|a| *a != "--model" && *a != "tiny");
+    init.extend(["--init-from", imported.to_str().unwrap()]);
+    ok(&init);
+    assert_eq!(loss_table(&ft).len(), 2, "a header and the one row of 3 steps");
+    let mut resume = args.clone();
+    resume.extend(["--resume", imported.to_str().unwrap()]);
+    assert_bad_input(&run(&resume), "--init-from");
+}

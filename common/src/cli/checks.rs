@@ -62,6 +62,16 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "greedy decoding takes the most likely token and never samples",
     ),
     ("prompt", "prompt_file", "both give the prompt"),
+    (
+        "resume",
+        "init_from",
+        "--resume continues a run, --init-from starts a new one from its weights",
+    ),
+    (
+        "dump_logits",
+        "prompt_file",
+        "the logits are dumped for one prompt",
+    ),
 ];
 
 /// `sync_every` → `--sync-every`.

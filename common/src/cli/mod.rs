@@ -1,6 +1,6 @@
-//! The command line shared by all four stages (clap): `train`, `generate`, `tokenize`,
-//! `bench`, `report` and `mnist`. Each stage binary parses this and runs it on its own
-//! backend and comm.
+//! The command line shared by all four stages (clap): `train`, `generate`, `export`,
+//! `import`, `tokenize`, `bench`, `report` and `mnist`. Each stage binary parses this and runs
+//! it on its own backend and comm.
 
 mod checks;
 
@@ -81,6 +81,13 @@ pub enum Command {
     /// The text prints as valid UTF-8: newline and tab as they are, other control characters
     /// and invalid bytes escaped (`\x1b`, `\xff`), a backslash doubled (`\\`).
     Generate(GenerateArgs),
+    /// Write a checkpoint's model in Hugging Face's format: OUT/model.safetensors,
+    /// config.json and the tokenizer files, which `GPT2LMHeadModel.from_pretrained(OUT)` and
+    /// `AutoTokenizer.from_pretrained(OUT)` load.
+    Export(ExportArgs),
+    /// Turn a Hugging Face GPT-2 directory (config.json and model.safetensors) into a
+    /// checkpoint, to generate from or to fine-tune with `train --init-from`.
+    Import(ImportArgs),
     /// Tokenize a text file into llm.c's .bin format (uint16 tokens).
     Tokenize(TokenizeArgs),
     /// Time training steps on random tokens; prints one JSON line last.
@@ -255,6 +262,11 @@ pub struct TrainArgs {
     /// Continue the run saved in this checkpoint.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Start a new run from this checkpoint's weights (fine-tuning): its model and tokenizer,
+    /// with a fresh optimizer, data order, schedule and log (unlike --resume, which continues
+    /// the same run). From `train` or `import`.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub init_from: Option<PathBuf>,
     /// End the run after this many steps (counted from the start of the run, like --steps),
     /// with a checkpoint, without changing the schedule; --resume continues it.
     #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
@@ -406,8 +418,44 @@ pub struct GenerateArgs {
     /// each position's keys and values (slower; the reference the cache is tested against).
     #[arg(long)]
     pub no_kv_cache: bool,
+    /// Write the logits of every position of the prompt (one forward pass over it, the real
+    /// vocabulary's columns) to FILE as JSON, {"prompt": TEXT, "tokens": [...], "logits": [[...], ...]}, and
+    /// generate nothing: for comparing with another implementation (stage2_cuda/gpu/hf_check.py).
+    #[arg(long, value_name = "FILE")]
+    pub dump_logits: Option<PathBuf>,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+/// `export --format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// Hugging Face's GPT-2: model.safetensors (f32), config.json, vocab.json, merges.txt.
+    Safetensors,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// Checkpoint written by `train` or `import`.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The directory to write (created if missing; files of the same names are replaced).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// What to write.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Safetensors)]
+    pub format: ExportFormat,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ImportArgs {
+    /// A Hugging Face GPT-2 directory: config.json and model.safetensors (f32, f16 or bf16;
+    /// `export` writes one). Its vocabulary must be GPT-2's 50257 tokens or 256 bytes.
+    #[arg(long = "from", value_name = "DIR")]
+    pub from: PathBuf,
+    /// The checkpoint to write (its AdamW moments are zero and its step 0).
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 #[derive(Args, Debug, Clone)]
