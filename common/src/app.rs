@@ -137,6 +137,20 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             let be = (stage.backend)(&args.device, comm)?;
             crate::train::train(&be, comm, &args)
         }
+        Command::Bench(args) if args.generate => {
+            if comm.is_root() {
+                let started = std::time::Instant::now();
+                let be = (stage.backend)(&args.device, comm)?;
+                let r = crate::bench::generate(&be, &args, started)?;
+                println!(
+                    "{}: {} | {} params | start-up {:.2} s | prompt {} tokens: {:.1} ms, {:.0} tokens/s | decode {} tokens: {:.2} ms/token, {:.1} tokens/s",
+                    stage.name, r.device, r.params, r.startup_s, r.prompt_tokens, r.prefill_ms,
+                    r.prefill_tokens_per_s, r.new_tokens, r.decode_ms_per_token, r.decode_tokens_per_s
+                );
+                println!("{}", serde_json::to_string(&r).expect("plain data serialises"));
+            }
+            Ok(())
+        }
         Command::Bench(args) if args.kernels => {
             let be = (stage.backend)(&args.device, comm)?;
             for row in crate::bench::kernels(&be)? {

@@ -652,3 +652,17 @@ fn export_import_round_trips_and_init_from_starts_a_new_run() {
     resume.extend(["--resume", imported.to_str().unwrap()]);
     assert_bad_input(&run(&resume), "--init-from");
 }
+
+#[test]
+fn bench_generate_reports_start_up_prefill_and_decode() {
+    let o = run(&["bench", "--generate", "--model", "tiny", "--vocab", "256", "--seq-len", "8", "--new-tokens", "8", "--steps", "2", "--warmup", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for key in ["startup_s", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+        assert!(json[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {json}");
+    }
+    assert_eq!((json["prompt_tokens"].as_u64(), json["new_tokens"].as_u64()), (Some(8), Some(8)));
+    // A prompt and new tokens past the model's positions are refused.
+    assert_bad_input(&run(&["bench", "--generate", "--model", "tiny", "--seq-len", "60", "--new-tokens", "8"]), "--new-tokens");
+}

@@ -492,6 +492,14 @@ pub struct BenchArgs {
     /// As `train --recompute`: GELU and layernorm outputs computed again in backward.
     #[arg(long)]
     pub recompute: bool,
+    /// Time generation with the key/value cache instead: start-up, the prompt (prefill, --seq-len
+    /// random tokens) and decoding (--new-tokens), each in tokens/s, medians of --steps runs
+    /// after --warmup; one JSON line. Batch 1, random weights, rank 0 alone.
+    #[arg(long, conflicts_with = "kernels")]
+    pub generate: bool,
+    /// With --generate: tokens to generate after the prompt.
+    #[arg(long, default_value_t = 128, value_parser = at_least_one)]
+    pub new_tokens: usize,
     /// GPU stages: time each kernel alone instead (attention, layernorm, GELU, cross-entropy,
     /// AdamW at fixed shapes), one JSON line per kernel; the model flags are not used.
     #[arg(long)]

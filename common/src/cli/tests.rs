@@ -74,6 +74,8 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("bench", "warmup", &["-1"]),
     ("bench", "recompute", &[]),
     ("bench", "kernels", &[]),
+    ("bench", "generate", &[]),
+    ("bench", "new_tokens", &["0", "-1"]),
     ("bench", "threads", &["0", "100000"]),
     ("bench", "precision", &["fp64"]),
     ("bench", "overlap", &[]),
