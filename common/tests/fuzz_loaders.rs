@@ -321,13 +321,17 @@ impl Edit {
 /// A tiny config made smaller still (one layer, width 4, vocabulary 1 padded to 128): about
 /// 800 parameters, so a 10 kB file in which the header is often hit.
 fn micro() -> ModelConfig {
+    micro_of_vocab(1)
+}
+
+fn micro_of_vocab(vocab: usize) -> ModelConfig {
     let overrides = ConfigOverrides {
         n_layer: Some(1),
         n_head: Some(2),
         n_embd: Some(4),
         max_seq_len: Some(4),
     };
-    ModelConfig::from_preset("tiny", 1, overrides).unwrap()
+    ModelConfig::from_preset("tiny", vocab, overrides).unwrap()
 }
 
 fn micro_meta() -> CheckpointMeta {
@@ -818,13 +822,7 @@ proptest! {
 
 /// One block of width 4 over the byte vocabulary (256 rows): a 6 kB safetensors file.
 fn hf_micro() -> ModelConfig {
-    let overrides = ConfigOverrides {
-        n_layer: Some(1),
-        n_head: Some(2),
-        n_embd: Some(4),
-        max_seq_len: Some(4),
-    };
-    ModelConfig::from_preset("tiny", 256, overrides).unwrap()
+    micro_of_vocab(256)
 }
 
 /// A valid export's (model.safetensors, config.json) bytes and the parameters it holds.

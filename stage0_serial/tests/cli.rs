@@ -26,6 +26,18 @@ fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("binary runs")
 }
 
+/// Runs the binary, which must succeed; its stdout.
+fn run_ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).expect("stdout is UTF-8")
+}
+
+/// `generate --checkpoint ck` with `flags`, which must succeed: its text.
+fn generate_text(ck: &Path, flags: &[&str]) -> String {
+    run_ok(&[&["generate", "--checkpoint", ck.to_str().unwrap()], flags].concat())
+}
+
 fn train_args<'a>(data: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
         "train",
@@ -233,21 +245,7 @@ fn generate_is_reproducible_and_greedy_is_deterministic() {
     .status
     .success());
     let ck = out.join("model.ckpt");
-    let gen = |extra: &[&str]| {
-        let mut a = vec![
-            "generate",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-            "--prompt",
-            "ROMEO:",
-            "--max-new-tokens",
-            "40",
-        ];
-        a.extend_from_slice(extra);
-        let o = run(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let gen = |extra: &[&str]| generate_text(&ck, &[&["--prompt", "ROMEO:", "--max-new-tokens", "40"], extra].concat());
     let s1 = gen(&["--seed", "5"]);
     assert!(s1.starts_with("ROMEO:") && s1.len() > "ROMEO:".len());
     assert_eq!(s1, gen(&["--seed", "5"]), "same seed, same text");
@@ -564,19 +562,7 @@ fn generate_samples_top_p_stops_at_a_string_and_keeps_a_batch_in_order() {
     let args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "30"]);
     assert!(run(&with_flag(args, "--seq-len", "48")).status.success());
     let ck = out.join("model.ckpt");
-    let gen = |extra: &[&str]| {
-        let mut a = vec![
-            "generate",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-            "--max-new-tokens",
-            "30",
-        ];
-        a.extend_from_slice(extra);
-        let o = run(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let gen = |extra: &[&str]| generate_text(&ck, &[&["--max-new-tokens", "30"], extra].concat());
     // top-p: reproducible from the seed; a tiny mass leaves the most likely token alone.
     let nucleus = gen(&["--prompt", "JULIET:", "--top-p", "0.9", "--seed", "3"]);
     assert_eq!(nucleus, gen(&["--prompt", "JULIET:", "--top-p", "0.9", "--seed", "3"]));
@@ -621,11 +607,7 @@ fn export_import_round_trips_and_init_from_starts_a_new_run() {
     let args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "20"]);
     assert!(run(&args).status.success());
     let (ck, hf, imported) = (out.join("model.ckpt"), d.join("hf"), d.join("imported.ckpt"));
-    let ok = |a: &[&str]| {
-        let o = run(a);
-        assert!(o.status.success(), "{a:?}: {}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let ok = run_ok;
     ok(&["export", "--checkpoint", ck.to_str().unwrap(), "--format", "safetensors", "--out", hf.to_str().unwrap()]);
     for f in ["model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json"] {
         assert!(hf.join(f).exists(), "{f} missing");
