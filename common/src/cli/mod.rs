@@ -379,7 +379,7 @@ impl MnistArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct GenerateArgs {
-    /// Checkpoint written by `train`.
+    /// Checkpoint written by `train` or `import`.
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Text to continue.
