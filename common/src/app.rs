@@ -7,13 +7,14 @@ use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
 use crate::comm::Comm;
 use crate::error::Result;
-use crate::generate::{self, SampleOptions};
+use crate::generate::{self, SampleOptions, Stop};
 use crate::model::Gpt2;
-use crate::text::{self, TextStream};
+use crate::text::{self, StopText, TextStream};
 use crate::tokenizer::Tokenizer;
 use crate::{autograd::Pool, data};
 use clap::FromArgMatches;
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 
 /// How a stage executes: its name, where it runs, how to make its backend.
@@ -136,6 +137,20 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             let be = (stage.backend)(&args.device, comm)?;
             crate::train::train(&be, comm, &args)
         }
+        Command::Bench(args) if args.generate => {
+            if comm.is_root() {
+                let started = std::time::Instant::now();
+                let be = (stage.backend)(&args.device, comm)?;
+                let r = crate::bench::generate(&be, &args, started)?;
+                println!(
+                    "{}: {} | {} params | start-up {:.2} s | prompt {} tokens: {:.1} ms, {:.0} tokens/s | decode {} tokens: {:.2} ms/token, {:.1} tokens/s",
+                    stage.name, r.device, r.params, r.startup_s, r.prompt_tokens, r.prefill_ms,
+                    r.prefill_tokens_per_s, r.new_tokens, r.decode_ms_per_token, r.decode_tokens_per_s
+                );
+                println!("{}", serde_json::to_string(&r).expect("plain data serialises"));
+            }
+            Ok(())
+        }
         Command::Bench(args) if args.kernels => {
             let be = (stage.backend)(&args.device, comm)?;
             for row in crate::bench::kernels(&be)? {
@@ -166,7 +181,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
                     crate::bail_input!("--temperature must be positive (or use --greedy)");
                 }
                 let be = (stage.backend)(&args.device, comm)?;
-                generate_cmd(&be, ckpt, &args)
+                generate_cmd(&be, ckpt, &args, stage.name)
             } else {
                 Ok(())
             }
@@ -189,10 +204,45 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
                 Ok(())
             }
         }
+        Command::Export(args) if comm.is_root() => {
+            let ckpt = checkpoint::load(&args.checkpoint)?;
+            let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
+            crate::interop::export(&args.out, &ckpt.meta.config, kind, &ckpt.params)?;
+            println!("{}: written from {}", args.out.display(), args.checkpoint.display());
+            Ok(())
+        }
+        Command::Import(args) if comm.is_root() => {
+            let model = crate::interop::import(&args.from)?;
+            let n = model.params.len();
+            let zeros = vec![0.0f32; n];
+            let meta = checkpoint::CheckpointMeta {
+                config: model.config,
+                tokenizer: model.tokenizer.name().to_string(),
+                step: 0,
+                data_epoch: 0,
+                data_step_in_epoch: 0,
+                seed: 0,
+                train: serde_json::json!({ IMPORTED_FROM: args.from.display().to_string() }),
+                progress: serde_json::json!({}),
+            };
+            checkpoint::save(&args.out, &meta, &model.params, &zeros, &zeros)?;
+            println!(
+                "{}: {n} parameters ({} tokenizer) from {}",
+                args.out.display(),
+                model.tokenizer.name(),
+                args.from.display()
+            );
+            Ok(())
+        }
+        Command::Export(_) | Command::Import(_) => Ok(()),
     }
 }
 
-fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &GenerateArgs) -> Result<()> {
+/// The key of an imported checkpoint's settings that names the directory it came from: such
+/// a checkpoint is no run to `--resume`, only weights to start from (`--init-from`).
+pub const IMPORTED_FROM: &str = "imported_from";
+
+fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &GenerateArgs, name: &str) -> Result<()> {
     let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
     let tok = Tokenizer::new(kind)?;
     let model = Gpt2::new(be, ckpt.meta.config)?;
@@ -204,33 +254,119 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
         .and_then(|v| v.as_u64())
         .map(|t| t as usize);
     drop(ckpt);
-    let prompt = tok.encode(&args.prompt);
-    if prompt.is_empty() {
-        crate::bail_input!("--prompt is empty: give at least one character");
+    if let Some(path) = &args.dump_logits {
+        return dump_logits(be, &model, &args.prompt, &tok.encode(&args.prompt), path);
     }
-    let opts = SampleOptions {
+    let prompts = prompts(args)?;
+    if args.stop.as_deref() == Some("") {
+        crate::bail_input!("--stop is empty: give the text to stop at");
+    }
+    let base = SampleOptions {
         max_new_tokens: args.max_new_tokens,
         greedy: args.greedy,
         temperature: args.temperature,
         top_k: args.top_k,
+        top_p: args.top_p,
         seed: args.seed,
+        stream: 0,
         context: trained_seq_len.unwrap_or(model.config.max_seq_len),
+        end_of_text: tok.end_of_text(),
+        kv_cache: !args.no_kv_cache,
+        slide: false,
     };
+    let mut pool = Pool::default();
     let mut out = std::io::stdout().lock();
-    // Everything on stdout follows one convention (see `text`): the prompt too, so a
-    // backslash or control character in it reads the same as one the model wrote.
-    let _ = write!(out, "{}", text::printable(args.prompt.as_bytes()));
-    // Stream text as it comes; bytes of a multi-byte character are held until complete.
-    let mut stream = TextStream::new(&tok);
-    generate::generate(&model, be, &mut Pool::default(), &prompt, &opts, |id| {
-        let piece = stream.push(id);
-        if !piece.is_empty() {
+    for (i, prompt) in prompts.iter().enumerate() {
+        let ids = tok.encode(prompt);
+        if ids.is_empty() {
+            crate::bail_input!("--prompt is empty: give at least one character");
+        }
+        if prompts.len() > 1 {
+            let _ = writeln!(out, "--- prompt {} ---", i + 1);
+        }
+        // Everything on stdout follows one convention (see `text`): the prompt too, so a
+        // backslash or control character in it reads the same as one the model wrote.
+        let _ = write!(out, "{}", text::printable(prompt.as_bytes()));
+        // Stream text as it comes; bytes of a multi-byte character are held until complete,
+        // and an end that may begin the stop string until it is known not to.
+        let mut stream = TextStream::new(&tok);
+        let mut stop = args.stop.as_deref().map(StopText::new);
+        let mut show = |piece: String, out: &mut std::io::StdoutLock| {
+            let (piece, stopped) = match &mut stop {
+                Some(stop) => stop.push(&piece),
+                None => (piece, false),
+            };
             let _ = write!(out, "{piece}");
             let _ = out.flush();
+            stopped
+        };
+        let opts = SampleOptions {
+            stream: i as u64,
+            ..base
+        };
+        let done = generate::generate(&model, be, &mut pool, &ids, &opts, |id| {
+            match show(stream.push(id), &mut out) {
+                true => ControlFlow::Break(()),
+                false => ControlFlow::Continue(()),
+            }
+        })?;
+        if done.stop != Stop::Caller && !show(stream.finish(), &mut out) {
+            let rest = stop.as_mut().map(StopText::finish).unwrap_or_default();
+            let _ = write!(out, "{rest}");
         }
-    })?;
-    let _ = writeln!(out, "{}", stream.finish());
+        let _ = writeln!(out);
+        if let Stop::Context { limit } = done.stop {
+            let _ = out.flush();
+            say(&format!(
+                "{name}: stopped at the model's context of {limit} tokens (prompt {} + {} new); the window does not slide",
+                ids.len(),
+                done.tokens.len()
+            ));
+        }
+    }
     Ok(())
+}
+
+/// `generate --dump-logits`: the logits of every position of `prompt`, as JSON.
+fn dump_logits<B: Backend>(be: &B, model: &Gpt2<B>, text: &str, prompt: &[u32], path: &std::path::Path) -> Result<()> {
+    let cfg = &model.config;
+    if prompt.is_empty() || prompt.len() > cfg.max_seq_len {
+        crate::bail_input!(
+            "--dump-logits: the prompt is {} tokens; it must be 1 to the model's {} positions",
+            prompt.len(),
+            cfg.max_seq_len
+        );
+    }
+    let ids: Vec<i32> = prompt.iter().map(|&x| x as i32).collect();
+    let mut logits = vec![0.0f32; ids.len() * cfg.padded_vocab_size];
+    {
+        let mut pool = Pool::default();
+        let mut g = crate::autograd::Graph::new(be, &mut pool, false);
+        let fwd = model.forward(&mut g, &ids, None, 1, ids.len(), false)?;
+        g.read(fwd.logits, &mut logits)?;
+    }
+    let rows: Vec<&[f32]> = logits
+        .chunks_exact(cfg.padded_vocab_size)
+        .map(|row| &row[..cfg.vocab_size])
+        .collect();
+    let json = serde_json::json!({ "prompt": text, "tokens": prompt, "logits": rows });
+    let bytes = serde_json::to_vec(&json).expect("plain data serialises");
+    crate::atomic_file::write(path, |f| f.write_all(&bytes))?;
+    println!("{}: logits of {} positions", path.display(), prompt.len());
+    Ok(())
+}
+
+/// `--prompt`, or the lines of `--prompt-file` (empty ones skipped).
+fn prompts(args: &GenerateArgs) -> Result<Vec<String>> {
+    let Some(path) = &args.prompt_file else {
+        return Ok(vec![args.prompt.clone()]);
+    };
+    let text = std::fs::read_to_string(path).map_err(crate::error::io_err(path))?;
+    let lines: Vec<String> = text.lines().filter(|l| !l.is_empty()).map(str::to_string).collect();
+    if lines.is_empty() {
+        crate::bail_input!("{}: no prompt in the file (one a line)", path.display());
+    }
+    Ok(lines)
 }
 
 fn tokenize_cmd(args: &TokenizeArgs) -> Result<()> {

@@ -78,7 +78,7 @@ struct HeaderIn {
 type TensorRecord = (String, usize, usize, usize);
 
 /// The length of [`tensor_records`] for `config`, without building the layout.
-fn tensor_count(config: &ModelConfig) -> usize {
+pub(crate) fn tensor_count(config: &ModelConfig) -> usize {
     let per_scope = |s: &ParamSpec| match s.scope {
         Scope::Model => 1,
         Scope::Block => config.n_layer,

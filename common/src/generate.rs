@@ -1,12 +1,20 @@
-//! Text generation from a trained model: greedy, or sampled with temperature and top-k
+//! Text generation from a trained model: greedy, or sampled with temperature, top-k and top-p
 //! from a seeded ChaCha stream, so a seed always gives the same text.
+//!
+//! With the key/value cache (the default) the prompt runs through the model once, then each
+//! new token runs as one position against the cached keys and values of every earlier one,
+//! and the LM head runs on the last position only. Without it, every token runs the whole
+//! sequence again: the reference the cache is tested against (and `train`'s closing sample,
+//! whose window slides past the context).
 
-use crate::autograd::{Graph, Pool};
+use crate::autograd::{Graph, KvCache, Pool};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::model::Gpt2;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug)]
 pub struct SampleOptions {
@@ -16,43 +24,140 @@ pub struct SampleOptions {
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens (0: all).
     pub top_k: usize,
+    /// Then keep only the most likely tokens whose probabilities add up to `top_p` (nucleus
+    /// sampling; 1: all).
+    pub top_p: f32,
     pub seed: u64,
-    /// Most recent tokens the model sees: the sequence length it was trained on (positions
-    /// beyond it were never trained). Capped at the model's maximum.
+    /// The ChaCha stream of `seed` to draw from: prompt i of a batch draws from stream i, so
+    /// its text does not depend on the prompts before it.
+    pub stream: u64,
+    /// Most tokens the model sees: the sequence length it was trained on (positions beyond
+    /// it were never trained). Capped at the model's maximum.
     pub context: usize,
+    /// The token that ends a text (GPT-2's `<|endoftext|>`): generation stops there, and it
+    /// is not returned.
+    pub end_of_text: Option<u32>,
+    /// Keep keys and values of processed positions (see the module's documentation).
+    pub kv_cache: bool,
+    /// Without the cache: past the context, the model sees the last `context` tokens only,
+    /// instead of generation stopping there.
+    pub slide: bool,
 }
 
-/// Continues `prompt` (at least one token) and returns the new tokens; `on_token` sees
-/// each as it is produced (for streaming output).
+impl Default for SampleOptions {
+    fn default() -> Self {
+        SampleOptions {
+            max_new_tokens: 300,
+            greedy: false,
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 1.0,
+            seed: 42,
+            stream: 0,
+            context: usize::MAX,
+            end_of_text: None,
+            kv_cache: true,
+            slide: false,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// `max_new_tokens` were generated.
+    Length,
+    /// The model produced the end-of-text token.
+    EndOfText,
+    /// The caller's `on_token` asked to stop (a stop string).
+    Caller,
+    /// Prompt and new tokens fill the context (`limit` tokens) and the window does not slide.
+    Context { limit: usize },
+}
+
+/// New tokens, why they ended, and where the time went.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub stop: Stop,
+    /// The first forward pass (the whole prompt) with its logits read back.
+    pub prefill: Duration,
+    /// Every later forward pass, with their logits read back (sampling excluded).
+    pub decode: Duration,
+}
+
+/// Continues `prompt` (at least one token) and returns the new tokens; `on_token` sees each
+/// as it is produced (for streaming output) and may end generation with `Break`.
 pub fn generate<B: Backend>(
     model: &Gpt2<B>,
     be: &B,
     pool: &mut Pool<B>,
     prompt: &[u32],
     opts: &SampleOptions,
-    mut on_token: impl FnMut(u32),
-) -> Result<Vec<u32>> {
+    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+) -> Result<Generated> {
     if prompt.is_empty() {
         crate::bail_input!("the prompt must hold at least one token");
     }
     let cfg = &model.config;
+    let context = opts.context.clamp(1, cfg.max_seq_len);
+    let slide = opts.slide && !opts.kv_cache;
+    if prompt.len() >= context && !slide {
+        crate::bail_input!(
+            "the prompt is {} tokens: no room for a new one in the model's context of {context} tokens",
+            prompt.len()
+        );
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-    let mut context: Vec<i32> = prompt.iter().map(|&x| x as i32).collect();
+    rng.set_stream(opts.stream);
+    let cache = match opts.kv_cache {
+        true => Some(KvCache::new(be, cfg.n_layer, context, cfg.n_embd)?),
+        false => None,
+    };
+    let mut seq: Vec<i32> = prompt.iter().map(|&x| x as i32).collect();
+    let mut cached = 0; // positions whose keys and values the cache holds
     let mut logits = vec![0.0f32; cfg.padded_vocab_size];
-    let mut out = Vec::new();
-    for _ in 0..opts.max_new_tokens {
-        let window = &context[context.len().saturating_sub(opts.context.clamp(1, cfg.max_seq_len))..];
+    let mut done = Generated {
+        tokens: Vec::new(),
+        stop: Stop::Length,
+        prefill: Duration::ZERO,
+        decode: Duration::ZERO,
+    };
+    while done.tokens.len() < opts.max_new_tokens {
+        if seq.len() >= context && !slide {
+            done.stop = Stop::Context { limit: context };
+            break;
+        }
+        let started = Instant::now();
         {
             let mut g = Graph::new(be, pool, false);
-            let fwd = model.forward(&mut g, window, None, 1, window.len(), true)?;
-            g.read(fwd.logits, &mut logits)?;
+            let last = match &cache {
+                Some(cache) => model.forward_cached(&mut g, &seq[cached..], cache, cached)?,
+                None => {
+                    let window = &seq[seq.len().saturating_sub(context)..];
+                    model.forward(&mut g, window, None, 1, window.len(), true)?.logits
+                }
+            };
+            g.read(last, &mut logits)?;
         }
+        cached = seq.len();
+        *match done.tokens.is_empty() {
+            true => &mut done.prefill,
+            false => &mut done.decode,
+        } += started.elapsed();
         let next = pick(&logits[..cfg.vocab_size], opts, &mut rng);
-        on_token(next);
-        out.push(next);
-        context.push(next as i32);
+        if Some(next) == opts.end_of_text {
+            done.stop = Stop::EndOfText;
+            break;
+        }
+        done.tokens.push(next);
+        seq.push(next as i32);
+        if on_token(next).is_break() {
+            done.stop = Stop::Caller;
+            break;
+        }
     }
-    Ok(out)
+    Ok(done)
 }
 
 /// Chooses the next token from one row of logits.
@@ -70,13 +175,25 @@ pub fn pick(logits: &[f32], opts: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
     if opts.top_k > 0 && opts.top_k < logits.len() {
         order.select_nth_unstable_by(opts.top_k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
         order.truncate(opts.top_k);
-        order.sort_unstable(); // a fixed order, so the draw below is reproducible
     }
     let maxv = order.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
-    let weights: Vec<f64> = order
-        .iter()
-        .map(|&i| (((logits[i] - maxv) / opts.temperature) as f64).exp())
-        .collect();
+    let weight = |i: usize| (((logits[i] - maxv) / opts.temperature) as f64).exp();
+    if opts.top_p < 1.0 {
+        // The most likely first (ties by id), up to the first whose running mass reaches top_p.
+        order.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let total: f64 = order.iter().map(|&i| weight(i)).sum();
+        let mut mass = 0.0;
+        let keep = order
+            .iter()
+            .position(|&i| {
+                mass += weight(i);
+                mass >= opts.top_p as f64 * total
+            })
+            .map_or(order.len(), |last| last + 1);
+        order.truncate(keep);
+    }
+    order.sort_unstable(); // a fixed order, so the draw below is reproducible
+    let weights: Vec<f64> = order.iter().map(|&i| weight(i)).collect();
     let total: f64 = weights.iter().sum();
     let mut r = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
     for (&i, w) in order.iter().zip(&weights) {
@@ -86,4 +203,45 @@ pub fn pick(logits: &[f32], opts: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
         r -= w;
     }
     *order.last().expect("non-empty vocabulary") as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampled(top_k: usize, top_p: f32) -> SampleOptions {
+        SampleOptions {
+            temperature: 1.0,
+            top_k,
+            top_p,
+            ..SampleOptions::default()
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_that_reaches_the_mass() {
+        // Probabilities 0.5, 0.25, 0.125, 0.125 (logits are their logs).
+        let logits: Vec<f32> = [0.5f32, 0.25, 0.125, 0.125].iter().map(|p| p.ln()).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let draws = |p: f32, rng: &mut ChaCha8Rng| -> Vec<u32> {
+            (0..2000).map(|_| pick(&logits, &sampled(0, p), rng)).collect()
+        };
+        assert!(draws(0.5, &mut rng).iter().all(|&t| t == 0));
+        let two = draws(0.7, &mut rng);
+        assert!(two.iter().all(|&t| t < 2) && two.contains(&1));
+        let all = draws(1.0, &mut rng);
+        assert!(all.contains(&3) && all.contains(&2));
+    }
+
+    #[test]
+    fn a_seed_and_stream_give_the_same_draws() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |stream: u64| -> Vec<u32> {
+            let mut rng = ChaCha8Rng::seed_from_u64(9);
+            rng.set_stream(stream);
+            (0..100).map(|_| pick(&logits, &sampled(10, 0.9), &mut rng)).collect()
+        };
+        assert_eq!(run(0), run(0));
+        assert_ne!(run(0), run(1));
+    }
 }

@@ -4,6 +4,7 @@
 //! `comm` (single process, MPI, NCCL) and `grad_sync` (how gradients meet across ranks),
 //! `report` (loss log, progress, results tables), `text` (model output made printable), and
 //! finally `train`, the one loop for all stages; `bench`, `cli` and `app` sit on top.
+//! `interop` writes and reads GPT-2 weights in Hugging Face's format.
 //! `mnist` is the second workload: an MLP on idx files, trained by the same pieces.
 
 pub mod app;
@@ -18,6 +19,7 @@ pub mod data;
 pub mod error;
 pub mod generate;
 pub mod grad_sync;
+pub mod interop;
 pub mod mnist;
 pub mod model;
 pub mod optim;

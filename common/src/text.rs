@@ -116,9 +116,67 @@ impl TextStream {
     }
 }
 
+/// Printable text as it streams, watched for a stop string (`generate --stop`): each
+/// [`StopText::push`] returns what can be printed, holding back an end that could be the
+/// start of the stop string, and says when the string has appeared (it is not printed, nor
+/// anything after it).
+#[derive(Debug)]
+pub struct StopText {
+    stop: String,
+    held: String,
+}
+
+impl StopText {
+    /// `stop` must not be empty.
+    pub fn new(stop: &str) -> StopText {
+        assert!(!stop.is_empty(), "an empty stop string matches everywhere");
+        StopText {
+            stop: stop.to_string(),
+            held: String::new(),
+        }
+    }
+
+    /// Adds `piece`; returns the text now safe to print and whether the stop string appeared.
+    pub fn push(&mut self, piece: &str) -> (String, bool) {
+        self.held.push_str(piece);
+        if let Some(at) = self.held.find(&self.stop) {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        // Hold back the longest end of the text that begins the stop string.
+        let keep = (1..self.stop.len())
+            .rev()
+            .filter(|&k| self.stop.is_char_boundary(k))
+            .find(|&k| self.held.ends_with(&self.stop[..k]))
+            .unwrap_or(0);
+        let out = self.held[..self.held.len() - keep].to_string();
+        self.held.drain(..self.held.len() - keep);
+        (out, false)
+    }
+
+    /// The end of the stream: whatever was held back.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stop_text_holds_back_a_possible_start_and_cuts_at_the_string() {
+        let mut st = StopText::new("END");
+        assert_eq!(st.push("abc E"), ("abc ".to_string(), false));
+        assert_eq!(st.push("N"), (String::new(), false));
+        assert_eq!(st.push("x"), ("ENx".to_string(), false));
+        assert_eq!(st.push("yEN"), ("y".to_string(), false));
+        assert_eq!(st.push("Dzz"), (String::new(), true));
+        let mut st = StopText::new("é!");
+        assert_eq!(st.push("café"), ("caf".to_string(), false));
+        assert_eq!(st.finish(), "é");
+    }
     use crate::tokenizer::TokenizerKind;
 
     fn byte_stream() -> TextStream {

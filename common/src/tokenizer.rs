@@ -74,6 +74,15 @@ impl Tokenizer {
         }
     }
 
+    /// The token that ends a document, where the vocabulary has one (GPT-2's
+    /// `<|endoftext|>`, 50256; bytes have none).
+    pub fn end_of_text(&self) -> Option<u32> {
+        match self.kind {
+            TokenizerKind::Byte => None,
+            TokenizerKind::Gpt2 => Some(50256),
+        }
+    }
+
     /// Byte: the UTF-8 bytes. GPT-2: BPE, with `<|endoftext|>` in the text read as the special
     /// token 50256 (how GPT-2 corpora separate documents) rather than as seven ordinary pieces.
     pub fn encode(&self, text: &str) -> Vec<u32> {

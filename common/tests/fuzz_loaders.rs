@@ -1,6 +1,7 @@
-//! Property-based fuzzing of the two loaders that read files a user hands us: checkpoints
-//! (`checkpoint::load`, `checkpoint::load_meta`) and llm.c `.bin` token files (`data::read_bin`,
-//! `data::load_tokens`). Inputs are arbitrary bytes and valid files with random mutations
+//! Property-based fuzzing of the loaders that read files a user hands us: checkpoints
+//! (`checkpoint::load`, `checkpoint::load_meta`), llm.c `.bin` token files (`data::read_bin`,
+//! `data::load_tokens`) and Hugging Face directories (`interop::import`: safetensors and
+//! config.json, whose header fields and JSON lie in the ways listed at `HeaderEdit`). Inputs are arbitrary bytes and valid files with random mutations
 //! (byte flips, truncations, insertions, removals, header fields and JSON metadata fields set
 //! to extreme values, optionally with the checksum recomputed so the structural checks behind
 //! it are reached). For every input:
@@ -28,6 +29,7 @@ use std::sync::Mutex;
 
 use common::checkpoint::{self, CheckpointMeta, MAGIC};
 use common::data::{self, BIN_MAGIC, BIN_VERSION};
+use common::interop;
 use common::model::{ConfigOverrides, ModelConfig};
 use common::tokenizer::{Tokenizer, TokenizerKind};
 use common::Error;
@@ -319,13 +321,17 @@ impl Edit {
 /// A tiny config made smaller still (one layer, width 4, vocabulary 1 padded to 128): about
 /// 800 parameters, so a 10 kB file in which the header is often hit.
 fn micro() -> ModelConfig {
+    micro_of_vocab(1)
+}
+
+fn micro_of_vocab(vocab: usize) -> ModelConfig {
     let overrides = ConfigOverrides {
         n_layer: Some(1),
         n_head: Some(2),
         n_embd: Some(4),
         max_seq_len: Some(4),
     };
-    ModelConfig::from_preset("tiny", 1, overrides).unwrap()
+    ModelConfig::from_preset("tiny", vocab, overrides).unwrap()
 }
 
 fn micro_meta() -> CheckpointMeta {
@@ -808,5 +814,190 @@ proptest! {
         }
         let dir = TempDir::new("bin-mutated");
         check_bin(&dir, &bytes, vocab)?;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face directories (`interop::import`: config.json and model.safetensors).
+
+/// One block of width 4 over the byte vocabulary (256 rows): a 6 kB safetensors file.
+fn hf_micro() -> ModelConfig {
+    micro_of_vocab(256)
+}
+
+/// A valid export's (model.safetensors, config.json) bytes and the parameters it holds.
+fn valid_export() -> &'static (Vec<u8>, Vec<u8>, Vec<f32>) {
+    static EXPORT: std::sync::OnceLock<(Vec<u8>, Vec<u8>, Vec<f32>)> = std::sync::OnceLock::new();
+    EXPORT.get_or_init(|| {
+        let cfg = hf_micro();
+        let params: Vec<f32> = (0..cfg.num_params()).map(|i| (i as f32 * 0.37).sin()).collect();
+        let dir = TempDir::new("hf-valid");
+        interop::export(&dir.0, &cfg, TokenizerKind::Byte, &params).unwrap();
+        let read = |name: &str| std::fs::read(dir.file(name)).unwrap();
+        let imported = interop::import(&dir.0).unwrap();
+        (read(interop::WEIGHTS), read(interop::CONFIG), imported.params)
+    })
+}
+
+/// Imports `weights` and `config` from a fresh directory: `Ok` only with every value finite
+/// and as many as the config's model holds (or exactly `expect`'s, when given); an error is one
+/// line naming the directory; no allocation beyond what the files' size justifies.
+fn check_import(weights: &[u8], config: &[u8], expect: Option<&[f32]>) -> Result<(), TestCaseError> {
+    static CASE: AtomicUsize = AtomicUsize::new(0);
+    let dir = TempDir::new(&format!("hf-{}", CASE.fetch_add(1, Ordering::Relaxed)));
+    std::fs::write(dir.file(interop::WEIGHTS), weights).unwrap();
+    std::fs::write(dir.file(interop::CONFIG), config).unwrap();
+    let (result, peak) = measure(|| interop::import(&dir.0));
+    let justified = 4 * (weights.len() + config.len()) + SLACK;
+    prop_assert!(
+        peak.largest <= justified,
+        "allocated {} bytes for files of {} + {}",
+        peak.largest,
+        weights.len(),
+        config.len()
+    );
+    match result {
+        Ok(model) => {
+            prop_assert_eq!(model.params.len(), model.config.num_params());
+            prop_assert!(model.params.iter().all(|x| x.is_finite()));
+            if let Some(expect) = expect {
+                prop_assert_eq!(&model.params[..], expect);
+            }
+        }
+        Err(e) => check_err(&dir.0, &e)?,
+    }
+    Ok(())
+}
+
+/// The safetensors header's JSON and where the data starts.
+fn st_header(file: &[u8]) -> (serde_json::Value, usize) {
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    (serde_json::from_slice(&file[8..8 + n]).unwrap(), 8 + n)
+}
+
+/// A change to one tensor's entry in the safetensors header (the file is rebuilt around it).
+#[derive(Clone, Debug)]
+enum HeaderEdit {
+    Shape(Index, Vec<u64>),
+    Offsets(Index, u64, u64),
+    Dtype(Index, &'static str),
+    Rename(Index, &'static str),
+    Remove(Index),
+}
+
+fn header_edit() -> impl Strategy<Value = HeaderEdit> {
+    let dtypes = prop::sample::select(vec!["F64", "I64", "BOOL", "F16", "BF16", "U8", "XX"]);
+    let names = prop::sample::select(vec![
+        "transformer.h.1.attn.c_attn.weight",
+        "transformer.h.0.attn.c_attn.weight",
+        "h.0.ln_1.bias",
+        "lm_head.weight",
+        "something.else",
+        "",
+    ]);
+    prop_oneof![
+        (any::<Index>(), prop::collection::vec(extreme_u64(), 0..4)).prop_map(|(i, s)| HeaderEdit::Shape(i, s)),
+        (any::<Index>(), extreme_u64(), extreme_u64()).prop_map(|(i, a, b)| HeaderEdit::Offsets(i, a, b)),
+        (any::<Index>(), dtypes).prop_map(|(i, d)| HeaderEdit::Dtype(i, d)),
+        (any::<Index>(), names).prop_map(|(i, n)| HeaderEdit::Rename(i, n)),
+        any::<Index>().prop_map(HeaderEdit::Remove),
+    ]
+}
+
+impl HeaderEdit {
+    fn apply(&self, file: &[u8]) -> Vec<u8> {
+        let (mut header, data_at) = st_header(file);
+        let map = header.as_object_mut().unwrap();
+        let names: Vec<String> = map.keys().filter(|k| *k != "__metadata__").cloned().collect();
+        let pick = |i: &Index| names[i.index(names.len())].clone();
+        match self {
+            HeaderEdit::Shape(i, shape) => map[&pick(i)]["shape"] = serde_json::json!(shape),
+            HeaderEdit::Offsets(i, a, b) => map[&pick(i)]["data_offsets"] = serde_json::json!([a, b]),
+            HeaderEdit::Dtype(i, d) => map[&pick(i)]["dtype"] = serde_json::json!(d),
+            HeaderEdit::Rename(i, new) => {
+                let entry = map.remove(&pick(i)).unwrap();
+                map.insert(new.to_string(), entry);
+            }
+            HeaderEdit::Remove(i) => {
+                map.remove(&pick(i));
+            }
+        }
+        let json = serde_json::to_vec(&header).unwrap();
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&json);
+        out.extend_from_slice(&file[data_at..]);
+        out
+    }
+}
+
+/// A `config.json` field set to another value, or removed.
+fn config_edit() -> impl Strategy<Value = (&'static str, Option<u64>)> {
+    let fields = prop::sample::select(vec!["vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner"]);
+    (fields, prop::option::of(extreme_u64()))
+}
+
+#[test]
+fn valid_export_imports_exactly() {
+    let (weights, config, params) = valid_export();
+    let cfg = hf_micro();
+    let mut expect: Vec<f32> = (0..cfg.num_params()).map(|i| (i as f32 * 0.37).sin()).collect();
+    // The vocabulary's padding rows are not exported: they come back 0.
+    let real = cfg.vocab_size * cfg.n_embd;
+    expect[real..cfg.padded_vocab_size * cfg.n_embd].fill(0.0);
+    assert_eq!(params, &expect);
+    check_import(weights, config, Some(params)).unwrap();
+}
+
+#[test]
+fn a_header_longer_than_the_file_is_refused_before_it_is_read() {
+    let (weights, config, _) = valid_export();
+    let mut lying = weights.clone();
+    lying[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let dir = TempDir::new("hf-header");
+    std::fs::write(dir.file(interop::WEIGHTS), &lying).unwrap();
+    std::fs::write(dir.file(interop::CONFIG), config).unwrap();
+    let e = interop::import(&dir.0).err().unwrap().to_string();
+    assert!(e.contains("the header claims 18446744073709551615 bytes"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn safetensors_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+        check_import(&bytes, &valid_export().1, None)?;
+    }
+
+    #[test]
+    fn safetensors_mutated(edits in prop::collection::vec(edit(), 1..4)) {
+        let (weights, config, _) = valid_export();
+        let mut bytes = weights.clone();
+        let head = st_header(weights).1;
+        for e in &edits {
+            e.apply(&mut bytes, head);
+        }
+        check_import(&bytes, config, None)?;
+    }
+
+    #[test]
+    fn safetensors_header_lies(edit in header_edit()) {
+        let (weights, config, _) = valid_export();
+        check_import(&edit.apply(weights), config, None)?;
+    }
+
+    #[test]
+    fn config_lies((field, value) in config_edit()) {
+        let (weights, config, params) = valid_export();
+        let mut json: serde_json::Value = serde_json::from_slice(config).unwrap();
+        let unchanged = json.get(field).and_then(|v| v.as_u64()) == value
+            || (field == "n_inner" && value.is_none());
+        match value {
+            Some(v) => json[field] = serde_json::json!(v),
+            None => {
+                json.as_object_mut().unwrap().remove(field);
+            }
+        }
+        let text = serde_json::to_vec(&json).unwrap();
+        check_import(weights, &text, unchanged.then_some(&params[..]))?;
     }
 }

@@ -194,6 +194,87 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
     ("empty prompt", "generate --checkpoint good.ckpt --prompt ''", "prompt"),
     (
+        "a prompt that fills the context",
+        "generate --checkpoint good.ckpt --prompt ROMEO:ROMEO:ROMEO:",
+        "context",
+    ),
+    (
+        "prompt file missing",
+        "generate --checkpoint good.ckpt --prompt-file missing.txt",
+        "missing.txt",
+    ),
+    (
+        "prompt file without a prompt",
+        "generate --checkpoint good.ckpt --prompt-file empty.txt",
+        "no prompt",
+    ),
+    (
+        "--prompt with --prompt-file",
+        "generate --checkpoint good.ckpt --prompt a --prompt-file corpus.txt",
+        "--prompt-file",
+    ),
+    (
+        "top-p of 0",
+        "generate --checkpoint good.ckpt --top-p 0",
+        "--top-p",
+    ),
+    (
+        "--greedy with --top-p",
+        "generate --checkpoint good.ckpt --greedy --top-p 0.9",
+        "--top-p",
+    ),
+    ("empty stop string", "generate --checkpoint good.ckpt --stop ''", "--stop"),
+    (
+        "import from a directory without config.json",
+        "import --from missing --out o.ckpt",
+        "config.json",
+    ),
+    (
+        "safetensors header longer than the file",
+        "import --from hf-header --out o.ckpt",
+        "header claims",
+    ),
+    (
+        "safetensors offsets outside the file",
+        "import --from hf-offsets --out o.ckpt",
+        "safetensors",
+    ),
+    (
+        "safetensors without a tensor the model needs",
+        "import --from hf-missing --out o.ckpt",
+        "missing",
+    ),
+    (
+        "config.json whose shapes the tensors do not have",
+        "import --from hf-shape --out o.ckpt",
+        "shape",
+    ),
+    (
+        "config.json with more blocks than the file holds",
+        "import --from hf-layers --out o.ckpt",
+        "blocks",
+    ),
+    (
+        "config.json of another architecture",
+        "import --from hf-relu --out o.ckpt",
+        "activation_function",
+    ),
+    (
+        "resume an imported checkpoint",
+        "train --data corpus.txt --out o --resume imported.ckpt",
+        "--init-from",
+    ),
+    (
+        "--init-from with a model flag",
+        "train --data corpus.txt --out o --init-from good.ckpt --layers 3",
+        "--init-from",
+    ),
+    (
+        "--init-from with --resume",
+        "train --data corpus.txt --out o --init-from good.ckpt --resume good.ckpt",
+        "--init-from",
+    ),
+    (
         "a batch no memory holds",
         "bench --model gpt2 --batch 4000000000000",
         "too large",
@@ -367,7 +448,58 @@ fn fixtures() -> PathBuf {
     let sum = xxhash_rust::xxh64::xxh64(&nan[..body], 0);
     nan[body..].copy_from_slice(&sum.to_le_bytes());
     write(&dir, "nan.ckpt", &nan);
+    hf_fixtures(&dir);
     dir
+}
+
+/// A good export of good.ckpt (`hf`), its import, and broken copies of the export: each
+/// `hf-NAME` directory is `hf` with one file changed.
+fn hf_fixtures(dir: &Path) {
+    let run = |line: &str| {
+        let o = Command::new(BIN).args(words(line)).current_dir(dir).output().unwrap();
+        assert!(o.status.success(), "{line}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    run("export --checkpoint good.ckpt --out hf");
+    run("import --from hf --out imported.ckpt");
+    let weights = std::fs::read(dir.join("hf/model.safetensors")).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("hf/config.json")).unwrap()).unwrap();
+    let variant = |name: &str, weights: &[u8], config: &serde_json::Value| {
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        write(&dir.join(name), "model.safetensors", weights);
+        write(&dir.join(name), "config.json", &serde_json::to_vec(config).unwrap());
+    };
+    let mut lying = weights.clone();
+    lying[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    variant("hf-header", &lying, &config);
+    // The header's JSON edited, and the file rebuilt around it.
+    let n = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&weights[8..8 + n]).unwrap();
+    let rebuilt = |edit: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
+        let mut h = header.clone();
+        edit(h.as_object_mut().unwrap());
+        let json = serde_json::to_vec(&h).unwrap();
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&json);
+        out.extend_from_slice(&weights[8 + n..]);
+        out
+    };
+    let offsets = rebuilt(&|h| h["transformer.wpe.weight"]["data_offsets"] = serde_json::json!([0, 1u64 << 40]));
+    variant("hf-offsets", &offsets, &config);
+    // A tensor under the name of a buffer import skips (the attention mask older exports carry).
+    let missing = rebuilt(&|h| {
+        let entry = h.remove("transformer.h.1.mlp.c_fc.bias").unwrap();
+        h.insert("transformer.h.1.attn.bias".into(), entry);
+    });
+    variant("hf-missing", &missing, &config);
+    let edited = |field: &str, value: serde_json::Value| {
+        let mut c = config.clone();
+        c[field] = value;
+        c
+    };
+    variant("hf-shape", &weights, &edited("n_positions", 32.into()));
+    variant("hf-layers", &weights, &edited("n_layer", 4096.into()));
+    variant("hf-relu", &weights, &edited("activation_function", "relu".into()));
 }
 
 /// The message as the README shows it: what depends on this machine (its cores) or on the

@@ -26,6 +26,18 @@ fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("binary runs")
 }
 
+/// Runs the binary, which must succeed; its stdout.
+fn run_ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).expect("stdout is UTF-8")
+}
+
+/// `generate --checkpoint ck` with `flags`, which must succeed: its text.
+fn generate_text(ck: &Path, flags: &[&str]) -> String {
+    run_ok(&[&["generate", "--checkpoint", ck.to_str().unwrap()], flags].concat())
+}
+
 fn train_args<'a>(data: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
         "train",
@@ -233,21 +245,7 @@ fn generate_is_reproducible_and_greedy_is_deterministic() {
     .status
     .success());
     let ck = out.join("model.ckpt");
-    let gen = |extra: &[&str]| {
-        let mut a = vec![
-            "generate",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-            "--prompt",
-            "ROMEO:",
-            "--max-new-tokens",
-            "40",
-        ];
-        a.extend_from_slice(extra);
-        let o = run(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let gen = |extra: &[&str]| generate_text(&ck, &[&["--prompt", "ROMEO:", "--max-new-tokens", "40"], extra].concat());
     let s1 = gen(&["--seed", "5"]);
     assert!(s1.starts_with("ROMEO:") && s1.len() > "ROMEO:".len());
     assert_eq!(s1, gen(&["--seed", "5"]), "same seed, same text");
@@ -295,7 +293,13 @@ fn untrained_byte_model_output_is_printable() {
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_printable("generate's output", &o.stdout);
-        assert!(o.stdout.starts_with(b"ROMEO:") && o.stdout.len() > 200);
+        // Trained at --seq-len 16: the prompt's 6 bytes and 10 new ones fill the context.
+        assert!(o.stdout.starts_with(b"ROMEO:") && o.stdout.len() > 16);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            err.trim(),
+            "stage0_serial: stopped at the model's context of 16 tokens (prompt 6 + 10 new); the window does not slide"
+        );
     }
 }
 
@@ -548,4 +552,99 @@ fn non_finite_steps_are_skipped_counted_and_stop_the_run() {
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
+}
+
+#[test]
+fn generate_samples_top_p_stops_at_a_string_and_keeps_a_batch_in_order() {
+    let d = tmpdir("gen-batch");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "30"]);
+    assert!(run(&with_flag(args, "--seq-len", "48")).status.success());
+    let ck = out.join("model.ckpt");
+    let gen = |extra: &[&str]| generate_text(&ck, &[&["--max-new-tokens", "30"], extra].concat());
+    // top-p: reproducible from the seed; a tiny mass leaves the most likely token alone.
+    let nucleus = gen(&["--prompt", "JULIET:", "--top-p", "0.9", "--seed", "3"]);
+    assert_eq!(nucleus, gen(&["--prompt", "JULIET:", "--top-p", "0.9", "--seed", "3"]));
+    let greedy = gen(&["--prompt", "JULIET:", "--greedy"]);
+    assert_eq!(gen(&["--prompt", "JULIET:", "--top-p", "1e-6", "--seed", "4"]), greedy);
+    // With the cache or without, the same text.
+    assert_eq!(gen(&["--prompt", "JULIET:", "--greedy", "--no-kv-cache"]), greedy);
+    // --stop: the text up to the string, which is not printed.
+    let continuation = &greedy["JULIET:".len()..];
+    let stop: String = continuation.chars().skip(3).take(2).collect();
+    let at = continuation.find(&stop).unwrap();
+    let stopped = gen(&["--prompt", "JULIET:", "--greedy", "--stop", &stop]);
+    assert_eq!(stopped, format!("JULIET:{}\n", &continuation[..at]));
+    // A batch: each prompt's completion after its header, in the file's order (greedy: the
+    // same as one run per prompt).
+    let prompts = ["ROMEO:", "JULIET:", "O Ro"];
+    let file = d.join("prompts.txt");
+    std::fs::write(&file, format!("{}\n\n{}\n{}\n", prompts[0], prompts[1], prompts[2])).unwrap();
+    let batch = gen(&["--prompt-file", file.to_str().unwrap(), "--greedy"]);
+    let expected: String = (0..3)
+        .map(|i| {
+            format!(
+                "--- prompt {} ---\n{}",
+                i + 1,
+                gen(&["--prompt", prompts[i], "--greedy"])
+            )
+        })
+        .collect();
+    assert_eq!(batch, expected);
+    // Sampled, the batch is reproducible too, and prompt 1 draws from the seed's first stream.
+    let sampled = gen(&["--prompt-file", file.to_str().unwrap(), "--seed", "8"]);
+    assert_eq!(sampled, gen(&["--prompt-file", file.to_str().unwrap(), "--seed", "8"]));
+    let first = gen(&["--prompt", prompts[0], "--seed", "8"]);
+    assert!(sampled.starts_with(&format!("--- prompt 1 ---\n{first}")));
+}
+
+#[test]
+fn export_import_round_trips_and_init_from_starts_a_new_run() {
+    let d = tmpdir("interop");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "20"]);
+    assert!(run(&args).status.success());
+    let (ck, hf, imported) = (out.join("model.ckpt"), d.join("hf"), d.join("imported.ckpt"));
+    let ok = run_ok;
+    ok(&["export", "--checkpoint", ck.to_str().unwrap(), "--format", "safetensors", "--out", hf.to_str().unwrap()]);
+    for f in ["model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json"] {
+        assert!(hf.join(f).exists(), "{f} missing");
+    }
+    ok(&["import", "--from", hf.to_str().unwrap(), "--out", imported.to_str().unwrap()]);
+    // The same model: the same logits, bit for bit, and the same greedy text.
+    let logits = |ckpt: &Path, file: &str| {
+        let path = d.join(file);
+        ok(&["generate", "--checkpoint", ckpt.to_str().unwrap(), "--prompt", "ROMEO:", "--dump-logits", path.to_str().unwrap()]);
+        std::fs::read(path).unwrap()
+    };
+    assert_eq!(logits(&ck, "a.json"), logits(&imported, "b.json"));
+    let greedy = |ckpt: &Path| ok(&["generate", "--checkpoint", ckpt.to_str().unwrap(), "--greedy", "--max-new-tokens", "8"]);
+    assert_eq!(greedy(&ck), greedy(&imported));
+    // Fine-tuning from it: a new run at step 0 with its own schedule; --resume is refused.
+    let ft = d.join("ft");
+    let args = train_args(data.to_str().unwrap(), ft.to_str().unwrap(), &["--steps", "3"]);
+    let mut init = args.clone();
+    init.retain(|a| *a != "--model" && *a != "tiny");
+    init.extend(["--init-from", imported.to_str().unwrap()]);
+    ok(&init);
+    assert_eq!(loss_table(&ft).len(), 2, "a header and the one row of 3 steps");
+    let mut resume = args.clone();
+    resume.extend(["--resume", imported.to_str().unwrap()]);
+    assert_bad_input(&run(&resume), "--init-from");
+}
+
+#[test]
+fn bench_generate_reports_start_up_prefill_and_decode() {
+    let o = run(&["bench", "--generate", "--model", "tiny", "--vocab", "256", "--seq-len", "8", "--new-tokens", "8", "--steps", "2", "--warmup", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for key in ["startup_s", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+        assert!(json[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {json}");
+    }
+    assert_eq!((json["prompt_tokens"].as_u64(), json["new_tokens"].as_u64()), (Some(8), Some(8)));
+    // A prompt and new tokens past the model's positions are refused.
+    assert_bad_input(&run(&["bench", "--generate", "--model", "tiny", "--seq-len", "60", "--new-tokens", "8"]), "--new-tokens");
 }

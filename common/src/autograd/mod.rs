@@ -18,8 +18,10 @@
 //! uses (see [`crate::backend`]'s contract).
 
 mod backward;
+mod kv_cache;
 mod pool;
 
+pub use kv_cache::KvCache;
 pub use pool::Pool;
 
 use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer};
@@ -572,6 +574,40 @@ impl<'a, B: Backend> Graph<'a, B> {
         unsafe {
             self.be.attention_forward(self.ptr(out), saved, x, b, t, c, nh);
         }
+        Ok(out)
+    }
+
+    /// Causal self-attention of `T` new positions of one sequence, qkv (T, 3C), against block
+    /// `layer`'s rows of `cache`, which already hold positions `0..pos`: the new keys and
+    /// values are stored at `pos..pos + T`, and each new query attends over every position up
+    /// to its own → (T, C). Forward-only graphs (generation).
+    pub fn attention_cached(
+        &mut self,
+        qkv: Tensor,
+        cache: &'a KvCache<B>,
+        layer: usize,
+        pos: usize,
+        nh: usize,
+    ) -> Result<Tensor> {
+        assert!(!self.record, "attention_cached is for forward-only graphs");
+        let [t, c3] = self.shape(qkv);
+        assert!(c3 % 3 == 0, "attention_cached: qkv must be (T, 3C)");
+        let c = c3 / 3;
+        assert!(
+            nh > 0 && c % nh == 0,
+            "attention_cached: {nh} heads do not divide C = {c}"
+        );
+        assert!(
+            cache.width() == c && layer < cache.layers(),
+            "attention_cached: the cache does not fit the model"
+        );
+        check_range("key/value cache", cache.rows(), pos, t)?;
+        let (k, v) = cache.pointers(layer);
+        let out = self.activation([t, c])?;
+        let x = self.data(qkv);
+        // SAFETY: shapes checked above; the cache holds `rows` ≥ pos + T rows of C for this
+        // block, memory no graph value uses.
+        unsafe { self.be.attention_cached_forward(self.ptr(out), k, v, x, pos, t, c, nh) };
         Ok(out)
     }
 

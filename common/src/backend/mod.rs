@@ -603,6 +603,27 @@ pub trait Backend {
         nh: usize,
     );
 
+    /// Causal attention of `t` new positions of one sequence against a key/value cache (text
+    /// generation): writes the new keys and values of qkv (T,3C) into rows `pos..pos + T` of
+    /// `k_cache` and `v_cache` (each (rows, C)), then out (T,C) = attention of new query i
+    /// (position `pos + i`) over cache rows `0..=pos + i`. Forward only. On the CPU each row
+    /// is computed as `attention_forward` computes it, in the same order.
+    /// # Safety
+    /// `out`: T·C; `qkv`: T·3C; `k_cache`, `v_cache`: (pos + T)·C activations at least, distinct
+    /// from the others; `nh` divides C.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attention_cached_forward(
+        &self,
+        out: DevPtr<Act>,
+        k_cache: DevPtr<Act>,
+        v_cache: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        pos: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    );
+
     /// ReLU, max(x, 0) (the MLP workload's); backward passes the gradient where x > 0.
     /// # Safety
     /// `out`, `inp`: `n` elements each.

@@ -1,8 +1,11 @@
 //! The `bench` subcommand: times training steps of a model on random tokens and prints
-//! a JSON line last (tokens/s, ms/step, memory, GFLOP/s, MFU on GPUs, comm share).
+//! a JSON line last (tokens/s, ms/step, memory, GFLOP/s, MFU on GPUs, comm share);
+//! `bench --generate` times generation instead (generate.rs).
 
+mod generate;
 mod kernels;
 
+pub use generate::{generate, GenerateReport};
 pub use kernels::{kernels, KernelRow};
 
 use crate::backend::Backend;

@@ -56,6 +56,22 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "top_k",
         "greedy decoding takes the most likely token and never samples",
     ),
+    (
+        "greedy",
+        "top_p",
+        "greedy decoding takes the most likely token and never samples",
+    ),
+    ("prompt", "prompt_file", "both give the prompt"),
+    (
+        "resume",
+        "init_from",
+        "--resume continues a run, --init-from starts a new one from its weights",
+    ),
+    (
+        "dump_logits",
+        "prompt_file",
+        "the logits are dumped for one prompt",
+    ),
 ];
 
 /// `sync_every` → `--sync-every`.
@@ -165,6 +181,17 @@ pub(super) fn fraction_f32(s: &str) -> Result<f32, String> {
             Ok(x)
         } else {
             Err("must be between 0 and 1".into())
+        }
+    })
+}
+
+/// `--top-p`: a probability mass, above 0 and at most 1.
+pub(super) fn mass_f32(s: &str) -> Result<f32, String> {
+    finite_f32(s).and_then(|x| {
+        if x > 0.0 && x <= 1.0 {
+            Ok(x)
+        } else {
+            Err("must be above 0 and at most 1".into())
         }
     })
 }

@@ -1,6 +1,6 @@
-//! The command line shared by all four stages (clap): `train`, `generate`, `tokenize`,
-//! `bench`, `report` and `mnist`. Each stage binary parses this and runs it on its own
-//! backend and comm.
+//! The command line shared by all four stages (clap): `train`, `generate`, `export`,
+//! `import`, `tokenize`, `bench`, `report` and `mnist`. Each stage binary parses this and runs
+//! it on its own backend and comm.
 
 mod checks;
 
@@ -13,8 +13,8 @@ use crate::backend::Precision;
 use crate::grad_sync::SyncMode;
 use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
-    at_least_one, at_least_one_u64, fraction_f32, non_negative_f32, open_fraction_f32, positive_f32, positive_f64,
-    thread_count, token_count,
+    at_least_one, at_least_one_u64, fraction_f32, mass_f32, non_negative_f32, open_fraction_f32, positive_f32,
+    positive_f64, thread_count, token_count,
 };
 
 use clap::{Args, Parser, Subcommand};
@@ -81,6 +81,13 @@ pub enum Command {
     /// The text prints as valid UTF-8: newline and tab as they are, other control characters
     /// and invalid bytes escaped (`\x1b`, `\xff`), a backslash doubled (`\\`).
     Generate(GenerateArgs),
+    /// Write a checkpoint's model in Hugging Face's format: OUT/model.safetensors,
+    /// config.json and the tokenizer files, which `GPT2LMHeadModel.from_pretrained(OUT)` and
+    /// `AutoTokenizer.from_pretrained(OUT)` load.
+    Export(ExportArgs),
+    /// Turn a Hugging Face GPT-2 directory (config.json and model.safetensors) into a
+    /// checkpoint, to generate from or to fine-tune with `train --init-from`.
+    Import(ImportArgs),
     /// Tokenize a text file into llm.c's .bin format (uint16 tokens).
     Tokenize(TokenizeArgs),
     /// Time training steps on random tokens; prints one JSON line last.
@@ -255,6 +262,11 @@ pub struct TrainArgs {
     /// Continue the run saved in this checkpoint.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Start a new run from this checkpoint's weights (fine-tuning): its model and tokenizer,
+    /// with a fresh optimizer, data order, schedule and log (unlike --resume, which continues
+    /// the same run). From `train` or `import`.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub init_from: Option<PathBuf>,
     /// End the run after this many steps (counted from the start of the run, like --steps),
     /// with a checkpoint, without changing the schedule; --resume continues it.
     #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
@@ -367,15 +379,25 @@ impl MnistArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct GenerateArgs {
-    /// Checkpoint written by `train`.
+    /// Checkpoint written by `train` or `import`.
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Text to continue.
     #[arg(long, default_value = "\n")]
     pub prompt: String,
-    /// Tokens to generate (at most 1,000,000).
+    /// A batch of prompts, one a line (empty lines skipped): each completion is printed after
+    /// a line `--- prompt N ---`, in the file's order. Prompt N samples from its own stream of
+    /// --seed, so its text does not depend on the other lines.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// Tokens to generate (at most 1,000,000). Generation also stops at end-of-text (GPT-2
+    /// BPE models), at --stop, and where the prompt and new tokens fill the model's context
+    /// (its training sequence length; the window does not slide), which it says in one line.
     #[arg(long, default_value_t = 300, value_parser = token_count)]
     pub max_new_tokens: usize,
+    /// Stop when the text generated contains STRING (not printed), as shown (escapes included).
+    #[arg(long, value_name = "STRING")]
+    pub stop: Option<String>,
     /// Pick the most likely token each time (deterministic).
     #[arg(long)]
     pub greedy: bool,
@@ -385,11 +407,55 @@ pub struct GenerateArgs {
     /// Sample among the K most likely tokens only (0: all).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
+    /// Then among the most likely tokens whose probabilities add up to P only (nucleus
+    /// sampling; above 0, at most 1; 1: all).
+    #[arg(long, default_value_t = 1.0, value_parser = mass_f32)]
+    pub top_p: f32,
     /// Sampling seed.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Run the whole sequence through the model for every new token instead of keeping
+    /// each position's keys and values (slower; the reference the cache is tested against).
+    #[arg(long)]
+    pub no_kv_cache: bool,
+    /// Write the logits of every position of the prompt (one forward pass over it, the real
+    /// vocabulary's columns) to FILE as JSON, {"prompt": TEXT, "tokens": [...], "logits": [[...], ...]}, and
+    /// generate nothing: for comparing with another implementation (stage2_cuda/gpu/hf_check.py).
+    #[arg(long, value_name = "FILE")]
+    pub dump_logits: Option<PathBuf>,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+/// `export --format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// Hugging Face's GPT-2: model.safetensors (f32), config.json, vocab.json, merges.txt.
+    Safetensors,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// Checkpoint written by `train` or `import`.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The directory to write (created if missing; files of the same names are replaced).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// What to write.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Safetensors)]
+    pub format: ExportFormat,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ImportArgs {
+    /// A Hugging Face GPT-2 directory: config.json and model.safetensors (f32, f16 or bf16;
+    /// `export` writes one). Its vocabulary must be GPT-2's 50257 tokens or 256 bytes.
+    #[arg(long = "from", value_name = "DIR")]
+    pub from: PathBuf,
+    /// The checkpoint to write (its AdamW moments are zero and its step 0).
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -426,6 +492,14 @@ pub struct BenchArgs {
     /// As `train --recompute`: GELU and layernorm outputs computed again in backward.
     #[arg(long)]
     pub recompute: bool,
+    /// Time generation with the key/value cache instead: start-up, the prompt (prefill, --seq-len
+    /// random tokens) and decoding (--new-tokens), each in tokens/s, medians of --steps runs
+    /// after --warmup; one JSON line. Batch 1, random weights, rank 0 alone.
+    #[arg(long, conflicts_with = "kernels")]
+    pub generate: bool,
+    /// With --generate: tokens to generate after the prompt.
+    #[arg(long, default_value_t = 128, value_parser = at_least_one)]
+    pub new_tokens: usize,
     /// GPU stages: time each kernel alone instead (attention, layernorm, GELU, cross-entropy,
     /// AdamW at fixed shapes), one JSON line per kernel; the model flags are not used.
     #[arg(long)]

@@ -4,9 +4,9 @@
 
 use super::params::{Init, Param, ParamEntry};
 use super::{ModelConfig, ParamLayout};
-use crate::autograd::{Graph, Tensor};
+use crate::autograd::{Graph, KvCache, Tensor};
 use crate::backend::{bf16, ActType, Backend};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
@@ -99,6 +99,43 @@ impl<B: Backend> Gpt2<B> {
         t: usize,
         last_only: bool,
     ) -> Result<Forward> {
+        self.build(g, inputs, targets, b, t, last_only, Attend::Full)
+    }
+
+    /// Generation with a key/value cache: runs `inputs` (one sequence) as positions `pos..`
+    /// after the `pos` positions `cache` already holds, stores their keys and values, and
+    /// returns the logits of the last one, (1, Vp).
+    pub fn forward_cached<'a>(
+        &'a self,
+        g: &mut Graph<'a, B>,
+        inputs: &[i32],
+        cache: &'a KvCache<B>,
+        pos: usize,
+    ) -> Result<Tensor> {
+        let t = inputs.len();
+        if t == 0 || pos + t > cache.rows().min(self.config.max_seq_len) {
+            return Err(Error::Input(format!(
+                "positions {pos}..{} are outside the model's context of {}",
+                pos + t,
+                cache.rows().min(self.config.max_seq_len)
+            )));
+        }
+        Ok(self
+            .build(g, inputs, None, 1, t, true, Attend::Cached { cache, pos })?
+            .logits)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build<'a>(
+        &'a self,
+        g: &mut Graph<'a, B>,
+        inputs: &[i32],
+        targets: Option<&[i32]>,
+        b: usize,
+        t: usize,
+        last_only: bool,
+        attend: Attend<'a, B>,
+    ) -> Result<Forward> {
         let cfg = &self.config;
         let vocab = cfg.vocab_size;
         let grads = (targets.is_some() && !last_only).then_some(&self.grads);
@@ -109,7 +146,15 @@ impl<B: Backend> Gpt2<B> {
         // Token ids index the real vocabulary only (the padding rows of wte are never used).
         crate::autograd::check_ids("token id", inputs, vocab)?;
         let wte = param(g, lay.get(Param::Wte))?;
-        let wpe = param(g, lay.get(Param::Wpe))?;
+        let wpe = match attend {
+            Attend::Full => param(g, lay.get(Param::Wpe))?,
+            // The rows of the positions being run.
+            Attend::Cached { pos, .. } => {
+                let e = lay.get(Param::Wpe);
+                let start = e.range.start + pos * cfg.n_embd;
+                g.param(&self.params, copy, None, start..start + t * cfg.n_embd, [t, cfg.n_embd])?
+            }
+        };
         let mut x = g.encoder(inputs, wte, wpe, b, t)?; // (BT, C)
                                                         // In backward, passing mark l means block l's gradients are complete. Block l's first
                                                         // layernorm is fused with the residual add that ends block l - 1, so its mark goes
@@ -121,7 +166,10 @@ impl<B: Backend> Gpt2<B> {
             // attention sub-block: x = x + proj(attn(ln1(x))), with ln2(x) in the same op
             let (w, bias) = (block(g, l, Param::QkvW)?, block(g, l, Param::QkvB)?);
             let qkv = g.matmul(h, w, Some(bias))?; // (BT, 3C)
-            let a = g.attention(qkv, b, t, cfg.n_head)?; // (BT, C)
+            let a = match attend {
+                Attend::Full => g.attention(qkv, b, t, cfg.n_head)?, // (BT, C)
+                Attend::Cached { cache, pos } => g.attention_cached(qkv, cache, l, pos, cfg.n_head)?,
+            };
             let (w, bias) = (block(g, l, Param::AttProjW)?, block(g, l, Param::AttProjB)?);
             let proj = g.matmul(a, w, Some(bias))?;
             let (w, bias) = (block(g, l, Param::Ln2W)?, block(g, l, Param::Ln2B)?);
@@ -148,6 +196,13 @@ impl<B: Backend> Gpt2<B> {
         let loss = targets.map(|tg| g.cross_entropy(logits, tg, vocab)).transpose()?;
         Ok(Forward { logits, loss })
     }
+}
+
+/// What the attention of a forward pass reads: its own B·T positions, or a key/value cache
+/// holding the `pos` positions before them (generation, one sequence).
+enum Attend<'a, B: Backend> {
+    Full,
+    Cached { cache: &'a KvCache<B>, pos: usize },
 }
 
 /// A uniform sample in [0, 1) (24 random bits).

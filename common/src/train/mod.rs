@@ -95,6 +95,10 @@ fn finish<B: Backend>(
             top_k: 40,
             seed: run.seed,
             context: run.seq_len,
+            // As it always was: the whole window recomputed per token, sliding past seq-len.
+            kv_cache: false,
+            slide: true,
+            ..SampleOptions::default()
         };
         let started = Instant::now();
         summary.sample = run.trainer.sample(&run.tok, "\n", &opts)?;

@@ -5,7 +5,7 @@
 
 use super::trainer::{Trainer, TrainerSettings};
 use crate::backend::Backend;
-use crate::checkpoint::{self, CheckpointMeta};
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
 use crate::cli::{TrainArgs, DEFAULT_BATCH, DEFAULT_SEED, DEFAULT_SEQ_LEN};
 use crate::comm::{agree, check_same_everywhere, from_root, Comm};
 use crate::data::{self, Batch, DataCursor, Loader};
@@ -56,7 +56,13 @@ impl<'a, B: Backend> Run<'a, B> {
             Some(path) => Some(meta_from_root(comm, path)?),
             None => None,
         };
-        let (tok, config, b, t) = agree(comm, run_model(args, resumed.as_ref(), world))?;
+        // `--init-from`: a new run, with the model and tokenizer of the checkpoint it starts from.
+        let init = match &args.init_from {
+            Some(path) => Some(meta_from_root(comm, path)?),
+            None => None,
+        };
+        agree(comm, weights_from(args, resumed.as_ref(), init.as_ref()))?;
+        let (tok, config, b, t) = agree(comm, run_model(args, resumed.as_ref().or(init.as_ref()), resumed.as_ref(), world))?;
         // A resumed run keeps its seed: it fixes the data order the cursor points into.
         let seed = agree(comm, run_seed(args, resumed.as_ref()))?;
 
@@ -148,7 +154,18 @@ impl<'a, B: Backend> Run<'a, B> {
                         .on_every_rank()
                 })?;
             }
-            _ => trainer.init_weights(seed)?,
+            _ => match &args.init_from {
+                // Its weights only: the moments start at zero, as in a new run.
+                Some(path) => {
+                    let ckpt = agree(comm, comm.is_root().then(|| checkpoint::load(path)).transpose())?;
+                    trainer.restore(ckpt.map(|c| Checkpoint {
+                        m: vec![0.0; c.params.len()],
+                        v: vec![0.0; c.params.len()],
+                        ..c
+                    }))?
+                }
+                None => trainer.init_weights(seed)?,
+            },
         }
         if start_step >= total_steps {
             let e = Error::Input(format!(
@@ -271,19 +288,33 @@ fn run_seed(args: &TrainArgs, resumed: Option<&CheckpointMeta>) -> Result<u64> {
     fixed_by_checkpoint("--seed", args.seed, resumed.map(|m| m.seed), DEFAULT_SEED, why)
 }
 
+/// `--resume` takes a training run's checkpoint, not an imported one; `--init-from` fixes the
+/// model, so model flags are refused with it.
+fn weights_from(args: &TrainArgs, resumed: Option<&CheckpointMeta>, init: Option<&CheckpointMeta>) -> Result<()> {
+    if resumed.is_some_and(|m| m.train.get(crate::app::IMPORTED_FROM).is_some()) {
+        crate::bail_input!("cannot resume: this checkpoint was made by `import`, not by a run: start from it with --init-from");
+    }
+    if init.is_some() && args.model.given() {
+        crate::bail_input!("--init-from takes the model from the checkpoint: leave out --model, --layers, --heads, --width and --max-seq-len");
+    }
+    Ok(())
+}
+
 /// The tokenizer, model, batch and sequence length of a run: from the flags, or from the
-/// checkpoint when resuming.
+/// checkpoint when resuming (its model and tokenizer also with --init-from).
 fn run_model(
     args: &TrainArgs,
+    model_from: Option<&CheckpointMeta>,
     resumed: Option<&CheckpointMeta>,
     world: usize,
 ) -> Result<(Tokenizer, ModelConfig, usize, usize)> {
-    let tok_kind = match resumed {
+    let tok_kind = match model_from {
         Some(m) => {
             let saved = TokenizerKind::from_checkpoint(&m.tokenizer)?;
             if let Some(given) = args.tokenizer.filter(|&k| k != saved) {
+                let cannot = if resumed.is_some() { "cannot resume" } else { "cannot start from it" };
                 crate::bail_input!(
-                    "cannot resume: the checkpoint was trained with --tokenizer {} but the flags ask for {}",
+                    "{cannot}: the checkpoint was trained with --tokenizer {} but the flags ask for {}",
                     saved.name(),
                     given.name()
                 );
@@ -294,7 +325,7 @@ fn run_model(
     };
     let tok = Tokenizer::new(tok_kind)?;
     let vocab = tok.vocab_size();
-    let config = match resumed {
+    let config = match model_from {
         Some(meta) => {
             if args.model.given() {
                 checkpoint::check_compatible(meta, &args.model.config(vocab)?, tok_kind.name())?;

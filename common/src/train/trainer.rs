@@ -325,8 +325,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// byte the model wrote is lost to U+FFFD.
     pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<String> {
         let ids = tok.encode(prompt);
-        let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {})?;
-        Ok(crate::text::printable(&tok.bytes(&out)))
+        let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {
+            std::ops::ControlFlow::Continue(())
+        })?;
+        Ok(crate::text::printable(&tok.bytes(&out.tokens)))
     }
 
     fn fetch(&self, buf: &B::Buffer<f32>) -> Result<Vec<f32>> {

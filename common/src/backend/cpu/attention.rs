@@ -64,18 +64,65 @@ pub(super) fn forward(out: &mut [f32], att: &mut [f32], qkv: &[f32], d: Dims) {
             for (d, &qd) in row(ti, 0).iter().enumerate() {
                 axpy(scores, qd * scale, &kt[d * t..][..=ti]);
             }
-            let maxv = scores.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-            for a in scores.iter_mut() {
-                *a = fastmath::exp(*a - maxv);
-            }
-            let inv = 1.0 / scores.iter().sum::<f32>();
-            out.fill(0.0);
-            for (tj, a) in scores.iter_mut().enumerate() {
-                *a *= inv;
-                axpy(out, *a, row(tj, 2));
-            }
+            softmax_weighted_sum(scores, out, |tj| row(tj, 2));
             rest.fill(0.0);
         }
+    });
+}
+
+/// `scores` (one query's scaled dot products) become their softmax, in place, and `out` =
+/// Σ_j scores[j] · value(j): the arithmetic, in its order, of every attention row.
+fn softmax_weighted_sum<'a>(scores: &mut [f32], out: &mut [f32], value: impl Fn(usize) -> &'a [f32]) {
+    let maxv = scores.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    for a in scores.iter_mut() {
+        *a = fastmath::exp(*a - maxv);
+    }
+    let inv = 1.0 / scores.iter().sum::<f32>();
+    out.fill(0.0);
+    for (tj, a) in scores.iter_mut().enumerate() {
+        *a *= inv;
+        axpy(out, *a, value(tj));
+    }
+}
+
+/// Attention of `t` new positions against a key/value cache (see
+/// `Backend::attention_cached_forward`): the new keys and values go into cache rows
+/// `pos..pos + t`, then query i attends over rows `0..=pos + i`. Each score is accumulated
+/// over the head's dimensions in `forward`'s order, so a row equals `forward`'s bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn cached_forward(
+    out: &mut [f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    qkv: &[f32],
+    pos: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) {
+    let hs = c / nh;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let rows = pos + t;
+    assert!(out.len() >= t * c && qkv.len() >= t * 3 * c && k_cache.len() >= rows * c && v_cache.len() >= rows * c);
+    for i in 0..t {
+        let new = &qkv[i * 3 * c..][..3 * c];
+        k_cache[(pos + i) * c..][..c].copy_from_slice(&new[c..2 * c]);
+        v_cache[(pos + i) * c..][..c].copy_from_slice(&new[2 * c..]);
+    }
+    let (k_cache, v_cache) = (&*k_cache, &*v_cache);
+    let out = SyncPtr(out.as_mut_ptr());
+    (0..t * nh).into_par_iter().for_each(|task| {
+        let (i, h) = (task / nh, task % nh);
+        let q = &qkv[i * 3 * c + h * hs..][..hs];
+        let mut scores: Vec<f32> = (0..=pos + i)
+            .map(|j| {
+                let k = &k_cache[j * c + h * hs..][..hs];
+                q.iter().zip(k).fold(0.0f32, |s, (&qd, &kd)| s + qd * scale * kd)
+            })
+            .collect();
+        // SAFETY: task (i, h) alone writes out[i, h*hs..][..hs], inside the slice checked above.
+        let out = unsafe { out.slice(i * c + h * hs, hs) };
+        softmax_weighted_sum(&mut scores, out, |j| &v_cache[j * c + h * hs..][..hs]);
     });
 }
 

@@ -339,6 +339,27 @@ impl Backend for CpuBackend {
         self.run(|| attention::forward(out, att, qkv, dims));
     }
 
+    unsafe fn attention_cached_forward(
+        &self,
+        out: DevPtr<Act>,
+        k_cache: DevPtr<Act>,
+        v_cache: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        pos: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        let rows = (pos + t) * c;
+        let (out, k_cache, v_cache, qkv) = (
+            view_mut(out, t * c),
+            view_mut(k_cache, rows),
+            view_mut(v_cache, rows),
+            view(qkv, t * 3 * c),
+        );
+        self.run(|| attention::cached_forward(out, k_cache, v_cache, qkv, pos, t, c, nh));
+    }
+
     unsafe fn attention_backward(
         &self,
         dqkv: DevPtr<Act>,

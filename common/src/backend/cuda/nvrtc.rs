@@ -33,6 +33,7 @@ const KERNEL_FILES: &[(&str, &str)] = &[
     ("crossentropy.cu", include_str!("kernels/crossentropy.cu")),
     ("reduce.cu", include_str!("kernels/reduce.cu")),
     ("adamw.cu", include_str!("kernels/adamw.cu")),
+    ("kv_cache.cu", include_str!("kernels/kv_cache.cu")),
 ];
 
 /// Flash attention templates (`flash_forward<D, SPLIT>` and the two backward kernels).

@@ -697,6 +697,39 @@ impl Backend for CudaBackend {
         }
     }
 
+    unsafe fn attention_cached_forward(
+        &self,
+        out: DevPtr<Act>,
+        k_cache: DevPtr<Act>,
+        v_cache: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        pos: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        let queued = (|| -> Result<()> {
+            super::attention::head_size(c, nh)?;
+            if t == 0 {
+                return Ok(());
+            }
+            self.bind()?;
+            // The scores of every (query, head) pair over the cache rows, in the reused scratch.
+            let scores = self.scratch(t * nh * (pos + t))?;
+            self.launch_1d("kv_cache_write_kernel", t * c, args![k_cache, v_cache, qkv, pos, t, c]);
+            self.launch(
+                "attention_cached_kernel",
+                (t as u32, nh as u32, 1),
+                (128, 1, 1),
+                args![out, scores, k_cache, v_cache, qkv, pos, t, c, nh],
+            );
+            Ok(())
+        })();
+        if let Err(e) = queued {
+            self.fail(e);
+        }
+    }
+
     unsafe fn relu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
         self.launch_1d("relu_forward_kernel", n, args![out, inp, n]);
     }
