@@ -78,15 +78,6 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> 
     (hs.is_multiple_of(n) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
 }
 
-/// DEBUG: `GPT2_CUDA_FLASH_SYNC=1` makes the wgmma kernels wait for every copy (vec = 2).
-fn debug_sync(vec: usize) -> usize {
-    if vec == 1 && std::env::var("GPT2_CUDA_FLASH_SYNC").as_deref() == Ok("1") {
-        2
-    } else {
-        vec
-    }
-}
-
 /// `GPT2_CUDA_ATTN_BWD`: `fused` (the default: on Hopper at head size 64, one kernel for dK,
 /// dV and dQ, dQ added in a fixed order) or `split` (a dK/dV kernel and a dQ kernel, which
 /// computes the scores and dP a second time), for comparison.
@@ -138,7 +129,7 @@ impl CudaBackend {
         let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]))?;
         let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
-        let vec = debug_sync(vectorizable(hs, &[qkv], v.vector));
+        let vec = vectorizable(hs, &[qkv], v.vector);
         self.try_launch(
             &name,
             self.flash_grid(b, t, nh, v.forward_rows)?,
@@ -185,7 +176,7 @@ impl CudaBackend {
         let scale = 1.0 / (hs as f32).sqrt();
         let scale_log2 = std::f32::consts::LOG2_E * scale;
         let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
-        let vec = debug_sync(vectorizable(hs, &[qkv, dout], v.vector));
+        let vec = vectorizable(hs, &[qkv, dout], v.vector);
         if fused {
             let dq_acc = delta.add(rows);
             let counters = dq_acc.add(acc_words);

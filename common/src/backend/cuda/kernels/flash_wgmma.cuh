@@ -38,12 +38,8 @@ __device__ __forceinline__ void tile_load_swz(bf16_t* tile, const bf16_t* base, 
 
 // Waits for all but the newest cp.async group, then makes the landed tiles visible to the
 // tensor cores (the async proxy) and to the whole block.
-__device__ __forceinline__ void tiles_ready(int sync) {
-    if (sync == 2) {
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-    } else {
-        cp_async_wait_one();
-    }
+__device__ __forceinline__ void tiles_ready() {
+    cp_async_wait_one();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
 }
@@ -71,10 +67,13 @@ __device__ __forceinline__ void wg_hold(float (&d)[8][4]) {
     }
 }
 
-// d (64x64, f32) += a (64x16, this warp's A fragment) · B (16x64 from shared memory, by
-// `desc`): TRANS 0 reads B's columns along the tile's rows (K-major), 1 its rows (MN-major).
+// d (64x64, f32) = a (64x16, this warp's A fragment) · B (16x64 from shared memory, by
+// `desc`), plus d where `acc` is not 0: TRANS 0 reads B's columns along the tile's rows
+// (K-major), 1 its rows (MN-major). A product that starts an accumulator passes acc = 0 rather
+// than zeroing the registers first: registers written by ordinary instructions between two
+// products were not seen by the second (errors of 30% past the first key tile on an H100).
 template <int TRANS>
-__device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc) {
+__device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc, int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -86,7 +85,7 @@ __device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4]
           "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
           "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS), "r"(acc));
 }
 
 __device__ __forceinline__ void zero_acc(float (&d)[8][4]) {
@@ -96,16 +95,19 @@ __device__ __forceinline__ void zero_acc(float (&d)[8][4]) {
 
 // Issues d += a (64x64, four 16-wide A fragments along K) · tileᵀ: the tile's rows are the
 // product's columns (K-major reads, advancing 16 columns = 32 bytes a step).
-__device__ __forceinline__ void wg_issue_nt(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile) {
+// `fresh`: d starts from this product (its old contents are not read).
+__device__ __forceinline__ void wg_issue_nt(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile,
+                                            bool fresh) {
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wgmma64<0>(d, a[kk], wg_desc(tile + kk * 16));
+    for (int kk = 0; kk < 4; kk++) wgmma64<0>(d, a[kk], wg_desc(tile + kk * 16), kk > 0 || !fresh);
 }
 
 // Issues d += a (64x64, four A fragments along K) · tile: the tile's rows are the product's K
 // (MN-major reads, advancing 16 rows = 2048 bytes a step).
-__device__ __forceinline__ void wg_issue_nn(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile) {
+__device__ __forceinline__ void wg_issue_nn(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile,
+                                            bool fresh) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) wgmma64<1>(d, a[j], wg_desc(tile + j * 16 * 64));
+    for (int j = 0; j < 4; j++) wgmma64<1>(d, a[j], wg_desc(tile + j * 16 * 64), j > 0 || !fresh);
 }
 
 // An accumulator tile rounded to bf16 as the A fragments of the next product.
@@ -116,22 +118,21 @@ __device__ __forceinline__ void acc_as_a16(unsigned (&a)[4][4], const float (&s)
 
 // d = a · tileᵀ, waited for.
 __device__ __forceinline__ void wg_product_nt(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile) {
-    zero_acc(d);
-    wg_hold(d);
     wg_fence();
-    wg_issue_nt(d, a, tile);
+    wg_issue_nt(d, a, tile, true);
     wg_commit();
     wg_wait_all();
     wg_hold(d);
 }
 
-// d += s (rounded to bf16) · tile, waited for.
-__device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)[8][4], const bf16_t* tile) {
+// d (+)= s (rounded to bf16) · tile, waited for; `fresh` as for wg_issue_nn.
+__device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)[8][4], const bf16_t* tile,
+                                              bool fresh) {
     unsigned a[4][4];
     acc_as_a16(a, s);
     wg_hold(d);
     wg_fence();
-    wg_issue_nn(d, a, tile);
+    wg_issue_nn(d, a, tile, fresh);
     wg_commit();
     wg_wait_all();
     wg_hold(d);
@@ -141,30 +142,27 @@ __device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)
 // (the tensor cores get eight products in a row instead of four, and the warps wait once).
 __device__ __forceinline__ void wg_products_nt(float (&d1)[8][4], const unsigned (&a1)[4][4], const bf16_t* tile1,
                                                float (&d2)[8][4], const unsigned (&a2)[4][4], const bf16_t* tile2) {
-    zero_acc(d1);
-    zero_acc(d2);
-    wg_hold(d1);
-    wg_hold(d2);
     wg_fence();
-    wg_issue_nt(d1, a1, tile1);
-    wg_issue_nt(d2, a2, tile2);
+    wg_issue_nt(d1, a1, tile1, true);
+    wg_issue_nt(d2, a2, tile2, true);
     wg_commit();
     wg_wait_all();
     wg_hold(d1);
     wg_hold(d2);
 }
 
-// d1 += s1 · tile1 and d2 += s2 · tile2 (s rounded to bf16) at once, waited for together.
+// d1 (+)= s1 · tile1 and d2 (+)= s2 · tile2 (s rounded to bf16) at once, waited for together.
 __device__ __forceinline__ void wg_products_nn(float (&d1)[8][4], const float (&s1)[8][4], const bf16_t* tile1,
-                                               float (&d2)[8][4], const float (&s2)[8][4], const bf16_t* tile2) {
+                                               float (&d2)[8][4], const float (&s2)[8][4], const bf16_t* tile2,
+                                               bool fresh) {
     unsigned a1[4][4], a2[4][4];
     acc_as_a16(a1, s1);
     acc_as_a16(a2, s2);
     wg_hold(d1);
     wg_hold(d2);
     wg_fence();
-    wg_issue_nn(d1, a1, tile1);
-    wg_issue_nn(d2, a2, tile2);
+    wg_issue_nn(d1, a1, tile1, fresh);
+    wg_issue_nn(d2, a2, tile2, fresh);
     wg_commit();
     wg_wait_all();
     wg_hold(d1);
@@ -177,7 +175,7 @@ __device__ __forceinline__ void wg_products_nn(float (&d1)[8][4], const float (&
 // (B·NH, T) in base 2. Every key tile up to the block's last query is multiplied by all four
 // warps (a warpgroup product); masking is per warp as in the mma.sync kernels.
 __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
-                                                float scale_log2, int vec) {
+                                                float scale_log2, int /*vec: 16-byte rows, always here*/) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
     __shared__ __align__(1024) bf16_t vs[2][64 * 64];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -206,16 +204,14 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
             tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
         }
         cp_async_commit();
-        tiles_ready(vec);
+        tiles_ready();
         float s[8][4];
         wg_product_nt(s, qa, ks[buf]);  // s = q · kᵀ
         softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2, k0 + 63 > q0);
         // o += p · v, through an accumulator of its own: o, rescaled by the softmax step, is
-        // never an operand of the asynchronous product (accumulating into it directly gave 7%
-        // errors past the first key tile on an H100).
+        // never an operand of the asynchronous product.
         float pv[8][4];
-        zero_acc(pv);
-        wg_product_nn(pv, s, vs[buf]);
+        wg_product_nn(pv, s, vs[buf], true);
 #pragma unroll
         for (int n = 0; n < 8; n++) {
 #pragma unroll
@@ -233,7 +229,7 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
 // Grid (B·NH, ceil(T/64)). Accumulates into dqkv.
 __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                       const float* lse, const float* delta, int T, int NH, int HS,
-                                                      float scale, float scale_log2, int vec) {
+                                                      float scale, float scale_log2, int /*vec: 16-byte rows, always here*/) {
     __shared__ __align__(1024) bf16_t qs[2][64 * 64];
     __shared__ __align__(1024) bf16_t dos[2][64 * 64];
     __shared__ float lse_s[2][64];
@@ -254,9 +250,7 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
     unsigned ka[4][4], va[4][4];
     load_a16<4>(ka, k_base, stride, kr0, t, T, HS);
     load_a16<4>(va, v_base, stride, kr0, t, T, HS);
-    float dk[8][4], dv[8][4];
-    zero_acc(dk);
-    zero_acc(dv);
+    float dk[8][4], dv[8][4];  // started by the first iteration's products
 
     auto load = [&](int buf, int q_start) {
         tile_load_swz(qs[buf], q_base, stride, q_start, T);
@@ -271,13 +265,13 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
         int qs0 = k_start + it * 64, buf = it & 1;
         if (it + 1 < n_tiles) load(buf ^ 1, qs0 + 64);
         cp_async_commit();
-        tiles_ready(vec);
+        tiles_ready();
         // sᵀ (keys x queries) = k · qᵀ and dpᵀ = v · doutᵀ, then pᵀ and dsᵀ
         float st[8][4], dpt[8][4];
         wg_products_nt(st, ka, qs[buf], dpt, va, dos[buf]);
         probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2, qs0 < key0 + 15 || qs0 + 64 > T);
         ds_t(dpt, st, delta_s[buf], t);
-        wg_products_nn(dv, st, dos[buf], dk, dpt, qs[buf]);  // dv += pᵀ · dout, dk += dsᵀ · q
+        wg_products_nn(dv, st, dos[buf], dk, dpt, qs[buf], it == 0);  // dv += pᵀ · dout, dk += dsᵀ · q
         __syncthreads();
     }
     bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
@@ -289,7 +283,7 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
 // Grid (B·NH, ceil(T/64)); late (heavy) query tiles first. Accumulates into dqkv.
 __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                     const float* lse, const float* delta, int T, int NH, int HS,
-                                                    float scale, float scale_log2, int vec) {
+                                                    float scale, float scale_log2, int /*vec: 16-byte rows, always here*/) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
     __shared__ __align__(1024) bf16_t vs[2][64 * 64];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -310,8 +304,7 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
     unsigned qa[4][4], doa[4][4];
     load_a16<4>(qa, q_base, stride, r0, t, T, HS);
     load_a16<4>(doa, do_base, C, r0, t, T, HS);
-    float dq[8][4];
-    zero_acc(dq);
+    float dq[8][4];  // started by the first iteration's product
 
     int n_tiles = qt + 1;
     tile_load_swz(ks[0], k_base, stride, 0, T);
@@ -324,13 +317,13 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
             tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
         }
         cp_async_commit();
-        tiles_ready(vec);
+        tiles_ready();
         // s = q · kᵀ and dp = dout · vᵀ, then p and ds
         float s[8][4], dp[8][4];
         wg_products_nt(s, qa, ks[buf], dp, doa, vs[buf]);
         probs(s, k0, r0, r1, t, lse0, lse1, scale_log2, k0 + 63 > q0);
         ds_rows(dp, s, delta0, delta1);
-        wg_product_nn(dq, dp, ks[buf]);  // dq += ds · k
+        wg_product_nn(dq, dp, ks[buf], kt == 0);  // dq += ds · k
         __syncthreads();
     }
     add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS, scale);
@@ -340,7 +333,8 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
 
 // d (64x64) = a · b with both operands from shared memory, each tile's rows the product's K
 // (MN-major reads of both: a is dsᵀ, rows the keys, so the product reads ds; b is k). Waits.
-__device__ __forceinline__ void wgmma64_ss_tt(float (&d)[8][4], unsigned long long adesc, unsigned long long bdesc) {
+__device__ __forceinline__ void wgmma64_ss_tt(float (&d)[8][4], unsigned long long adesc, unsigned long long bdesc,
+                                              int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -352,7 +346,7 @@ __device__ __forceinline__ void wgmma64_ss_tt(float (&d)[8][4], unsigned long lo
           "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
           "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(adesc), "l"(bdesc), "r"(1));
+        : "l"(adesc), "l"(bdesc), "r"(acc));
 }
 
 __device__ __forceinline__ int load_acquire(const int* p) {
@@ -385,7 +379,7 @@ __device__ __forceinline__ void store_cg2(float* p, float x, float y) {
 __device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                        const float* lse, const float* delta, float* dq_acc,
                                                        int* counters, int T, int NH, int HS, float scale,
-                                                       float scale_log2, int vec) {
+                                                       float scale_log2, int /*vec: 16-byte rows, always here*/) {
     __shared__ __align__(1024) bf16_t qs[2][64 * 64];
     __shared__ __align__(1024) bf16_t dos[2][64 * 64];
     __shared__ __align__(1024) bf16_t k_s[64 * 64];   // this block's keys, b of dq = ds · k
@@ -409,9 +403,7 @@ __device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_
     unsigned ka[4][4], va[4][4];
     load_a16<4>(ka, k_base, stride, kr0, t, T, HS);
     load_a16<4>(va, v_base, stride, kr0, t, T, HS);
-    float dk[8][4], dv[8][4];
-    zero_acc(dk);
-    zero_acc(dv);
+    float dk[8][4], dv[8][4];  // started by the first iteration's products
 
     auto load = [&](int buf, int q_start) {
         tile_load_swz(qs[buf], q_base, stride, q_start, T);
@@ -425,7 +417,7 @@ __device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_
         int qtile = q_tiles - 1 - it, qs0 = qtile * 64, buf = it & 1;
         if (it + 1 < n_tiles) load(buf ^ 1, qs0 - 64);
         cp_async_commit();
-        tiles_ready(vec);
+        tiles_ready();
         // sᵀ = k · qᵀ and dpᵀ = v · doutᵀ
         float st[8][4], dpt[8][4];
         wg_products_nt(st, ka, qs[buf], dpt, va, dos[buf]);
@@ -457,15 +449,14 @@ __device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_
         acc_as_a16(pa, st);
         acc_as_a16(da, dpt);
         float dq[8][4];
-        zero_acc(dq);
         wg_hold(dv);
         wg_hold(dk);
-        wg_hold(dq);
         wg_fence();
-        wg_issue_nn(dv, pa, dos[buf]);
-        wg_issue_nn(dk, da, qs[buf]);
+        wg_issue_nn(dv, pa, dos[buf], it == 0);
+        wg_issue_nn(dk, da, qs[buf], it == 0);
 #pragma unroll
-        for (int j = 0; j < 4; j++) wgmma64_ss_tt(dq, wg_desc(dst_s + j * 16 * 64), wg_desc(k_s + j * 16 * 64));
+        for (int j = 0; j < 4; j++)
+            wgmma64_ss_tt(dq, wg_desc(dst_s + j * 16 * 64), wg_desc(k_s + j * 16 * 64), j > 0);
         wg_commit();
         wg_wait_all();
         wg_hold(dv);
