@@ -129,7 +129,8 @@ impl CudaBackend {
         let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]))?;
         let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
-        let vec = vectorizable(hs, &[qkv], v.vector);
+        let vec = vectorizable(hs, &[qkv], v.vector)
+            * std::env::var("GPT2_CUDA_FLASH_DEBUG").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1);
         self.try_launch(
             &name,
             self.flash_grid(b, t, nh, v.forward_rows)?,
