@@ -1334,30 +1334,19 @@ fn bf16_layernorm_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_attention_is_within_bound() {
-    // Head size 64 runs the warpgroup kernels on Hopper (T = 64 one tile, 129 a partial one,
-    // 1024 the benchmark's), the others the mma.sync kernels; `flash-mma` both on mma.sync.
-    let cases = [
-        (2, 70, 96, 3),
-        (1, 129, 768, 12),
-        (1, 150, 256, 2),
-        (1, 64, 128, 2),
-        (2, 1024, 768, 12),
-    ];
-    // Flash with the one-kernel backward (Hopper), Flash with two, and mma.sync.
-    for (path, fused) in [(AttentionPath::Flash, true), (AttentionPath::Flash, false), (AttentionPath::FlashMma, false)] {
-        let gpu = gpu(Precision::Bf16).with_attention(path).with_fused_attention_backward(fused);
-        eprintln!("{path:?}: wgmma {}, fused backward {fused}", gpu.has_wgmma());
-        for (b, t, c, nh) in cases {
-            let want = attention_case(&cpu(), Inputs::Bf16, b, t, c, nh);
-            let got = attention_case(&gpu, Inputs::Bf16, b, t, c, nh);
-            check_bf16(
-                &format!("attention {path:?} fused {fused} b{b} t{t} c{c} nh{nh}"),
-                &["out", "dqkv"],
-                &got,
-                &want,
-                &[(4.0, t), (4.0, t)],
-            );
-        }
+    // The default kernels (mma.sync): T = 64 one tile, 129 a partial one, 1024 the benchmark's.
+    let cases = [(2, 70, 96, 3), (1, 129, 768, 12), (1, 150, 256, 2), (1, 64, 128, 2), (2, 1024, 768, 12)];
+    let gpu = gpu(Precision::Bf16);
+    for (b, t, c, nh) in cases {
+        let want = attention_case(&cpu(), Inputs::Bf16, b, t, c, nh);
+        let got = attention_case(&gpu, Inputs::Bf16, b, t, c, nh);
+        check_bf16(
+            &format!("attention b{b} t{t} c{c} nh{nh}"),
+            &["out", "dqkv"],
+            &got,
+            &want,
+            &[(4.0, t), (4.0, t)],
+        );
     }
 }
 
@@ -1387,18 +1376,22 @@ fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
     check_bf16("memory ops", &names, &got, &want, &bounds);
 }
 
-/// Where the bf16 attention kernels differ from the CPU: per 64-row block of queries (out, dq)
-/// and keys (dk, dv), with the gradient buffer starting at zero so that every figure is the
-/// kernel's own; T = 200 (four tiles, the last partial), one head of 64 and two of 64.
+/// The bf16 attention kernels against the CPU per 64-row block of queries (out, dq) and keys
+/// (dk, dv), the gradient buffer starting at zero so that every figure is the kernel's own
+/// (`attention_case` adds into a random buffer, which hides gradient errors). The default
+/// kernels must stay within 1e-2 in every tile; the experimental `flash-wgmma` ones are only
+/// reported: they are right in the first tile and 24-37% off past it (NOTES.md 19).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_attention_errors_by_tile() {
     for (b, t, c, nh) in [(1, 200, 64, 1), (2, 256, 128, 2)] {
         let want = cpu().run(b, t, c, nh);
-        for (path, fused) in [(AttentionPath::Flash, false), (AttentionPath::Flash, true), (AttentionPath::FlashMma, false)] {
-            let got = gpu(Precision::Bf16).with_attention(path).with_fused_attention_backward(fused).run(b, t, c, nh);
+        for (path, fused) in [(AttentionPath::Flash, false), (AttentionPath::FlashWgmma, false), (AttentionPath::FlashWgmma, true)] {
+            let gpu = gpu(Precision::Bf16).with_attention(path).with_fused_attention_backward(fused);
+            let got = gpu.run(b, t, c, nh);
             let hs = c / nh;
             let mut line = format!("TILES {path:?} fused {fused} b{b} t{t} c{c}:");
+            let mut worst = 0.0f64;
             for (name, which, part) in [("out", 0, 0), ("dq", 1, 0), ("dk", 1, 1), ("dv", 1, 2)] {
                 let width = if which == 0 { c } else { 3 * c };
                 line += &format!(" {name} [");
@@ -1415,11 +1408,16 @@ fn bf16_attention_errors_by_tile() {
                             }
                         }
                     }
-                    line += &format!(" {:.1e}", (num / den.max(1e-30)).sqrt());
+                    let err = (num / den.max(1e-30)).sqrt();
+                    worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
+                    line += &format!(" {err:.1e}");
                 }
                 line += " ]";
             }
             eprintln!("{line}");
+            if path == AttentionPath::Flash {
+                assert!(worst <= 1e-2, "{line}");
+            }
         }
     }
 }

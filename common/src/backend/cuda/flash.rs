@@ -3,12 +3,13 @@
 //! into scratch, then dK/dV per key tile and dQ per query tile. Kernels exist for head sizes up
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.
 //!
-//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16);
-//! on Hopper, for head size 64 with 16-byte-aligned rows, `kernels/flash_wgmma.cuh` instead
-//! (the same schedule on warpgroup products that read their right operand from shared memory).
-//! `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync kernels on Hopper too, and `flash-tf32`
-//! runs the TF32 kernels on the bf16 operands (they widen them to f32 in shared memory,
-//! exactly), the first bf16 version; both for comparison.
+//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16).
+//! `GPT2_CUDA_ATTENTION=flash-tf32` runs the TF32 kernels on the bf16 operands (they widen them
+//! to f32 in shared memory, exactly), the first bf16 version, for comparison.
+//! EXPERIMENTAL, `GPT2_CUDA_ATTENTION=flash-wgmma`: on Hopper, for head size 64 with 16-byte
+//! aligned rows, `kernels/flash_wgmma.cuh` (the same schedule on warpgroup products that read
+//! their right operand from shared memory): faster, but wrong past the first key tile, cause
+//! not found yet (NOTES.md 19); never the default.
 
 use super::{args, blocks, AttentionPath, CudaBackend};
 use crate::backend::{Backend, Precision};
@@ -43,12 +44,12 @@ fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) ->
         }
     };
     Ok(match (precision, path) {
-        (Precision::Bf16, AttentionPath::Flash) if wgmma && hs == 64 => Variant {
+        (Precision::Bf16, AttentionPath::FlashWgmma) if wgmma && hs == 64 => Variant {
             suffix: "d64_wgmma".into(),
             vector: (8, 2),
             forward_rows: ROWS_PER_BLOCK,
         },
-        (Precision::Bf16, AttentionPath::Flash | AttentionPath::FlashMma) => Variant {
+        (Precision::Bf16, AttentionPath::Flash | AttentionPath::FlashWgmma) => Variant {
             suffix: format!("d{d}_bf16"),
             vector: (8, 2),
             forward_rows: if d <= 64 { 128 } else { 64 },
@@ -78,13 +79,13 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> 
     (hs.is_multiple_of(n) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
 }
 
-/// `GPT2_CUDA_ATTN_BWD`: `fused` (the default: on Hopper at head size 64, one kernel for dK,
-/// dV and dQ, dQ added in a fixed order) or `split` (a dK/dV kernel and a dQ kernel, which
-/// computes the scores and dP a second time), for comparison.
+/// `GPT2_CUDA_ATTN_BWD`, for the experimental `flash-wgmma` kernels: `split` (the default: a
+/// dK/dV kernel and a dQ kernel, which computes the scores and dP a second time) or `fused`
+/// (one kernel for dK, dV and dQ, dQ added in a fixed order: measured twice as slow, NOTES 19).
 pub(super) fn fused_backward_from_env() -> Result<bool> {
     match std::env::var("GPT2_CUDA_ATTN_BWD").as_deref() {
-        Err(_) | Ok("") | Ok("fused") => Ok(true),
-        Ok("split") => Ok(false),
+        Ok("fused") => Ok(true),
+        Err(_) | Ok("") | Ok("split") => Ok(false),
         Ok(other) => Err(Error::Input(format!(
             "GPT2_CUDA_ATTN_BWD={other}: expected `fused` or `split`"
         ))),
@@ -129,8 +130,7 @@ impl CudaBackend {
         let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]))?;
         let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
-        let vec = vectorizable(hs, &[qkv], v.vector)
-            * std::env::var("GPT2_CUDA_FLASH_DEBUG").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1);
+        let vec = vectorizable(hs, &[qkv], v.vector);
         self.try_launch(
             &name,
             self.flash_grid(b, t, nh, v.forward_rows)?,
@@ -161,8 +161,8 @@ impl CudaBackend {
         let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, dout]))?;
         let suffix = &v.suffix;
         let rows = b * nh * t;
-        // The one-kernel backward (Hopper, head size 64): dQ summed in key-tile order into
-        // f32 scratch after delta, with a turn counter per (head, query tile).
+        // The one-kernel backward (flash-wgmma, opt-in): dQ summed in key-tile order into f32
+        // scratch after delta, with a turn counter per (head, query tile).
         let fused = suffix == "d64_wgmma" && self.fused_attention_backward;
         let tiles = t.div_ceil(ROWS_PER_BLOCK);
         let (acc_words, counter_words) = if fused { (b * nh * tiles * 64 * 64, b * nh * tiles) } else { (0, 0) };

@@ -1,3 +1,6 @@
+// EXPERIMENTAL (GPT2_CUDA_ATTENTION=flash-wgmma, never the default): right for a single key tile,
+// 24-37% off in every query tile past the first on an H100, cause not found (NOTES.md 19:
+// neither the copies' timing, the double buffer, nor how accumulators start changes the error).
 // Flash attention for head size 64 on Hopper's warpgroup products (wgmma.mma_async, sm_90a):
 // the schedule of flash_bf16.cuh (64 query or key rows a block, 16 a warp; online softmax in
 // base 2; the deterministic two-kernel backward, no atomics) with every product issued by the
@@ -175,7 +178,7 @@ __device__ __forceinline__ void wg_products_nn(float (&d1)[8][4], const float (&
 // (B·NH, T) in base 2. Every key tile up to the block's last query is multiplied by all four
 // warps (a warpgroup product); masking is per warp as in the mma.sync kernels.
 __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
-                                                float scale_log2, int vec) {
+                                                float scale_log2, int /*vec: 16-byte rows, always here*/) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
     __shared__ __align__(1024) bf16_t vs[2][64 * 64];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -194,32 +197,17 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
     int n_tiles = qt + 1;  // key tiles 0..qt: the last holds the diagonal
-    // DEBUG modes (vec): 2 = one buffer, loaded and waited for each tile; 3 = tile kt in buffer
-    // (kt + 1) & 1.
-    int flip = vec == 3 ? 1 : 0;
-    if (vec != 2) {
-        tile_load_swz(ks[flip], k_base, stride, 0, T);
-        tile_load_swz(vs[flip], v_base, stride, 0, T);
-        cp_async_commit();
-    }
+    tile_load_swz(ks[0], k_base, stride, 0, T);
+    tile_load_swz(vs[0], v_base, stride, 0, T);
+    cp_async_commit();
     for (int kt = 0; kt < n_tiles; kt++) {
-        int k0 = kt * 64, buf = (kt + flip) & 1;
-        if (vec == 2) {
-            buf = 0;
-            tile_load_swz(ks[0], k_base, stride, k0, T);
-            tile_load_swz(vs[0], v_base, stride, k0, T);
-            cp_async_commit();
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            __syncthreads();
-        } else {
-            if (kt + 1 < n_tiles) {
-                tile_load_swz(ks[buf ^ 1], k_base, stride, k0 + 64, T);
-                tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
-            }
-            cp_async_commit();
-            tiles_ready();
+        int k0 = kt * 64, buf = kt & 1;
+        if (kt + 1 < n_tiles) {
+            tile_load_swz(ks[buf ^ 1], k_base, stride, k0 + 64, T);
+            tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
         }
+        cp_async_commit();
+        tiles_ready();
         float s[8][4];
         wg_product_nt(s, qa, ks[buf]);  // s = q · kᵀ
         softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2, k0 + 63 > q0);
