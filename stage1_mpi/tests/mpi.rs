@@ -231,6 +231,25 @@ fn reproduces_stage0_with_and_without_overlap() {
 }
 
 #[test]
+fn reduce_scatter_and_all_gather_are_exact() {
+    // ZeRO-1's collectives on their own (stage1_mpi/src/bin/comm_check.rs): even, uneven and
+    // empty parts, blocking and started, on 2 and 3 ranks.
+    let check = env!("CARGO_BIN_EXE_comm_check");
+    for ranks in ["2", "3"] {
+        let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let args: Vec<String> = ["-n", ranks, check].iter().map(|s| s.to_string()).collect();
+        let o = run_limited("mpirun", &args, &[], Duration::from_secs(60));
+        assert_ok(&o);
+        assert_eq!(
+            o.stdout.matches("exact").count(),
+            ranks.parse::<usize>().unwrap(),
+            "{}",
+            o.stdout
+        );
+    }
+}
+
+#[test]
 fn local_sgd_learns() {
     let d = tmpdir("localsgd");
     let data = corpus(&d);
@@ -731,7 +750,10 @@ fn mnist_reproduces_stage0() {
         v
     };
     for (optimizer, lr) in [("sgd", "0.05"), ("adamw", "3e-3")] {
-        let (reference, out) = (d.join(format!("stage0-{optimizer}")), d.join(format!("stage1-{optimizer}")));
+        let (reference, out) = (
+            d.join(format!("stage0-{optimizer}")),
+            d.join(format!("stage1-{optimizer}")),
+        );
         let flag = ["--optimizer", optimizer, "--lr", lr].map(str::to_string);
         let o = run_limited(
             stage0_bin().to_str().unwrap(),
@@ -742,7 +764,12 @@ fn mnist_reproduces_stage0() {
         assert_ok(&o);
         let o = mpirun(2, &[args(&out), flag.to_vec()].concat(), &[]);
         assert_ok(&o);
-        assert_eq!(o.stdout.matches("train_loss").count(), 1, "rank 0 alone prints: {}", o.stdout);
+        assert_eq!(
+            o.stdout.matches("train_loss").count(),
+            1,
+            "rank 0 alone prints: {}",
+            o.stdout
+        );
         let (got, want) = (mnist_table(&out), mnist_table(&reference));
         assert_eq!(want.len(), 5);
         // Losses within LOSS_TOL; accuracy within 0.2 points (the bound after training).

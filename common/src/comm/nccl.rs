@@ -8,6 +8,8 @@ use crate::backend::DevPtr;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{result as nccl, sys};
+use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::Arc;
 
 pub struct NcclComm {
@@ -110,6 +112,31 @@ impl NcclComm {
     pub fn device(&self) -> usize {
         self.device
     }
+
+    /// Waits for what was queued on NCCL's stream (`what` names it in an error).
+    fn wait(&self, what: &str) -> Result<()> {
+        self.stream.synchronize().map_err(|e| nccl_err(what, e))
+    }
+
+    /// The NCCL stream as the raw handle the NCCL calls take.
+    fn raw_stream(&self) -> sys::cudaStream_t {
+        self.stream.cu_stream() as _
+    }
+}
+
+/// The size of every part when all are equal (NCCL's native reduce-scatter and all-gather
+/// apply), else `None`.
+fn equal_parts(parts: &[Range<usize>]) -> Option<usize> {
+    let len = parts.first()?.len();
+    parts.iter().all(|p| p.len() == len).then_some(len)
+}
+
+/// Runs the NCCL calls `queue` makes as one group (they start together).
+fn grouped(queue: impl FnOnce() -> Result<()>) -> Result<()> {
+    nccl::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+    let queued = queue();
+    let ended = nccl::group_end().map_err(|e| nccl_err("ncclGroupEnd", e));
+    queued.and(ended.map(|_| ()))
 }
 
 impl Comm for NcclComm {
@@ -135,9 +162,66 @@ impl Comm for NcclComm {
             )
         }
         .map_err(|e| nccl_err("ncclAllReduce", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| nccl_err("waiting for the all-reduce", e))
+        self.wait("waiting for the all-reduce")
+    }
+    unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+        super::check_parts(self, parts)?;
+        let base = buf.addr() as *mut f32;
+        let (float, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
+        // SAFETY (both arms): `buf` is device memory covering `parts` on this rank's GPU (the
+        // Comm contract); in place is allowed (the own part at its own offset).
+        match equal_parts(parts) {
+            Some(len) => unsafe {
+                let own = base.add(parts[self.rank()].start) as *mut c_void;
+                nccl::reduce_scatter(
+                    base as *const c_void,
+                    own,
+                    len,
+                    float,
+                    sum,
+                    self.comm,
+                    self.raw_stream(),
+                )
+                .map_err(|e| nccl_err("ncclReduceScatter", e))?;
+            },
+            // Uneven parts: one reduce per part onto its rank, started together.
+            None => grouped(|| {
+                for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+                    unsafe {
+                        let p = base.add(part.start) as *mut c_void;
+                        let stream = self.raw_stream();
+                        nccl::reduce(p, p, part.len(), float, sum, root as i32, self.comm, stream)
+                            .map_err(|e| nccl_err("ncclReduce", e))?;
+                    }
+                }
+                Ok(())
+            })?,
+        }
+        self.wait("waiting for the reduce-scatter")
+    }
+    unsafe fn all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+        super::check_parts(self, parts)?;
+        let base = buf.addr() as *mut f32;
+        let float = sys::ncclDataType_t::ncclFloat32;
+        // SAFETY (both arms): as in `reduce_scatter_sum`.
+        match equal_parts(parts) {
+            Some(len) => unsafe {
+                let own = base.add(parts[self.rank()].start) as *const c_void;
+                nccl::all_gather(own, base as *mut c_void, len, float, self.comm, self.raw_stream())
+                    .map_err(|e| nccl_err("ncclAllGather", e))?;
+            },
+            None => grouped(|| {
+                for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+                    unsafe {
+                        let p = base.add(part.start) as *mut c_void;
+                        nccl::broadcast(p, p, part.len(), float, root as i32, self.comm, self.raw_stream())
+                            .map_err(|e| nccl_err("ncclBroadcast", e))?;
+                    }
+                }
+                Ok(())
+            })?,
+        }
+        self.wait("waiting for the all-gather")
     }
     fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()> {
         self.mpi.all_reduce_sum_host(v)
