@@ -11,10 +11,16 @@
 //! Gradients are averaged by seeding the backward pass with 1/world, so every sum is plain.
 //! With gradient accumulation (K micro-batches a step), each micro-batch's backward is seeded
 //! with a further 1/K and adds to the same gradients; ranks meet after the last one.
+//!
+//! ZeRO-1 (`--zero 1`, [`Shards`]): the flat buffers are cut once into one contiguous shard
+//! per rank; the gradient sums above become reduce-scatters (each rank gets the sum of its
+//! own shard, bucket by bucket when overlapped), each rank's optimiser updates its shard
+//! ([`crate::optim::AdamW::sharded`]), and the updated shards are all-gathered after the
+//! update.
 
 use crate::autograd::{Graph, Tensor};
 use crate::backend::{Backend, DeviceBuffer};
-use crate::comm::Comm;
+use crate::comm::{even_parts, parts_within, Comm};
 use crate::error::Result;
 use crate::model::{Gpt2, ParamLayout};
 use std::ops::Range;
@@ -28,9 +34,56 @@ pub enum SyncMode {
     LocalSgd { every: u64 },
 }
 
+/// Shard boundaries fall on multiples of this many values (128 bytes), so each shard's
+/// kernels start on aligned memory.
+const SHARD_ALIGN: usize = 32;
+
+/// Which rank owns which contiguous piece of the flat parameter buffer under ZeRO-1: chosen
+/// once from the world size, as even as [`SHARD_ALIGN`] allows (equal for GPT-2 124M on 2,
+/// 4 or 8 ranks). One rank owns everything when there is no sharding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shards {
+    parts: Vec<Range<usize>>,
+    rank: usize,
+}
+
+impl Shards {
+    /// `n` values cut over the ranks of `comm` (`zero`), or all on this rank (not).
+    pub fn new(n: usize, comm: &dyn Comm, zero: bool) -> Self {
+        if zero && comm.size() > 1 {
+            Shards {
+                parts: even_parts(n, comm.size(), SHARD_ALIGN),
+                rank: comm.rank(),
+            }
+        } else {
+            Shards {
+                parts: even_parts(n, 1, 1),
+                rank: 0,
+            }
+        }
+    }
+
+    /// Whether the buffers are cut over several ranks.
+    pub fn sharded(&self) -> bool {
+        self.parts.len() > 1
+    }
+
+    /// This rank's shard.
+    pub fn own(&self) -> Range<usize> {
+        self.parts[self.rank].clone()
+    }
+
+    /// Every rank's shard, in rank order.
+    pub fn parts(&self) -> &[Range<usize>] {
+        &self.parts
+    }
+}
+
 /// The synchronisation plan of one model: its mode and its gradient buckets.
 pub struct GradSync {
     mode: SyncMode,
+    /// ZeRO-1's shards (one, the whole buffer, without).
+    shards: Shards,
     /// Per-block buckets, summed during backward when overlapped.
     blocks: Vec<Range<usize>>,
     /// What lies outside the blocks, finished only at the end of backward.
@@ -39,9 +92,14 @@ pub struct GradSync {
 }
 
 impl GradSync {
-    pub fn new(mode: SyncMode, layout: &ParamLayout) -> Self {
+    pub fn new(mode: SyncMode, layout: &ParamLayout, shards: Shards) -> Self {
+        assert!(
+            !(shards.sharded() && matches!(mode, SyncMode::LocalSgd { .. })),
+            "local SGD keeps every rank's optimiser whole (the command line refuses --zero with --sync-every)"
+        );
         GradSync {
             mode,
+            shards,
             blocks: layout.blocks.clone(),
             outside: layout.outside_blocks(),
             total: layout.total,
@@ -55,10 +113,19 @@ impl GradSync {
         assert!(!matches!(mode, SyncMode::LocalSgd { .. }), "local SGD averages a GPT-2 model's parameters");
         GradSync {
             mode,
+            shards: Shards {
+                parts: even_parts(total, 1, 1),
+                rank: 0,
+            },
             blocks: Vec::new(),
             outside: vec![0..total],
             total,
         }
+    }
+
+    /// ZeRO-1's shards (the whole buffer on one rank without).
+    pub fn shards(&self) -> &Shards {
+        &self.shards
     }
 
     /// d(loss) to seed backward with: 1/(world · micro-batches) when gradients are averaged
@@ -72,7 +139,8 @@ impl GradSync {
     }
 
     /// Back-propagates micro-batch `micro` (of `micro.1`) from `loss` into `grads`; after
-    /// the last one, leaves the summed gradients in `grads` on every rank. Returns the
+    /// the last one, leaves the summed gradients in `grads` on every rank (under ZeRO-1,
+    /// the sum of its own shard only: the rest is left unspecified). Returns the
     /// seconds spent inside communication calls (waiting included: the part of
     /// communication that computing did not hide).
     pub fn backward<B: Backend>(
@@ -91,10 +159,15 @@ impl GradSync {
         }
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
         let sum = |range: &Range<usize>, comm_s: &mut f64| {
+            let at = grads.ptr().add(range.start);
             // SAFETY: every range lies in the layout, inside `grads` (checked above), which
             // the caller keeps alive and untouched until `finish_all_reduces` returns.
             timed(comm_s, || unsafe {
-                comm.start_all_reduce_sum(grads.ptr().add(range.start), range.len())
+                if self.shards.sharded() {
+                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range))
+                } else {
+                    comm.start_all_reduce_sum(at, range.len())
+                }
             })
         };
         let mut comm_s = 0.0;
@@ -116,15 +189,22 @@ impl GradSync {
                 g.backward(loss, seed)?;
                 be.synchronize()?;
                 // SAFETY: the whole layout, inside `grads` (checked above).
-                timed(&mut comm_s, || unsafe { comm.all_reduce_sum(grads.ptr(), self.total) })?;
+                timed(&mut comm_s, || unsafe {
+                    if self.shards.sharded() {
+                        comm.reduce_scatter_sum(grads.ptr(), self.shards.parts())
+                    } else {
+                        comm.all_reduce_sum(grads.ptr(), self.total)
+                    }
+                })?;
             }
             _ => g.backward(loss, seed)?,
         }
         Ok(comm_s)
     }
 
-    /// After the optimiser's update of 0-based `step`: local SGD averages the parameters
-    /// every K steps and after the last. Returns the seconds spent communicating.
+    /// After the optimiser's update of 0-based `step`: ZeRO-1 gathers every rank's updated
+    /// shard; local SGD averages the parameters every K steps and after the last. Returns
+    /// the seconds spent communicating.
     pub fn after_update<B: Backend>(
         &self,
         be: &B,
@@ -133,6 +213,9 @@ impl GradSync {
         step: u64,
         total_steps: u64,
     ) -> Result<f64> {
+        if self.shards.sharded() {
+            return self.gather_shards(be, comm, model);
+        }
         let world = comm.size();
         let SyncMode::LocalSgd { every } = self.mode else {
             return Ok(0.0);
@@ -151,6 +234,30 @@ impl GradSync {
             be.scale(params.ptr(), self.total, 1.0 / world as f32);
         }
         model.refresh_copy(be)?;
+        Ok(comm_s)
+    }
+}
+
+impl GradSync {
+    /// ZeRO-1, after the update: every rank's shard of the parameters to every rank, and the
+    /// bf16 copy (whose own shard the update wrote) rounded from the others' shards.
+    fn gather_shards<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<f64> {
+        let params = &model.params;
+        assert!(params.len() >= self.total, "parameter buffer smaller than the layout");
+        let mut comm_s = 0.0;
+        be.synchronize()?; // the update must be written before the gather reads it
+                           // SAFETY: the shards cover the layout, inside `params` (checked above).
+        timed(&mut comm_s, || unsafe {
+            comm.all_gather(params.ptr(), self.shards.parts())
+        })?;
+        if let Some(copy) = &model.params_bf16 {
+            assert!(copy.len() >= self.total, "bf16 copy smaller than the layout");
+            let own = self.shards.own();
+            for part in self.shards.parts().iter().filter(|&p| *p != own && !p.is_empty()) {
+                // SAFETY: each part lies inside both buffers (checked above).
+                unsafe { be.round_to_bf16(copy.ptr().add(part.start), params.ptr().add(part.start), part.len()) };
+            }
+        }
         Ok(comm_s)
     }
 }

@@ -5,6 +5,7 @@
 
 use super::Run;
 use crate::backend::Backend;
+use crate::checkpoint;
 use crate::cli::{TrainArgs, DEFAULT_COMM_TIMEOUT};
 use crate::comm::{agree, pid_table, Comm, Watchdog};
 use crate::error::{Error, Result};
@@ -174,13 +175,15 @@ impl<'a> Session<'a> {
     /// Rank 0 writes the checkpoint of `done` steps with where the log stands; every rank
     /// notes it (the rule that decides is the same everywhere). `announce`: say so.
     pub fn checkpoint<B: Backend>(&mut self, run: &Run<B>, done: u64, announce: bool) -> Result<()> {
-        if let Some(log) = &self.log {
+        // Every rank takes part: under ZeRO-1 the moments are gathered from their shards.
+        let arrays = run.trainer.state_on_root()?;
+        if let (Some(log), Some([params, m, v])) = (&self.log, arrays) {
             let state = LogState {
                 rows: log.rows(),
                 elapsed_s: self.elapsed(),
                 window: self.window,
             };
-            run.trainer.save(&self.ckpt, &run.checkpoint_meta(done, &state))?;
+            checkpoint::save(&self.ckpt, &run.checkpoint_meta(done, &state), &params, &m, &v)?;
             if announce {
                 self.bar
                     .suspend(|| println!("checkpoint: step {done} saved to {}", self.ckpt.display()));

@@ -47,10 +47,10 @@ fn check(comm: &MpiComm, parts: &[Range<usize>], started: bool) -> Result<(), St
     }
     // SAFETY: as above.
     unsafe { comm.all_gather(ptr(&mut buf), parts) }.map_err(|e| e.to_string())?;
-    for i in 0..n {
+    for (i, &got) in buf.iter().enumerate() {
         let want: f32 = (0..world).map(|r| value(r, i)).sum();
-        if buf[i] != want {
-            return Err(format!("all-gather {parts:?}: [{i}] = {} not {want}", buf[i]));
+        if got != want {
+            return Err(format!("all-gather {parts:?}: [{i}] = {got} not {want}"));
         }
     }
     Ok(())
