@@ -39,7 +39,7 @@ pub enum SyncMode {
 const SHARD_ALIGN: usize = 32;
 
 /// Which rank owns which contiguous piece of the flat parameter buffer under ZeRO-1: chosen
-/// once from the world size, as even as [`SHARD_ALIGN`] allows (equal for GPT-2 124M on 2,
+/// once from the world size, as even as 32-value alignment allows (equal for GPT-2 124M on 2,
 /// 4 or 8 ranks). One rank owns everything when there is no sharding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shards {
