@@ -294,28 +294,28 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     /// The whole training state in host memory, on rank 0 (`None` elsewhere): parameters
-    /// and both moments, each rank's shard of the moments gathered under ZeRO-1. Every rank
-    /// calls it (a collective then).
-    pub fn state_on_root(&self) -> Result<Option<[Vec<f32>; 3]>> {
+    /// and both moments, each rank's shard of the moments gathered under ZeRO-1, copied into
+    /// `reuse` (arrays of an earlier copy, to spare fresh memory). Every rank calls it (a
+    /// collective then).
+    pub fn state_on_root(&self, reuse: [Vec<f32>; 3]) -> Result<Option<[Vec<f32>; 3]>> {
         let root = self.comm.is_root();
-        let p = if root {
-            self.fetch(&self.model.params)?
-        } else {
-            Vec::new()
-        };
-        let m = self.gather_moment(&self.opt.m)?;
-        let v = self.gather_moment(&self.opt.v)?;
+        let [mut p, mut m, mut v] = reuse;
+        if root {
+            self.fetch_into(&self.model.params, &mut p)?;
+        }
+        self.gather_moment(&self.opt.m, &mut m)?;
+        self.gather_moment(&self.opt.v, &mut v)?;
         Ok(root.then_some([p, m, v]))
     }
 
-    /// One moment whole on rank 0 (empty elsewhere). Sharded, each rank's shard meets the
-    /// others' in the gradient buffer, free between steps (the next step zeroes it first).
-    fn gather_moment(&self, moment: &B::Buffer<f32>) -> Result<Vec<f32>> {
+    /// One moment whole into `host` on rank 0 (left alone elsewhere). Sharded, each rank's
+    /// shard meets the others' in the gradient buffer, free between steps (the next step
+    /// zeroes it first).
+    fn gather_moment(&self, moment: &B::Buffer<f32>, host: &mut Vec<f32>) -> Result<()> {
         if !self.sync.shards().sharded() {
-            return if self.comm.is_root() {
-                self.fetch(moment)
-            } else {
-                Ok(Vec::new())
+            return match self.comm.is_root() {
+                true => self.fetch_into(moment, host),
+                false => Ok(()),
             };
         }
         let own = self.sync.shards().own();
@@ -328,10 +328,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
         // gradients between steps.
         unsafe { self.comm.all_gather(grads.ptr(), self.sync.shards().parts())? };
         if self.comm.is_root() {
-            self.fetch(grads)
-        } else {
-            Ok(Vec::new())
+            self.fetch_into(grads, host)?;
         }
+        Ok(())
     }
 
     /// Loads parameters and moments from rank 0's checkpoint (`None` elsewhere) into every
@@ -366,8 +365,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     fn fetch(&self, buf: &B::Buffer<f32>) -> Result<Vec<f32>> {
-        let mut host = vec![0.0f32; self.model.num_params()];
-        self.be.read(buf, 0, &mut host)?;
+        let mut host = Vec::new();
+        self.fetch_into(buf, &mut host)?;
         Ok(host)
+    }
+
+    /// The model's worth of `buf` into `host` (its memory reused when large enough).
+    fn fetch_into(&self, buf: &B::Buffer<f32>, host: &mut Vec<f32>) -> Result<()> {
+        host.resize(self.model.num_params(), 0.0);
+        self.be.read(buf, 0, host)
     }
 }
