@@ -33,9 +33,9 @@ pub struct MpiComm {
     host: String,
     /// Sums started by `start_all_reduce_sum` and not yet waited for.
     pending: RefCell<Vec<ffi::MPI_Request>>,
-    /// Reduce-scatters started and not yet waited for: where each one's sum lands, and the
-    /// part of the caller's buffer to copy it into then.
-    scattered: RefCell<Vec<(Vec<f32>, *mut f32)>>,
+    /// Reduce-scatters started and not yet waited for: where each one's sum lands, the part
+    /// of the caller's buffer to copy it into then, and the counts MPI may read until then.
+    scattered: RefCell<Vec<Scattered>>,
     /// Finalizes MPI when dropped, so it is declared (and dropped) last.
     _universe: mpi::environment::Universe,
 }
@@ -117,20 +117,15 @@ impl MpiComm {
     /// so the sums are the same at every call.
     ///
     /// SAFETY: `buf` must address the live host f32 that `parts` cover; `own` holds this
-    /// rank's part's length; both stay untouched until the call (or its request) completes.
+    /// rank's part's length; `counts` is [`part_counts`] of `parts`; all three stay untouched
+    /// until the call (or its request) completes.
     unsafe fn reduce_scatter_into(
         &self,
         buf: *const f32,
-        parts: &[Range<usize>],
+        (parts, counts): (&[Range<usize>], &[c_int]),
         own: &mut [f32],
         request: Option<&mut ffi::MPI_Request>,
     ) -> Result<()> {
-        super::check_parts(self, parts)?;
-        let counts = parts
-            .iter()
-            .map(|p| c_int::try_from(p.len()))
-            .collect::<std::result::Result<Vec<c_int>, _>>()
-            .map_err(|_| Error::Device(format!("a reduce-scatter part holds more than {} values", c_int::MAX)))?;
         let send = buf.wrapping_add(parts[0].start) as *const c_void;
         let recv = own.as_mut_ptr() as *mut c_void;
         let (float, op, world) = (
@@ -138,8 +133,7 @@ impl MpiComm {
             unsafe { ffi::RSMPI_SUM },
             self.world.as_raw(),
         );
-        // SAFETY: the caller's buffers (above); `counts` lives through the blocking call, and
-        // MPI copies it for a nonblocking one.
+        // SAFETY: the caller's buffers and counts (above).
         match request {
             None => check("MPI_Reduce_scatter", unsafe {
                 ffi::MPI_Reduce_scatter(send, recv, counts.as_ptr(), float, op, world)
@@ -164,6 +158,19 @@ impl MpiComm {
             )
         })
     }
+}
+
+/// A started reduce-scatter's sum, where to copy it once done, and its counts.
+type Scattered = (Vec<f32>, *mut f32, Vec<c_int>);
+
+/// Each part's length as MPI's count, after checking the parts (one per rank, contiguous).
+fn part_counts(comm: &MpiComm, parts: &[Range<usize>]) -> Result<Vec<c_int>> {
+    super::check_parts(comm, parts)?;
+    parts
+        .iter()
+        .map(|p| c_int::try_from(p.len()))
+        .collect::<std::result::Result<Vec<c_int>, _>>()
+        .map_err(|_| Error::Device(format!("a reduce-scatter part holds more than {} values", c_int::MAX)))
 }
 
 /// The message a rank printed just before MPI_Abort travels through the launcher's pipes;
@@ -257,28 +264,31 @@ impl Comm for MpiComm {
     }
 
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
-        let mut own = vec![0.0f32; parts.get(self.rank).map_or(0, |p| p.len())];
+        let counts = part_counts(self, parts)?;
+        let mut own = vec![0.0f32; parts[self.rank].len()];
         let buf = buf.addr() as *mut f32;
         // SAFETY: the Comm contract; MpiComm's DevPtrs are host addresses (CPU backend), and
         // the own part lies inside the buffer.
         unsafe {
-            self.reduce_scatter_into(buf, parts, &mut own, None)?;
+            self.reduce_scatter_into(buf, (parts, &counts), &mut own, None)?;
             std::ptr::copy_nonoverlapping(own.as_ptr(), buf.add(parts[self.rank].start), own.len());
         }
         Ok(())
     }
 
     unsafe fn start_reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
-        let mut own = vec![0.0f32; parts.get(self.rank).map_or(0, |p| p.len())];
+        let counts = part_counts(self, parts)?;
+        let mut own = vec![0.0f32; parts[self.rank].len()];
         let buf = buf.addr() as *mut f32;
         let mut pending = self.pending.borrow_mut();
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: as above; the caller leaves the memory alone until `finish_all_reduces`,
-        // and `own`'s heap memory stays where it is when the vector moves into `scattered`.
-        unsafe { self.reduce_scatter_into(buf, parts, &mut own, Some(&mut request))? };
+        // and the heap memory of `own` and `counts` stays where it is when the vectors move
+        // into `scattered`, kept until then.
+        unsafe { self.reduce_scatter_into(buf, (parts, &counts), &mut own, Some(&mut request))? };
         pending.push(request);
         let into = buf.wrapping_add(parts[self.rank].start);
-        self.scattered.borrow_mut().push((own, into));
+        self.scattered.borrow_mut().push((own, into, counts));
         self.progress(&mut pending)
     }
 
@@ -307,7 +317,7 @@ impl Comm for MpiComm {
             unsafe { ffi::MPI_Waitall(pending.len() as c_int, pending.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) };
         pending.clear();
         check("MPI_Waitall", code)?;
-        for (own, into) in self.scattered.borrow_mut().drain(..) {
+        for (own, into, _counts) in self.scattered.borrow_mut().drain(..) {
             // SAFETY: `into` is this rank's part of the buffer given to
             // `start_reduce_scatter_sum`, which the caller has left alone until now.
             unsafe { std::ptr::copy_nonoverlapping(own.as_ptr(), into, own.len()) };
