@@ -4,7 +4,9 @@
 //! - `Allreduce` (the default): backward, then one sum of the whole gradient buffer.
 //! - `Overlapped` (`--overlap`): each block's gradients are summed as soon as backward has
 //!   finished them, while it goes on through the blocks below; the embeddings and the final
-//!   layernorm (finished last) follow.
+//!   layernorm (finished last) follow. On NCCL the buckets are ordered on the GPU (CUDA
+//!   events between the compute stream and NCCL's stream, no host waits); on MPI the host
+//!   waits for the backend, then starts a nonblocking sum.
 //! - `LocalSgd` (`--sync-every K`): no gradient sums; parameters are averaged every K steps
 //!   and after the last.
 //!
@@ -142,7 +144,9 @@ impl GradSync {
     /// the last one, leaves the summed gradients in `grads` on every rank (under ZeRO-1,
     /// the sum of its own shard only: the rest is left unspecified). Returns the
     /// seconds spent inside communication calls (waiting included: the part of
-    /// communication that computing did not hide).
+    /// communication that computing did not hide). Overlapped on NCCL, the host does not
+    /// wait: this is the time spent queueing the collectives, and the GPU's wait for
+    /// them shows in the step's compute time.
     pub fn backward<B: Backend>(
         &self,
         g: &mut Graph<'_, B>,
@@ -158,32 +162,40 @@ impl GradSync {
             return Ok(0.0);
         }
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
+        // Overlapped on a device communicator (NCCL): each bucket's sum is ordered after the
+        // kernels queued so far on the backend's stream, on the device, with no host wait.
+        // Elsewhere the host waits for the backend before each bucket (a no-op on the CPU).
+        let after = be.device_stream().filter(|_| comm.orders_on_device());
         let sum = |range: &Range<usize>, comm_s: &mut f64| {
+            if after.is_none() {
+                be.synchronize()?;
+            }
             let at = grads.ptr().add(range.start);
             // SAFETY: every range lies in the layout, inside `grads` (checked above), which
-            // the caller keeps alive and untouched until `finish_all_reduces` returns.
+            // the caller keeps alive and leaves alone until the sums are finished (on the
+            // host, or for work queued on `after` from then on); the bucket's writes are
+            // done (host wait above) or queued on `after` before it.
             timed(comm_s, || unsafe {
                 if self.shards.sharded() {
-                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range))
+                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range), after)
                 } else {
-                    comm.start_all_reduce_sum(at, range.len())
+                    comm.start_all_reduce_sum(at, range.len(), after)
                 }
             })
         };
         let mut comm_s = 0.0;
         match self.mode {
             SyncMode::Overlapped if world > 1 => {
-                g.backward_with(loss, seed, |block| {
-                    // The kernels that wrote this block's gradients may still be queued (GPU),
-                    // and NCCL reads on its own stream: wait for them first (a no-op on the CPU).
-                    be.synchronize()?;
-                    sum(&self.blocks[block], &mut comm_s)
-                })?;
-                be.synchronize()?;
+                // The kernels that wrote a block's gradients may still be queued (GPU) when
+                // backward hands it over, and NCCL reads on its own stream: `sum` orders the
+                // bucket after them.
+                g.backward_with(loss, seed, |block| sum(&self.blocks[block], &mut comm_s))?;
                 for range in &self.outside {
                     sum(range, &mut comm_s)?;
                 }
-                timed(&mut comm_s, || comm.finish_all_reduces())?;
+                // What reads the sums (the norm, the optimiser) is queued on the backend's
+                // stream after this, which waits for them on the device (or the host waits).
+                timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
             SyncMode::Allreduce | SyncMode::Overlapped if world > 1 => {
                 g.backward(loss, seed)?;

@@ -10,7 +10,7 @@ pub mod mpi;
 pub mod nccl;
 mod watchdog;
 
-use crate::backend::DevPtr;
+use crate::backend::{DevPtr, DeviceStream};
 use crate::error::Result;
 use std::ops::Range;
 
@@ -27,19 +27,33 @@ pub trait Comm {
     /// `buf` addresses `n` live values of the backend this communicator serves, which
     /// nothing else reads or writes during the call.
     unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()>;
+    /// Whether this communicator's collectives run on the device and can be ordered after a
+    /// backend's queued work there ([`DeviceStream`]) without the host waiting (NCCL). Only
+    /// then may `Some` stream be passed to the `start_*` calls and
+    /// [`Comm::finish_all_reduces`].
+    fn orders_on_device(&self) -> bool {
+        false
+    }
     /// Starts summing `n` values at `buf` over all ranks and returns at once, so the
-    /// caller can go on computing (gradient buckets during backward). Default: the
-    /// blocking sum.
+    /// caller can go on computing (gradient buckets during backward). With `after` (only
+    /// where [`Comm::orders_on_device`]), the sum reads `buf` only once the work queued so far
+    /// on that stream is done, with no host wait; with `None`, `buf` must hold its final
+    /// values now (the caller has synchronised its backend). Default: the blocking sum.
     ///
     /// # Safety
-    /// As [`Comm::all_reduce_sum`], and `buf` must hold its final values now and be neither
-    /// read, written nor freed until [`Comm::finish_all_reduces`] returns.
-    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+    /// As [`Comm::all_reduce_sum`], and `buf` must be neither read, written nor freed (other
+    /// than by the work queued on `after` before this call) until
+    /// [`Comm::finish_all_reduces`] returns, or, when that is given a stream, until work
+    /// queued on that stream after it runs.
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+        host_ordered(self, after)?;
         self.all_reduce_sum(buf, n)
     }
-    /// Waits for every sum started with [`Comm::start_all_reduce_sum`].
-    fn finish_all_reduces(&self) -> Result<()> {
-        Ok(())
+    /// Waits for every sum started with the `start_*` calls. With `then` (only where
+    /// [`Comm::orders_on_device`]) the host does not wait: work queued on that stream from
+    /// now on runs after the sums (the summed values are read there).
+    fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
+        host_ordered(self, then)
     }
     /// Sums the f32 values of `parts` over all ranks and leaves the sum of `parts[r]` on
     /// rank r, in place (ZeRO-1's gradient reduce-scatter): `parts` holds one range per
@@ -51,14 +65,20 @@ pub trait Comm {
     /// `buf` addresses the values `parts` cover, backend memory as in
     /// [`Comm::all_reduce_sum`], which nothing else reads or writes during the call.
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()>;
-    /// Starts [`Comm::reduce_scatter_sum`] and returns at once, like
-    /// [`Comm::start_all_reduce_sum`]; [`Comm::finish_all_reduces`] waits for it.
+    /// Starts [`Comm::reduce_scatter_sum`] and returns at once, ordered after `after` as
+    /// [`Comm::start_all_reduce_sum`] is; [`Comm::finish_all_reduces`] waits for it.
     /// Default: the blocking call.
     ///
     /// # Safety
-    /// As [`Comm::reduce_scatter_sum`], and `buf` must hold its final values now and be
-    /// neither read, written nor freed until [`Comm::finish_all_reduces`] returns.
-    unsafe fn start_reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+    /// As [`Comm::reduce_scatter_sum`], and `buf` is left alone as for
+    /// [`Comm::start_all_reduce_sum`].
+    unsafe fn start_reduce_scatter_sum(
+        &self,
+        buf: DevPtr,
+        parts: &[Range<usize>],
+        after: Option<DeviceStream>,
+    ) -> Result<()> {
+        host_ordered(self, after)?;
         self.reduce_scatter_sum(buf, parts)
     }
     /// Rank r's `parts[r]` of `buf` replaces that part on every rank, in place (ZeRO-1's
@@ -113,6 +133,18 @@ impl Comm for Single {
     }
     fn broadcast_bytes(&self, _data: &mut Vec<u8>) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Refuses a device stream to order against where `comm` cannot (a caller's bug: its
+/// collectives would race the stream's work).
+pub(crate) fn host_ordered(comm: &(impl Comm + ?Sized), stream: Option<DeviceStream>) -> Result<()> {
+    match stream {
+        Some(_) if !comm.orders_on_device() => Err(crate::error::Error::Device(format!(
+            "{}: this communicator cannot order its collectives after a device stream",
+            comm.describe()
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -3,7 +3,7 @@
 //! collectives, so those few calls go straight to `mpi::ffi`, each wrapped and checked here.
 
 use super::Comm;
-use crate::backend::DevPtr;
+use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use mpi::ffi;
 use mpi::raw::AsRaw;
@@ -241,7 +241,8 @@ impl Comm for MpiComm {
         unsafe { self.all_reduce_in_place(v.as_mut_ptr(), v.len()) }
     }
 
-    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+        super::host_ordered(self, after)?;
         let mut pending = self.pending.borrow_mut();
         for (piece, count) in pieces(buf.addr() as *mut f32, n) {
             // SAFETY: as in `all_reduce_sum`; the caller leaves the memory alone until
@@ -276,7 +277,13 @@ impl Comm for MpiComm {
         Ok(())
     }
 
-    unsafe fn start_reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+    unsafe fn start_reduce_scatter_sum(
+        &self,
+        buf: DevPtr,
+        parts: &[Range<usize>],
+        after: Option<DeviceStream>,
+    ) -> Result<()> {
+        super::host_ordered(self, after)?;
         let counts = part_counts(self, parts)?;
         let mut own = vec![0.0f32; parts[self.rank].len()];
         let buf = buf.addr() as *mut f32;
@@ -307,7 +314,8 @@ impl Comm for MpiComm {
         Ok(())
     }
 
-    fn finish_all_reduces(&self) -> Result<()> {
+    fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
+        super::host_ordered(self, then)?;
         let mut pending = self.pending.borrow_mut();
         if pending.is_empty() {
             return Ok(());

@@ -28,8 +28,8 @@ fn check(comm: &MpiComm, parts: &[Range<usize>], started: bool) -> Result<(), St
     // SAFETY: `buf` holds the n values the parts cover, untouched until the call returns.
     let summed = unsafe {
         if started {
-            comm.start_reduce_scatter_sum(ptr(&mut buf), parts)
-                .and_then(|()| comm.finish_all_reduces())
+            comm.start_reduce_scatter_sum(ptr(&mut buf), parts, None)
+                .and_then(|()| comm.finish_all_reduces(None))
         } else {
             comm.reduce_scatter_sum(ptr(&mut buf), parts)
         }
