@@ -220,3 +220,67 @@ fn bench_on_two_gpus_prints_json() {
         "{stdout}"
     );
 }
+
+/// GPUs that `nvidia-smi -L` lists (0 where it cannot run).
+fn gpus() -> usize {
+    Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or(0, |o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.starts_with("GPU "))
+                .count()
+        })
+}
+
+/// `loss.tsv`'s epoch, train_loss and val_loss columns, as written.
+fn losses(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+    text.lines()
+        .map(|l| l.split('\t').take(3).collect::<Vec<_>>().join("\t"))
+        .collect()
+}
+
+/// `--overlap` on NCCL (each block's sum on NCCL's stream, ordered by CUDA events, no host
+/// waits) runs the same collectives per bucket as the sums after backward: on two GPUs
+/// (where a sum is one addition, whatever NCCL's algorithm) the loss table is the same,
+/// digit for digit, in fp32 and bf16, with and without ZeRO-1.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn overlap_on_two_gpus_equals_no_overlap() {
+    let found = gpus();
+    if found < 2 {
+        println!("SKIPPED overlap_on_two_gpus_equals_no_overlap: needs 2 GPUs, nvidia-smi lists {found}");
+        return;
+    }
+    let d = tmpdir("overlap");
+    let data = d.join("corpus.txt");
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
+    std::fs::write(&data, text).unwrap();
+    let run = |name: &str, precision: &str, extra: &[&str]| -> Vec<String> {
+        let out = d.join(name);
+        let s = format!(
+            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 30 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2",
+            data.display(),
+            out.display()
+        );
+        let mut args: Vec<&str> = s.split(' ').collect();
+        args.extend_from_slice(extra);
+        let o = mpirun(2, &args);
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        losses(&out)
+    };
+    for precision in ["fp32", "bf16"] {
+        for zero in ["0", "1"] {
+            let name = format!("{precision}-zero{zero}");
+            let plain = run(&name, precision, &["--zero", zero]);
+            let overlapped = run(&format!("{name}-overlap"), precision, &["--zero", zero, "--overlap"]);
+            assert!(plain.len() > 1, "{name}: no loss rows: {plain:?}");
+            assert_eq!(plain, overlapped, "{name}: --overlap changed the losses");
+            println!("OVERLAP {name}: {} rows equal", plain.len() - 1);
+        }
+    }
+}
