@@ -236,6 +236,19 @@ mod tests {
         assert!(unsafe { Single.reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1)) }.is_ok());
     }
 
+    #[test]
+    fn a_host_communicator_refuses_a_device_stream() {
+        let stream = Some(DeviceStream::from_raw(1));
+        // SAFETY: Single's collectives touch no memory.
+        unsafe {
+            assert!(Single.start_all_reduce_sum(DevPtr::default(), 4, stream).is_err());
+            assert!(Single.start_reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1), stream).is_err());
+            assert!(Single.start_all_reduce_sum(DevPtr::default(), 4, None).is_ok());
+        }
+        assert!(Single.finish_all_reduces(stream).is_err());
+        assert!(Single.finish_all_reduces(None).is_ok());
+    }
+
     /// A communicator of `.0` ranks, never called (for `check_parts`).
     struct Fake(usize);
     impl Comm for Fake {
