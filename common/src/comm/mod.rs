@@ -242,7 +242,9 @@ mod tests {
         // SAFETY: Single's collectives touch no memory.
         unsafe {
             assert!(Single.start_all_reduce_sum(DevPtr::default(), 4, stream).is_err());
-            assert!(Single.start_reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1), stream).is_err());
+            assert!(Single
+                .start_reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1), stream)
+                .is_err());
             assert!(Single.start_all_reduce_sum(DevPtr::default(), 4, None).is_ok());
         }
         assert!(Single.finish_all_reduces(stream).is_err());
