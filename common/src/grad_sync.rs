@@ -4,17 +4,25 @@
 //! - `Allreduce` (the default): backward, then one sum of the whole gradient buffer.
 //! - `Overlapped` (`--overlap`): each block's gradients are summed as soon as backward has
 //!   finished them, while it goes on through the blocks below; the embeddings and the final
-//!   layernorm (finished last) follow.
+//!   layernorm (finished last) follow. On NCCL the buckets are ordered on the GPU (CUDA
+//!   events between the compute stream and NCCL's stream, no host waits); on MPI the host
+//!   waits for the backend, then starts a nonblocking sum.
 //! - `LocalSgd` (`--sync-every K`): no gradient sums; parameters are averaged every K steps
 //!   and after the last.
 //!
 //! Gradients are averaged by seeding the backward pass with 1/world, so every sum is plain.
 //! With gradient accumulation (K micro-batches a step), each micro-batch's backward is seeded
 //! with a further 1/K and adds to the same gradients; ranks meet after the last one.
+//!
+//! ZeRO-1 (`--zero 1`, [`Shards`]): the flat buffers are cut once into one contiguous shard
+//! per rank; the gradient sums above become reduce-scatters (each rank gets the sum of its
+//! own shard, bucket by bucket when overlapped), each rank's optimiser updates its shard
+//! ([`crate::optim::AdamW::sharded`]), and the updated shards are all-gathered after the
+//! update.
 
 use crate::autograd::{Graph, Tensor};
 use crate::backend::{Backend, DeviceBuffer};
-use crate::comm::Comm;
+use crate::comm::{even_parts, parts_within, Comm};
 use crate::error::Result;
 use crate::model::{Gpt2, ParamLayout};
 use std::ops::Range;
@@ -28,9 +36,56 @@ pub enum SyncMode {
     LocalSgd { every: u64 },
 }
 
+/// Shard boundaries fall on multiples of this many values (128 bytes), so each shard's
+/// kernels start on aligned memory.
+const SHARD_ALIGN: usize = 32;
+
+/// Which rank owns which contiguous piece of the flat parameter buffer under ZeRO-1: chosen
+/// once from the world size, as even as 32-value alignment allows (equal for GPT-2 124M on 2,
+/// 4 or 8 ranks). One rank owns everything when there is no sharding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shards {
+    parts: Vec<Range<usize>>,
+    rank: usize,
+}
+
+impl Shards {
+    /// `n` values cut over the ranks of `comm` (`zero`), or all on this rank (not).
+    pub fn new(n: usize, comm: &dyn Comm, zero: bool) -> Self {
+        if zero && comm.size() > 1 {
+            Shards {
+                parts: even_parts(n, comm.size(), SHARD_ALIGN),
+                rank: comm.rank(),
+            }
+        } else {
+            Shards {
+                parts: even_parts(n, 1, 1),
+                rank: 0,
+            }
+        }
+    }
+
+    /// Whether the buffers are cut over several ranks.
+    pub fn sharded(&self) -> bool {
+        self.parts.len() > 1
+    }
+
+    /// This rank's shard.
+    pub fn own(&self) -> Range<usize> {
+        self.parts[self.rank].clone()
+    }
+
+    /// Every rank's shard, in rank order.
+    pub fn parts(&self) -> &[Range<usize>] {
+        &self.parts
+    }
+}
+
 /// The synchronisation plan of one model: its mode and its gradient buckets.
 pub struct GradSync {
     mode: SyncMode,
+    /// ZeRO-1's shards (one, the whole buffer, without).
+    shards: Shards,
     /// Per-block buckets, summed during backward when overlapped.
     blocks: Vec<Range<usize>>,
     /// What lies outside the blocks, finished only at the end of backward.
@@ -39,9 +94,14 @@ pub struct GradSync {
 }
 
 impl GradSync {
-    pub fn new(mode: SyncMode, layout: &ParamLayout) -> Self {
+    pub fn new(mode: SyncMode, layout: &ParamLayout, shards: Shards) -> Self {
+        assert!(
+            !(shards.sharded() && matches!(mode, SyncMode::LocalSgd { .. })),
+            "local SGD keeps every rank's optimiser whole (the command line refuses --zero with --sync-every)"
+        );
         GradSync {
             mode,
+            shards,
             blocks: layout.blocks.clone(),
             outside: layout.outside_blocks(),
             total: layout.total,
@@ -58,10 +118,19 @@ impl GradSync {
         );
         GradSync {
             mode,
+            shards: Shards {
+                parts: even_parts(total, 1, 1),
+                rank: 0,
+            },
             blocks: Vec::new(),
             outside: vec![0..total],
             total,
         }
+    }
+
+    /// ZeRO-1's shards (the whole buffer on one rank without).
+    pub fn shards(&self) -> &Shards {
+        &self.shards
     }
 
     /// d(loss) to seed backward with: 1/(world · micro-batches) when gradients are averaged
@@ -75,9 +144,12 @@ impl GradSync {
     }
 
     /// Back-propagates micro-batch `micro` (of `micro.1`) from `loss` into `grads`; after
-    /// the last one, leaves the summed gradients in `grads` on every rank. Returns the
+    /// the last one, leaves the summed gradients in `grads` on every rank (under ZeRO-1,
+    /// the sum of its own shard only: the rest is left unspecified). Returns the
     /// seconds spent inside communication calls (waiting included: the part of
-    /// communication that computing did not hide).
+    /// communication that computing did not hide). Overlapped on NCCL, the host does not
+    /// wait: this is the time spent queueing the collectives, and the GPU's wait for
+    /// them shows in the step's compute time.
     pub fn backward<B: Backend>(
         &self,
         g: &mut Graph<'_, B>,
@@ -93,41 +165,61 @@ impl GradSync {
             return Ok(0.0);
         }
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
+        // Overlapped on a device communicator (NCCL): each bucket's sum is ordered after the
+        // kernels queued so far on the backend's stream, on the device, with no host wait.
+        // Elsewhere the host waits for the backend before each bucket (a no-op on the CPU).
+        let after = be.device_stream().filter(|_| comm.orders_on_device());
         let sum = |range: &Range<usize>, comm_s: &mut f64| {
+            if after.is_none() {
+                be.synchronize()?;
+            }
+            let at = grads.ptr().add(range.start);
             // SAFETY: every range lies in the layout, inside `grads` (checked above), which
-            // the caller keeps alive and untouched until `finish_all_reduces` returns.
+            // the caller keeps alive and leaves alone until the sums are finished (on the
+            // host, or for work queued on `after` from then on); the bucket's writes are
+            // done (host wait above) or queued on `after` before it.
             timed(comm_s, || unsafe {
-                comm.start_all_reduce_sum(grads.ptr().add(range.start), range.len())
+                if self.shards.sharded() {
+                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range), after)
+                } else {
+                    comm.start_all_reduce_sum(at, range.len(), after)
+                }
             })
         };
         let mut comm_s = 0.0;
         match self.mode {
             SyncMode::Overlapped if world > 1 => {
-                g.backward_with(loss, seed, |block| {
-                    // The kernels that wrote this block's gradients may still be queued (GPU),
-                    // and NCCL reads on its own stream: wait for them first (a no-op on the CPU).
-                    be.synchronize()?;
-                    sum(&self.blocks[block], &mut comm_s)
-                })?;
-                be.synchronize()?;
+                // The kernels that wrote a block's gradients may still be queued (GPU) when
+                // backward hands it over, and NCCL reads on its own stream: `sum` orders the
+                // bucket after them.
+                g.backward_with(loss, seed, |block| sum(&self.blocks[block], &mut comm_s))?;
                 for range in &self.outside {
                     sum(range, &mut comm_s)?;
                 }
-                timed(&mut comm_s, || comm.finish_all_reduces())?;
+                // What reads the sums (the norm, the optimiser) is queued on the backend's
+                // stream after this, which waits for them on the device (or the host waits).
+                timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
             SyncMode::Allreduce | SyncMode::Overlapped if world > 1 => {
                 g.backward(loss, seed)?;
                 be.synchronize()?;
                 // SAFETY: the whole layout, inside `grads` (checked above).
-                timed(&mut comm_s, || unsafe { comm.all_reduce_sum(grads.ptr(), self.total) })?;
+                timed(&mut comm_s, || unsafe {
+                    if self.shards.sharded() {
+                        comm.reduce_scatter_sum(grads.ptr(), self.shards.parts())
+                    } else {
+                        comm.all_reduce_sum(grads.ptr(), self.total)
+                    }
+                })?;
             }
             _ => g.backward(loss, seed)?,
         }
         Ok(comm_s)
     }
 
-    /// After the optimiser's update of 0-based `step`: local SGD averages the parameters
-    /// every K steps and after the last. Returns the seconds spent communicating.
+    /// After the optimiser's update of 0-based `step`: ZeRO-1 gathers every rank's updated
+    /// shard; local SGD averages the parameters every K steps and after the last. Returns
+    /// the seconds spent communicating.
     pub fn after_update<B: Backend>(
         &self,
         be: &B,
@@ -136,6 +228,9 @@ impl GradSync {
         step: u64,
         total_steps: u64,
     ) -> Result<f64> {
+        if self.shards.sharded() {
+            return self.gather_shards(be, comm, model);
+        }
         let world = comm.size();
         let SyncMode::LocalSgd { every } = self.mode else {
             return Ok(0.0);
@@ -154,6 +249,30 @@ impl GradSync {
             be.scale(params.ptr(), self.total, 1.0 / world as f32);
         }
         model.refresh_copy(be)?;
+        Ok(comm_s)
+    }
+}
+
+impl GradSync {
+    /// ZeRO-1, after the update: every rank's shard of the parameters to every rank, and the
+    /// bf16 copy (whose own shard the update wrote) rounded from the others' shards.
+    fn gather_shards<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<f64> {
+        let params = &model.params;
+        assert!(params.len() >= self.total, "parameter buffer smaller than the layout");
+        let mut comm_s = 0.0;
+        be.synchronize()?; // the update must be written before the gather reads it
+                           // SAFETY: the shards cover the layout, inside `params` (checked above).
+        timed(&mut comm_s, || unsafe {
+            comm.all_gather(params.ptr(), self.shards.parts())
+        })?;
+        if let Some(copy) = &model.params_bf16 {
+            assert!(copy.len() >= self.total, "bf16 copy smaller than the layout");
+            let own = self.shards.own();
+            for part in self.shards.parts().iter().filter(|&p| *p != own && !p.is_empty()) {
+                // SAFETY: each part lies inside both buffers (checked above).
+                unsafe { be.round_to_bf16(copy.ptr().add(part.start), params.ptr().add(part.start), part.len()) };
+            }
+        }
         Ok(comm_s)
     }
 }

@@ -2,8 +2,14 @@
 //! rate schedule (linear warmup, then cosine decay to a floor). Runs on the backend, so
 //! moments stay where the parameters are, and clipping, the skip of a non-finite step and the
 //! step's (loss, norm) need no host round trip: the host reads them when it likes.
+//!
+//! Under ZeRO-1 (`--zero 1`) each rank's AdamW owns one contiguous shard of the flat
+//! parameter buffer ([`AdamW::sharded`]): it keeps the moments of that shard only, updates
+//! those parameters only (weight decay still per parameter, the decay segments cut to the
+//! shard), and sums its shard's Σg² with the other ranks' before the global norm.
 
 use crate::backend::{bf16, check_range, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
+use crate::comm::Comm;
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -113,13 +119,32 @@ impl<B: Backend> StepMeter<B> {
         grad_clip: f32,
         loss_scale: f32,
     ) -> Result<()> {
-        check_range("gradients", grads.len(), 0, n)?;
+        self.finish_shard_gradients(be, grads, 0..n, None, grad_clip, loss_scale)
+    }
+
+    /// [`StepMeter::finish_gradients`] from the gradients in `shard` of `grads`, with Σg²
+    /// summed over the ranks of `across` (each holding its own shard) before the norm; the
+    /// host waits for the sum of squares then (a round trip only where there is a shard).
+    pub fn finish_shard_gradients(
+        &self,
+        be: &B,
+        grads: &B::Buffer<f32>,
+        shard: Range<usize>,
+        across: Option<&dyn Comm>,
+        grad_clip: f32,
+        loss_scale: f32,
+    ) -> Result<()> {
+        check_range("gradients", grads.len(), shard.start, shard.len())?;
         let s = self.state.ptr();
-        // SAFETY: grads holds n values (checked above); the state its words, the history
-        // 2·HISTORY.
+        // SAFETY: grads holds the shard (checked above); the state its words, the history
+        // 2·HISTORY; Σg² is the state's first word, which nothing else touches meanwhile.
         unsafe {
             be.zero(s, 1); // sumsq
-            be.sum_squares(s, grads.ptr(), n);
+            be.sum_squares(s, grads.ptr().add(shard.start), shard.len());
+            if let Some(comm) = across {
+                be.synchronize()?;
+                comm.all_reduce_sum(s, 1)?;
+            }
             be.step_stats(s, self.history.ptr(), HISTORY, grad_clip, loss_scale);
         }
         Ok(())
@@ -158,17 +183,20 @@ impl<B: Backend> StepMeter<B> {
     }
 }
 
-/// Checks that `params`, `grads`, the optimiser's buffers and the bf16 copy hold `n` values.
+/// Checks that `params`, `grads` and the bf16 copy hold `n` values, and the optimiser's
+/// buffers `state_n`.
 fn check_buffers<B: Backend>(
-    n: usize,
+    (n, state_n): (usize, usize),
     params: &B::Buffer<f32>,
     grads: &B::Buffer<f32>,
     state: &[&B::Buffer<f32>],
     copy: Option<&B::Buffer<bf16>>,
 ) -> Result<()> {
-    let named = [("parameters", params), ("gradients", grads)];
-    for (what, buf) in named.into_iter().chain(state.iter().map(|b| ("optimiser state", *b))) {
+    for (what, buf) in [("parameters", params), ("gradients", grads)] {
         check_range(what, buf.len(), 0, n)?;
+    }
+    for buf in state {
+        check_range("optimiser state", buf.len(), 0, state_n)?;
     }
     if let Some(copy) = copy {
         check_range("bf16 parameters", copy.len(), 0, n)?;
@@ -178,13 +206,16 @@ fn check_buffers<B: Backend>(
 
 pub struct AdamW<B: Backend> {
     pub config: OptimConfig,
-    /// First and second moments, in the parameter layout.
+    /// First and second moments of the shard's parameters, in the parameter layout.
     pub m: B::Buffer<f32>,
     pub v: B::Buffer<f32>,
     pub meter: StepMeter<B>,
+    /// The decay segments cut to the shard, offsets from its start.
     segments: Vec<(Range<usize>, bool)>,
     /// Parameters in the layout.
     n: usize,
+    /// The parameters this optimiser updates: all of them, or this rank's ZeRO-1 shard.
+    shard: Range<usize>,
 }
 
 impl<B: Backend> AdamW<B> {
@@ -194,14 +225,44 @@ impl<B: Backend> AdamW<B> {
 
     /// For `n` parameters whose weight decay applies to the `segments` flagged true.
     pub fn with_segments(be: &B, n: usize, segments: Vec<(Range<usize>, bool)>, config: OptimConfig) -> Result<Self> {
+        Self::sharded(be, n, segments, config, 0..n)
+    }
+
+    /// The optimiser of `shard` of `n` parameters (ZeRO-1: this rank's share): moments for
+    /// the shard only, updates of the shard only.
+    pub fn sharded(
+        be: &B,
+        n: usize,
+        segments: Vec<(Range<usize>, bool)>,
+        config: OptimConfig,
+        shard: Range<usize>,
+    ) -> Result<Self> {
+        assert!(shard.end <= n, "shard {shard:?} outside the {n} parameters");
+        let within = |i: usize| i.clamp(shard.start, shard.end) - shard.start;
+        let segments = segments
+            .into_iter()
+            .map(|(r, decay)| (within(r.start)..within(r.end), decay))
+            .filter(|(r, _)| !r.is_empty())
+            .collect();
         Ok(AdamW {
             config,
-            m: be.alloc(n)?,
-            v: be.alloc(n)?,
+            m: be.alloc(shard.len())?,
+            v: be.alloc(shard.len())?,
             meter: StepMeter::new(be)?,
             segments,
             n,
+            shard,
         })
+    }
+
+    /// The parameters this optimiser updates (and whose moments it keeps).
+    pub fn shard(&self) -> Range<usize> {
+        self.shard.clone()
+    }
+
+    /// Bytes of optimiser state (the two moments) this rank keeps.
+    pub fn state_bytes(&self) -> usize {
+        2 * self.shard.len() * std::mem::size_of::<f32>()
     }
 
     /// See [`StepMeter::begin_step`]: the schedule of 0-based `step`.
@@ -210,10 +271,14 @@ impl<B: Backend> AdamW<B> {
         self.meter.begin_step(be, c.lr_at(step), Some((c.beta1, c.beta2)), step)
     }
 
-    /// See [`StepMeter::finish_gradients`], over every parameter's gradient.
-    pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32) -> Result<()> {
+    /// See [`StepMeter::finish_gradients`], over every parameter's gradient: a shard's Σg²
+    /// is summed over the ranks of `comm` (each holds its shard's summed gradients).
+    pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32, comm: &dyn Comm) -> Result<()> {
+        let across = (self.shard.len() < self.n).then_some(comm);
+        let clip = self.config.grad_clip;
+        check_range("gradients", grads.len(), 0, self.n)?;
         self.meter
-            .finish_gradients(be, grads, self.n, self.config.grad_clip, loss_scale)
+            .finish_shard_gradients(be, grads, self.shard(), across, clip, loss_scale)
     }
 
     /// See [`StepMeter::read_history`].
@@ -221,10 +286,10 @@ impl<B: Backend> AdamW<B> {
         self.meter.read_history(be, &self.config, steps)
     }
 
-    /// Queues the update (one pass; weight decay on the decay segments), with the gradients
-    /// clipped by the factor [`StepMeter::finish_gradients`] left on the device, writing the
-    /// updated parameters rounded to bf16 into `copy` too, when given. The device skips it
-    /// when the step's loss or norm was not finite.
+    /// Queues the update of the shard's parameters (one pass; weight decay on the decay
+    /// segments), with the gradients clipped by the factor [`StepMeter::finish_gradients`]
+    /// left on the device, writing the updated parameters rounded to bf16 into `copy` too,
+    /// when given. The device skips it when the step's loss or norm was not finite.
     pub fn update(
         &self,
         be: &B,
@@ -232,26 +297,29 @@ impl<B: Backend> AdamW<B> {
         copy: Option<&B::Buffer<bf16>>,
         grads: &B::Buffer<f32>,
     ) -> Result<()> {
-        check_buffers::<B>(self.n, params, grads, &[&self.m, &self.v], copy)?;
-        let c = &self.config;
+        check_buffers::<B>((self.n, self.shard.len()), params, grads, &[&self.m, &self.v], copy)?;
+        if self.segments.is_empty() {
+            return Ok(()); // an empty shard (more ranks than aligned pieces)
+        }
+        let (c, at) = (&self.config, self.shard.start);
         let hp = AdamWHyper {
             beta1: c.beta1,
             beta2: c.beta2,
             eps: c.eps,
             weight_decay: c.weight_decay,
         };
-        // SAFETY: params, grads, m, v and the copy hold the n values the segments cover
-        // (checked above); the state holds its words.
+        // SAFETY: params, grads and the copy hold the n values, m and v the shard's (checked
+        // above), and the segments cover the shard from its start; the state holds its words.
         unsafe {
             be.adamw(
-                params.ptr(),
-                grads.ptr(),
+                params.ptr().add(at),
+                grads.ptr().add(at),
                 self.m.ptr(),
                 self.v.ptr(),
                 &self.segments,
                 self.meter.state(),
                 hp,
-                copy.map(|c| c.ptr()),
+                copy.map(|c| c.ptr().add(at)),
             );
         }
         Ok(())
@@ -298,7 +366,7 @@ impl<B: Backend> Sgd<B> {
         copy: Option<&B::Buffer<bf16>>,
         grads: &B::Buffer<f32>,
     ) -> Result<()> {
-        check_buffers::<B>(self.n, params, grads, &[&self.velocity], copy)?;
+        check_buffers::<B>((self.n, self.n), params, grads, &[&self.velocity], copy)?;
         for (range, decay) in &self.segments {
             let hp = SgdHyper {
                 momentum: self.momentum,
@@ -369,6 +437,40 @@ impl<B: Backend> Optimizer<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::CpuBackend;
+
+    #[test]
+    fn shards_of_an_update_make_the_whole_update() {
+        // Two halves updated by two sharded optimisers (the same gradients, the same state)
+        // equal one optimiser over the whole, bit for bit, decay segments crossing the cut.
+        let be = CpuBackend::new(1).unwrap();
+        let n = 100;
+        let segments = vec![(0..30, true), (30..45, false), (45..100, true)];
+        let config = OptimConfig {
+            weight_decay: 0.1,
+            ..cfg()
+        };
+        let host: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let grads_host: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let run = |shards: &[Range<usize>]| {
+            let (params, grads) = (be.alloc::<f32>(n).unwrap(), be.alloc::<f32>(n).unwrap());
+            be.write(&params, 0, &host).unwrap();
+            be.write(&grads, 0, &grads_host).unwrap();
+            for shard in shards {
+                let opt = AdamW::sharded(&be, n, segments.clone(), config, shard.clone()).unwrap();
+                opt.begin_step(&be, 3).unwrap();
+                opt.meter.finish_gradients(&be, &grads, n, 0.0, 1.0).unwrap();
+                opt.update(&be, &params, None, &grads).unwrap();
+                assert_eq!(opt.state_bytes(), 8 * shard.len());
+            }
+            let mut out = vec![0.0; n];
+            be.read(&params, 0, &mut out).unwrap();
+            out
+        };
+        let whole = run(std::slice::from_ref(&(0..n)));
+        assert_eq!(run(&[0..40, 40..100]), whole);
+        assert_ne!(whole, host, "the update moved the parameters");
+    }
 
     fn cfg() -> OptimConfig {
         OptimConfig {

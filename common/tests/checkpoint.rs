@@ -577,3 +577,40 @@ fn swapped_arrays_are_corrupt() {
     }
     expect_checksum_refusal(&path, cases);
 }
+
+#[test]
+fn background_writes_are_the_same_file_one_at_a_time_and_finish_on_drop() {
+    let dir = TempDir::new("background");
+    let (path, first, params, m, v) = saved(&dir);
+    let direct = std::fs::read(&path).unwrap();
+    let mut writer = checkpoint::BackgroundWriter::default();
+    let arrays = [params.clone(), m.clone(), v.clone()];
+    writer.start(&path, first.clone(), arrays, (0.001, 0.0)).unwrap();
+    let report = writer.wait().unwrap().expect("a write was under way");
+    assert_eq!(report.step, first.step);
+    assert!(report.to_string().ends_with(&path.display().to_string()), "{report}");
+    assert_eq!(std::fs::read(&path).unwrap(), direct, "the same bytes as a direct save");
+    assert!(writer.wait().unwrap().is_none(), "nothing left to wait for");
+    // The arrays come back for the next copy; a writer dropped mid-write finishes it.
+    let again = writer.take_arrays();
+    assert_eq!(bits(&again[0]), bits(&params));
+    let later = meta(tiny(), first.step + 1);
+    writer.start(&path, later.clone(), again, (0.0, 0.0)).unwrap();
+    drop(writer);
+    assert_eq!(checkpoint::load(&path).unwrap().meta, later);
+    assert_eq!(
+        dir.names(),
+        vec![path.file_name().unwrap().to_string_lossy().to_string()]
+    );
+}
+
+#[test]
+fn a_background_write_that_fails_reports_its_error() {
+    let dir = TempDir::new("background-fails");
+    let (path, meta, params, m, mut v) = saved(&dir);
+    v[3] = f32::NAN; // a diverged model is never saved
+    let mut writer = checkpoint::BackgroundWriter::default();
+    writer.start(&path, meta, [params, m, v], (0.0, 0.0)).unwrap();
+    let err = writer.wait().unwrap_err().to_string();
+    assert!(err.contains("diverged"), "{err}");
+}

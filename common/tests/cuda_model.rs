@@ -244,6 +244,7 @@ fn train_losses<B: Backend>(be: &B, cfg: ModelConfig, batches: &[Batch], b: usiz
         sync: SyncMode::Allreduce,
         micro_batches: 1,
         recompute: false,
+        zero: false,
     };
     let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
     trainer.init_weights(1337).expect("init");
@@ -283,6 +284,7 @@ fn replay_run(precision: Precision, replay: bool, micro_batches: usize) -> (Vec<
         sync: SyncMode::Allreduce,
         micro_batches,
         recompute: false,
+        zero: false,
     };
     let cfg = config("char", ConfigOverrides::default());
     let mut trainer = Trainer::new(&be, &Single, cfg, settings).expect("trainer");

@@ -127,6 +127,11 @@ const CASES: &[(&str, &str, &str)] = &[
         "--overlap",
     ),
     (
+        "ZeRO in one process",
+        "train --data corpus.txt --out o --zero 1",
+        "--zero applies to the multi-process stages",
+    ),
+    (
         "checkpoint missing",
         "generate --checkpoint missing.ckpt",
         "missing.ckpt",

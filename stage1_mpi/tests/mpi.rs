@@ -231,6 +231,94 @@ fn reproduces_stage0_with_and_without_overlap() {
 }
 
 #[test]
+fn reduce_scatter_and_all_gather_are_exact() {
+    // ZeRO-1's collectives on their own (stage1_mpi/src/bin/comm_check.rs): even, uneven and
+    // empty parts, blocking and started, on 2 and 3 ranks.
+    let check = env!("CARGO_BIN_EXE_comm_check");
+    for ranks in ["2", "3"] {
+        let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let args: Vec<String> = ["-n", ranks, check].iter().map(|s| s.to_string()).collect();
+        let o = run_limited("mpirun", &args, &[], Duration::from_secs(60));
+        assert_ok(&o);
+        assert_eq!(
+            o.stdout.matches("exact").count(),
+            ranks.parse::<usize>().unwrap(),
+            "{}",
+            o.stdout
+        );
+    }
+}
+
+#[test]
+fn zero1_equals_zero0() {
+    // Two ranks sum each gradient as a + b, which is the same float whichever rank adds, so
+    // the reduce-scatter gives each shard the all-reduce's values bit for bit, and AdamW
+    // does the same arithmetic per element whoever runs it: without clipping, --zero 1
+    // (overlapped or not) is --zero 0 exactly. With clipping the global norm's Σg² is
+    // summed per shard (in f64, rounded to f32) and then across ranks, so the clipping factor
+    // may differ in its last bit: the losses then agree within LOSS_TOL.
+    let d = tmpdir("zero");
+    let data = corpus(&d);
+    for clip in [&["--grad-clip", "0"][..], &[]] {
+        let run = |name: &str, zero: &[&str]| {
+            let out = d.join(format!("{name}-clip-{}", clip.is_empty()));
+            let extra = [&["--steps", "30", "--eval-every", "10"][..], clip, zero].concat();
+            let o = mpirun(2, &train_args(&data, &out, &extra), &[]);
+            assert_ok(&o);
+            (o, out)
+        };
+        let (_, whole) = run("zero0", &[]);
+        let (o, sharded) = run("zero1", &["--zero", "1"]);
+        assert!(o.stdout.contains("(ZeRO-1: 1/2 of"), "the start-up line: {}", o.stdout);
+        let (_, overlapped) = run("zero1-overlap", &["--zero", "1", "--overlap"]);
+        for out in [&sharded, &overlapped] {
+            if clip.is_empty() {
+                assert_tables_close(&loss_table(out), &loss_table(&whole), "--zero 1 vs --zero 0");
+            } else {
+                assert_eq!(
+                    table_without_times(out),
+                    table_without_times(&whole),
+                    "{}",
+                    out.display()
+                );
+                assert_eq!(final_params(out), final_params(&whole), "{}", out.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn zero1_resumes_exactly_and_on_other_rank_counts() {
+    // The checkpoint holds the moments gathered whole, so a --zero 1 run stopped and resumed
+    // is the same run bit for bit, and it resumes on 1 rank (and a 1-rank run on 2 under
+    // --zero 1) within the ranks' rounding.
+    let d = tmpdir("zero-resume");
+    let data = corpus(&d);
+    let schedule = ["--steps", "40", "--eval-every", "10", "--zero", "1"];
+    let straight = d.join("straight");
+    assert_ok(&mpirun(2, &train_args(&data, &straight, &schedule), &[]));
+    for (first, then) in [(2, 2), (2, 1), (1, 2)] {
+        let out = d.join(format!("{first}-then-{then}"));
+        let cut = [&schedule[..], &["--stop-after", "17"]].concat();
+        assert_ok(&mpirun(first, &train_args(&data, &out, &cut), &[]));
+        let ckpt = out.join("model.ckpt");
+        let rest = ["--eval-every", "10", "--zero", "1", "--resume", ckpt.to_str().unwrap()];
+        assert_ok(&mpirun(then, &train_args(&data, &out, &rest), &[]));
+        if first == then {
+            assert_eq!(
+                table_without_times(&out),
+                table_without_times(&straight),
+                "stopped and resumed"
+            );
+            assert_eq!(final_params(&out), final_params(&straight), "stopped and resumed");
+        } else {
+            let what = format!("{first} then {then} ranks vs 2 ranks straight, --zero 1");
+            assert_tables_close(&loss_table(&out), &loss_table(&straight), &what);
+        }
+    }
+}
+
+#[test]
 fn local_sgd_learns() {
     let d = tmpdir("localsgd");
     let data = corpus(&d);
@@ -288,6 +376,14 @@ fn overlap_with_sync_every_is_refused() {
     refused(
         &["--overlap", "--sync-every", "2"],
         "--overlap cannot be used with --sync-every",
+    );
+}
+
+#[test]
+fn zero_with_sync_every_is_refused() {
+    refused(
+        &["--zero", "1", "--sync-every", "2"],
+        "--zero cannot be used with --sync-every",
     );
 }
 

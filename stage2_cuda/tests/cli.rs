@@ -178,6 +178,7 @@ fn cpu_and_multi_process_flags_are_refused() {
     for (extra, needle) in [
         (&["--threads", "2"][..], "--threads applies to the CPU stages"),
         (&["--overlap"][..], "--overlap applies to the multi-process stages"),
+        (&["--zero", "1"][..], "--zero applies to the multi-process stages"),
         (
             &["--sync-every", "2"][..],
             "--sync-every applies to the multi-process stages",

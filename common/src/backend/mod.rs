@@ -63,6 +63,22 @@ impl ActType {
     }
 }
 
+/// A backend's queue of device work (a `CUstream` on the GPU), as an opaque handle: what a
+/// device communicator orders its collectives against ([`crate::comm::Comm`]'s `start_*`
+/// and `finish_all_reduces`), so that no host waits are needed between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceStream(u64);
+
+impl DeviceStream {
+    pub const fn from_raw(handle: u64) -> Self {
+        DeviceStream(handle)
+    }
+
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
+
 /// Address of an element of type `T` in a backend's memory (a host address on the CPU, a
 /// `CUdeviceptr` on the GPU). Making or moving one is safe; reading or writing through it
 /// is what the `unsafe` ops do.
@@ -314,6 +330,11 @@ pub trait Backend {
 
     /// Wait until all queued work is done (a no-op on the CPU).
     fn synchronize(&self) -> Result<()>;
+    /// The stream all this backend's work is queued on, for a device communicator to order
+    /// collectives against; `None` where work runs as it is queued (the CPU).
+    fn device_stream(&self) -> Option<DeviceStream> {
+        None
+    }
 
     // ---- recording: a step captured once and replayed (CUDA graphs) --------------------
     /// Queued work recorded by [`Backend::begin_recording`]; `()` where there is none.

@@ -39,6 +39,8 @@ pub struct BenchReport {
     pub peak_rss_mb: f64,
     /// Device memory high-water mark (GPU backends; equals RSS on the CPU).
     pub peak_device_mb: f64,
+    /// AdamW's moments kept by each rank (1/N of the whole under `--zero 1`), MiB.
+    pub optimizer_state_mb: f64,
     pub gflops: f64,
     /// Model FLOPs utilisation against the device's dense peak (GPU only).
     pub mfu: Option<f64>,
@@ -91,6 +93,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         sync,
         micro_batches: 1,
         recompute: args.recompute,
+        zero: args.sync.zero(),
     };
     let mut trainer = Trainer::new(be, comm, config, settings)?;
     trainer.init_weights(1)?;
@@ -141,6 +144,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         compute_ms_per_step: (secs - comm_s) * 1e3 / steps,
         peak_rss_mb: rss,
         peak_device_mb: be.peak_memory_bytes() as f64 / (1 << 20) as f64,
+        optimizer_state_mb: trainer.optimizer_state_bytes() as f64 / (1 << 20) as f64,
         gflops: flops / 1e9,
         mfu: if is_gpu {
             gpu_peak_flops(&device, args.device.precision()).map(|p| flops / world as f64 / p)

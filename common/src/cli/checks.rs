@@ -31,6 +31,9 @@ pub const STAGE_FLAGS: &[StageFlag] = &[
         "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
         |s| s.distributed,
     ),
+    ("zero", "the multi-process stages (stage1_mpi, stage3_mpi_cuda)", |s| {
+        s.distributed
+    }),
     (
         "comm_timeout",
         "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
@@ -44,6 +47,11 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "overlap",
         "sync_every",
         "local SGD sums no gradients during backward, so there is nothing to overlap",
+    ),
+    (
+        "zero",
+        "sync_every",
+        "ZeRO shards the optimiser over ranks that sum gradients every step; local SGD keeps a whole optimiser on each",
     ),
     ("steps", "epochs", "both set the length of the run"),
     (
@@ -114,6 +122,13 @@ pub(super) fn at_least_one(s: &str) -> Result<usize, String> {
     match number::<usize>(s)? {
         0 => Err("must be at least 1".into()),
         n => Ok(n),
+    }
+}
+
+pub(super) fn zero_stage(s: &str) -> Result<u8, String> {
+    match number::<u8>(s) {
+        Ok(stage @ (0 | 1)) => Ok(stage),
+        _ => Err("must be 0 or 1 (ZeRO stages 2 and 3 are not implemented)".into()),
     }
 }
 

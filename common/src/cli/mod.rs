@@ -14,7 +14,7 @@ use crate::grad_sync::SyncMode;
 use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
     at_least_one, at_least_one_u64, fraction_f32, mass_f32, non_negative_f32, open_fraction_f32, positive_f32,
-    positive_f64, thread_count, token_count,
+    positive_f64, thread_count, token_count, zero_stage,
 };
 
 use clap::{Args, Parser, Subcommand};
@@ -188,9 +188,19 @@ pub struct SyncArgs {
     /// gradients every step.
     #[arg(long, value_name = "K", value_parser = at_least_one_u64)]
     pub sync_every: Option<u64>,
+    /// Multi-process stages: ZeRO stage. 1: AdamW's moments cut over the ranks (gradients
+    /// reduce-scattered, each rank updates its 1/N of the weights, which are then
+    /// all-gathered); 0: every rank keeps all [default: 0].
+    #[arg(long, value_name = "STAGE", value_parser = zero_stage)]
+    pub zero: Option<u8>,
 }
 
 impl SyncArgs {
+    /// ZeRO-1 asked for.
+    pub fn zero(&self) -> bool {
+        self.zero == Some(1)
+    }
+
     /// How gradients are synchronised across ranks.
     pub fn mode(&self) -> SyncMode {
         match (self.sync_every, self.overlap) {

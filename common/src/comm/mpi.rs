@@ -3,7 +3,7 @@
 //! collectives, so those few calls go straight to `mpi::ffi`, each wrapped and checked here.
 
 use super::Comm;
-use crate::backend::DevPtr;
+use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use mpi::ffi;
 use mpi::raw::AsRaw;
@@ -11,6 +11,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, Root};
 use mpi::Threading;
 use std::cell::RefCell;
+use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 
 extern "C" {
@@ -32,6 +33,9 @@ pub struct MpiComm {
     host: String,
     /// Sums started by `start_all_reduce_sum` and not yet waited for.
     pending: RefCell<Vec<ffi::MPI_Request>>,
+    /// Reduce-scatters started and not yet waited for: where each one's sum lands, the part
+    /// of the caller's buffer to copy it into then, and the counts MPI may read until then.
+    scattered: RefCell<Vec<Scattered>>,
     /// Finalizes MPI when dropped, so it is declared (and dropped) last.
     _universe: mpi::environment::Universe,
 }
@@ -64,6 +68,7 @@ impl MpiComm {
             local_size,
             host,
             pending: RefCell::new(Vec::new()),
+            scattered: RefCell::new(Vec::new()),
             _universe: universe,
         })
     }
@@ -101,6 +106,71 @@ impl MpiComm {
         }
         Ok(())
     }
+}
+
+impl MpiComm {
+    /// Sums `parts` (offsets from `buf`) over all ranks into `own`, this rank's part:
+    /// MPI_Reduce_scatter, or MPI_Ireduce_scatter when `request` takes the request. Not in
+    /// place: MPICH 4.0's in-place MPI_Reduce crashed at a root other than 0 and used a
+    /// non-root's receive buffer as scratch, so the sum lands in `own` and the caller copies
+    /// it into the part. MPI's reduction order is fixed for a given world size and count,
+    /// so the sums are the same at every call.
+    ///
+    /// SAFETY: `buf` must address the live host f32 that `parts` cover; `own` holds this
+    /// rank's part's length; `counts` is [`part_counts`] of `parts`; all three stay untouched
+    /// until the call (or its request) completes.
+    unsafe fn reduce_scatter_into(
+        &self,
+        buf: *const f32,
+        (parts, counts): (&[Range<usize>], &[c_int]),
+        own: &mut [f32],
+        request: Option<&mut ffi::MPI_Request>,
+    ) -> Result<()> {
+        let send = buf.wrapping_add(parts[0].start) as *const c_void;
+        let recv = own.as_mut_ptr() as *mut c_void;
+        let (float, op, world) = (
+            unsafe { ffi::RSMPI_FLOAT },
+            unsafe { ffi::RSMPI_SUM },
+            self.world.as_raw(),
+        );
+        // SAFETY: the caller's buffers and counts (above).
+        match request {
+            None => check("MPI_Reduce_scatter", unsafe {
+                ffi::MPI_Reduce_scatter(send, recv, counts.as_ptr(), float, op, world)
+            }),
+            Some(request) => check("MPI_Ireduce_scatter", unsafe {
+                ffi::MPI_Ireduce_scatter(send, recv, counts.as_ptr(), float, op, world, request)
+            }),
+        }
+    }
+
+    /// MPICH moves nonblocking collectives on only inside MPI calls (no progress thread):
+    /// testing them lets those started earlier advance while the backward pass computes.
+    fn progress(&self, pending: &mut [ffi::MPI_Request]) -> Result<()> {
+        let mut all_done: c_int = 0;
+        // SAFETY: `pending` holds valid (or already null) requests.
+        check("MPI_Testall", unsafe {
+            ffi::MPI_Testall(
+                pending.len() as c_int,
+                pending.as_mut_ptr(),
+                &mut all_done,
+                ffi::RSMPI_STATUSES_IGNORE,
+            )
+        })
+    }
+}
+
+/// A started reduce-scatter's sum, where to copy it once done, and its counts.
+type Scattered = (Vec<f32>, *mut f32, Vec<c_int>);
+
+/// Each part's length as MPI's count, after checking the parts (one per rank, contiguous).
+fn part_counts(comm: &MpiComm, parts: &[Range<usize>]) -> Result<Vec<c_int>> {
+    super::check_parts(comm, parts)?;
+    parts
+        .iter()
+        .map(|p| c_int::try_from(p.len()))
+        .collect::<std::result::Result<Vec<c_int>, _>>()
+        .map_err(|_| Error::Device(format!("a reduce-scatter part holds more than {} values", c_int::MAX)))
 }
 
 /// The message a rank printed just before MPI_Abort travels through the launcher's pipes;
@@ -171,7 +241,8 @@ impl Comm for MpiComm {
         unsafe { self.all_reduce_in_place(v.as_mut_ptr(), v.len()) }
     }
 
-    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+        super::host_ordered(self, after)?;
         let mut pending = self.pending.borrow_mut();
         for (piece, count) in pieces(buf.addr() as *mut f32, n) {
             // SAFETY: as in `all_reduce_sum`; the caller leaves the memory alone until
@@ -190,21 +261,61 @@ impl Comm for MpiComm {
             })?;
             pending.push(request);
         }
-        // MPICH moves nonblocking collectives on only inside MPI calls (no progress thread):
-        // test them here, so sums started earlier advance while the backward pass computes.
-        let mut all_done: c_int = 0;
-        // SAFETY: `pending` holds valid (or already null) requests.
-        check("MPI_Testall", unsafe {
-            ffi::MPI_Testall(
-                pending.len() as c_int,
-                pending.as_mut_ptr(),
-                &mut all_done,
-                ffi::RSMPI_STATUSES_IGNORE,
-            )
-        })
+        self.progress(&mut pending)
     }
 
-    fn finish_all_reduces(&self) -> Result<()> {
+    unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+        let counts = part_counts(self, parts)?;
+        let mut own = vec![0.0f32; parts[self.rank].len()];
+        let buf = buf.addr() as *mut f32;
+        // SAFETY: the Comm contract; MpiComm's DevPtrs are host addresses (CPU backend), and
+        // the own part lies inside the buffer.
+        unsafe {
+            self.reduce_scatter_into(buf, (parts, &counts), &mut own, None)?;
+            std::ptr::copy_nonoverlapping(own.as_ptr(), buf.add(parts[self.rank].start), own.len());
+        }
+        Ok(())
+    }
+
+    unsafe fn start_reduce_scatter_sum(
+        &self,
+        buf: DevPtr,
+        parts: &[Range<usize>],
+        after: Option<DeviceStream>,
+    ) -> Result<()> {
+        super::host_ordered(self, after)?;
+        let counts = part_counts(self, parts)?;
+        let mut own = vec![0.0f32; parts[self.rank].len()];
+        let buf = buf.addr() as *mut f32;
+        let mut pending = self.pending.borrow_mut();
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as above; the caller leaves the memory alone until `finish_all_reduces`,
+        // and the heap memory of `own` and `counts` stays where it is when the vectors move
+        // into `scattered`, kept until then.
+        unsafe { self.reduce_scatter_into(buf, (parts, &counts), &mut own, Some(&mut request))? };
+        pending.push(request);
+        let into = buf.wrapping_add(parts[self.rank].start);
+        self.scattered.borrow_mut().push((own, into, counts));
+        self.progress(&mut pending)
+    }
+
+    unsafe fn all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+        super::check_parts(self, parts)?;
+        let buf = buf.addr() as *mut f32;
+        // Each part from its rank: a broadcast per part and piece (no arithmetic: exact).
+        for (root, part) in parts.iter().enumerate() {
+            for (piece, count) in pieces(buf.wrapping_add(part.start), part.len()) {
+                // SAFETY: `piece` lies inside the caller's host buffer (the Comm contract).
+                check("MPI_Bcast", unsafe {
+                    ffi::MPI_Bcast(piece, count, ffi::RSMPI_FLOAT, root as c_int, self.world.as_raw())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
+        super::host_ordered(self, then)?;
         let mut pending = self.pending.borrow_mut();
         if pending.is_empty() {
             return Ok(());
@@ -213,7 +324,13 @@ impl Comm for MpiComm {
         let code =
             unsafe { ffi::MPI_Waitall(pending.len() as c_int, pending.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) };
         pending.clear();
-        check("MPI_Waitall", code)
+        check("MPI_Waitall", code)?;
+        for (own, into, _counts) in self.scattered.borrow_mut().drain(..) {
+            // SAFETY: `into` is this rank's part of the buffer given to
+            // `start_reduce_scatter_sum`, which the caller has left alone until now.
+            unsafe { std::ptr::copy_nonoverlapping(own.as_ptr(), into, own.len()) };
+        }
+        Ok(())
     }
 
     fn broadcast_bytes(&self, data: &mut Vec<u8>) -> Result<()> {

@@ -1,22 +1,39 @@
 //! NCCL communicator for stage 3 (one rank per GPU): gradients are summed on the devices
-//! with ncclAllReduce; everything else (start-up broadcasts, small host sums, aborting
-//! the job) goes through the MPI communicator that bootstrapped it.
+//! with ncclAllReduce (ncclReduceScatter under ZeRO-1); everything else (start-up
+//! broadcasts, small host sums, aborting the job) goes through the MPI communicator that
+//! bootstrapped it.
+//!
+//! The collectives run on a communication stream of their own. Blocking calls wait for it
+//! on the host. Started ones (`--overlap`'s buckets) are ordered on the device instead: the
+//! caller's compute stream records an event, the communication stream waits for it
+//! (cuStreamWaitEvent) and then queues the collective, so backward goes on while a bucket is
+//! summed; at the end the compute stream waits for an event recorded on the communication
+//! stream after the last collective, before anything reads the sums.
 
 use super::mpi::MpiComm;
 use super::{agree, Comm};
-use crate::backend::DevPtr;
+use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaEvent, CudaStream};
 use cudarc::nccl::{result as nccl, sys};
+use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::Arc;
 
 pub struct NcclComm {
     mpi: MpiComm,
     comm: sys::ncclComm_t,
-    /// NCCL's own stream on this rank's GPU. The trainer synchronises the backend before
-    /// every sum (the overlapped ones too), and `all_reduce_sum` waits for this stream
-    /// before returning, so the two streams never race.
+    /// NCCL's own stream on this rank's GPU (the communication stream). Before a blocking
+    /// collective the trainer synchronises its backend, and the collective waits for this
+    /// stream before returning; a started one is ordered by the two events below. Either
+    /// way the two streams never race.
     stream: Arc<CudaStream>,
+    /// Recorded on the caller's compute stream before a started collective; the
+    /// communication stream waits for it (re-recording it later leaves earlier waits alone).
+    ready: CudaEvent,
+    /// Recorded on the communication stream after the last started collective; the compute
+    /// stream waits for it in `finish_all_reduces`.
+    done: CudaEvent,
     _ctx: Arc<CudaContext>,
     device: usize,
 }
@@ -97,10 +114,18 @@ impl NcclComm {
             mpi.abort(1);
             return Err(e);
         }
+        let events = ctx
+            .new_event(None)
+            .and_then(|ready| Ok((ready, ctx.new_event(None)?)))
+            .map_err(|e| nccl_err("creating CUDA events", e));
+        // Every rank holds its communicator now: none may leave alone.
+        let (ready, done) = agree(&mpi, events)?;
         Ok(NcclComm {
             mpi,
             comm,
             stream,
+            ready,
+            done,
             _ctx: ctx,
             device,
         })
@@ -110,17 +135,43 @@ impl NcclComm {
     pub fn device(&self) -> usize {
         self.device
     }
-}
 
-impl Comm for NcclComm {
-    fn rank(&self) -> usize {
-        self.mpi.rank()
+    /// Waits for what was queued on NCCL's stream (`what` names it in an error).
+    fn wait(&self, what: &str) -> Result<()> {
+        self.stream.synchronize().map_err(|e| nccl_err(what, e))
     }
-    fn size(&self) -> usize {
-        self.mpi.size()
+
+    /// The NCCL stream as the raw handle the NCCL calls take.
+    fn raw_stream(&self) -> sys::cudaStream_t {
+        self.stream.cu_stream() as _
     }
-    unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
-        let p = buf.addr() as *mut std::ffi::c_void;
+
+    /// Makes the communication stream wait, on the device, for the work queued so far on
+    /// `compute` (nothing to do without one: the caller has synchronised).
+    fn wait_for(&self, compute: Option<DeviceStream>) -> Result<()> {
+        let Some(compute) = compute else {
+            return Ok(());
+        };
+        self._ctx
+            .bind_to_thread()
+            .map_err(|e| nccl_err("binding the CUDA context", e))?;
+        let wait = driver_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+        // SAFETY: `compute` is the live stream of the backend on this GPU's primary context
+        // (the one `_ctx` retains); both events and our stream live as long as `self`.
+        unsafe {
+            driver::event::record(self.ready.cu_event(), compute.raw() as driver_sys::CUstream)
+                .map_err(|e| nccl_err("recording the gradients' event", e))?;
+            driver::stream::wait_event(self.stream.cu_stream(), self.ready.cu_event(), wait)
+                .map_err(|e| nccl_err("ordering the sum after backward", e))
+        }
+    }
+
+    /// Queues the sum of `n` floats at `buf` on the communication stream.
+    ///
+    /// # Safety
+    /// As [`Comm::all_reduce_sum`].
+    unsafe fn queue_all_reduce(&self, buf: DevPtr, n: usize) -> Result<()> {
+        let p = buf.addr() as *mut c_void;
         // SAFETY: `buf` is device memory of at least `n` floats on this rank's GPU (the
         // CUDA backend's gradient buffer); in place is allowed by NCCL.
         unsafe {
@@ -131,13 +182,144 @@ impl Comm for NcclComm {
                 sys::ncclDataType_t::ncclFloat32,
                 sys::ncclRedOp_t::ncclSum,
                 self.comm,
-                self.stream.cu_stream() as _,
+                self.raw_stream(),
             )
         }
-        .map_err(|e| nccl_err("ncclAllReduce", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| nccl_err("waiting for the all-reduce", e))
+        .map(|_| ())
+        .map_err(|e| nccl_err("ncclAllReduce", e))
+    }
+
+    /// Queues the reduce-scatter of `parts` of `buf` on the communication stream: one
+    /// ncclReduceScatter when the parts are equal, else one ncclReduce per part onto its rank.
+    ///
+    /// # Safety
+    /// As [`Comm::reduce_scatter_sum`].
+    unsafe fn queue_reduce_scatter(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+        super::check_parts(self, parts)?;
+        let base = buf.addr() as *mut f32;
+        let (float, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
+        // SAFETY (both arms): `buf` is device memory covering `parts` on this rank's GPU (the
+        // Comm contract); in place is allowed (the own part at its own offset).
+        match equal_parts(parts) {
+            Some(len) => unsafe {
+                let own = base.add(parts[self.rank()].start) as *mut c_void;
+                nccl::reduce_scatter(
+                    base as *const c_void,
+                    own,
+                    len,
+                    float,
+                    sum,
+                    self.comm,
+                    self.raw_stream(),
+                )
+                .map(|_| ())
+                .map_err(|e| nccl_err("ncclReduceScatter", e))
+            },
+            // Uneven parts: one reduce per part onto its rank, started together.
+            None => grouped(|| {
+                for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+                    unsafe {
+                        let p = base.add(part.start) as *mut c_void;
+                        let stream = self.raw_stream();
+                        nccl::reduce(p, p, part.len(), float, sum, root as i32, self.comm, stream)
+                            .map_err(|e| nccl_err("ncclReduce", e))?;
+                    }
+                }
+                Ok(())
+            }),
+        }
+    }
+}
+
+/// The size of every part when all are equal (NCCL's native reduce-scatter and all-gather
+/// apply), else `None`.
+fn equal_parts(parts: &[Range<usize>]) -> Option<usize> {
+    let len = parts.first()?.len();
+    parts.iter().all(|p| p.len() == len).then_some(len)
+}
+
+/// Runs the NCCL calls `queue` makes as one group (they start together).
+fn grouped(queue: impl FnOnce() -> Result<()>) -> Result<()> {
+    nccl::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+    let queued = queue();
+    let ended = nccl::group_end().map_err(|e| nccl_err("ncclGroupEnd", e));
+    queued.and(ended.map(|_| ()))
+}
+
+impl Comm for NcclComm {
+    fn rank(&self) -> usize {
+        self.mpi.rank()
+    }
+    fn size(&self) -> usize {
+        self.mpi.size()
+    }
+    fn orders_on_device(&self) -> bool {
+        true
+    }
+    unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.queue_all_reduce(buf, n)? };
+        self.wait("waiting for the all-reduce")
+    }
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+        self.wait_for(after)?;
+        // SAFETY: the caller's contract; the sum is queued after the work that writes `buf`.
+        unsafe { self.queue_all_reduce(buf, n) }
+    }
+    unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.queue_reduce_scatter(buf, parts)? };
+        self.wait("waiting for the reduce-scatter")
+    }
+    unsafe fn start_reduce_scatter_sum(
+        &self,
+        buf: DevPtr,
+        parts: &[Range<usize>],
+        after: Option<DeviceStream>,
+    ) -> Result<()> {
+        self.wait_for(after)?;
+        // SAFETY: as in `start_all_reduce_sum`.
+        unsafe { self.queue_reduce_scatter(buf, parts) }
+    }
+    fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
+        let Some(compute) = then else {
+            return self.wait("waiting for the gradient sums");
+        };
+        self._ctx
+            .bind_to_thread()
+            .map_err(|e| nccl_err("binding the CUDA context", e))?;
+        let wait = driver_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+        // SAFETY: as in `wait_for`, the other way round.
+        unsafe {
+            driver::event::record(self.done.cu_event(), self.stream.cu_stream())
+                .map_err(|e| nccl_err("recording the sums' event", e))?;
+            driver::stream::wait_event(compute.raw() as driver_sys::CUstream, self.done.cu_event(), wait)
+                .map_err(|e| nccl_err("ordering the optimiser after the sums", e))
+        }
+    }
+    unsafe fn all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+        super::check_parts(self, parts)?;
+        let base = buf.addr() as *mut f32;
+        let float = sys::ncclDataType_t::ncclFloat32;
+        // SAFETY (both arms): as in `reduce_scatter_sum`.
+        match equal_parts(parts) {
+            Some(len) => unsafe {
+                let own = base.add(parts[self.rank()].start) as *const c_void;
+                nccl::all_gather(own, base as *mut c_void, len, float, self.comm, self.raw_stream())
+                    .map_err(|e| nccl_err("ncclAllGather", e))?;
+            },
+            None => grouped(|| {
+                for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+                    unsafe {
+                        let p = base.add(part.start) as *mut c_void;
+                        nccl::broadcast(p, p, part.len(), float, root as i32, self.comm, self.raw_stream())
+                            .map_err(|e| nccl_err("ncclBroadcast", e))?;
+                    }
+                }
+                Ok(())
+            })?,
+        }
+        self.wait("waiting for the all-gather")
     }
     fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()> {
         self.mpi.all_reduce_sum_host(v)

@@ -28,7 +28,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     let local_batch = run.batch / comm.size();
     for step in run.start_step..run.total_steps {
         fail_if_asked(comm, step)?;
-        session.starting(step);
+        session.starting(step)?;
         let batch = run.loader.next_batch();
         let started = Instant::now();
         let report = run.trainer.step(&batch, local_batch, run.seq_len, step)?;
@@ -52,13 +52,13 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             session.log_row(&mut run)?;
         }
         if periodic || last || stop.is_some() {
-            session.checkpoint(&run, done, periodic && !last && stop.is_none())?;
+            session.checkpoint(&run, done)?;
         }
         if let Some(why) = stop {
             return session.stop(why, done);
         }
     }
-    session.finish();
+    session.finish()?;
     if comm.is_root() {
         let tokens = ((run.total_steps - run.start_step) * (run.batch * run.seq_len) as u64) as f64;
         let (elapsed, tokens_per_s) = (session.elapsed(), tokens / session.step_time);

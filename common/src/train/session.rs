@@ -5,6 +5,7 @@
 
 use super::Run;
 use crate::backend::Backend;
+use crate::checkpoint::{BackgroundWriter, SaveReport};
 use crate::cli::{TrainArgs, DEFAULT_COMM_TIMEOUT};
 use crate::comm::{agree, pid_table, Comm, Watchdog};
 use crate::error::{Error, Result};
@@ -49,6 +50,8 @@ pub struct Session<'a> {
     bad_in_a_row: u64,
     /// The step of the last checkpoint written.
     saved_at: Option<u64>,
+    /// Rank 0's checkpoint writes, in the background.
+    writer: BackgroundWriter,
 }
 
 impl<'a> Session<'a> {
@@ -83,6 +86,7 @@ impl<'a> Session<'a> {
             last_val: f32::NAN,
             bad_in_a_row: 0,
             saved_at: None,
+            writer: BackgroundWriter::default(),
         })
     }
 
@@ -97,9 +101,24 @@ impl<'a> Session<'a> {
     }
 
     /// Step `step` is about to run.
-    pub fn starting(&self, step: u64) {
+    /// Rank 0 announces a checkpoint whose background write has finished.
+    pub fn starting(&mut self, step: u64) -> Result<()> {
         if let Some(w) = &self.watchdog {
             w.at_step(step);
+        }
+        let written = self.writer.poll()?;
+        self.announce(written);
+        Ok(())
+    }
+
+    /// Rank 0: one line for a checkpoint written (step, stall, write time, file), which is
+    /// from now on the one a failure names.
+    fn announce(&self, written: Option<SaveReport>) {
+        if let Some(report) = written {
+            self.bar.suspend(|| println!("{report}"));
+            if let Some(w) = &self.watchdog {
+                w.saved(&report.path, report.step);
+            }
         }
     }
 
@@ -171,32 +190,39 @@ impl<'a> Session<'a> {
         log.append(&row)
     }
 
-    /// Rank 0 writes the checkpoint of `done` steps with where the log stands; every rank
-    /// notes it (the rule that decides is the same everywhere). `announce`: say so.
-    pub fn checkpoint<B: Backend>(&mut self, run: &Run<B>, done: u64, announce: bool) -> Result<()> {
-        if let Some(log) = &self.log {
+    /// Rank 0 writes the checkpoint of `done` steps with where the log stands, in the
+    /// background once the state is in host memory (announced when written); every rank
+    /// notes it (the rule that decides is the same everywhere).
+    pub fn checkpoint<B: Backend>(&mut self, run: &Run<B>, done: u64) -> Result<()> {
+        let waiting = Instant::now();
+        let before = self.writer.wait()?; // one write at a time
+        let waited_s = waiting.elapsed().as_secs_f64();
+        self.announce(before);
+        let stalled = Instant::now();
+        // Every rank takes part: under ZeRO-1 the moments are gathered from their shards.
+        let arrays = run.trainer.state_on_root(self.writer.take_arrays())?;
+        if let (Some(log), Some(arrays)) = (&self.log, arrays) {
             let state = LogState {
                 rows: log.rows(),
                 elapsed_s: self.elapsed(),
                 window: self.window,
             };
-            run.trainer.save(&self.ckpt, &run.checkpoint_meta(done, &state))?;
-            if announce {
-                self.bar
-                    .suspend(|| println!("checkpoint: step {done} saved to {}", self.ckpt.display()));
-            }
+            let meta = run.checkpoint_meta(done, &state);
+            let stall_s = stalled.elapsed().as_secs_f64();
+            self.writer.start(&self.ckpt, meta, arrays, (stall_s, waited_s))?;
+        } else if let Some(w) = &self.watchdog {
+            w.saved(&self.ckpt, done); // rank 0 names it once written
         }
         self.saved_at = Some(done);
-        if let Some(w) = &self.watchdog {
-            w.saved(&self.ckpt, done);
-        }
         Ok(())
     }
 
     /// Ends a run stopped early after `done` steps: Ctrl-C is an error (exit 130), the
     /// stop asked for by `--stop-after` is not.
-    pub fn stop(self, why: Stop, done: u64) -> Result<()> {
+    pub fn stop(mut self, why: Stop, done: u64) -> Result<()> {
         self.disarm();
+        let written = self.writer.wait()?; // the file is complete before the run ends
+        self.announce(written);
         self.bar.abandon();
         let how = format!("saved {0} (continue with --resume {0})", self.ckpt.display());
         match why {
@@ -210,13 +236,17 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// After the last step: clears the bar and names the checkpoint (rank 0). Rank 0 may
-    /// sample for a while now, with the other ranks gone: no more timeouts.
-    pub fn finish(&self) {
+    /// After the last step: waits for the last checkpoint's write, clears the bar and names
+    /// the checkpoint (rank 0). Rank 0 may sample for a while now, with the other ranks gone:
+    /// no more timeouts.
+    pub fn finish(&mut self) -> Result<()> {
         self.disarm();
+        let written = self.writer.wait()?; // the last checkpoint, complete
+        self.announce(written);
         self.bar.finish_and_clear();
         if self.log.is_some() {
             println!("saved {}", self.ckpt.display());
         }
+        Ok(())
     }
 }

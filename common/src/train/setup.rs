@@ -109,7 +109,7 @@ impl<'a, B: Backend> Run<'a, B> {
             "batch": b, "seq_len": t, "lr": args.lr, "warmup": args.warmup, "min_lr_frac": args.min_lr_frac,
             "weight_decay": args.weight_decay, "grad_clip": args.grad_clip, "total_steps": total_steps,
             "val_fraction": args.val_fraction, "world": world, "sync_every": args.sync.sync_every,
-            "grad_accum": micro_batches, "precision": be.precision().name(),
+            "grad_accum": micro_batches, "precision": be.precision().name(), "zero": args.sync.zero(),
         });
         // Master weights and moments are fp32 in every precision, so a checkpoint resumes
         // under any other; say so when it does.
@@ -136,6 +136,7 @@ impl<'a, B: Backend> Run<'a, B> {
                 sync,
                 micro_batches,
                 recompute: args.recompute,
+                zero: args.sync.zero(),
             },
         )?;
         let (mut start_step, mut log_state) = (0, LogState::default());
@@ -214,11 +215,20 @@ impl<'a, B: Backend> Run<'a, B> {
         }
     }
 
-    /// The run's first line: backend, tokenizer, model and schedule.
+    /// The run's first line: backend, tokenizer, model, schedule and the optimiser state each
+    /// rank keeps.
     pub fn describe(&self) -> String {
         let (cfg, world) = (&self.config, self.trainer.comm.size());
+        let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+        let state = self.trainer.optimizer_state_bytes();
+        let whole = 2 * cfg.num_params() * std::mem::size_of::<f32>();
+        let zero = if state < whole {
+            format!(" (ZeRO-1: 1/{world} of {:.1} MiB)", mib(whole))
+        } else {
+            String::new()
+        };
         format!(
-            "{} | {} | {} params | {} layers, {} heads, width {} | batch {}×{} over {world} rank(s) | {} steps/epoch, {} steps",
+            "{} | {} | {} params | {} layers, {} heads, width {} | batch {}×{} over {world} rank(s) | {} steps/epoch, {} steps | AdamW state {:.1} MiB per rank{zero}",
             self.trainer.be.name(),
             self.tok.kind().name(),
             cfg.num_params(),
@@ -228,7 +238,8 @@ impl<'a, B: Backend> Run<'a, B> {
             self.batch,
             self.seq_len,
             self.steps_per_epoch,
-            self.total_steps
+            self.total_steps,
+            mib(state),
         )
     }
 }

@@ -4,18 +4,17 @@
 //! drive it.
 
 use crate::autograd::{check_ids, Graph, Pool, TokenStage};
-use crate::backend::{token_order, Backend};
-use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
+use crate::backend::{token_order, Backend, DeviceBuffer};
+use crate::checkpoint::Checkpoint;
 use crate::comm::{broadcast_f32, Comm};
 use crate::data::Batch;
 use crate::error::Result;
 use crate::generate::{self, SampleOptions};
-use crate::grad_sync::{GradSync, SyncMode};
+use crate::grad_sync::{GradSync, Shards, SyncMode};
 use crate::model::{Gpt2, ModelConfig};
 use crate::optim::{AdamW, OptimConfig, StepStats, HISTORY};
 use crate::tokenizer::Tokenizer;
 use std::ops::Range;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How a trainer updates and synchronises; the CLI's flags map onto it.
@@ -27,6 +26,8 @@ pub struct TrainerSettings {
     pub micro_batches: usize,
     /// Compute GELU and layernorm outputs again in backward instead of keeping them.
     pub recompute: bool,
+    /// ZeRO-1: the optimiser's state cut over the ranks (see [`crate::grad_sync::Shards`]).
+    pub zero: bool,
 }
 
 pub struct Trainer<'a, B: Backend> {
@@ -82,8 +83,10 @@ const READ_EVERY: Duration = Duration::from_secs(1);
 impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
         let model = Gpt2::new(be, config)?;
-        let opt = AdamW::new(be, &model.layout, settings.optim)?;
-        let sync = GradSync::new(settings.sync, &model.layout);
+        let shards = Shards::new(model.layout.total, comm, settings.zero);
+        let (n, segments) = (model.layout.total, model.layout.decay_segments());
+        let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own())?;
+        let sync = GradSync::new(settings.sync, &model.layout, shards);
         let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
             be,
@@ -195,7 +198,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let (slot, at) = self.opt.meter.loss_slot();
             g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
         }
-        self.opt.finish_gradients(be, &self.model.grads, 1.0 / k as f32)?;
+        self.opt.finish_gradients(be, &self.model.grads, 1.0 / k as f32, comm)?;
         Ok(comm_s)
     }
 
@@ -293,28 +296,68 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok((sum / rows.max(1) as f64) as f32)
     }
 
-    /// Writes parameters, moments and progress atomically (rank 0 only).
-    pub fn save(&self, path: &Path, meta: &CheckpointMeta) -> Result<()> {
-        let p = self.fetch(&self.model.params)?;
-        let m = self.fetch(&self.opt.m)?;
-        let v = self.fetch(&self.opt.v)?;
-        checkpoint::save(path, meta, &p, &m, &v)
+    /// Bytes of optimiser state (AdamW's moments) this rank keeps: a 1/N share under ZeRO-1.
+    pub fn optimizer_state_bytes(&self) -> usize {
+        self.opt.state_bytes()
     }
 
-    /// Loads parameters and moments from rank 0's checkpoint (`None` elsewhere) into every rank.
+    /// The whole training state in host memory, on rank 0 (`None` elsewhere): parameters
+    /// and both moments, each rank's shard of the moments gathered under ZeRO-1, copied into
+    /// `reuse` (arrays of an earlier copy, to spare fresh memory). Every rank calls it (a
+    /// collective then).
+    pub fn state_on_root(&self, reuse: [Vec<f32>; 3]) -> Result<Option<[Vec<f32>; 3]>> {
+        let root = self.comm.is_root();
+        let [mut p, mut m, mut v] = reuse;
+        if root {
+            self.fetch_into(&self.model.params, &mut p)?;
+        }
+        self.gather_moment(&self.opt.m, &mut m)?;
+        self.gather_moment(&self.opt.v, &mut v)?;
+        Ok(root.then_some([p, m, v]))
+    }
+
+    /// One moment whole into `host` on rank 0 (left alone elsewhere). Sharded, each rank's
+    /// shard meets the others' in the gradient buffer, free between steps (the next step
+    /// zeroes it first).
+    fn gather_moment(&self, moment: &B::Buffer<f32>, host: &mut Vec<f32>) -> Result<()> {
+        if !self.sync.shards().sharded() {
+            return match self.comm.is_root() {
+                true => self.fetch_into(moment, host),
+                false => Ok(()),
+            };
+        }
+        let own = self.sync.shards().own();
+        let mut shard = vec![0.0f32; own.len()];
+        self.be.read(moment, 0, &mut shard)?;
+        let grads = &self.model.grads;
+        self.be.write(grads, own.start, &shard)?;
+        self.be.synchronize()?;
+        // SAFETY: the shards cover the layout, which `grads` holds; nothing else uses the
+        // gradients between steps.
+        unsafe { self.comm.all_gather(grads.ptr(), self.sync.shards().parts())? };
+        if self.comm.is_root() {
+            self.fetch_into(grads, host)?;
+        }
+        Ok(())
+    }
+
+    /// Loads parameters and moments from rank 0's checkpoint (`None` elsewhere) into every
+    /// rank; under ZeRO-1 each rank keeps its shard of the moments, whatever the world size
+    /// that wrote the checkpoint.
     pub fn restore(&mut self, ckpt: Option<Checkpoint>) -> Result<()> {
         let n = self.model.num_params();
         let (mut p, mut m, mut v) = match ckpt {
             Some(c) => (c.params, c.m, c.v),
             None => (vec![0.0; n], vec![0.0; n], vec![0.0; n]),
         };
-        for (host, dst) in [
-            (&mut p, &self.model.params),
-            (&mut m, &self.opt.m),
-            (&mut v, &self.opt.v),
+        let own = self.opt.shard();
+        for (host, dst, part) in [
+            (&mut p, &self.model.params, 0..n),
+            (&mut m, &self.opt.m, own.clone()),
+            (&mut v, &self.opt.v, own),
         ] {
             broadcast_f32(self.comm, host)?;
-            self.be.write(dst, 0, host)?;
+            self.be.write(dst, 0, &host[part])?;
         }
         self.model.refresh_copy(self.be)
     }
@@ -332,8 +375,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     fn fetch(&self, buf: &B::Buffer<f32>) -> Result<Vec<f32>> {
-        let mut host = vec![0.0f32; self.model.num_params()];
-        self.be.read(buf, 0, &mut host)?;
+        let mut host = Vec::new();
+        self.fetch_into(buf, &mut host)?;
         Ok(host)
+    }
+
+    /// The model's worth of `buf` into `host` (its memory reused when large enough).
+    fn fetch_into(&self, buf: &B::Buffer<f32>, host: &mut Vec<f32>) -> Result<()> {
+        host.resize(self.model.num_params(), 0.0);
+        self.be.read(buf, 0, host)
     }
 }

@@ -8,7 +8,9 @@ use super::memory::device_err;
 use super::Arg;
 use super::Recording;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, ResidualPath, MAX_REDUCE_BLOCKS, THREADS};
-use crate::backend::{bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Precision, SgdHyper};
+use crate::backend::{
+    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Precision, SgdHyper,
+};
 use crate::error::{Error, Result};
 use std::ops::Range;
 
@@ -340,6 +342,10 @@ impl Backend for CudaBackend {
             .map_err(|e| device_err("CUDA stream failed", e));
         self.take_error()?;
         synced
+    }
+
+    fn device_stream(&self) -> Option<DeviceStream> {
+        Some(DeviceStream::from_raw(self.stream() as u64))
     }
 
     type Recording = Recording;

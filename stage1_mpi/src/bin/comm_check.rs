@@ -1,0 +1,90 @@
+//! `mpirun -n N comm_check`: the MPI communicator's reduce-scatter and all-gather (ZeRO-1's
+//! collectives) on host memory, blocking and started-then-finished, with even, uneven and
+//! empty parts, checked exactly against sums worked out here (small multiples of 1/4, which
+//! f32 adds without rounding). Prints one line per rank; exits 1 on a mismatch. Run by
+//! stage1_mpi's tests.
+
+use common::backend::DevPtr;
+use common::comm::mpi::MpiComm;
+use common::comm::{even_parts, Comm};
+use std::ops::Range;
+use std::process::ExitCode;
+
+/// Rank `r`'s value at `i`.
+fn value(r: usize, i: usize) -> f32 {
+    ((i * 7 + r * 13) % 101) as f32 / 4.0
+}
+
+fn ptr(v: &mut [f32]) -> DevPtr {
+    DevPtr::from_addr(v.as_mut_ptr() as u64)
+}
+
+/// One layout of parts: reduce-scatter (blocking or started), then all-gather; `Err` names
+/// the first wrong value.
+fn check(comm: &MpiComm, parts: &[Range<usize>], started: bool) -> Result<(), String> {
+    let (rank, world) = (comm.rank(), comm.size());
+    let n = parts.last().map_or(0, |p| p.end);
+    let mut buf: Vec<f32> = (0..n).map(|i| value(rank, i)).collect();
+    // SAFETY: `buf` holds the n values the parts cover, untouched until the call returns.
+    let summed = unsafe {
+        if started {
+            comm.start_reduce_scatter_sum(ptr(&mut buf), parts, None)
+                .and_then(|()| comm.finish_all_reduces(None))
+        } else {
+            comm.reduce_scatter_sum(ptr(&mut buf), parts)
+        }
+    };
+    summed.map_err(|e| e.to_string())?;
+    for i in parts[rank].clone() {
+        let want: f32 = (0..world).map(|r| value(r, i)).sum();
+        if buf[i] != want {
+            return Err(format!("reduce-scatter {parts:?}: [{i}] = {} not {want}", buf[i]));
+        }
+    }
+    // Every rank's part now holds its sum; the rest is overwritten by the gather.
+    for (r, part) in parts.iter().enumerate().filter(|&(r, _)| r != rank) {
+        buf[part.clone()].fill(-(r as f32) - 1.0);
+    }
+    // SAFETY: as above.
+    unsafe { comm.all_gather(ptr(&mut buf), parts) }.map_err(|e| e.to_string())?;
+    for (i, &got) in buf.iter().enumerate() {
+        let want: f32 = (0..world).map(|r| value(r, i)).sum();
+        if got != want {
+            return Err(format!("all-gather {parts:?}: [{i}] = {got} not {want}"));
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let comm = match MpiComm::init() {
+        Ok(comm) => comm,
+        Err(e) => {
+            eprintln!("comm_check: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let world = comm.size();
+    let mut layouts = vec![even_parts(1000 * world, world, 1), even_parts(1001, world, 32)];
+    // One rank with nothing: everything on the others.
+    let mut uneven = even_parts(517, world, 1);
+    if world > 1 {
+        uneven[0] = 0..0;
+        uneven[1].start = 0;
+    }
+    layouts.push(uneven);
+    for parts in &layouts {
+        for started in [false, true] {
+            if let Err(e) = check(&comm, parts, started) {
+                eprintln!("comm_check ({}): {e}", comm.describe());
+                comm.abort(1);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    println!(
+        "comm_check: rank {} of {world}: reduce-scatter and all-gather exact",
+        comm.rank()
+    );
+    ExitCode::SUCCESS
+}
