@@ -54,7 +54,12 @@ fn open_device(mpi: &MpiComm) -> Result<(Arc<CudaContext>, Arc<CudaStream>, usiz
     }
     // One rank per GPU: the rank among this host's ranks picks the GPU (modulo the GPUs
     // visible, for launchers that give each rank its own CUDA_VISIBLE_DEVICES).
-    cudarc::driver::result::init().map_err(|e| nccl_err("CUDA driver initialisation", e))?;
+    cudarc::driver::result::init().map_err(|e| {
+        nccl_err(
+            "CUDA driver initialisation failed (is a GPU visible? CUDA_VISIBLE_DEVICES may hide them)",
+            e,
+        )
+    })?;
     let count = cudarc::driver::result::device::get_count()
         .map_err(|e| nccl_err("counting GPUs", e))?
         .max(1);
