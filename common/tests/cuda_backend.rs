@@ -1334,7 +1334,8 @@ fn bf16_layernorm_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_attention_is_within_bound() {
-    // The default kernels (mma.sync): T = 64 one tile, 129 a partial one, 1024 the benchmark's.
+    // The default kernels (on Hopper at head size 64 the backward is the warpgroup-product one):
+    // T = 64 one tile, 129 a partial one, 1024 the benchmark's.
     let cases = [(2, 70, 96, 3), (1, 129, 768, 12), (1, 150, 256, 2), (1, 64, 128, 2), (2, 1024, 768, 12)];
     let gpu = gpu(Precision::Bf16);
     for (b, t, c, nh) in cases {
@@ -1379,14 +1380,21 @@ fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
 /// The bf16 attention kernels against the CPU per 64-row block of queries (out, dq) and keys
 /// (dk, dv), the gradient buffer starting at zero so that every figure is the kernel's own
 /// (`attention_case` adds into a random buffer, which hides gradient errors). The default
-/// kernels must stay within 1e-2 in every tile; the experimental `flash-wgmma` ones are only
-/// reported: they are right in the first tile and 24-37% off past it (NOTES.md 19).
+/// kernels (on Hopper: the mma.sync forward, the warpgroup-product backward, in two kernels or
+/// one), and the mma.sync ones must stay within 1e-2 in every tile; the experimental
+/// `flash-wgmma` forward is only reported: right in the first tile, 24-37% off past it.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_attention_errors_by_tile() {
     for (b, t, c, nh) in [(1, 200, 64, 1), (2, 256, 128, 2)] {
         let want = cpu().run(b, t, c, nh);
-        for (path, fused) in [(AttentionPath::Flash, false), (AttentionPath::FlashWgmma, false), (AttentionPath::FlashWgmma, true)] {
+        let paths = [
+            (AttentionPath::Flash, false),
+            (AttentionPath::Flash, true),
+            (AttentionPath::FlashMma, false),
+            (AttentionPath::FlashWgmma, false),
+        ];
+        for (path, fused) in paths {
             let gpu = gpu(Precision::Bf16).with_attention(path).with_fused_attention_backward(fused);
             let got = gpu.run(b, t, c, nh);
             let hs = c / nh;
@@ -1415,7 +1423,7 @@ fn bf16_attention_errors_by_tile() {
                 line += " ]";
             }
             eprintln!("{line}");
-            if path == AttentionPath::Flash {
+            if path != AttentionPath::FlashWgmma {
                 assert!(worst <= 1e-2, "{line}");
             }
         }

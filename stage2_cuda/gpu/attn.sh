@@ -10,7 +10,7 @@ cat .gpu/commit; nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 t=$(ls /tmp/gpu-rt/tests/cuda_backend-* | head -1)
 timeout 300 "$t" --include-ignored --nocapture bf16_attention ${ATTN_TESTS:-} 2>&1 | tee "$OUT/attn-test.log" | grep -E "PARITY|test result|panicked|wgmma|FAILED"
 # Attention variants: the default, the two-kernel Hopper backward, and the mma.sync kernels.
-variants="GPT2_CUDA_ATTENTION=flash GPT2_CUDA_ATTENTION=flash-wgmma"
+variants="GPT2_CUDA_ATTENTION=flash GPT2_CUDA_ATTENTION=flash-mma GPT2_CUDA_ATTENTION=flash-wgmma"
 for v in $variants; do
   env $v timeout 120 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention" | sed "s/^/$v /" | tee -a "$OUT/kernels-attn.txt"
 done

@@ -3,13 +3,14 @@
 //! into scratch, then dK/dV per key tile and dQ per query tile. Kernels exist for head sizes up
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.
 //!
-//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16).
-//! `GPT2_CUDA_ATTENTION=flash-tf32` runs the TF32 kernels on the bf16 operands (they widen them
-//! to f32 in shared memory, exactly), the first bf16 version, for comparison.
-//! EXPERIMENTAL, `GPT2_CUDA_ATTENTION=flash-wgmma`: on Hopper, for head size 64 with 16-byte
-//! aligned rows, `kernels/flash_wgmma.cuh` (the same schedule on warpgroup products that read
-//! their right operand from shared memory): faster, but wrong past the first key tile, cause
-//! not found yet (NOTES.md 19); never the default.
+//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16); on
+//! Hopper, for head size 64 with 16-byte-aligned rows, the backward pass runs
+//! `kernels/flash_wgmma.cuh` instead (the same schedule on warpgroup products that read their
+//! right operand from shared memory: 0.72 -> 0.58 ms at GPT-2's shape on an H100).
+//! `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync backward, `flash-tf32` runs the TF32
+//! kernels on the bf16 operands (the first bf16 version); both for comparison.
+//! EXPERIMENTAL, `GPT2_CUDA_ATTENTION=flash-wgmma`: the warpgroup-product forward too, which is
+//! wrong past the first key tile, cause not found (NOTES.md 19); never the default.
 
 use super::{args, blocks, AttentionPath, CudaBackend};
 use crate::backend::{Backend, Precision};
@@ -30,8 +31,9 @@ struct Variant {
     forward_rows: usize,
 }
 
-/// `wgmma`: the Hopper kernels may run (an sm_90a build, head size 64, rows 16-byte aligned).
-fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) -> Result<Variant> {
+/// `wgmma`: the Hopper kernels may run (an sm_90a build, head size 64, rows 16-byte aligned);
+/// `forward`: the variant is for the forward pass (the Hopper forward is experimental).
+fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool, forward: bool) -> Result<Variant> {
     let d = match hs {
         1..=16 => 16,
         17..=32 => 32,
@@ -44,12 +46,16 @@ fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) ->
         }
     };
     Ok(match (precision, path) {
-        (Precision::Bf16, AttentionPath::FlashWgmma) if wgmma && hs == 64 => Variant {
-            suffix: "d64_wgmma".into(),
-            vector: (8, 2),
-            forward_rows: ROWS_PER_BLOCK,
-        },
-        (Precision::Bf16, AttentionPath::Flash | AttentionPath::FlashWgmma) => Variant {
+        (Precision::Bf16, AttentionPath::FlashWgmma) | (Precision::Bf16, AttentionPath::Flash)
+            if wgmma && hs == 64 && (!forward || path == AttentionPath::FlashWgmma) =>
+        {
+            Variant {
+                suffix: "d64_wgmma".into(),
+                vector: (8, 2),
+                forward_rows: ROWS_PER_BLOCK,
+            }
+        }
+        (Precision::Bf16, AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma) => Variant {
             suffix: format!("d{d}_bf16"),
             vector: (8, 2),
             forward_rows: if d <= 64 { 128 } else { 64 },
@@ -79,7 +85,7 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> 
     (hs.is_multiple_of(n) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
 }
 
-/// `GPT2_CUDA_ATTN_BWD`, for the experimental `flash-wgmma` kernels: `split` (the default: a
+/// `GPT2_CUDA_ATTN_BWD`, for the Hopper backward: `split` (the default: a
 /// dK/dV kernel and a dQ kernel, which computes the scores and dP a second time) or `fused`
 /// (one kernel for dK, dV and dQ, dQ added in a fixed order: measured twice as slow, NOTES 19).
 pub(super) fn fused_backward_from_env() -> Result<bool> {
@@ -127,7 +133,7 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]))?;
+        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]), true)?;
         let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
         let vec = vectorizable(hs, &[qkv], v.vector);
@@ -158,10 +164,10 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, dout]))?;
+        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, dout]), false)?;
         let suffix = &v.suffix;
         let rows = b * nh * t;
-        // The one-kernel backward (flash-wgmma, opt-in): dQ summed in key-tile order into f32
+        // The one-kernel backward (Hopper, opt-in): dQ summed in key-tile order into f32
         // scratch after delta, with a turn counter per (head, query tile).
         let fused = suffix == "d64_wgmma" && self.fused_attention_backward;
         let tiles = t.div_ceil(ROWS_PER_BLOCK);

@@ -80,9 +80,11 @@ pub enum AttentionPath {
     /// Flash kernels: saves (B,NH,T) log-sum-exps. TF32 products on f32 operands
     /// (`kernels/flash_attention.cuh`), bf16 products on bf16 ones (`kernels/flash_bf16.cuh`).
     Flash,
+    /// Under bf16, the mma.sync kernels for the backward pass too, where `Flash` takes Hopper's
+    /// warpgroup-product backward kernels (`kernels/flash_wgmma.cuh`), for comparison.
+    FlashMma,
     /// EXPERIMENTAL, not correct yet: under bf16 on Hopper at head size 64, the warpgroup-product
-    /// kernels (`kernels/flash_wgmma.cuh`); right for one key tile, 24-37% off past it
-    /// (NOTES.md 19). Elsewhere the same as `Flash`.
+    /// forward kernel too; right for one key tile, 24-37% off past it (NOTES.md 19).
     FlashWgmma,
     /// Under bf16, the TF32 flash kernels on bf16 operands (the first bf16 version), kept
     /// for comparison; the same as `Flash` in fp32 and tf32.
@@ -93,15 +95,16 @@ pub enum AttentionPath {
 
 impl AttentionPath {
     /// From the environment variable `GPT2_CUDA_ATTENTION` (`flash`, the default,
-    /// `flash-wgmma`, `flash-tf32` or `gemm`).
+    /// `flash-mma`, `flash-wgmma`, `flash-tf32` or `gemm`).
     fn from_env() -> Result<Self> {
         match std::env::var("GPT2_CUDA_ATTENTION").as_deref() {
             Err(_) | Ok("") | Ok("flash") => Ok(AttentionPath::Flash),
+            Ok("flash-mma") => Ok(AttentionPath::FlashMma),
             Ok("flash-wgmma") => Ok(AttentionPath::FlashWgmma),
             Ok("flash-tf32") => Ok(AttentionPath::FlashTf32),
             Ok("gemm") => Ok(AttentionPath::Gemm),
             Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_ATTENTION={other}: expected `flash`, `flash-wgmma`, `flash-tf32` or `gemm`"
+                "GPT2_CUDA_ATTENTION={other}: expected `flash`, `flash-mma`, `flash-wgmma`, `flash-tf32` or `gemm`"
             ))),
         }
     }

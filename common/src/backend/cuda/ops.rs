@@ -651,7 +651,7 @@ impl Backend for CudaBackend {
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
         match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => b * nh * t, // log-sum-exp per row
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => b * nh * t, // log-sum-exp per row
             AttentionPath::Gemm => b * nh * t * t, // the probabilities
         }
     }
@@ -668,7 +668,7 @@ impl Backend for CudaBackend {
     ) {
         // The GEMM path is f32 only (a bf16 backend is never on it: see `CudaBackend::new`).
         let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => {
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => {
                 self.attention_forward_flash(out, saved, qkv, b, t, c, nh)
             }
             AttentionPath::Gemm => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
@@ -691,7 +691,7 @@ impl Backend for CudaBackend {
         nh: usize,
     ) {
         let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => {
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => {
                 self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh)
             }
             AttentionPath::Gemm => {
