@@ -1336,7 +1336,13 @@ fn bf16_layernorm_is_within_bound() {
 fn bf16_attention_is_within_bound() {
     // The default kernels (on Hopper at head size 64 the backward is the warpgroup-product one):
     // T = 64 one tile, 129 a partial one, 1024 the benchmark's.
-    let cases = [(2, 70, 96, 3), (1, 129, 768, 12), (1, 150, 256, 2), (1, 64, 128, 2), (2, 1024, 768, 12)];
+    let cases = [
+        (2, 70, 96, 3),
+        (1, 129, 768, 12),
+        (1, 150, 256, 2),
+        (1, 64, 128, 2),
+        (2, 1024, 768, 12),
+    ];
     let gpu = gpu(Precision::Bf16);
     for (b, t, c, nh) in cases {
         let want = attention_case(&cpu(), Inputs::Bf16, b, t, c, nh);
@@ -1395,7 +1401,9 @@ fn bf16_attention_errors_by_tile() {
             (AttentionPath::FlashWgmma, false),
         ];
         for (path, fused) in paths {
-            let gpu = gpu(Precision::Bf16).with_attention(path).with_fused_attention_backward(fused);
+            let gpu = gpu(Precision::Bf16)
+                .with_attention(path)
+                .with_fused_attention_backward(fused);
             let got = gpu.run(b, t, c, nh);
             let hs = c / nh;
             let mut line = format!("TILES {path:?} fused {fused} b{b} t{t} c{c}:");
@@ -1444,6 +1452,9 @@ impl<B: Backend> ErasedAttention for B {
         let dout = upload_act(be, &rnd(Inputs::Bf16, b * t * c, 32, 1.0));
         let dqkv = upload_act(be, &vec![0.0; b * t * 3 * c]);
         unsafe { be.attention_backward(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh) };
-        vec![download_act(be, &out, b * t * c), download_act(be, &dqkv, b * t * 3 * c)]
+        vec![
+            download_act(be, &out, b * t * c),
+            download_act(be, &dqkv, b * t * 3 * c),
+        ]
     }
 }

@@ -932,7 +932,14 @@ impl HeaderEdit {
 
 /// A `config.json` field set to another value, or removed.
 fn config_edit() -> impl Strategy<Value = (&'static str, Option<u64>)> {
-    let fields = prop::sample::select(vec!["vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner"]);
+    let fields = prop::sample::select(vec![
+        "vocab_size",
+        "n_positions",
+        "n_embd",
+        "n_layer",
+        "n_head",
+        "n_inner",
+    ]);
     (fields, prop::option::of(extreme_u64()))
 }
 

@@ -218,17 +218,17 @@ const CASES: &[(&str, &str, &str)] = &[
         "generate --checkpoint good.ckpt --prompt a --prompt-file corpus.txt",
         "--prompt-file",
     ),
-    (
-        "top-p of 0",
-        "generate --checkpoint good.ckpt --top-p 0",
-        "--top-p",
-    ),
+    ("top-p of 0", "generate --checkpoint good.ckpt --top-p 0", "--top-p"),
     (
         "--greedy with --top-p",
         "generate --checkpoint good.ckpt --greedy --top-p 0.9",
         "--top-p",
     ),
-    ("empty stop string", "generate --checkpoint good.ckpt --stop ''", "--stop"),
+    (
+        "empty stop string",
+        "generate --checkpoint good.ckpt --stop ''",
+        "--stop",
+    ),
     (
         "import from a directory without config.json",
         "import --from missing --out o.ckpt",

@@ -245,7 +245,12 @@ fn generate_is_reproducible_and_greedy_is_deterministic() {
     .status
     .success());
     let ck = out.join("model.ckpt");
-    let gen = |extra: &[&str]| generate_text(&ck, &[&["--prompt", "ROMEO:", "--max-new-tokens", "40"], extra].concat());
+    let gen = |extra: &[&str]| {
+        generate_text(
+            &ck,
+            &[&["--prompt", "ROMEO:", "--max-new-tokens", "40"], extra].concat(),
+        )
+    };
     let s1 = gen(&["--seed", "5"]);
     assert!(s1.starts_with("ROMEO:") && s1.len() > "ROMEO:".len());
     assert_eq!(s1, gen(&["--seed", "5"]), "same seed, same text");
@@ -608,19 +613,56 @@ fn export_import_round_trips_and_init_from_starts_a_new_run() {
     assert!(run(&args).status.success());
     let (ck, hf, imported) = (out.join("model.ckpt"), d.join("hf"), d.join("imported.ckpt"));
     let ok = run_ok;
-    ok(&["export", "--checkpoint", ck.to_str().unwrap(), "--format", "safetensors", "--out", hf.to_str().unwrap()]);
-    for f in ["model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json"] {
+    ok(&[
+        "export",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--format",
+        "safetensors",
+        "--out",
+        hf.to_str().unwrap(),
+    ]);
+    for f in [
+        "model.safetensors",
+        "config.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer_config.json",
+    ] {
         assert!(hf.join(f).exists(), "{f} missing");
     }
-    ok(&["import", "--from", hf.to_str().unwrap(), "--out", imported.to_str().unwrap()]);
+    ok(&[
+        "import",
+        "--from",
+        hf.to_str().unwrap(),
+        "--out",
+        imported.to_str().unwrap(),
+    ]);
     // The same model: the same logits, bit for bit, and the same greedy text.
     let logits = |ckpt: &Path, file: &str| {
         let path = d.join(file);
-        ok(&["generate", "--checkpoint", ckpt.to_str().unwrap(), "--prompt", "ROMEO:", "--dump-logits", path.to_str().unwrap()]);
+        ok(&[
+            "generate",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--prompt",
+            "ROMEO:",
+            "--dump-logits",
+            path.to_str().unwrap(),
+        ]);
         std::fs::read(path).unwrap()
     };
     assert_eq!(logits(&ck, "a.json"), logits(&imported, "b.json"));
-    let greedy = |ckpt: &Path| ok(&["generate", "--checkpoint", ckpt.to_str().unwrap(), "--greedy", "--max-new-tokens", "8"]);
+    let greedy = |ckpt: &Path| {
+        ok(&[
+            "generate",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--greedy",
+            "--max-new-tokens",
+            "8",
+        ])
+    };
     assert_eq!(greedy(&ck), greedy(&imported));
     // Fine-tuning from it: a new run at step 0 with its own schedule; --resume is refused.
     let ft = d.join("ft");
@@ -637,14 +679,44 @@ fn export_import_round_trips_and_init_from_starts_a_new_run() {
 
 #[test]
 fn bench_generate_reports_start_up_prefill_and_decode() {
-    let o = run(&["bench", "--generate", "--model", "tiny", "--vocab", "256", "--seq-len", "8", "--new-tokens", "8", "--steps", "2", "--warmup", "1"]);
+    let o = run(&[
+        "bench",
+        "--generate",
+        "--model",
+        "tiny",
+        "--vocab",
+        "256",
+        "--seq-len",
+        "8",
+        "--new-tokens",
+        "8",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stdout = String::from_utf8(o.stdout).unwrap();
     let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     for key in ["startup_s", "prefill_tokens_per_s", "decode_tokens_per_s"] {
         assert!(json[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {json}");
     }
-    assert_eq!((json["prompt_tokens"].as_u64(), json["new_tokens"].as_u64()), (Some(8), Some(8)));
+    assert_eq!(
+        (json["prompt_tokens"].as_u64(), json["new_tokens"].as_u64()),
+        (Some(8), Some(8))
+    );
     // A prompt and new tokens past the model's positions are refused.
-    assert_bad_input(&run(&["bench", "--generate", "--model", "tiny", "--seq-len", "60", "--new-tokens", "8"]), "--new-tokens");
+    assert_bad_input(
+        &run(&[
+            "bench",
+            "--generate",
+            "--model",
+            "tiny",
+            "--seq-len",
+            "60",
+            "--new-tokens",
+            "8",
+        ]),
+        "--new-tokens",
+    );
 }

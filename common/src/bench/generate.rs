@@ -50,7 +50,9 @@ pub fn generate<B: Backend>(be: &B, args: &BenchArgs, started: Instant) -> Resul
     let startup_s = started.elapsed().as_secs_f64();
 
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.next_u32() % config.vocab_size as u32).collect();
+    let prompt: Vec<u32> = (0..prompt_len)
+        .map(|_| rng.next_u32() % config.vocab_size as u32)
+        .collect();
     let opts = SampleOptions {
         max_new_tokens: new_tokens,
         greedy: true,

@@ -75,11 +75,7 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "init_from",
         "--resume continues a run, --init-from starts a new one from its weights",
     ),
-    (
-        "dump_logits",
-        "prompt_file",
-        "the logits are dumped for one prompt",
-    ),
+    ("dump_logits", "prompt_file", "the logits are dumped for one prompt"),
 ];
 
 /// `sync_every` → `--sync-every`.

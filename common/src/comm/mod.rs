@@ -230,7 +230,10 @@ mod tests {
 
     #[test]
     fn bad_parts_are_refused() {
-        assert!(check_parts(&Fake(2), &even_parts(5, 1, 1)).is_err(), "one part per rank");
+        assert!(
+            check_parts(&Fake(2), &even_parts(5, 1, 1)).is_err(),
+            "one part per rank"
+        );
         assert!(check_parts(&Fake(2), &[0..5, 6..9]).is_err(), "contiguous");
         // SAFETY: Single's collectives touch no memory.
         assert!(unsafe { Single.reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1)) }.is_ok());

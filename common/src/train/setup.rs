@@ -62,7 +62,10 @@ impl<'a, B: Backend> Run<'a, B> {
             None => None,
         };
         agree(comm, weights_from(args, resumed.as_ref(), init.as_ref()))?;
-        let (tok, config, b, t) = agree(comm, run_model(args, resumed.as_ref().or(init.as_ref()), resumed.as_ref(), world))?;
+        let (tok, config, b, t) = agree(
+            comm,
+            run_model(args, resumed.as_ref().or(init.as_ref()), resumed.as_ref(), world),
+        )?;
         // A resumed run keeps its seed: it fixes the data order the cursor points into.
         let seed = agree(comm, run_seed(args, resumed.as_ref()))?;
 
@@ -303,7 +306,9 @@ fn run_seed(args: &TrainArgs, resumed: Option<&CheckpointMeta>) -> Result<u64> {
 /// model, so model flags are refused with it.
 fn weights_from(args: &TrainArgs, resumed: Option<&CheckpointMeta>, init: Option<&CheckpointMeta>) -> Result<()> {
     if resumed.is_some_and(|m| m.train.get(crate::app::IMPORTED_FROM).is_some()) {
-        crate::bail_input!("cannot resume: this checkpoint was made by `import`, not by a run: start from it with --init-from");
+        crate::bail_input!(
+            "cannot resume: this checkpoint was made by `import`, not by a run: start from it with --init-from"
+        );
     }
     if init.is_some() && args.model.given() {
         crate::bail_input!("--init-from takes the model from the checkpoint: leave out --model, --layers, --heads, --width and --max-seq-len");
@@ -323,7 +328,11 @@ fn run_model(
         Some(m) => {
             let saved = TokenizerKind::from_checkpoint(&m.tokenizer)?;
             if let Some(given) = args.tokenizer.filter(|&k| k != saved) {
-                let cannot = if resumed.is_some() { "cannot resume" } else { "cannot start from it" };
+                let cannot = if resumed.is_some() {
+                    "cannot resume"
+                } else {
+                    "cannot start from it"
+                };
                 crate::bail_input!(
                     "{cannot}: the checkpoint was trained with --tokenizer {} but the flags ask for {}",
                     saved.name(),

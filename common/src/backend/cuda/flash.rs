@@ -13,8 +13,8 @@
 //! wrong past the first key tile, cause not found (NOTES.md 19); never the default.
 
 use super::{args, blocks, AttentionPath, CudaBackend};
-use crate::backend::{Backend, Precision};
 use crate::backend::{Act, DevPtr};
+use crate::backend::{Backend, Precision};
 use crate::error::{Error, Result};
 
 const THREADS: u32 = 128;
@@ -164,14 +164,24 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, dout]), false)?;
+        let v = variant(
+            hs,
+            self.precision,
+            self.attention,
+            self.wgmma_fits(hs, &[qkv, dout]),
+            false,
+        )?;
         let suffix = &v.suffix;
         let rows = b * nh * t;
         // The one-kernel backward (Hopper, opt-in): dQ summed in key-tile order into f32
         // scratch after delta, with a turn counter per (head, query tile).
         let fused = suffix == "d64_wgmma" && self.fused_attention_backward;
         let tiles = t.div_ceil(ROWS_PER_BLOCK);
-        let (acc_words, counter_words) = if fused { (b * nh * tiles * 64 * 64, b * nh * tiles) } else { (0, 0) };
+        let (acc_words, counter_words) = if fused {
+            (b * nh * tiles * 64 * 64, b * nh * tiles)
+        } else {
+            (0, 0)
+        };
         let delta = self.scratch(rows + acc_words + counter_words)?;
         // One warp per position, 8 per block.
         self.try_launch(

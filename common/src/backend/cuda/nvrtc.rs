@@ -72,7 +72,10 @@ fn flash_source(d: usize, act: ActType) -> String {
         if d == 64 {
             src += FLASH_WGMMA;
             for (kernel, call) in [
-                ("flash_forward", "flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec)"),
+                (
+                    "flash_forward",
+                    "flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec)",
+                ),
                 (
                     "flash_backward_dkdv",
                     "flashwg_backward_dkdv(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2, vec)",

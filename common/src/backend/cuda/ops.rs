@@ -651,7 +651,9 @@ impl Backend for CudaBackend {
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
         match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => b * nh * t, // log-sum-exp per row
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => {
+                b * nh * t
+            } // log-sum-exp per row
             AttentionPath::Gemm => b * nh * t * t, // the probabilities
         }
     }
