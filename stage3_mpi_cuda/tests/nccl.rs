@@ -131,9 +131,14 @@ fn two_gpus_reproduce_one_gpu() {
 
 /// `loss.tsv` without the two time columns.
 fn table_without_times(dir: &Path) -> Vec<String> {
+    first_columns(dir, 4)
+}
+
+/// The first `n` columns of `loss.tsv`, each row as written.
+fn first_columns(dir: &Path, n: usize) -> Vec<String> {
     let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
     text.lines()
-        .map(|l| l.split('\t').take(4).collect::<Vec<_>>().join("\t"))
+        .map(|l| l.split('\t').take(n).collect::<Vec<_>>().join("\t"))
         .collect()
 }
 
@@ -238,10 +243,7 @@ fn gpus() -> usize {
 
 /// `loss.tsv`'s epoch, train_loss and val_loss columns, as written.
 fn losses(dir: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
-    text.lines()
-        .map(|l| l.split('\t').take(3).collect::<Vec<_>>().join("\t"))
-        .collect()
+    first_columns(dir, 3)
 }
 
 /// `--overlap` on NCCL (each block's sum on NCCL's stream, ordered by CUDA events, no host
