@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from pytorch_gpt2 import GPT2, VOCAB, set_precision  # noqa: E402
+from pytorch_gpt2 import VOCAB, model_and_optimizer  # noqa: E402
 
 
 def main(args):
@@ -32,19 +32,8 @@ def main(args):
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
     dist.init_process_group("nccl")
-    set_precision(args.precision)
-    torch.manual_seed(1)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    layers, heads, width = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}[args.model]
-    model = GPT2(layers, heads, width, max(1024, args.seq_len)).to(dev)
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-4,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-        fused=args.precision == "bf16",
-    )
+    # The same initial weights on every rank (seed 1; DDP also broadcasts rank 0's).
+    model, opt = model_and_optimizer(args, dev)
     ddp = DDP(model, device_ids=[local])
     forward = ddp if args.no_compile else torch.compile(ddp)
     b, t = args.batch, args.seq_len

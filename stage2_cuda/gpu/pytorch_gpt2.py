@@ -77,10 +77,11 @@ def set_precision(precision):
     torch.backends.cudnn.allow_tf32 = tf32
 
 
-def bench(args):
+def model_and_optimizer(args, dev):
+    """The benchmark's model (seed 1) on `dev` and its AdamW (decay on matrices and embeddings),
+    shared with pytorch_ddp.py."""
     set_precision(args.precision)
     torch.manual_seed(1)
-    dev = torch.device("cuda")
     layers, heads, width = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}[args.model]
     model = GPT2(layers, heads, width, max(1024, args.seq_len)).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings
@@ -92,6 +93,12 @@ def bench(args):
         eps=1e-8,
         fused=args.precision == "bf16",
     )
+    return model, opt
+
+
+def bench(args):
+    dev = torch.device("cuda")
+    model, opt = model_and_optimizer(args, dev)
     forward = torch.compile(model) if args.compile else model
     b, t = args.batch, args.seq_len
     gen = torch.Generator(device=dev).manual_seed(0)
