@@ -7,8 +7,8 @@
 //! sequence again: the reference the cache is tested against (and `train`'s closing sample,
 //! whose window slides past the context).
 
-use crate::autograd::{Graph, KvCache, Pool};
-use crate::backend::Backend;
+use crate::autograd::{Graph, KvCache, Pool, TokenStage};
+use crate::backend::{Backend, DeviceBuffer};
 use crate::error::Result;
 use crate::model::Gpt2;
 use rand_chacha::ChaCha8Rng;
@@ -117,6 +117,10 @@ pub fn generate<B: Backend>(
     let mut seq: Vec<i32> = prompt.iter().map(|&x| x as i32).collect();
     let mut cached = 0; // positions whose keys and values the cache holds
     let mut logits = vec![0.0f32; cfg.padded_vocab_size];
+    let mut replay = match (&cache, be.records() && !graph_off()) {
+        (Some(_), true) => Some(DecodeReplay::new(be, cfg.padded_vocab_size)?),
+        _ => None,
+    };
     let mut done = Generated {
         tokens: Vec::new(),
         stop: Stop::Length,
@@ -129,7 +133,10 @@ pub fn generate<B: Backend>(
             break;
         }
         let started = Instant::now();
-        {
+        if let (Some(replay), Some(cache), 1) = (&mut replay, &cache, seq.len() - cached) {
+            // A decode step: one position, recorded once and replayed (see DecodeReplay).
+            replay.step(model, be, pool, cache, seq[cached], cached, &mut logits)?;
+        } else {
             let mut g = Graph::new(be, pool, false);
             let last = match &cache {
                 Some(cache) => model.forward_cached(&mut g, &seq[cached..], cache, cached)?,
@@ -158,6 +165,89 @@ pub fn generate<B: Backend>(
         }
     }
     Ok(done)
+}
+
+/// `GPT2_CUDA_GRAPH=0`: decode steps run op by op, never recorded (as in training).
+fn graph_off() -> bool {
+    std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0")
+}
+
+/// Decode steps (one new position against the cache) on a backend that records (a GPU): the
+/// step's launches are recorded once as a CUDA graph and replayed for every later token, so a
+/// token costs one launch instead of one per kernel. What changes from token to token (the
+/// token id and its position) is staged at fixed device memory before each replay and read
+/// there by the kernels; the last position's logits are copied inside the step into a buffer
+/// of their own, read after it. The first decode step runs op by op (it sizes the buffer pool
+/// and the scratch), the second is recorded; a step that finds the memory moved (a scratch
+/// grown) or the staging buffer elsewhere records again.
+struct DecodeReplay<B: Backend> {
+    stage: TokenStage<B>,
+    /// The logits of the last decode step (padded vocabulary, activation words).
+    logits: B::Buffer<f32>,
+    warm: Option<(u64, u64)>,
+    recording: Option<((u64, u64), B::Recording)>,
+}
+
+impl<B: Backend> DecodeReplay<B> {
+    fn new(be: &B, vocab: usize) -> Result<Self> {
+        Ok(DecodeReplay {
+            stage: TokenStage::default(),
+            logits: be.alloc(be.act().words(vocab))?,
+            warm: None,
+            recording: None,
+        })
+    }
+
+    /// Runs `token` at position `pos` and writes its logits into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &mut self,
+        model: &Gpt2<B>,
+        be: &B,
+        pool: &mut Pool<B>,
+        cache: &KvCache<B>,
+        token: i32,
+        pos: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        // In the order the model asks for them: the position, then the token id.
+        self.stage.stage(be, vec![vec![pos as i32], vec![token]])?;
+        let key = |be: &B, stage: &TokenStage<B>| (be.memory_epoch(), stage.addr());
+        let now = key(be, &self.stage);
+        match &self.recording {
+            Some((recorded, rec)) if *recorded == now => be.replay(rec)?,
+            _ if self.warm != Some(now) => {
+                self.recording = None;
+                self.queue(model, be, pool, cache, token, pos)?;
+                self.warm = Some(key(be, &self.stage));
+            }
+            _ => {
+                be.begin_recording()?;
+                let queued = self.queue(model, be, pool, cache, token, pos);
+                let recorded = be.end_recording();
+                queued?;
+                let rec = recorded?;
+                be.replay(&rec)?;
+                self.recording = Some((now, rec));
+            }
+        }
+        // SAFETY: `logits` holds the padded vocabulary's activations; `out` is that long.
+        unsafe { be.download_act(self.logits.ptr().cast(), out) }
+    }
+
+    fn queue(
+        &self,
+        model: &Gpt2<B>,
+        be: &B,
+        pool: &mut Pool<B>,
+        cache: &KvCache<B>,
+        token: i32,
+        pos: usize,
+    ) -> Result<()> {
+        let mut g = Graph::new(be, pool, false).with_tokens(&self.stage);
+        let last = model.forward_cached(&mut g, &[token], cache, pos)?;
+        g.copy_act_into(last, &self.logits)
+    }
 }
 
 /// Chooses the next token from one row of logits.

@@ -153,7 +153,7 @@ fn encoder_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, v: 
     let wte = upload_act(be, &rnd(q, v * c, 2, 1.0));
     let wpe = upload_act(be, &rnd(q, t * c, 3, 1.0));
     let out = alloc_act(be, b * t * c);
-    unsafe { be.encoder_forward(act(&out), tokens.ptr(), act(&wte), act(&wpe), b, t, c) };
+    unsafe { be.encoder_forward(act(&out), tokens.ptr(), None, act(&wte), act(&wpe), b, t, c) };
     let dout = upload_act(be, &rnd(q, b * t * c, 4, 1.0));
     let dwte = upload(be, &rnd(q, v * c, 5, 1.0));
     let dwpe = upload(be, &rnd(q, t * c, 6, 1.0));

@@ -70,6 +70,7 @@ fn gpt2_step_table(precision: Precision) {
             be.encoder_forward(
                 x.ptr().cast(),
                 tokens.ptr().cast(),
+                None,
                 wte.ptr().cast(),
                 wpe.ptr().cast(),
                 B,

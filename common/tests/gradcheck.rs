@@ -118,6 +118,7 @@ fn encoder_backward_matches_finite_differences() {
             be.encoder_forward(
                 out.ptr().cast(),
                 tok.ptr().cast(),
+                None,
                 wte.ptr().cast(),
                 wpe.ptr().cast(),
                 b,
@@ -703,7 +704,7 @@ fn mlp_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuffer<f3
             g.matmul(act, w_proj, b_proj).unwrap()
         }
     };
-    let x = g.encoder(&ids, p[0], p[1], b, t).unwrap();
+    let x = g.encoder(&ids, None, p[0], p[1], b, t).unwrap();
     let x = mlp(&mut g, x, p[2], Some(p[3]), p[4], Some(p[5]));
     let logits = mlp(&mut g, x, p[6], None, p[7], Some(p[8]));
     let loss = g.cross_entropy(logits, &targets, v).unwrap();
@@ -856,7 +857,7 @@ fn residual_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuff
             (sum, g.layernorm(sum, w, bias).unwrap())
         }
     };
-    let x0 = g.encoder(&ids, p[0], p[1], b, t).unwrap();
+    let x0 = g.encoder(&ids, None, p[0], p[1], b, t).unwrap();
     let mut h = g.layernorm(x0, p[2], p[3]).unwrap();
     let mut xs = vec![x0];
     for k in 0..3 {

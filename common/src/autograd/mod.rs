@@ -182,6 +182,14 @@ pub struct Graph<'a, B: Backend> {
     staged: Option<&'a TokenStage<B>>,
 }
 
+/// A position in a generated sequence: on the host for checks, in backend memory for the
+/// kernels ([`Graph::position`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Position {
+    pub at: usize,
+    dev: DevPtr<i32>,
+}
+
 /// Token ids at fixed device memory, for a step recorded once and replayed: before each step
 /// the trainer uploads its ids here ([`TokenStage::stage`]), in the order the step's graph asks
 /// for them, and a graph given the stage ([`Graph::with_tokens`]) hands out these instead of
@@ -368,6 +376,21 @@ impl<'a, B: Backend> Graph<'a, B> {
         }
     }
 
+    /// Copies activation `x` into the start of `dst` (activation words), on the device: for a
+    /// value wanted after the graph is gone (a recorded step's output).
+    pub fn copy_act_into(&self, x: Tensor, dst: &B::Buffer<f32>) -> Result<()> {
+        let [r, c] = self.shape(x);
+        check_range("copy", dst.len(), 0, self.act().words(r * c))?;
+        let (to, from) = (dst.ptr().cast::<Act>(), self.ptr(x));
+        // SAFETY: `dst` (checked above) and `x` hold r·c activations; they do not overlap (`dst`
+        // is no graph value).
+        unsafe {
+            self.be.zero_act(to, r * c);
+            self.be.accumulate_act(to, from, r * c);
+        }
+        Ok(())
+    }
+
     /// Writes the f32 scalar `x` over `dst[at..at + len(x)]`, or adds it there when `add`
     /// (the loss, into the optimiser's stats).
     pub fn copy_into(&self, x: Tensor, dst: &B::Buffer<f32>, at: usize, add: bool) -> Result<()> {
@@ -494,10 +517,34 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(self.push(p.addr(), [rows, cols], None, Kind::Activation))
     }
 
-    /// `(B·T, C) = wte[ids] + wpe[0..T]`, for `ids` (B·T) rows of `wte`.
-    pub fn encoder(&mut self, ids: &[i32], wte: Tensor, wpe: Tensor, b: usize, t: usize) -> Result<Tensor> {
+    /// The position a generation step starts at, uploaded (or staged) once for the ops that
+    /// read it on the device ([`Graph::encoder`], [`Graph::attention_cached`]).
+    pub fn position(&mut self, at: usize) -> Result<Position> {
+        let id = i32::try_from(at).map_err(|_| Error::Input(format!("position {at} is out of range")))?;
+        Ok(Position {
+            at,
+            dev: self.tokens(&[id])?,
+        })
+    }
+
+    /// `(B·T, C) = wte[ids] + wpe[p..p + T]`, for `ids` (B·T) rows of `wte`; `p` is 0, or
+    /// `first`'s position (generation: read on the device).
+    pub fn encoder(
+        &mut self,
+        ids: &[i32],
+        first: Option<Position>,
+        wte: Tensor,
+        wpe: Tensor,
+        b: usize,
+        t: usize,
+    ) -> Result<Tensor> {
         let ([rows, c], [positions, pc]) = (self.shape(wte), self.shape(wpe));
-        assert!(pc == c && t <= positions, "encoder: position table too small");
+        let p = first.map_or(0, |f| f.at);
+        assert!(pc == c && p + t <= positions, "encoder: position table too small");
+        assert!(
+            first.is_none() || !self.record,
+            "encoder: a first position is for forward-only graphs"
+        );
         assert_eq!(ids.len(), b * t, "encoder: ids must be B·T");
         check_ids("token id", ids, rows)?;
         let tokens = self.tokens(ids)?;
@@ -519,8 +566,16 @@ impl<'a, B: Backend> Graph<'a, B> {
         )?;
         // SAFETY: shapes checked above; every id is a row of wte.
         unsafe {
-            self.be
-                .encoder_forward(self.ptr(out), tokens, self.ptr(wte), self.ptr(wpe), b, t, c);
+            self.be.encoder_forward(
+                self.ptr(out),
+                tokens,
+                first.map(|f| f.dev),
+                self.ptr(wte),
+                self.ptr(wpe),
+                b,
+                t,
+                c,
+            );
         }
         Ok(out)
     }
@@ -586,7 +641,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         qkv: Tensor,
         cache: &'a KvCache<B>,
         layer: usize,
-        pos: usize,
+        pos: Position,
         nh: usize,
     ) -> Result<Tensor> {
         assert!(!self.record, "attention_cached is for forward-only graphs");
@@ -601,13 +656,16 @@ impl<'a, B: Backend> Graph<'a, B> {
             cache.width() == c && layer < cache.layers(),
             "attention_cached: the cache does not fit the model"
         );
-        check_range("key/value cache", cache.rows(), pos, t)?;
+        check_range("key/value cache", cache.rows(), pos.at, t)?;
         let (k, v) = cache.pointers(layer);
         let out = self.activation([t, c])?;
         let x = self.data(qkv);
         // SAFETY: shapes checked above; the cache holds `rows` ≥ pos + T rows of C for this
-        // block, memory no graph value uses.
-        unsafe { self.be.attention_cached_forward(self.ptr(out), k, v, x, pos, t, c, nh) };
+        // block, memory no graph value uses; `pos.dev` holds `pos.at`.
+        unsafe {
+            self.be
+                .attention_cached_forward(self.ptr(out), k, v, cache.rows(), x, pos.dev, t, c, nh)
+        };
         Ok(out)
     }
 

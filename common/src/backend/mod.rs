@@ -433,14 +433,18 @@ pub trait Backend {
     unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32);
 
     // ---- layers: forward and backward ---------------------------------------------
-    /// `out (B,T,C) = wte[tokens] + wpe[t]`; `tokens` is (B,T).
+    /// `out (B,T,C) = wte[tokens] + wpe[p + t]`; `tokens` is (B,T), and `p` is 0, or with
+    /// `first_position` the position it holds (generation: read on the device, so that a
+    /// recorded decode step replays at every position).
     /// # Safety
-    /// `out`: B·T·C; `tokens`: B·T ids, each a row of `wte`; `wte`: (its rows)·C; `wpe`: T·C.
+    /// `out`: B·T·C; `tokens`: B·T ids, each a row of `wte`; `wte`: (its rows)·C; `wpe`:
+    /// (p + T)·C; `first_position`: one value.
     #[allow(clippy::too_many_arguments)]
     unsafe fn encoder_forward(
         &self,
         out: DevPtr<Act>,
         tokens: DevPtr<i32>,
+        first_position: Option<DevPtr<i32>>,
         wte: DevPtr<Act>,
         wpe: DevPtr<Act>,
         b: usize,
@@ -627,19 +631,22 @@ pub trait Backend {
     /// Causal attention of `t` new positions of one sequence against a key/value cache (text
     /// generation): writes the new keys and values of qkv (T,3C) into rows `pos..pos + T` of
     /// `k_cache` and `v_cache` (each (rows, C)), then out (T,C) = attention of new query i
-    /// (position `pos + i`) over cache rows `0..=pos + i`. Forward only. On the CPU each row
-    /// is computed as `attention_forward` computes it, in the same order.
+    /// (position `pos + i`) over cache rows `0..=pos + i`. `pos` is read where it lives (on
+    /// the device for a GPU), so a recorded decode step replays at every position. Forward
+    /// only. On the CPU each row is computed as `attention_forward` computes it, in the same
+    /// order.
     /// # Safety
-    /// `out`: T·C; `qkv`: T·3C; `k_cache`, `v_cache`: (pos + T)·C activations at least, distinct
-    /// from the others; `nh` divides C.
+    /// `out`: T·C; `qkv`: T·3C; `k_cache`, `v_cache`: rows·C activations, distinct from the
+    /// others; `pos`: one value, pos + T ≤ rows; `nh` divides C.
     #[allow(clippy::too_many_arguments)]
     unsafe fn attention_cached_forward(
         &self,
         out: DevPtr<Act>,
         k_cache: DevPtr<Act>,
         v_cache: DevPtr<Act>,
+        rows: usize,
         qkv: DevPtr<Act>,
-        pos: usize,
+        pos: DevPtr<i32>,
         t: usize,
         c: usize,
         nh: usize,

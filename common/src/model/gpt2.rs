@@ -145,20 +145,17 @@ impl<B: Backend> Gpt2<B> {
         let block = |g: &mut Graph<'a, B>, l: usize, p: Param| param(g, lay.block(l, p));
         // Token ids index the real vocabulary only (the padding rows of wte are never used).
         crate::autograd::check_ids("token id", inputs, vocab)?;
-        let wte = param(g, lay.get(Param::Wte))?;
-        let wpe = match attend {
-            Attend::Full => param(g, lay.get(Param::Wpe))?,
-            // The rows of the positions being run.
-            Attend::Cached { pos, .. } => {
-                let e = lay.get(Param::Wpe);
-                let start = e.range.start + pos * cfg.n_embd;
-                g.param(&self.params, copy, None, start..start + t * cfg.n_embd, [t, cfg.n_embd])?
-            }
+        // Generation: where the new positions start, in device memory for the kernels that
+        // read it (so one recorded decode step replays at every position).
+        let first = match attend {
+            Attend::Full => None,
+            Attend::Cached { pos, .. } => Some(g.position(pos)?),
         };
-        let mut x = g.encoder(inputs, wte, wpe, b, t)?; // (BT, C)
-                                                        // In backward, passing mark l means block l's gradients are complete. Block l's first
-                                                        // layernorm is fused with the residual add that ends block l - 1, so its mark goes
-                                                        // before that op.
+        let (wte, wpe) = (param(g, lay.get(Param::Wte))?, param(g, lay.get(Param::Wpe))?);
+        let mut x = g.encoder(inputs, first, wte, wpe, b, t)?; // (BT, C)
+                                                               // In backward, passing mark l means block l's gradients are complete. Block l's first
+                                                               // layernorm is fused with the residual add that ends block l - 1, so its mark goes
+                                                               // before that op.
         g.mark(0);
         let (w, bias) = (block(g, 0, Param::Ln1W)?, block(g, 0, Param::Ln1B)?);
         let mut h = g.layernorm(x, w, bias)?;
@@ -168,7 +165,10 @@ impl<B: Backend> Gpt2<B> {
             let qkv = g.matmul(h, w, Some(bias))?; // (BT, 3C)
             let a = match attend {
                 Attend::Full => g.attention(qkv, b, t, cfg.n_head)?, // (BT, C)
-                Attend::Cached { cache, pos } => g.attention_cached(qkv, cache, l, pos, cfg.n_head)?,
+                Attend::Cached { cache, .. } => {
+                    let first = first.expect("set for cached attention above");
+                    g.attention_cached(qkv, cache, l, first, cfg.n_head)?
+                }
             };
             let (w, bias) = (block(g, l, Param::AttProjW)?, block(g, l, Param::AttProjB)?);
             let proj = g.matmul(a, w, Some(bias))?;

@@ -204,6 +204,7 @@ impl Backend for CpuBackend {
         &self,
         out: DevPtr<Act>,
         tokens: DevPtr<i32>,
+        first_position: Option<DevPtr<i32>>,
         wte: DevPtr<Act>,
         wpe: DevPtr<Act>,
         b: usize,
@@ -212,7 +213,9 @@ impl Backend for CpuBackend {
     ) {
         let tokens = view(tokens, b * t);
         let vocab = tokens.iter().map(|&id| id as usize + 1).max().unwrap_or(0);
-        let (out, wte, wpe) = (view_mut(out, b * t * c), view(wte, vocab * c), view(wpe, t * c));
+        let p = first_position.map_or(0, |p| view(p, 1)[0] as usize);
+        let wpe = &view(wpe, (p + t) * c)[p * c..];
+        let (out, wte) = (view_mut(out, b * t * c), view(wte, vocab * c));
         self.run(|| encoder::forward(out, tokens, wte, wpe, t, c));
     }
 
@@ -344,17 +347,18 @@ impl Backend for CpuBackend {
         out: DevPtr<Act>,
         k_cache: DevPtr<Act>,
         v_cache: DevPtr<Act>,
+        rows: usize,
         qkv: DevPtr<Act>,
-        pos: usize,
+        pos: DevPtr<i32>,
         t: usize,
         c: usize,
         nh: usize,
     ) {
-        let rows = (pos + t) * c;
+        let pos = view(pos, 1)[0] as usize;
         let (out, k_cache, v_cache, qkv) = (
             view_mut(out, t * c),
-            view_mut(k_cache, rows),
-            view_mut(v_cache, rows),
+            view_mut(k_cache, rows * c),
+            view_mut(v_cache, rows * c),
             view(qkv, t * 3 * c),
         );
         self.run(|| attention::cached_forward(out, k_cache, v_cache, qkv, pos, t, c, nh));

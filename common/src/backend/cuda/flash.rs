@@ -9,8 +9,9 @@
 //! right operand from shared memory: 0.72 -> 0.58 ms at GPT-2's shape on an H100).
 //! `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync backward, `flash-tf32` runs the TF32
 //! kernels on the bf16 operands (the first bf16 version); both for comparison.
-//! EXPERIMENTAL, `GPT2_CUDA_ATTENTION=flash-wgmma`: the warpgroup-product forward too, which is
-//! wrong past the first key tile, cause not found (NOTES.md 19); never the default.
+//! EXPERIMENTAL, `GPT2_CUDA_ATTENTION=flash-wgmma`: the warpgroup-product forward too (q read
+//! from shared memory: with q's fragments in registers, ptxas of CUDA 13.0 reused their registers
+//! inside the key loop, wrong past the first key tile; NOTES.md 19); never the default.
 
 use super::{args, blocks, AttentionPath, CudaBackend};
 use crate::backend::{Act, DevPtr};

@@ -14,9 +14,11 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use std::ops::Range;
 
-/// Threads per block for elementwise kernels.
 /// Rows (one warp each) per block for the row-wise kernels.
 const ROWS_PER_BLOCK: usize = THREADS / 32;
+/// Threads of a block of `attention_cached_kernel` (one per query and head): groups of HS
+/// threads, one output channel each, share the keys (kernels/kv_cache.cu).
+const CACHED_THREADS: u32 = 256;
 /// Rows per block of the column reductions (layernorm dw/db, matmul dbias).
 const COLUMN_CHUNK_ROWS: usize = 256;
 
@@ -405,16 +407,19 @@ impl Backend for CudaBackend {
         &self,
         out: DevPtr<Act>,
         tokens: DevPtr<i32>,
+        first_position: Option<DevPtr<i32>>,
         wte: DevPtr<Act>,
         wpe: DevPtr<Act>,
         b: usize,
         t: usize,
         c: usize,
     ) {
+        // A null pointer: positions from 0.
+        let first = first_position.unwrap_or_default();
         self.launch_1d(
             "encoder_forward_kernel",
             b * t * c,
-            args![out, tokens, wte, wpe, b, t, c],
+            args![out, tokens, first, wte, wpe, b, t, c],
         );
     }
 
@@ -710,8 +715,9 @@ impl Backend for CudaBackend {
         out: DevPtr<Act>,
         k_cache: DevPtr<Act>,
         v_cache: DevPtr<Act>,
+        rows: usize,
         qkv: DevPtr<Act>,
-        pos: usize,
+        pos: DevPtr<i32>,
         t: usize,
         c: usize,
         nh: usize,
@@ -722,14 +728,16 @@ impl Backend for CudaBackend {
                 return Ok(());
             }
             self.bind()?;
-            // The scores of every (query, head) pair over the cache rows, in the reused scratch.
-            let scores = self.scratch(t * nh * (pos + t))?;
+            // The scores of every (query, head) pair over the cache rows, in the reused scratch,
+            // sized by the cache (not by `pos`, which lives on the device) so a recorded step
+            // finds it at every position.
+            let scores = self.scratch(t * nh * rows)?;
             self.launch_1d("kv_cache_write_kernel", t * c, args![k_cache, v_cache, qkv, pos, t, c]);
             self.launch(
                 "attention_cached_kernel",
                 (t as u32, nh as u32, 1),
-                (128, 1, 1),
-                args![out, scores, k_cache, v_cache, qkv, pos, t, c, nh],
+                (CACHED_THREADS, 1, 1),
+                args![out, scores, k_cache, v_cache, qkv, pos, rows, t, c, nh],
             );
             Ok(())
         })();

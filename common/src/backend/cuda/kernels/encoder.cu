@@ -2,14 +2,14 @@
 // tables in a fixed order (no atomics): for wte each token's rows in the order of `order`
 // (positions sorted by token), for wpe a loop over B.
 
-extern "C" __global__ void encoder_forward_kernel(act_t* out, const int* tokens, const act_t* wte,
-                                                  const act_t* wpe, int B, int T, int C) {
+extern "C" __global__ void encoder_forward_kernel(act_t* out, const int* tokens, const int* first_position,
+                                                  const act_t* wte, const act_t* wpe, int B, int T, int C) {
     size_t n = (size_t)B * T * C;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int c = (int)(i % C);
     size_t bt = i / C;
-    int t = (int)(bt % T);
+    int t = (int)(bt % T) + (first_position ? *first_position : 0);
     int token = tokens[bt];
     out[i] = from_f(to_f(wte[(size_t)token * C + c]) + to_f(wpe[(size_t)t * C + c]));
 }

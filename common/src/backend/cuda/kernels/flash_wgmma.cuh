@@ -1,6 +1,9 @@
-// EXPERIMENTAL (GPT2_CUDA_ATTENTION=flash-wgmma, never the default): right for a single key tile,
-// 24-37% off in every query tile past the first on an H100, cause not found (NOTES.md 19:
-// neither the copies' timing, the double buffer, nor how accumulators start changes the error).
+// The forward reads q from shared memory (both operands of q·kᵀ by descriptor) rather than from
+// registers: ptxas of CUDA 13.0 gave the registers of a loop-invariant register operand (q's A
+// fragments, read by every key tile's product) to the softmax's temporaries and p inside the
+// loop, so every key tile after the first multiplied k by the previous tile's p (24-37% off past
+// the first query tile; NOTES.md 19). ptxas 13.5 keeps them; the backward's loop-invariant
+// register operands (k, v; q, dout) happen to keep theirs under 13.0 too.
 // Flash attention for head size 64 on Hopper's warpgroup products (wgmma.mma_async, sm_90a):
 // the schedule of flash_bf16.cuh (64 query or key rows a block, 16 a warp; online softmax in
 // base 2; the deterministic two-kernel backward, no atomics) with every product issued by the
@@ -73,8 +76,8 @@ __device__ __forceinline__ void wg_hold(float (&d)[8][4]) {
 // d (64x64, f32) = a (64x16, this warp's A fragment) · B (16x64 from shared memory, by
 // `desc`), plus d where `acc` is not 0: TRANS 0 reads B's columns along the tile's rows
 // (K-major), 1 its rows (MN-major). A product that starts an accumulator passes acc = 0 rather
-// than zeroing the registers first: registers written by ordinary instructions between two
-// products were not seen by the second (errors of 30% past the first key tile on an H100).
+// than zeroing the registers first (fewer instructions; the 30% errors once blamed on zeroed
+// registers were ptxas reusing a loop-invariant `a`'s registers: see the top of this file).
 template <int TRANS>
 __device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc, int acc) {
     asm volatile(
@@ -89,6 +92,34 @@ __device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4]
           "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS), "r"(acc));
+}
+
+// d = A (64x16 from shared memory by `adesc`, K-major: the tile's rows are the product's M) ·
+// B (by `bdesc`, K-major), plus d where `acc` is not 0.
+__device__ __forceinline__ void wgmma64_ss_nt(float (&d)[8][4], unsigned long long adesc, unsigned long long bdesc,
+                                              int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+          "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(adesc), "l"(bdesc), "r"(acc));
+}
+
+// d = a_tile (64x64, its rows the product's rows) · tileᵀ, both read from shared memory, waited for.
+__device__ __forceinline__ void wg_product_ss_nt(float (&d)[8][4], const bf16_t* a_tile, const bf16_t* tile) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma64_ss_nt(d, wg_desc(a_tile + kk * 16), wg_desc(tile + kk * 16), kk > 0);
+    wg_commit();
+    wg_wait_all();
+    wg_hold(d);
 }
 
 __device__ __forceinline__ void zero_acc(float (&d)[8][4]) {
@@ -176,11 +207,14 @@ __device__ __forceinline__ void wg_products_nn(float (&d1)[8][4], const float (&
 
 // Grid (B·NH, ceil(T/64)), 128 threads; late (heavy) query tiles first. out (B,T,NH·HS), lse
 // (B·NH, T) in base 2. Every key tile up to the block's last query is multiplied by all four
-// warps (a warpgroup product); masking is per warp as in the mma.sync kernels.
+// warps (a warpgroup product); masking is per warp as in the mma.sync kernels. The block's
+// queries stay in shared memory (q·kᵀ reads both operands there, as FlashAttention-3 does), not
+// in registers across the loop: see the top of this file.
 __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
                                                 float scale_log2, int /*vec: 16-byte rows, always here*/) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
     __shared__ __align__(1024) bf16_t vs[2][64 * 64];
+    __shared__ __align__(1024) bf16_t q_s[64 * 64];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
     int qt = gridDim.y - 1 - blockIdx.y;
     int b = blockIdx.x / NH, h = blockIdx.x % NH;
@@ -190,13 +224,12 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
     const bf16_t* v_base = q_base + 2 * C;
     int q0 = qt * 64 + warp * 16, r0 = q0 + g, r1 = r0 + 8;
 
-    unsigned qa[4][4];
-    load_a16<4>(qa, q_base, stride, r0, t, T, HS);
     float o[8][4];
     zero_acc(o);
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
     int n_tiles = qt + 1;  // key tiles 0..qt: the last holds the diagonal
+    tile_load_swz(q_s, q_base, stride, qt * 64, T);  // with the first key tile's group
     tile_load_swz(ks[0], k_base, stride, 0, T);
     tile_load_swz(vs[0], v_base, stride, 0, T);
     cp_async_commit();
@@ -209,7 +242,7 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
         cp_async_commit();
         tiles_ready();
         float s[8][4];
-        wg_product_nt(s, qa, ks[buf]);  // s = q · kᵀ
+        wg_product_ss_nt(s, q_s, ks[buf]);  // s = q · kᵀ
         softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2, k0 + 63 > q0);
         // o += p · v, through an accumulator of its own: o, rescaled by the softmax step, is
         // never an operand of the asynchronous product.
