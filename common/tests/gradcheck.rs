@@ -633,6 +633,36 @@ fn whole_model_gradient_matches_finite_differences() {
     }
 }
 
+/// The loss's gradient computed in the forward pass (`Graph::with_loss_seed`, what training
+/// does) is the one backward computes: on the CPU the same ops, so bit for bit. A backward
+/// seed other than the announced one is an error, not a silently wrong gradient.
+#[test]
+fn loss_gradient_in_the_forward_pass_equals_the_backward_one() {
+    let be = be();
+    let model = tiny_model(&be);
+    let mut pool = Pool::default();
+    let inp: Vec<i32> = vec![1, 5, 2, 9, 12, 0, 3, 3, 7, 11];
+    let tg: Vec<i32> = vec![5, 2, 9, 12, 0, 3, 3, 7, 11, 4];
+    let mut run = |announce: Option<f32>, seed: f32| {
+        be.zero_buffer(&model.grads);
+        let mut g = Graph::new(&be, &mut pool, true);
+        if let Some(s) = announce {
+            g = g.with_loss_seed(s);
+        }
+        let fwd = model.forward(&mut g, &inp, Some(&tg), 2, 5, false).unwrap();
+        let loss = fwd.loss.unwrap();
+        let mut l = [0.0f32];
+        g.read(loss, &mut l).unwrap();
+        let done = g.backward(loss, seed);
+        let mut grads = vec![0.0; model.num_params()];
+        be.read(&model.grads, 0, &mut grads).unwrap();
+        done.map(|_| (l[0], grads))
+    };
+    assert_eq!(run(None, 0.5).unwrap(), run(Some(0.5), 0.5).unwrap());
+    let err = run(Some(0.5), 0.25).unwrap_err().to_string();
+    assert!(err.contains("seed"), "{err}");
+}
+
 #[test]
 fn cpu_results_do_not_depend_on_thread_count() {
     let one = CpuBackend::new(1).unwrap();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One round on an attention kernel change: the bf16 attention GPU test (both flash paths against
-# the CPU), `bench --kernels` attention rows for the default kernels and the experimental `flash-wgmma` ones, the GPT-2
+# the CPU), `bench --kernels` attention rows for the default (warpgroup) and the mma.sync kernels, the GPT-2
 # 124M bf16 step on both paths, and torch.compile bf16 in the same call; a table last.
 # From the project root after `../shared/gpu/bundle.sh`; outputs in $OUT.
 source stage2_cuda/gpu/cuda-env.sh >/dev/null 2>&1
@@ -10,7 +10,7 @@ cat .gpu/commit; nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 t=$(ls /tmp/gpu-rt/tests/cuda_backend-* | head -1)
 timeout 300 "$t" --include-ignored --nocapture bf16_attention ${ATTN_TESTS:-} 2>&1 | tee "$OUT/attn-test.log" | grep -E "PARITY|test result|panicked|wgmma|FAILED"
 # Attention variants: the default, the two-kernel Hopper backward, and the mma.sync kernels.
-variants="GPT2_CUDA_ATTENTION=flash GPT2_CUDA_ATTENTION=flash-mma GPT2_CUDA_ATTENTION=flash-wgmma"
+variants="GPT2_CUDA_ATTENTION=flash GPT2_CUDA_ATTENTION=flash-mma"
 for v in $variants; do
   env $v timeout 120 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention" | sed "s/^/$v /" | tee -a "$OUT/kernels-attn.txt"
 done

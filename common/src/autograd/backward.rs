@@ -3,7 +3,7 @@
 
 use super::{Graph, Kind, Node, Op, Tensor};
 use crate::backend::{Act, Backend, DevPtr, DeviceBuffer};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 impl<B: Backend> Graph<'_, B> {
     // ---- backward -------------------------------------------------------------------
@@ -235,10 +235,23 @@ impl<B: Backend> Graph<'_, B> {
                 targets,
                 losses,
                 v,
+                fused,
             } => {
                 let [rows, vp] = self.shape(logits);
                 let dloss = seed / rows as f32;
-                if self.values[logits.0].grad.is_none() && !self.is_param(logits) && !read_by_others(tape, logits, node)
+                if let Some(applied) = fused {
+                    // The forward pass already wrote the gradient over the logits.
+                    if applied != dloss || self.values[logits.0].grad.is_some() || read_by_others(tape, logits, node) {
+                        return Err(Error::Device(format!(
+                            "the loss computed its gradient in the forward pass for seed {} but backward \
+                             got {seed}, or another op read the logits it overwrote",
+                            applied * rows as f32
+                        )));
+                    }
+                    self.values[logits.0].grad = Some(self.ptr(logits).addr());
+                } else if self.values[logits.0].grad.is_none()
+                    && !self.is_param(logits)
+                    && !read_by_others(tape, logits, node)
                 {
                     // Nothing else reads the logits: their gradient overwrites them (llm.c's
                     // trick), which saves a (R, Vp) buffer, its zeroing and a read.

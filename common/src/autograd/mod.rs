@@ -150,6 +150,9 @@ enum Op {
         /// (R) per-row losses, which the in-place backward reads.
         losses: DevPtr,
         v: usize,
+        /// The backward seed the forward already applied (`Graph::with_loss_seed`): the
+        /// logits hold their gradient from the forward pass on.
+        fused: Option<f32>,
     },
     /// Not an op: a label the forward pass left on the tape (e.g. "block l starts here").
     /// Reached in reverse, it means every op recorded after it has run its backward.
@@ -180,6 +183,8 @@ pub struct Graph<'a, B: Backend> {
     scratch: HashMap<usize, (DevPtr, Option<Tensor>)>,
     /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
     staged: Option<&'a TokenStage<B>>,
+    /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
+    loss_seed: Option<f32>,
 }
 
 /// A position in a generated sequence: on the host for checks, in backend memory for the
@@ -271,7 +276,16 @@ impl<'a, B: Backend> Graph<'a, B> {
             recompute: false,
             scratch: HashMap::new(),
             staged: None,
+            loss_seed: None,
         }
+    }
+
+    /// The seed the training step will pass to [`Graph::backward`], known before the forward
+    /// pass: the loss then computes its logits' gradient in the same pass
+    /// ([`Backend::crossentropy_fused`]), overwriting the logits, which nothing else may read.
+    pub fn with_loss_seed(mut self, seed: f32) -> Self {
+        self.loss_seed = self.record.then_some(seed);
+        self
     }
 
     /// Token ids come from `stage` (uploaded before the step) instead of being uploaded here.
@@ -825,19 +839,29 @@ impl<'a, B: Backend> Graph<'a, B> {
         let losses = self.alloc_f32(r)?;
         let mean = self.alloc_f32(1)?;
         let out = self.push(mean.addr(), [1, 1], None, Kind::Scalar);
+        // The gradient in the same pass when the seed is known and the logits are an
+        // activation of this graph (its backward checks that nothing else read them).
+        let fused = self
+            .loss_seed
+            .filter(|_| !self.is_param(logits))
+            .map(|seed| seed / r as f32);
         if self.record {
             let op = Op::CrossEntropy {
                 logits,
                 targets,
                 losses,
                 v,
+                fused,
             };
             self.tape.push(Node { op, out });
         }
         let x = self.data(logits);
         // SAFETY: shapes checked above; every target is below v.
         unsafe {
-            self.be.crossentropy_forward(losses, x, targets, r, v, vp);
+            match fused {
+                Some(dloss) => self.be.crossentropy_fused(losses, x, targets, dloss, r, v, vp),
+                None => self.be.crossentropy_forward(losses, x, targets, r, v, vp),
+            }
             self.be.mean(mean, losses, r);
         }
         Ok(out)

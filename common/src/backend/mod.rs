@@ -766,6 +766,27 @@ pub trait Backend {
         v: usize,
         vp: usize,
     );
+    /// `crossentropy_forward` and then `crossentropy_backward_in_place`, for a training step
+    /// that will back-propagate `dloss` into logits nothing else reads: the losses are
+    /// written and the logits overwritten by their gradient already in the forward pass. A
+    /// backend may do both in one pass over the logits (the GPU: read once from memory
+    /// instead of twice); this default runs the two ops.
+    /// # Safety
+    /// As `crossentropy_forward`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn crossentropy_fused(
+        &self,
+        losses: DevPtr,
+        logits: DevPtr<Act>,
+        targets: DevPtr<i32>,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        self.crossentropy_forward(losses, logits, targets, bt, v, vp);
+        self.crossentropy_backward_in_place(logits, losses, targets, dloss, bt, v, vp);
+    }
 
     // ---- reductions and the optimiser ---------------------------------------------
     /// `out[0]` = mean of `inp[0..n]` (a fixed reduction order on the CPU).

@@ -326,24 +326,39 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         row("ours-unfused", "matmul_bwd_bias", shape, apart, Some(flop), None);
     }
 
-    // Cross-entropy forward + backward over vocabularies 32K to 128K (8K rows): fused, the
-    // gradient written over the logits; unfused, into a second buffer zeroed first.
+    // Cross-entropy forward + backward over vocabularies 32K to 128K (8K rows): "ours", one
+    // kernel (training's, `crossentropy_fused`: the row read twice, the second time from L2,
+    // written once); "ours-two-kernels", the forward then the gradient written over the logits;
+    // unfused, into a second buffer zeroed first.
     for v in [32_768usize, 50_304, 131_072] {
         let bt = 8_192usize;
         let mut m = Arena::new(be);
         let (logits, dlogits) = (m.act(bt * v, 4.0)?, m.act(bt * v, 1.0)?);
         let (targets, losses) = (m.ids(bt, v)?, m.f32s(bt, 1.0, None)?);
         let shape = format!("BT={bt} V={v}");
-        let floor = 3.0 * (bt * v) as f64 * a; // read for the loss, read and write for the gradient
         let dloss = 1.0 / bt as f32;
         // SAFETY: every buffer holds what the op's contract asks at this shape. The in-place
         // backward turns the logits into gradients: later calls read those, which costs the
         // same (the values only steer `expf`).
         let fused = time_ms(be, 5, || unsafe {
+            be.crossentropy_fused(losses, logits, targets, dloss, bt, v, v);
+        })?;
+        let floor = 2.0 * (bt * v) as f64 * a; // read once, written once
+        row("ours", "crossentropy_fwd_bwd", shape.clone(), fused, None, Some(floor));
+        // SAFETY: as above.
+        let two = time_ms(be, 5, || unsafe {
             be.crossentropy_forward(losses, logits, targets, bt, v, v);
             be.crossentropy_backward_in_place(logits, losses, targets, dloss, bt, v, v);
         })?;
-        row("ours", "crossentropy_fwd_bwd", shape.clone(), fused, None, Some(floor));
+        let floor = 3.0 * (bt * v) as f64 * a; // read for the loss, read and written for the gradient
+        row(
+            "ours-two-kernels",
+            "crossentropy_fwd_bwd",
+            shape.clone(),
+            two,
+            None,
+            Some(floor),
+        );
         // SAFETY: as above.
         let unfused = time_ms(be, 5, || unsafe {
             be.crossentropy_forward(losses, logits, targets, bt, v, v);

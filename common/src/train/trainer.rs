@@ -188,7 +188,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let n = (b / k) * t; // tokens of a micro-batch
         for micro in 0..k {
             let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);
-            let mut g = Graph::new(be, &mut self.pool, true).with_recompute(self.recompute);
+            let seed = self.sync.loss_scale(comm.size(), k);
+            let mut g = Graph::new(be, &mut self.pool, true)
+                .with_recompute(self.recompute)
+                .with_loss_seed(seed);
             if staged {
                 g = g.with_tokens(&self.tokens);
             }

@@ -4,14 +4,12 @@
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.
 //!
 //! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16); on
-//! Hopper, for head size 64 with 16-byte-aligned rows, the backward pass runs
-//! `kernels/flash_wgmma.cuh` instead (the same schedule on warpgroup products that read their
-//! right operand from shared memory: 0.72 -> 0.58 ms at GPT-2's shape on an H100).
-//! `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync backward, `flash-tf32` runs the TF32
-//! kernels on the bf16 operands (the first bf16 version); both for comparison.
-//! EXPERIMENTAL, `GPT2_CUDA_ATTENTION=flash-wgmma`: the warpgroup-product forward too (q read
-//! from shared memory: with q's fragments in registers, ptxas of CUDA 13.0 reused their registers
-//! inside the key loop, wrong past the first key tile; NOTES.md 19); never the default.
+//! Hopper, for head size 64 with 16-byte-aligned rows, `kernels/flash_wgmma.cuh` instead (the
+//! same schedule on warpgroup products that read their right operand, and in the forward q too,
+//! from shared memory: forward 0.186 -> 0.147 ms, backward 0.72 -> 0.58 ms at GPT-2's shape on
+//! an H100; NOTES.md 19-22). `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync kernels,
+//! `flash-tf32` runs the TF32 kernels on the bf16 operands (the first bf16 version); both for
+//! comparison.
 
 use super::{args, blocks, AttentionPath, CudaBackend};
 use crate::backend::{Act, DevPtr};
@@ -32,9 +30,8 @@ struct Variant {
     forward_rows: usize,
 }
 
-/// `wgmma`: the Hopper kernels may run (an sm_90a build, head size 64, rows 16-byte aligned);
-/// `forward`: the variant is for the forward pass (the Hopper forward is experimental).
-fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool, forward: bool) -> Result<Variant> {
+/// `wgmma`: the Hopper kernels may run (an sm_90a build, head size 64, rows 16-byte aligned).
+fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) -> Result<Variant> {
     let d = match hs {
         1..=16 => 16,
         17..=32 => 32,
@@ -47,16 +44,12 @@ fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool, fo
         }
     };
     Ok(match (precision, path) {
-        (Precision::Bf16, AttentionPath::FlashWgmma) | (Precision::Bf16, AttentionPath::Flash)
-            if wgmma && hs == 64 && (!forward || path == AttentionPath::FlashWgmma) =>
-        {
-            Variant {
-                suffix: "d64_wgmma".into(),
-                vector: (8, 2),
-                forward_rows: ROWS_PER_BLOCK,
-            }
-        }
-        (Precision::Bf16, AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma) => Variant {
+        (Precision::Bf16, AttentionPath::Flash) if wgmma && hs == 64 => Variant {
+            suffix: "d64_wgmma".into(),
+            vector: (8, 2),
+            forward_rows: ROWS_PER_BLOCK,
+        },
+        (Precision::Bf16, AttentionPath::Flash | AttentionPath::FlashMma) => Variant {
             suffix: format!("d{d}_bf16"),
             vector: (8, 2),
             forward_rows: if d <= 64 { 128 } else { 64 },
@@ -134,7 +127,7 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]), true)?;
+        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]))?;
         let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
         let vec = vectorizable(hs, &[qkv], v.vector);
@@ -165,13 +158,7 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(
-            hs,
-            self.precision,
-            self.attention,
-            self.wgmma_fits(hs, &[qkv, dout]),
-            false,
-        )?;
+        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, dout]))?;
         let suffix = &v.suffix;
         let rows = b * nh * t;
         // The one-kernel backward (Hopper, opt-in): dQ summed in key-tile order into f32

@@ -66,6 +66,9 @@ pub struct CudaBackend {
     gelu: GeluPath,
     bias_grad: BiasGradPath,
     residual: ResidualPath,
+    /// The training loss's forward and in-place backward in one kernel (`GPT2_CUDA_LOSS`,
+    /// `fused` by default, or `unfused`: the two kernels).
+    fused_loss: bool,
 }
 
 /// How causal attention runs. Both are kept so that they can be compared.
@@ -80,12 +83,9 @@ pub enum AttentionPath {
     /// Flash kernels: saves (B,NH,T) log-sum-exps. TF32 products on f32 operands
     /// (`kernels/flash_attention.cuh`), bf16 products on bf16 ones (`kernels/flash_bf16.cuh`).
     Flash,
-    /// Under bf16, the mma.sync kernels for the backward pass too, where `Flash` takes Hopper's
-    /// warpgroup-product backward kernels (`kernels/flash_wgmma.cuh`), for comparison.
+    /// Under bf16, the mma.sync kernels everywhere, where `Flash` takes Hopper's
+    /// warpgroup-product kernels (`kernels/flash_wgmma.cuh`) at head size 64, for comparison.
     FlashMma,
-    /// EXPERIMENTAL, not correct yet: under bf16 on Hopper at head size 64, the warpgroup-product
-    /// forward kernel too; right for one key tile, 24-37% off past it (NOTES.md 19).
-    FlashWgmma,
     /// Under bf16, the TF32 flash kernels on bf16 operands (the first bf16 version), kept
     /// for comparison; the same as `Flash` in fp32 and tf32.
     FlashTf32,
@@ -95,16 +95,15 @@ pub enum AttentionPath {
 
 impl AttentionPath {
     /// From the environment variable `GPT2_CUDA_ATTENTION` (`flash`, the default,
-    /// `flash-mma`, `flash-wgmma`, `flash-tf32` or `gemm`).
+    /// `flash-mma`, `flash-tf32` or `gemm`).
     fn from_env() -> Result<Self> {
         match std::env::var("GPT2_CUDA_ATTENTION").as_deref() {
             Err(_) | Ok("") | Ok("flash") => Ok(AttentionPath::Flash),
             Ok("flash-mma") => Ok(AttentionPath::FlashMma),
-            Ok("flash-wgmma") => Ok(AttentionPath::FlashWgmma),
             Ok("flash-tf32") => Ok(AttentionPath::FlashTf32),
             Ok("gemm") => Ok(AttentionPath::Gemm),
             Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_ATTENTION={other}: expected `flash`, `flash-mma`, `flash-wgmma`, `flash-tf32` or `gemm`"
+                "GPT2_CUDA_ATTENTION={other}: expected `flash`, `flash-mma`, `flash-tf32` or `gemm`"
             ))),
         }
     }
@@ -221,7 +220,7 @@ impl CudaBackend {
             )));
         }
         // Hopper (9.0) builds for sm_90a: its architecture-specific instructions (wgmma), which
-        // the experimental flash kernels for head size 64 use (`GPT2_CUDA_ATTENTION=flash-wgmma`).
+        // the bf16 flash kernels for head size 64 use (`kernels/flash_wgmma.cuh`).
         let arch = match (major, minor) {
             (9, 0) => "sm_90a".to_string(),
             _ => format!("sm_{major}{minor}"),
@@ -270,6 +269,7 @@ impl CudaBackend {
             gelu,
             bias_grad,
             residual,
+            fused_loss: fused_from_env("GPT2_CUDA_LOSS")?,
         })
     }
 

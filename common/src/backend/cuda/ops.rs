@@ -656,9 +656,7 @@ impl Backend for CudaBackend {
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
         match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => {
-                b * nh * t
-            } // log-sum-exp per row
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => b * nh * t, // log-sum-exp per row
             AttentionPath::Gemm => b * nh * t * t, // the probabilities
         }
     }
@@ -675,7 +673,7 @@ impl Backend for CudaBackend {
     ) {
         // The GEMM path is f32 only (a bf16 backend is never on it: see `CudaBackend::new`).
         let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => {
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
                 self.attention_forward_flash(out, saved, qkv, b, t, c, nh)
             }
             AttentionPath::Gemm => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
@@ -698,7 +696,7 @@ impl Backend for CudaBackend {
         nh: usize,
     ) {
         let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashWgmma | AttentionPath::FlashTf32 => {
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
                 self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh)
             }
             AttentionPath::Gemm => {
@@ -826,6 +824,28 @@ impl Backend for CudaBackend {
             (512, 1, 1),
             args,
         );
+    }
+
+    unsafe fn crossentropy_fused(
+        &self,
+        losses: DevPtr,
+        logits: DevPtr<Act>,
+        targets: DevPtr<i32>,
+        dloss: f32,
+        bt: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        if !self.fused_loss {
+            self.crossentropy_forward(losses, logits, targets, bt, v, vp);
+            self.crossentropy_backward_in_place(logits, losses, targets, dloss, bt, v, vp);
+            return;
+        }
+        // 8-element (16-byte for bf16) accesses when every row starts aligned to 8 elements.
+        let width = 8 * self.act().bytes() as u64;
+        let vec = (vp.is_multiple_of(8) && logits.addr().is_multiple_of(width)) as usize;
+        let args = args![losses, logits, targets, dloss, bt, v, vp, vec];
+        self.launch("crossentropy_fused_kernel", (bt as u32, 1, 1), (1024, 1, 1), args);
     }
 
     // ---- reductions and the optimiser ---------------------------------------------

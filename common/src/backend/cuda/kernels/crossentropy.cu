@@ -122,3 +122,71 @@ extern "C" __global__ void crossentropy_backward_in_place_kernel(act_t* logits, 
         }
     }
 }
+
+// The forward and the in-place backward in one kernel, for a training step (the loss's
+// gradient dloss known when the forward runs): losses[row] = logsumexp - x[target], then
+// logits[row, i] = (softmax_i - [i == target]) · dloss for i < V, 0 in the padding. A row is
+// read twice, the second time soon after the first (from L2, 100 KB a row at GPT-2's
+// vocabulary), and written once: one pass over memory where the two kernels make two.
+// `vec`: Vp a multiple of 8 and rows aligned to 8 elements (16-byte accesses).
+extern "C" __global__ void crossentropy_fused_kernel(float* losses, act_t* logits, const int* targets, float dloss,
+                                                     int N, int V, int Vp, int vec) {
+    __shared__ float scratch[64];
+    int row = blockIdx.x;
+    if (row >= N) return;
+    act_t* x = logits + (size_t)row * Vp;
+    int target = targets[row];
+    float m = NEG_INF, s = 0.0f;
+    int head = vec ? V / 8 * 8 : 0;
+    for (int j = threadIdx.x; j < head / 8; j += blockDim.x) {
+        float v[8];
+        load8(x + 8 * j, v);
+        float mx = fmaxf(fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3])), fmaxf(fmaxf(v[4], v[5]), fmaxf(v[6], v[7])));
+        float part = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) part += expf(v[k] - mx);
+        online_merge(m, s, mx, part);
+    }
+    for (int i = head + threadIdx.x; i < V; i += blockDim.x) online_add(m, s, to_f(x[i]));
+    // The block's (max, sum): warps, then across warps through `scratch`.
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
+        float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
+        online_merge(m, s, m2, s2);
+    }
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
+    if (lane == 0) {
+        scratch[warp] = m;
+        scratch[32 + warp] = s;
+    }
+    __syncthreads();
+    m = lane < warps ? scratch[lane] : NEG_INF;
+    s = lane < warps ? scratch[32 + lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
+        float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
+        online_merge(m, s, m2, s2);
+    }
+    float lse = m + logf(s);
+    float x_target = to_f(x[target]);
+    __syncthreads();  // every thread has read x[target] before any overwrites it
+    if (threadIdx.x == 0) losses[row] = lse - x_target;
+    if (vec) {
+        for (int j = threadIdx.x; j < Vp / 8; j += blockDim.x) {
+            float v[8];
+            load8(x + 8 * j, v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                int i = 8 * j + k;
+                float p = i < V ? expf(v[k] - lse) : 0.0f;
+                v[k] = (p - (i == target ? 1.0f : 0.0f)) * dloss;
+            }
+            store8(x + 8 * j, v);
+        }
+    } else {
+        for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+            float p = i < V ? expf(to_f(x[i]) - lse) : 0.0f;
+            x[i] = from_f((p - (i == target ? 1.0f : 0.0f)) * dloss);
+        }
+    }
+}

@@ -2,8 +2,9 @@
 // registers: ptxas of CUDA 13.0 gave the registers of a loop-invariant register operand (q's A
 // fragments, read by every key tile's product) to the softmax's temporaries and p inside the
 // loop, so every key tile after the first multiplied k by the previous tile's p (24-37% off past
-// the first query tile; NOTES.md 19). ptxas 13.5 keeps them; the backward's loop-invariant
-// register operands (k, v; q, dout) happen to keep theirs under 13.0 too.
+// the first query tile; NOTES.md 19, 22). ptxas 13.5 keeps them; the backward's loop-invariant
+// register operands (k, v; q, dout) happen to keep theirs under 13.0 too, which the per-tile
+// test (`bf16_attention_errors_by_tile`) checks on every device run.
 // Flash attention for head size 64 on Hopper's warpgroup products (wgmma.mma_async, sm_90a):
 // the schedule of flash_bf16.cuh (64 query or key rows a block, 16 a warp; online softmax in
 // base 2; the deterministic two-kernel backward, no atomics) with every product issued by the
