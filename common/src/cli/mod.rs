@@ -304,6 +304,17 @@ pub struct TrainArgs {
     /// Length of the sample printed after training (0: none; at most 1,000,000).
     #[arg(long, default_value_t = 400, value_parser = token_count)]
     pub sample_len: usize,
+    /// Write every step's batch to FILE, in the order trained on (raw little-endian int32: per
+    /// step the inputs, B×T, then the targets), and at the end FILE.json: the shape, the
+    /// optimiser's settings and every step's loss, learning rate and gradient norm. For
+    /// training another implementation on the same data (stage2_cuda/gpu/pytorch_train_compare.py).
+    /// One process only.
+    #[arg(long, value_name = "FILE")]
+    pub dump_batches: Option<PathBuf>,
+    /// Also save the weights before the first step as OUT/init.ckpt (a checkpoint at step 0,
+    /// which `export` turns into Hugging Face's format and `--resume` restarts from).
+    #[arg(long)]
+    pub save_init: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
