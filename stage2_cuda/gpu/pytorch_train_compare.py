@@ -156,11 +156,11 @@ def main():
 
     meta, ids = load_dump(args.batches)
     o = meta["optimizer"]
-    failures = []
     if meta["first_step"] != 0:
-        failures.append(f"the dump starts at step {meta['first_step']}, not 0: the export is not its initial weights")
+        sys.exit(f"the dump starts at step {meta['first_step']}, not 0: the export is not its initial weights")
     if any(meta["skipped"]):
-        failures.append("our run skipped a step (non-finite loss): nothing to compare there")
+        sys.exit(f"our run skipped step {meta['skipped'].index(True)} (a non-finite loss or norm): nothing to compare")
+    failures = []
 
     model, logits_of, vocab = (hf_model if args.model == "hf" else plain_model)(args.export_dir)
     if vocab != meta["vocab_size"]:

@@ -42,11 +42,20 @@ pub struct DumpMeta {
     pub device: String,
     pub optimizer: OptimConfig,
     /// Per step: the mean loss over the batch, the learning rate it was updated with, the
-    /// gradients' global norm before clipping, whether the update was skipped (non-finite).
+    /// gradients' global norm before clipping, whether the update was skipped (a non-finite
+    /// loss or norm, which JSON writes as null).
+    #[serde(deserialize_with = "nan_for_null")]
     pub loss: Vec<f32>,
     pub lr: Vec<f32>,
+    #[serde(deserialize_with = "nan_for_null")]
     pub grad_norm: Vec<f32>,
     pub skipped: Vec<bool>,
+}
+
+/// Reads back the nulls JSON has for non-finite numbers, as NaN.
+fn nan_for_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<f32>, D::Error> {
+    let values: Vec<Option<f32>> = serde::Deserialize::deserialize(d)?;
+    Ok(values.into_iter().map(|x| x.unwrap_or(f32::NAN)).collect())
 }
 
 /// A dump being written: the batches go to the file as the steps take them, the stats as
@@ -282,14 +291,20 @@ mod tests {
         dump.add_batch(&batch(2)).unwrap();
         dump.add_stats(&[(0, stats(3.25))]);
         dump.add_batch(&batch(3)).unwrap();
-        dump.add_stats(&[(1, stats(1.0 / 3.0)), (2, stats(f32::MIN_POSITIVE))]);
+        let skipped = StepStats {
+            loss: f32::NAN,
+            skipped: true,
+            ..stats(1.0)
+        };
+        dump.add_stats(&[(1, stats(1.0 / 3.0)), (2, stats(f32::MIN_POSITIVE)), (3, skipped)]);
         assert_eq!(dump.finish().unwrap(), (meta_path(&path), 3));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 3 * 2 * 6 * 4);
 
         let (m, batches) = read(&path).unwrap();
         assert_eq!(m.steps, 3);
         assert_eq!(batches, vec![batch(1), batch(2), batch(3)]);
-        // f32 values survive JSON exactly.
+        // f32 values survive JSON exactly; the stats of a step whose batch is not in the file
+        // are left out.
         assert_eq!(m.loss, vec![3.25, 1.0 / 3.0, f32::MIN_POSITIVE]);
         assert_eq!(m.lr[1], 0.5 / 3.0);
         assert_eq!(m.grad_norm[0], 6.5);
@@ -298,6 +313,23 @@ mod tests {
         let raw = std::fs::read(&path).unwrap();
         assert_eq!(raw[..4], 10i32.to_le_bytes());
         assert_eq!(raw[24..28], (-11i32).to_le_bytes());
+    }
+
+    #[test]
+    fn a_skipped_step_reads_back_as_nan() {
+        let path = tmp("nan");
+        let mut dump = BatchDump::create(&path, meta()).unwrap();
+        dump.add_batch(&batch(1)).unwrap();
+        let nan = StepStats {
+            loss: f32::NAN,
+            grad_norm: f32::INFINITY,
+            skipped: true,
+            ..stats(1.0)
+        };
+        dump.add_stats(&[(0, nan)]);
+        dump.finish().unwrap();
+        let (m, _) = read(&path).unwrap();
+        assert!(m.loss[0].is_nan() && m.grad_norm[0].is_nan() && m.skipped[0]);
     }
 
     #[test]
