@@ -797,3 +797,26 @@ fn dump_batches_writes_what_was_trained_on() {
     assert_bad_input(&run(&args), "no-such-dir");
     assert!(!fresh.exists(), "nothing written to OUT");
 }
+
+#[test]
+fn generate_works_straight_after_the_build_with_the_shipped_model() {
+    // No --checkpoint: the model in data/shakespeare-char (found through the source tree, as
+    // the tests run elsewhere), the same as naming its directory.
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/shakespeare-char");
+    let flags = ["--prompt", "ROMEO:", "--max-new-tokens", "120", "--seed", "3"];
+    let text = run_ok(&[&["generate"], &flags[..]].concat());
+    assert_eq!(text, generate_text(&shipped, &flags));
+    assert!(text.starts_with("ROMEO:"), "{text}");
+    // Shakespeare-like: letters, spaces, newlines and punctuation, nothing escaped.
+    let plain = text
+        .chars()
+        .filter(|c| c.is_ascii_alphabetic() || " \n,.;:!?'-".contains(*c));
+    assert!(plain.count() >= text.chars().count() * 95 / 100, "{text}");
+    assert!(!text.contains("\\x"), "{text}");
+    // Greedy from the shipped model is reproducible, and in English words.
+    let greedy = generate_text(&shipped, &["--prompt", "KING", "--greedy", "--max-new-tokens", "60"]);
+    assert!(
+        greedy.contains(" the ") || greedy.contains(" and ") || greedy.contains(" my "),
+        "{greedy}"
+    );
+}

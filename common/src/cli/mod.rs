@@ -398,11 +398,18 @@ impl MnistArgs {
     }
 }
 
+/// The small trained model that ships with the project (Tiny Shakespeare, the char preset, in
+/// Hugging Face's format; `data/make-char-model.sh` made it): `generate`'s default.
+pub const SHIPPED_MODEL: &str = "data/shakespeare-char";
+
 #[derive(Args, Debug, Clone)]
 pub struct GenerateArgs {
-    /// Checkpoint written by `train` or `import`.
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    /// Checkpoint written by `train` or `import`, or a Hugging Face GPT-2 directory (what
+    /// `export` writes) [default: the small Shakespeare model that ships in
+    /// data/shakespeare-char, found from the working directory or else in this build's source
+    /// tree].
+    #[arg(long, value_name = "CHECKPOINT|DIR")]
+    pub checkpoint: Option<PathBuf>,
     /// Text to continue.
     #[arg(long, default_value = "\n")]
     pub prompt: String,
@@ -446,6 +453,24 @@ pub struct GenerateArgs {
     pub dump_logits: Option<PathBuf>,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+impl GenerateArgs {
+    /// `--checkpoint`, or the shipped model: `data/shakespeare-char` under the working
+    /// directory, else under the source tree this binary was built from.
+    pub fn checkpoint_or_shipped(&self) -> PathBuf {
+        if let Some(path) = &self.checkpoint {
+            return path.clone();
+        }
+        let here = PathBuf::from(SHIPPED_MODEL);
+        let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(SHIPPED_MODEL);
+        match !here.is_dir() && built.is_dir() {
+            true => built,
+            false => here,
+        }
+    }
 }
 
 /// `export --format`.
