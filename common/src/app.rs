@@ -15,6 +15,7 @@ use crate::{autograd::Pool, data};
 use clap::FromArgMatches;
 use std::io::Write;
 use std::ops::ControlFlow;
+use std::path::Path;
 use std::process::ExitCode;
 
 /// How a stage executes: its name, where it runs, how to make its backend.
@@ -176,7 +177,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
         Command::Generate(args) => {
             if comm.is_root() {
                 // The inputs first: a bad checkpoint or prompt is the same error on any machine.
-                let ckpt = checkpoint::load(&args.checkpoint)?;
+                let ckpt = generate_weights(&args)?;
                 if args.temperature.is_nan() || (args.temperature <= 0.0 && !args.greedy) {
                     crate::bail_input!("--temperature must be positive (or use --greedy)");
                 }
@@ -212,24 +213,14 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Import(args) if comm.is_root() => {
-            let model = crate::interop::import(&args.from)?;
-            let n = model.params.len();
+            let ckpt = imported(&args.from)?;
+            let n = ckpt.params.len();
             let zeros = vec![0.0f32; n];
-            let meta = checkpoint::CheckpointMeta {
-                config: model.config,
-                tokenizer: model.tokenizer.name().to_string(),
-                step: 0,
-                data_epoch: 0,
-                data_step_in_epoch: 0,
-                seed: 0,
-                train: serde_json::json!({ IMPORTED_FROM: args.from.display().to_string() }),
-                progress: serde_json::json!({}),
-            };
-            checkpoint::save(&args.out, &meta, &model.params, &zeros, &zeros)?;
+            checkpoint::save(&args.out, &ckpt.meta, &ckpt.params, &zeros, &zeros)?;
             println!(
                 "{}: {n} parameters ({} tokenizer) from {}",
                 args.out.display(),
-                model.tokenizer.name(),
+                ckpt.meta.tokenizer,
                 args.from.display()
             );
             Ok(())
@@ -241,6 +232,44 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
 /// The key of an imported checkpoint's settings that names the directory it came from: such
 /// a checkpoint is no run to `--resume`, only weights to start from (`--init-from`).
 pub const IMPORTED_FROM: &str = "imported_from";
+
+/// A Hugging Face GPT-2 directory (what `export` writes) as a checkpoint at step 0, without
+/// optimizer state (`m` and `v` empty).
+fn imported(dir: &Path) -> Result<checkpoint::Checkpoint> {
+    let model = crate::interop::import(dir)?;
+    let meta = checkpoint::CheckpointMeta {
+        config: model.config,
+        tokenizer: model.tokenizer.name().to_string(),
+        step: 0,
+        data_epoch: 0,
+        data_step_in_epoch: 0,
+        seed: 0,
+        train: serde_json::json!({ IMPORTED_FROM: dir.display().to_string() }),
+        progress: serde_json::json!({}),
+    };
+    Ok(checkpoint::Checkpoint {
+        meta,
+        params: model.params,
+        m: Vec::new(),
+        v: Vec::new(),
+    })
+}
+
+/// `generate --checkpoint`: a checkpoint file, or a Hugging Face directory; by default the
+/// model that ships in data/ (see [`GenerateArgs::checkpoint_or_shipped`]).
+fn generate_weights(args: &GenerateArgs) -> Result<checkpoint::Checkpoint> {
+    let path = args.checkpoint_or_shipped();
+    if args.checkpoint.is_none() && !path.is_dir() {
+        crate::bail_input!(
+            "no --checkpoint given, and the model that ships in {} is not there: run from the project root, or give --checkpoint",
+            crate::cli::SHIPPED_MODEL
+        );
+    }
+    match path.is_dir() {
+        true => imported(&path),
+        false => checkpoint::load(&path),
+    }
+}
 
 fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &GenerateArgs, name: &str) -> Result<()> {
     let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;

@@ -265,6 +265,26 @@ const CASES: &[(&str, &str, &str)] = &[
         "activation_function",
     ),
     (
+        "generate from a directory that is not a GPT-2 model",
+        "generate --checkpoint hf-relu",
+        "activation_function",
+    ),
+    (
+        "--dump-batches into a missing directory",
+        "train --data corpus.txt --out o --batch 4 --dump-batches missing/b.bin",
+        "missing/b.bin",
+    ),
+    (
+        "--dump-batches naming a directory",
+        "train --data corpus.txt --out o --batch 4 --dump-batches hf-relu",
+        "is a directory",
+    ),
+    (
+        "--save-init with --resume",
+        "train --data corpus.txt --out o --save-init --resume good.ckpt",
+        "--save-init",
+    ),
+    (
         "resume an imported checkpoint",
         "train --data corpus.txt --out o --resume imported.ckpt",
         "--init-from",

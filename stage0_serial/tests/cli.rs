@@ -720,3 +720,103 @@ fn bench_generate_reports_start_up_prefill_and_decode() {
         "--new-tokens",
     );
 }
+
+#[test]
+fn dump_batches_writes_what_was_trained_on() {
+    // --dump-batches and --save-init: the batches in order with every step's loss, and the
+    // weights before the first step, from which the same run trains the same again.
+    let d = tmpdir("dump");
+    let data = corpus(&d);
+    let (out, dump) = (d.join("run"), d.join("batches.bin"));
+    let steps = 6;
+    let flags = [
+        "--steps",
+        "6",
+        "--tokenizer",
+        "gpt2",
+        "--eval-every",
+        "1",
+        "--warmup",
+        "2",
+        "--dump-batches",
+        dump.to_str().unwrap(),
+    ];
+    let mut args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &flags);
+    args.push("--save-init");
+    let stdout = run_ok(&args);
+    assert!(stdout.contains("batches.bin.json (6 steps)"), "{stdout}");
+
+    let (meta, batches) = common::train::dump::read(&dump).unwrap();
+    assert_eq!(
+        (meta.batch, meta.seq_len, meta.steps, meta.first_step),
+        (4, 16, steps, 0)
+    );
+    assert_eq!((meta.vocab_size, meta.padded_vocab_size), (50257, 50304));
+    assert_eq!(batches.len(), steps as usize);
+    for b in &batches {
+        // Each row's targets are its inputs one token on.
+        for (i, t) in b.inputs.chunks(16).zip(b.targets.chunks(16)) {
+            assert_eq!(i[1..], t[..15]);
+        }
+    }
+    assert_ne!(batches[0], batches[1], "a new batch each step");
+    // Every step's loss, as loss.tsv shows it (a row per step here), and the schedule's rate.
+    let table = loss_table(&out);
+    for (s, loss) in meta.loss.iter().enumerate() {
+        assert_eq!(format!("{loss:.4}"), table[s + 1][1], "step {s}");
+        assert_eq!(meta.lr[s], meta.optimizer.lr_at(s as u64));
+        assert!(meta.grad_norm[s] > 0.0 && !meta.skipped[s]);
+    }
+
+    // The vocabulary's padding rows of wte are still 0 after training: no gradient, so AdamW
+    // (and its weight decay) leaves them alone; the unpadded export loses nothing.
+    let ck = common::checkpoint::load(&out.join("model.ckpt")).unwrap();
+    let (v, vp, c) = (50257, 50304, ck.meta.config.n_embd);
+    assert!(ck.params[..v * c].iter().any(|&x| x != 0.0));
+    assert!(ck.params[v * c..vp * c].iter().all(|&x| x == 0.0), "padding rows moved");
+
+    // init.ckpt is the state before step 0: resumed from it, the run trains the same batches to
+    // the same losses, bit for bit.
+    let init = out.join("init.ckpt");
+    assert_eq!(common::checkpoint::load(&init).unwrap().meta.step, 0);
+    let (again, dump2) = (d.join("again"), d.join("again.bin"));
+    let mut resumed = with_flag(args.clone(), "--out", again.to_str().unwrap());
+    resumed = with_flag(resumed, "--dump-batches", dump2.to_str().unwrap());
+    resumed.retain(|a| !["--save-init", "--model", "tiny", "--tokenizer", "gpt2"].contains(a));
+    resumed.extend(["--resume", init.to_str().unwrap()]);
+    run_ok(&resumed);
+    let (meta2, batches2) = common::train::dump::read(&dump2).unwrap();
+    assert_eq!(batches2, batches);
+    assert_eq!(meta2.loss, meta.loss);
+
+    // A path that cannot be written is one line and exit 2, before anything is written.
+    let bad = d.join("no-such-dir").join("b.bin");
+    let fresh = d.join("fresh");
+    let mut args = with_flag(args.clone(), "--dump-batches", bad.to_str().unwrap());
+    args = with_flag(args, "--out", fresh.to_str().unwrap());
+    assert_bad_input(&run(&args), "no-such-dir");
+    assert!(!fresh.exists(), "nothing written to OUT");
+}
+
+#[test]
+fn generate_works_straight_after_the_build_with_the_shipped_model() {
+    // No --checkpoint: the model in data/shakespeare-char (found through the source tree, as
+    // the tests run elsewhere), the same as naming its directory.
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/shakespeare-char");
+    let flags = ["--prompt", "ROMEO:", "--max-new-tokens", "120", "--seed", "3"];
+    let text = run_ok(&[&["generate"], &flags[..]].concat());
+    assert_eq!(text, generate_text(&shipped, &flags));
+    assert!(text.starts_with("ROMEO:"), "{text}");
+    // Shakespeare-like: letters, spaces, newlines and punctuation, nothing escaped.
+    let plain = text
+        .chars()
+        .filter(|c| c.is_ascii_alphabetic() || " \n,.;:!?'-".contains(*c));
+    assert!(plain.count() >= text.chars().count() * 95 / 100, "{text}");
+    assert!(!text.contains("\\x"), "{text}");
+    // Greedy from the shipped model is reproducible, and in English words.
+    let greedy = generate_text(&shipped, &["--prompt", "KING", "--greedy", "--max-new-tokens", "60"]);
+    assert!(
+        greedy.contains(" the ") || greedy.contains(" and ") || greedy.contains(" my "),
+        "{greedy}"
+    );
+}

@@ -76,6 +76,11 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "--resume continues a run, --init-from starts a new one from its weights",
     ),
     ("dump_logits", "prompt_file", "the logits are dumped for one prompt"),
+    (
+        "save_init",
+        "resume",
+        "a resumed run's first weights are the checkpoint's, not an initialisation",
+    ),
 ];
 
 /// `sync_every` → `--sync-every`.

@@ -304,6 +304,17 @@ pub struct TrainArgs {
     /// Length of the sample printed after training (0: none; at most 1,000,000).
     #[arg(long, default_value_t = 400, value_parser = token_count)]
     pub sample_len: usize,
+    /// Write every step's batch to FILE, in the order trained on (raw little-endian int32: per
+    /// step the inputs, B×T, then the targets), and at the end FILE.json: the shape, the
+    /// optimiser's settings and every step's loss, learning rate and gradient norm. For
+    /// training another implementation on the same data (stage2_cuda/gpu/pytorch_train_compare.py).
+    /// One process only.
+    #[arg(long, value_name = "FILE")]
+    pub dump_batches: Option<PathBuf>,
+    /// Also save the weights before the first step as OUT/init.ckpt (a checkpoint at step 0,
+    /// which `export` turns into Hugging Face's format and `--resume` restarts from).
+    #[arg(long)]
+    pub save_init: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
@@ -387,11 +398,18 @@ impl MnistArgs {
     }
 }
 
+/// The small trained model that ships with the project (Tiny Shakespeare, the char preset, in
+/// Hugging Face's format; `data/make-char-model.sh` made it): `generate`'s default.
+pub const SHIPPED_MODEL: &str = "data/shakespeare-char";
+
 #[derive(Args, Debug, Clone)]
 pub struct GenerateArgs {
-    /// Checkpoint written by `train` or `import`.
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    /// Checkpoint written by `train` or `import`, or a Hugging Face GPT-2 directory (what
+    /// `export` writes) [default: the small Shakespeare model that ships in
+    /// data/shakespeare-char, found from the working directory or else in this build's source
+    /// tree].
+    #[arg(long, value_name = "CHECKPOINT|DIR")]
+    pub checkpoint: Option<PathBuf>,
     /// Text to continue.
     #[arg(long, default_value = "\n")]
     pub prompt: String,
@@ -435,6 +453,24 @@ pub struct GenerateArgs {
     pub dump_logits: Option<PathBuf>,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+impl GenerateArgs {
+    /// `--checkpoint`, or the shipped model: `data/shakespeare-char` under the working
+    /// directory, else under the source tree this binary was built from.
+    pub fn checkpoint_or_shipped(&self) -> PathBuf {
+        if let Some(path) = &self.checkpoint {
+            return path.clone();
+        }
+        let here = PathBuf::from(SHIPPED_MODEL);
+        let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(SHIPPED_MODEL);
+        match !here.is_dir() && built.is_dir() {
+            true => built,
+            false => here,
+        }
+    }
 }
 
 /// `export --format`.

@@ -58,6 +58,8 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("import", "from", &[]),
     ("import", "out", &[]),
     ("train", "init_from", &[]),
+    ("train", "dump_batches", &[]),
+    ("train", "save_init", &[]),
     ("generate", "threads", &["0", "100000"]),
     ("generate", "precision", &["bf8"]),
     ("tokenize", "input", &[]),

@@ -3,10 +3,12 @@
 //! writes checkpoints; every rank runs the same optimiser step. `setup` prepares a run,
 //! `trainer` holds the model and the step.
 
+pub mod dump;
 mod session;
 mod setup;
 mod trainer;
 
+pub use dump::{BatchDump, DumpMeta};
 pub use setup::{check_fits, validate_shape, Run};
 pub use trainer::{StepReport, Trainer, TrainerSettings};
 
@@ -23,17 +25,35 @@ use std::time::Instant;
 /// The `train` subcommand.
 pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()> {
     install_interrupt_handler();
+    if args.dump_batches.is_some() && comm.size() > 1 {
+        let e = Error::Input("--dump-batches writes one process's batches: run it on one rank".into());
+        return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
+    }
     let mut run = Run::prepare(be, comm, args)?;
+    // Before anything is written to OUT: a path that cannot be written is one line.
+    let mut dump = match &args.dump_batches {
+        Some(path) => Some(BatchDump::create(path, dump::meta_of(&run))?),
+        None => None,
+    };
     let mut session = Session::open(&run, comm, args)?;
+    if args.save_init {
+        session.save_init(&run)?;
+    }
     let local_batch = run.batch / comm.size();
     for step in run.start_step..run.total_steps {
         fail_if_asked(comm, step)?;
         session.starting(step)?;
         let batch = run.loader.next_batch();
+        if let Some(d) = dump.as_mut() {
+            d.add_batch(&batch)?;
+        }
         let started = Instant::now();
         let report = run.trainer.step(&batch, local_batch, run.seq_len, step)?;
         session.add_time(started.elapsed().as_secs_f64(), 1);
         session.record_all(&report.finished)?;
+        if let Some(d) = dump.as_mut() {
+            d.add_stats(&report.finished);
+        }
 
         let done = step + 1;
         let last = done == run.total_steps;
@@ -47,6 +67,9 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             let finished = run.trainer.flush()?;
             session.add_time(started.elapsed().as_secs_f64(), 0);
             session.record_all(&finished)?;
+            if let Some(d) = dump.as_mut() {
+                d.add_stats(&finished);
+            }
         }
         if log_point {
             session.log_row(&mut run)?;
@@ -55,14 +78,25 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             session.checkpoint(&run, done)?;
         }
         if let Some(why) = stop {
+            finish_dump(dump)?;
             return session.stop(why, done);
         }
     }
     session.finish()?;
+    finish_dump(dump)?;
     if comm.is_root() {
         let tokens = ((run.total_steps - run.start_step) * (run.batch * run.seq_len) as u64) as f64;
         let (elapsed, tokens_per_s) = (session.elapsed(), tokens / session.step_time);
         finish(&mut run, args, elapsed, tokens_per_s, session.last_val)?;
+    }
+    Ok(())
+}
+
+/// Writes the dump's description (its batches are in the file already) and says so.
+fn finish_dump(dump: Option<BatchDump>) -> Result<()> {
+    if let Some(d) = dump {
+        let (path, steps) = d.finish()?;
+        println!("wrote {} ({steps} steps)", path.display());
     }
     Ok(())
 }

@@ -100,6 +100,25 @@ impl<'a> Session<'a> {
         self.clock.elapsed()
     }
 
+    /// `--save-init`: the weights before the first step as OUT/init.ckpt, a checkpoint at
+    /// step 0 (written now, by rank 0; every rank takes part in gathering the state).
+    pub fn save_init<B: Backend>(&self, run: &Run<B>) -> Result<()> {
+        let arrays = run.trainer.state_on_root([Vec::new(), Vec::new(), Vec::new()])?;
+        let saved = match (&self.log, arrays) {
+            (Some(_), Some([p, m, v])) => {
+                let path = self.args.out.join("init.ckpt");
+                let meta = run.checkpoint_meta(run.start_step, &LogState::default());
+                crate::checkpoint::save(&path, &meta, &p, &m, &v).map(|()| Some(path))
+            }
+            _ => Ok(None),
+        };
+        if let Some(path) = agree(self.comm, saved)? {
+            self.bar
+                .suspend(|| println!("saved {} (the weights before step 0)", path.display()));
+        }
+        Ok(())
+    }
+
     /// Step `step` is about to run.
     /// Rank 0 announces a checkpoint whose background write has finished.
     pub fn starting(&mut self, step: u64) -> Result<()> {

@@ -127,6 +127,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self
     }
 
+    /// Micro-batches per step (gradient accumulation; 1: none).
+    pub fn micro_batches(&self) -> usize {
+        self.micro_batches
+    }
+
     /// Whether steps are being replayed from a recording (a CUDA graph) now.
     pub fn replaying(&self) -> bool {
         self.replay.recording.is_some()
