@@ -134,7 +134,8 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
         let (mut pixels, mut labels, mut logits) = (Vec::new(), Vec::new(), Vec::new());
         let all: Vec<usize> = (0..set.len()).collect();
         for rows in all.chunks(EVAL_ROWS) {
-            (pixels.clear(), labels.clear());
+            pixels.clear();
+            labels.clear();
             set.gather(rows, &mut pixels, &mut labels);
             let mut g = Graph::new(self.be, &mut self.pool, false);
             let (out, loss) = self.mlp.forward(&mut g, &pixels, rows.len(), Some(&labels))?;
@@ -226,7 +227,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         for s in 0..steps_per_epoch as usize {
             let step = epoch * steps_per_epoch + s as u64;
             let mine = &order[s * b + comm.rank() * local..][..local];
-            (pixels.clear(), labels.clear());
+            pixels.clear();
+            labels.clear();
             train.gather(mine, &mut pixels, &mut labels);
             let t0 = Instant::now();
             let stats = trainer.step(&pixels, &labels, local, step)?;
