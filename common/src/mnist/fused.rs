@@ -180,6 +180,12 @@ impl<B: Backend> FusedStep<B> {
         b.meter.begin_step(be, lrs[0], None, first_step)
     }
 
+    /// Sets the device's step counter to the global 0-based `step` (a run that starts
+    /// mid-epoch, after [`FusedStep::begin_epoch`] named the epoch's first step).
+    pub fn set_step(&mut self, be: &B, step: u64) -> Result<()> {
+        self.bufs.meter.begin_step(be, 0.0, None, step)
+    }
+
     /// Queues one step (replays it, once recorded) of `mlp` with `sgd`'s momentum, velocity
     /// and weight decay, and the learning rate of the epoch's schedule. Nothing is read back.
     pub fn step(&mut self, be: &B, mlp: &Mlp<B>, sgd: &Sgd<B>) -> Result<()> {

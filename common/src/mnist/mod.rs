@@ -4,9 +4,10 @@
 //! autograd ops, softmax cross-entropy), `train` (the loop: batches split over ranks,
 //! gradients summed, SGD with momentum or AdamW, a loss and accuracy row per epoch), `fused`
 //! (on one GPU with SGD: the data set on the device, each step one CUDA graph replay, the
-//! update fused into backward), and `synthetic` (made-up data sets of the same form, for tests
-//! and speed figures).
+//! update fused into backward), `bench` (`mnist --bench`: steps timed, `--sweep` over shapes),
+//! and `synthetic` (made-up data sets of the same form, for tests and speed figures).
 
+pub mod bench;
 pub mod data;
 pub mod fused;
 pub mod idx;
