@@ -144,7 +144,7 @@ fn bf16_fused_step_tracks_its_generic_step() {
     let set = set();
     let be = gpu(Precision::Bf16);
     let (fused, generic) = (run(&be, &set, Some(true)), run(&be, &set, None));
+    // Both round activations and their gradients to bf16, at other points of other sums.
     let (loss, _) = compare("bf16 fused vs generic on the GPU", &fused, &generic);
-    let last = generic.losses.last().unwrap().abs().max(1.0);
-    assert!(loss < 0.02 * last, "{loss:e}");
+    assert!(loss < 0.05, "{loss:e}");
 }

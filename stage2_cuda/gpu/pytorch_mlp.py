@@ -76,6 +76,10 @@ def counters():
 
 def time_shape(batch, hidden, steps, warmup, compile_):
     dev = torch.device("cuda")
+    if compile_:
+        # A fresh Dynamo per shape: the step's code object is the same every time, and its cache
+        # holds a few entries only (past them Dynamo runs the step eagerly).
+        torch._dynamo.reset()
     torch.manual_seed(0)
     model = mlp([PIXELS, *hidden, CLASSES], dev)
     opt = sgd(model, 0.05, 0.9)
