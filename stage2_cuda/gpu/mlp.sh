@@ -15,9 +15,12 @@
 #           else made-up data, which is learnt within a hundred steps)
 #   mnist   the default MLP for 20 epochs on Fashion-MNIST (when carried): test accuracy and time,
 #           fused against the generic step
+#   profile (not in the default set) each kernel of the fused step (Nsight Compute's duration,
+#           three steps queued without the graph): where the step's time goes, launch gaps aside
 # Writes $OUT/mlp.md (the tables, with ratios, the device named) and the raw JSON lines beside it.
 # Run from the project root after `../shared/gpu/bundle.sh` (carry .gpu/ and data/fashion-mnist/):
-#   stage2_cuda/gpu/mlp.sh [tests] [bench] [sweep] [curve] [mnist]     (default: all; about 6 min)
+#   stage2_cuda/gpu/mlp.sh [tests] [bench] [sweep] [curve] [mnist] [profile]
+#   (default: tests bench sweep curve mnist, about 6 min on an H100)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -90,6 +93,17 @@ if want curve; then
     || { rc=1; echo "curve (torch) FAILED"; tail -3 "$OUT/curve-torch.log"; }
   cat "$OUT/curve.json"
   rm -f "$OUT"/curve-run/trace/*.idx  # the made-up set: 47 MB, made again from its seed
+fi
+
+if want profile; then
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -x "$ncu" ]; then
+    GPT2_CUDA_GRAPH=0 timeout 180 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+      "$(command -v stage2_cuda)" mnist --bench "${mlp[@]}" --steps 3 --warmup 0 >"$OUT/mlp-profile.csv" 2>"$OUT/mlp-profile.log" \
+      || { rc=1; echo "profile FAILED"; tail -3 "$OUT/mlp-profile.log"; }
+  else
+    echo "profile: ncu not found"
+  fi
 fi
 
 if want mnist && [ ${#files[@]} != 0 ]; then
@@ -168,6 +182,26 @@ if os.path.exists(f"{out}/curve.tsv"):
         ma, mb = sum(a) / len(a), sum(b) / len(b)
         print(f"| {k}–{k + len(a) - 1} | {ma:.4f} | {mb:.4f} | {ma - mb:+.4f} |")
     print()
+if os.path.exists(f"{out}/mlp-profile.csv") and os.path.getsize(f"{out}/mlp-profile.csv"):
+    import csv, collections
+    rows_ = [r for r in csv.reader(l for l in open(f"{out}/mlp-profile.csv") if l.startswith('"'))]
+    if rows_:
+        head_, body = rows_[0], rows_[1:]
+        ni, ui, vi = head_.index("Kernel Name"), head_.index("Metric Unit"), head_.index("Metric Value")
+        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+        total = collections.defaultdict(lambda: [0, 0.0])
+        for r in body:
+            name = r[ni].split("(")[0].split("<")[0][:70]
+            total[name][0] += 1
+            total[name][1] += float(r[vi].replace(",", "")) * scale.get(r[ui], 1e-3)
+        print("## Where the fused step's time goes (Nsight Compute, 3 steps queued, 784→128→128→128→10, batch 32)\n")
+        print("Kernel durations only (ncu runs kernels one at a time: no launch gaps, no overlap); set them beside "
+              "the bench's µs/step to see the gaps. Uploads and fills are not kernels: not counted.\n")
+        print("| kernel | launches a step | µs a step |")
+        print("| --- | ---: | ---: |")
+        for name, (n, us_) in sorted(total.items(), key=lambda kv: -kv[1][1]):
+            print(f"| `{name}` | {n / 3:.1f} | {us_ / 3:.2f} |")
+        print(f"| all | {sum(v[0] for v in total.values()) / 3:.1f} | {sum(v[1] for v in total.values()) / 3:.2f} |\n")
 runs = [p for p in ("fused", "generic") if os.path.exists(f"{out}/mnist-{p}/loss.tsv")]
 if runs:
     print("## Fashion-MNIST, the default MLP (784→256→128→10), 20 epochs, batch 64, fp32\n")
