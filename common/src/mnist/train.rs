@@ -216,8 +216,8 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
                 crate::data::epoch_order(order, set.len(), seed, epoch);
                 let first = epoch * spe;
                 let lrs: Vec<f32> = (first..first + spe).map(|s| config.lr_at(s)).collect();
-                // Mid-epoch (a range starting there) the device's counter already stands at
-                // `step`; the epoch's first step is what the upload names.
+                // A range may start mid-epoch (a bench's timed steps after its warm-up): the
+                // upload names the epoch's first step, then the counter is set to this one.
                 fused.begin_epoch(be, order, &lrs, first)?;
                 if step != first {
                     fused.set_step(be, step)?;
