@@ -123,7 +123,7 @@ impl GradSync {
                 rank: 0,
             },
             blocks: Vec::new(),
-            outside: vec![0..total],
+            outside: std::iter::once(0..total).collect(),
             total,
         }
     }

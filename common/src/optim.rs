@@ -74,16 +74,34 @@ impl StepStats {
 /// decision to apply that the device works out) and a history of (loss, norm) per step.
 pub struct StepMeter<B: Backend> {
     state: B::Buffer<f32>,
-    /// (loss, norm) of step s at 2·(s mod HISTORY).
+    /// (loss, norm) of step s at 2·(s mod history_len).
     history: B::Buffer<f32>,
+    history_len: usize,
 }
 
 impl<B: Backend> StepMeter<B> {
     pub fn new(be: &B) -> Result<Self> {
+        Self::with_history(be, HISTORY)
+    }
+
+    /// A meter keeping the (loss, norm) of the last `len` steps (at least 1).
+    pub fn with_history(be: &B, len: usize) -> Result<Self> {
+        let len = len.max(1);
         Ok(StepMeter {
             state: be.alloc(StepState::WORDS)?,
-            history: be.alloc(2 * HISTORY)?,
+            history: be.alloc(2 * len)?,
+            history_len: len,
         })
+    }
+
+    /// Steps whose (loss, norm) the history keeps.
+    pub fn history_len(&self) -> usize {
+        self.history_len
+    }
+
+    /// The history: (loss, norm) of step s at 2·(s mod [`StepMeter::history_len`]).
+    pub fn history(&self) -> DevPtr {
+        self.history.ptr()
     }
 
     /// Where the step's loss goes (a buffer and an offset): each micro-batch adds its own.
@@ -137,7 +155,7 @@ impl<B: Backend> StepMeter<B> {
         check_range("gradients", grads.len(), shard.start, shard.len())?;
         let s = self.state.ptr();
         // SAFETY: grads holds the shard (checked above); the state its words, the history
-        // 2·HISTORY; Σg² is the state's first word, which nothing else touches meanwhile.
+        // 2·history_len; Σg² is the state's first word, which nothing else touches meanwhile.
         unsafe {
             be.zero(s, 1); // sumsq
             be.sum_squares(s, grads.ptr().add(shard.start), shard.len());
@@ -145,7 +163,7 @@ impl<B: Backend> StepMeter<B> {
                 be.synchronize()?;
                 comm.all_reduce_sum(s, 1)?;
             }
-            be.step_stats(s, self.history.ptr(), HISTORY, grad_clip, loss_scale);
+            be.step_stats(s, self.history.ptr(), self.history_len, grad_clip, loss_scale);
         }
         Ok(())
     }
@@ -163,20 +181,19 @@ impl<B: Backend> StepMeter<B> {
         be.write(&self.state, StepState::APPLY, &[apply as u8 as f32])
     }
 
-    /// The stats of the 0-based `steps` (at most [`HISTORY`] of the latest), from the history.
+    /// The stats of the 0-based `steps` (at most [`StepMeter::history_len`] of the latest),
+    /// from the history.
     pub fn read_history(&self, be: &B, config: &OptimConfig, steps: Range<u64>) -> Result<Vec<(u64, StepStats)>> {
         if steps.is_empty() {
             return Ok(Vec::new());
         }
-        assert!(
-            steps.end - steps.start <= HISTORY as u64,
-            "history holds {HISTORY} steps"
-        );
-        let mut host = vec![0.0f32; 2 * HISTORY];
+        let len = self.history_len;
+        assert!(steps.end - steps.start <= len as u64, "history holds {len} steps");
+        let mut host = vec![0.0f32; 2 * len];
         be.read(&self.history, 0, &mut host)?;
         Ok(steps
             .map(|s| {
-                let at = 2 * (s as u32 as usize % HISTORY);
+                let at = 2 * (s as u32 as usize % len);
                 (s, StepStats::of(config, s, host[at], host[at + 1]))
             })
             .collect())

@@ -118,3 +118,76 @@ fn without_files_or_the_package_it_says_to_run_make_run_mnist() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("make run-mnist"), "{err}");
 }
+
+/// `--trace` writes what another framework needs to repeat the run: the initial parameters,
+/// every step's images and its learning rate and loss, the settings.
+#[test]
+fn trace_writes_the_initial_weights_and_every_step() {
+    let d = tmpdir("trace");
+    let files = data(&d, "idx");
+    assert_ok(&mnist(&files, &d.join("a"), &["--trace"]));
+    let trace = d.join("a").join("trace");
+    let params = (144 * 32 + 32) + (32 * 16 + 16) + (16 * 10 + 10);
+    assert_eq!(std::fs::read(trace.join("init.f32")).unwrap().len(), 4 * params);
+    // 600 images in batches of 20: 30 steps an epoch, 4 epochs, every image once an epoch.
+    let order = std::fs::read(trace.join("order.i32")).unwrap();
+    let ids: Vec<i32> = order
+        .chunks(4)
+        .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(ids.len(), 4 * 600);
+    let mut first: Vec<i32> = ids[..600].to_vec();
+    first.sort();
+    assert_eq!(first, (0..600).collect::<Vec<_>>());
+    let steps = std::fs::read_to_string(trace.join("steps.tsv")).unwrap();
+    let rows: Vec<Vec<f64>> = steps
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 120);
+    assert!(rows
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r[0] == i as f64 && r[2].is_finite()));
+    assert!(
+        (rows[0][1] - 0.05).abs() < 1e-9,
+        "the first step's lr is --lr: {:?}",
+        rows[0]
+    );
+    let settings = std::fs::read_to_string(trace.join("settings.json")).unwrap();
+    assert!(
+        settings.contains("\"widths\"") && settings.contains("\"momentum\""),
+        "{settings}"
+    );
+    // The epoch's mean of the traced losses is the table's training loss.
+    let mean: f64 = rows[..30].iter().map(|r| r[2]).sum::<f64>() / 30.0;
+    assert!((mean - table(&d.join("a"))[0][1] as f64).abs() < 1e-4);
+}
+
+/// `--bench` times steps and prints one JSON line per shape (the generic step on the CPU).
+#[test]
+fn bench_prints_one_json_line_per_shape() {
+    let d = tmpdir("bench");
+    let files = data(&d, "idx");
+    let o = Command::new(BIN)
+        .arg("mnist")
+        .args(&files)
+        .args([
+            "--bench", "--steps", "12", "--warmup", "3", "--hidden", "16", "--batch", "20",
+        ])
+        .args(["--threads", "2"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    let r = &rows[0];
+    assert_eq!(r["path"], "generic");
+    assert_eq!(r["steps"], 12);
+    assert_eq!(r["widths"], serde_json::json!([144, 16, 10]));
+    assert!(r["samples_per_s"].as_f64().unwrap() > 0.0 && r["final_loss"].as_f64().unwrap().is_finite());
+    let o = Command::new(BIN).args(["mnist", "--steps", "5"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "--steps without --bench is refused");
+}

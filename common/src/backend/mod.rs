@@ -33,6 +33,8 @@ pub trait Elem: bytemuck::Pod + Send + Sync + 'static {}
 impl Elem for f32 {}
 impl Elem for i32 {}
 impl Elem for bf16 {}
+/// Raw bytes: the MLP's images and labels, kept on the device as their idx files hold them.
+impl Elem for u8 {}
 
 pub use half::bf16;
 
@@ -787,6 +789,120 @@ pub trait Backend {
         self.crossentropy_forward(losses, logits, targets, bt, v, vp);
         self.crossentropy_backward_in_place(logits, losses, targets, dloss, bt, v, vp);
     }
+
+    /// A hidden layer's product through ReLU: `pre (BT,OC) = inp (BT,C) · wᵀ + bias` and
+    /// `out = relu(pre)` (the MLP workload's). By default the two ops, both written; a backend
+    /// may fuse ReLU into the product's epilogue (CUDA: cuBLASLt's RELU_BIAS) and then leave
+    /// `pre` unwritten: callers read `out` only.
+    /// # Safety
+    /// As `matmul_forward`; `pre`, `out`: BT·OC each, distinct.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul_relu_forward(
+        &self,
+        pre: DevPtr<Act>,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: Option<DevPtr<Act>>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        self.matmul_forward(pre, inp, w, bias, bt, c, oc);
+        self.relu_forward(out, pre, bt * oc);
+    }
+
+    // ---- the MLP workload's step, whole on the device (mnist/fused.rs) ----------------
+    /// The step's batch, cut on the device from a data set kept there: row r of `out` (rows,
+    /// size) is image `order[s·rows + r]` of `images` (`size` u8 pixels each) scaled to [0, 1]
+    /// (`p / 255` in f32, as the host's gather computes it, then stored as an activation), and
+    /// `targets[r]` is its label in `labels`, where s is the step within the epoch: the
+    /// [`StepState`] step at `state` mod `steps`. Nothing is read back.
+    /// # Safety
+    /// `out`: rows·size activations; `targets`: rows; `order`: steps·rows image indices, each
+    /// below the images in `images` (size each) and `labels`; `state`: [`StepState::WORDS`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gather_batch(
+        &self,
+        out: DevPtr<Act>,
+        targets: DevPtr<i32>,
+        images: DevPtr<u8>,
+        labels: DevPtr<u8>,
+        order: DevPtr<i32>,
+        state: DevPtr,
+        rows: usize,
+        size: usize,
+        steps: usize,
+    );
+    /// The classifier's loss and the step's scalars, for a step whose update runs inside its
+    /// backward pass (so with no gradient norm before it): `losses (rows) =
+    /// crossentropy_forward(logits (rows, V), targets)`, their `mean` into the [`StepState`]'s
+    /// `loss`, then the logits overwritten by their gradient as `crossentropy_backward_in_place`
+    /// with `dloss` writes it. In the state: `norm` and `sumsq` 0, `clip` 1, `apply` 1 when the
+    /// loss is finite (else 0), `lr = schedule[s]`, (loss, 0) into `history[2·(step mod
+    /// history_len)..]`, then `step` + 1; s is the step within the epoch (step mod `steps`).
+    /// The same values as those ops compute, bit for bit.
+    /// # Safety
+    /// `logits`: rows·V activations; `losses`, `targets`: rows (ids below V); `state`:
+    /// [`StepState::WORDS`]; `schedule`: `steps`; `history`: 2·`history_len`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn loss_step(
+        &self,
+        logits: DevPtr<Act>,
+        losses: DevPtr,
+        targets: DevPtr<i32>,
+        state: DevPtr,
+        schedule: DevPtr,
+        history: DevPtr,
+        history_len: usize,
+        rows: usize,
+        v: usize,
+        steps: usize,
+        dloss: f32,
+    );
+    /// A Linear layer's input gradient through the ReLU before it: `dinp (BT,C) = (dout (BT,OC)
+    /// · w (OC,C)) ⊙ [act > 0]`, OVERWRITTEN, where `act` (BT,C) is the ReLU's output (> 0
+    /// exactly where its input is): what `matmul_backward`'s dinp and then `relu_backward`
+    /// compute into zeroed buffers.
+    /// # Safety
+    /// `dinp`, `act`: BT·C; `dout`: BT·OC; `w`: OC·C activations; `dinp` overlaps nothing else.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul_backward_relu(
+        &self,
+        dinp: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        w: DevPtr<Act>,
+        act: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    );
+    /// SGD fused into the backward pass: a Linear layer's gradients `dw (OC,C) = doutᵀ · inp`
+    /// and `db (OC) = Σ_rows dout`, applied at once as [`Backend::sgd`] applies gradients (the
+    /// [`StepState`]'s lr and clipping factor, nothing when its `apply` is 0), `hp.weight_decay`
+    /// on the weights and none on the biases, to `params`: w (OC,C) then b (OC), the MLP's
+    /// layout, with their momentum `velocity` (the same layout), and with `copy` the updated
+    /// values rounded to bf16 there too. `grads` is the layer's slice of the gradient buffer
+    /// (OC·C + OC f32s), which the op may use as scratch: unspecified afterwards.
+    /// # Safety
+    /// `params`, `velocity`, `grads`, `copy`: OC·C + OC elements; `dout`: BT·OC; `inp`: BT·C
+    /// activations; `state`: [`StepState::WORDS`]; the parameters (and their copy) are not
+    /// read by `dout` or `inp`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn linear_sgd(
+        &self,
+        params: DevPtr,
+        velocity: DevPtr,
+        grads: DevPtr,
+        copy: Option<DevPtr<bf16>>,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        state: DevPtr,
+        hp: SgdHyper,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    );
 
     // ---- reductions and the optimiser ---------------------------------------------
     /// `out[0]` = mean of `inp[0..n]` (a fixed reduction order on the CPU).

@@ -374,6 +374,33 @@ pub struct MnistArgs {
     /// Seed for initialisation and data order.
     #[arg(long, default_value_t = DEFAULT_SEED)]
     pub seed: u64,
+    /// Made-up images of MNIST's form instead of files: 60,000 training and 10,000 test images
+    /// of 28 × 28 pixels (each class lights its own band of rows and columns over noise), the
+    /// same every run. For speed figures where the real files are not at hand.
+    #[arg(long, conflicts_with_all = ["train_images", "train_labels", "test_images", "test_labels"])]
+    pub synthetic: bool,
+    /// Also write into OUT/trace/ what another framework needs to repeat the run step for step:
+    /// the initial parameters (init.f32, the flat layout, little-endian), every step's images
+    /// (order.i32), every step's learning rate and loss (steps.tsv), the settings
+    /// (settings.json), and with --synthetic the training set (idx files).
+    #[arg(long, conflicts_with = "bench")]
+    pub trace: bool,
+    /// Time training steps instead of training: --warmup steps, then --steps timed ones, on
+    /// the training images (made up unless the four files are given); one JSON line, no test
+    /// set, no loss.tsv. On one GPU with SGD the fused step (data on the GPU, one CUDA graph
+    /// replay a step, the update inside backward), else the generic one.
+    #[arg(long)]
+    pub bench: bool,
+    /// With --bench: the sweep, batch 32, 128 and 512 × three hidden layers of 64, 256 or 1024,
+    /// one JSON line each (--batch and --hidden are not used).
+    #[arg(long, requires = "bench")]
+    pub sweep: bool,
+    /// With --bench: timed steps [default: 5000].
+    #[arg(long, requires = "bench", value_parser = at_least_one_u64)]
+    pub steps: Option<u64>,
+    /// With --bench: untimed steps first [default: 200].
+    #[arg(long, requires = "bench")]
+    pub warmup: Option<u64>,
     #[command(flatten)]
     pub device: DeviceArgs,
 }

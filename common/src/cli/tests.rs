@@ -99,6 +99,12 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("mnist", "momentum", &["-0.1", "1.5", "nan"]),
     ("mnist", "weight_decay", &["-1", "nan"]),
     ("mnist", "seed", &["-1", "x"]),
+    ("mnist", "synthetic", &[]),
+    ("mnist", "trace", &[]),
+    ("mnist", "bench", &[]),
+    ("mnist", "sweep", &[]),
+    ("mnist", "steps", &["0", "-1"]),
+    ("mnist", "warmup", &["-1", "x"]),
     ("mnist", "threads", &["0", "100000"]),
     ("mnist", "precision", &["fp16"]),
 ];

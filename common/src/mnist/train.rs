@@ -3,9 +3,16 @@
 //! rank takes its share of every global batch and the gradients are summed over ranks
 //! ([`GradSync`]), so every rank applies the same update and stage 1 reproduces stage 0.
 //! After each epoch rank 0 evaluates the test set and writes a row of `OUT/loss.tsv`.
+//!
+//! On one rank of a backend that records its work (one GPU) with SGD, the epoch runs as
+//! [`FusedStep`]s instead: the data set on the device, each step one replay of a recorded step
+//! with the update inside backward, the losses read once an epoch (`GPT2_MNIST_FUSED=0` turns
+//! it off; `GPT2_CUDA_GRAPH=0` queues the fused step's ops each time instead of replaying).
 
 use super::data::{self, Dataset, Files, CLASSES};
+use super::fused::FusedStep;
 use super::mlp::Mlp;
+use super::synthetic;
 use crate::autograd::{Graph, Pool};
 use crate::backend::Backend;
 use crate::cli::{MnistArgs, OptimizerFlag};
@@ -15,6 +22,7 @@ use crate::grad_sync::{GradSync, SyncMode};
 use crate::optim::{AdamW, OptimConfig, Optimizer, Sgd, StepStats};
 use crate::report::log::{LossLog, Window};
 use crate::report::progress;
+use std::ops::Range;
 use std::time::Instant;
 
 /// Test images per forward pass when evaluating.
@@ -115,13 +123,7 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
         }
         let stats = StepStats::of(&config, step, loss, norm);
         if stats.skipped {
-            let msg = format!(
-                "step {}: the loss ({}) or gradient norm ({}) is not finite: lower --lr",
-                step + 1,
-                stats.loss,
-                stats.grad_norm
-            );
-            return Err(Error::Training(msg).on_every_rank());
+            return Err(not_finite(step, &stats));
         }
         let copy = self.mlp.params_bf16.as_ref();
         self.opt.update(be, &self.mlp.params, copy, &self.mlp.grads)?;
@@ -134,7 +136,8 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
         let (mut pixels, mut labels, mut logits) = (Vec::new(), Vec::new(), Vec::new());
         let all: Vec<usize> = (0..set.len()).collect();
         for rows in all.chunks(EVAL_ROWS) {
-            (pixels.clear(), labels.clear());
+            pixels.clear();
+            labels.clear();
             set.gather(rows, &mut pixels, &mut labels);
             let mut g = Graph::new(self.be, &mut self.pool, false);
             let (out, loss) = self.mlp.forward(&mut g, &pixels, rows.len(), Some(&labels))?;
@@ -152,6 +155,132 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
         let n = set.len().max(1) as f64;
         Ok(((loss_sum / n) as f32, (right as f64 / n) as f32))
     }
+
+    /// The global 0-based `steps` of the generic step, each on this rank's share of its batch
+    /// of `batch` images of `set` (the epoch's order from `seed`), `each` called after every
+    /// step. Returns their stats and the seconds spent in steps (the batches' gathering left
+    /// out). `order` is reused between calls.
+    pub fn run_generic(
+        &mut self,
+        set: &Dataset,
+        batch: usize,
+        steps: Range<u64>,
+        seed: u64,
+        order: &mut Vec<usize>,
+        mut each: impl FnMut(&StepStats),
+    ) -> Result<(Vec<(u64, StepStats)>, f64)> {
+        let spe = (set.len() / batch) as u64;
+        let local = batch / self.comm.size();
+        let (mut pixels, mut labels) = (Vec::new(), Vec::new());
+        let (mut stats, mut seconds) = (Vec::with_capacity(steps.clone().count()), 0.0);
+        for step in steps.clone() {
+            let (epoch, s) = (step / spe, (step % spe) as usize);
+            if s == 0 || step == steps.start {
+                crate::data::epoch_order(order, set.len(), seed, epoch);
+            }
+            let mine = &order[s * batch + self.comm.rank() * local..][..local];
+            pixels.clear();
+            labels.clear();
+            set.gather(mine, &mut pixels, &mut labels);
+            let t0 = Instant::now();
+            let st = self.step(&pixels, &labels, local, step)?;
+            seconds += t0.elapsed().as_secs_f64();
+            each(&st);
+            stats.push((step, st));
+        }
+        Ok((stats, seconds))
+    }
+
+    /// As [`MlpTrainer::run_generic`] with `fused` (made for this set and batch; one rank,
+    /// SGD): each epoch's order and learning rates are uploaded at its first step, the steps
+    /// are queued (replayed) without waiting, and their stats are read at each epoch's end and
+    /// at the end of `steps`. The seconds are the wall time, reads included.
+    pub fn run_fused(
+        &mut self,
+        fused: &mut FusedStep<B>,
+        set: &Dataset,
+        steps: Range<u64>,
+        seed: u64,
+        order: &mut Vec<usize>,
+        mut each: impl FnMut(),
+    ) -> Result<(Vec<(u64, StepStats)>, f64)> {
+        let Optimizer::Sgd(sgd) = &self.opt else {
+            return Err(Error::Device("the fused MLP step runs SGD only".into()));
+        };
+        let (be, config, spe) = (self.be, sgd.config, fused.steps() as u64);
+        let started = Instant::now();
+        let (mut stats, mut unread) = (Vec::with_capacity(steps.clone().count()), steps.start);
+        for step in steps.clone() {
+            let epoch = step / spe;
+            if step % spe == 0 || step == steps.start {
+                crate::data::epoch_order(order, set.len(), seed, epoch);
+                let first = epoch * spe;
+                let lrs: Vec<f32> = (first..first + spe).map(|s| config.lr_at(s)).collect();
+                // A range may start mid-epoch (a bench's timed steps after its warm-up): the
+                // upload names the epoch's first step, then the counter is set to this one.
+                fused.begin_epoch(be, order, &lrs, first)?;
+                if step != first {
+                    fused.set_step(be, step)?;
+                }
+            }
+            fused.step(be, &self.mlp, sgd)?;
+            each();
+            if (step + 1) % spe == 0 || step + 1 == steps.end {
+                let read = fused.read(be, &config, unread..step + 1)?;
+                if let Some((s, st)) = read.iter().find(|(_, st)| st.skipped) {
+                    return Err(not_finite(*s, st));
+                }
+                stats.extend(read);
+                unread = step + 1;
+            }
+        }
+        Ok((stats, started.elapsed().as_secs_f64()))
+    }
+}
+
+/// A step whose loss (or gradient norm) is not finite stops the run: the same error on every
+/// rank (they all see the same averaged loss).
+fn not_finite(step: u64, stats: &StepStats) -> Error {
+    let msg = format!(
+        "step {}: the loss ({}) or gradient norm ({}) is not finite: lower --lr",
+        step + 1,
+        stats.loss,
+        stats.grad_norm
+    );
+    Error::Training(msg).on_every_rank()
+}
+
+/// Whether `mnist` runs [`FusedStep`]s: one rank, SGD, a backend that records its work (a
+/// GPU), unless `GPT2_MNIST_FUSED=0`.
+pub fn fused_path<B: Backend>(be: &B, comm: &dyn Comm, optimizer: OptimizerFlag) -> bool {
+    let off = std::env::var("GPT2_MNIST_FUSED").is_ok_and(|v| v == "0");
+    be.records() && comm.size() == 1 && optimizer == OptimizerFlag::Sgd && !off
+}
+
+/// Whether the fused step is recorded once and replayed (`GPT2_CUDA_GRAPH=0`: queued each
+/// time, as GPT-2's trainer takes it).
+pub fn replay_on() -> bool {
+    !std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0")
+}
+
+/// Seeds of `--synthetic`'s training and test sets (fixed: the same data whatever `--seed`).
+const SYNTHETIC_SEEDS: (u64, u64) = (0x5eed_7a1d, 0x5eed_7e57);
+
+/// The training and test sets: `--synthetic`'s made-up ones (60,000 and 10,000 images of
+/// 28 × 28, made by every rank alike), or the files' (read by rank 0, sent to all).
+pub fn load_sets(comm: &dyn Comm, args: &MnistArgs) -> Result<(Dataset, Dataset)> {
+    if args.synthetic {
+        return Ok(synthetic_sets());
+    }
+    data::load(comm, &Files::from_args(args))
+}
+
+/// `--synthetic`'s training and test sets.
+pub fn synthetic_sets() -> (Dataset, Dataset) {
+    (
+        synthetic::dataset(60_000, 28, SYNTHETIC_SEEDS.0),
+        synthetic::dataset(10_000, 28, SYNTHETIC_SEEDS.1),
+    )
 }
 
 /// The index of the largest value (the first of equals).
@@ -167,45 +296,48 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     let mut same_everywhere = args.clone();
     same_everywhere.device.threads = None;
     check_same_everywhere(comm, &format!("mnist {same_everywhere:?}"))?;
+    if args.bench {
+        return super::bench::bench(be, comm, args);
+    }
     // The same flags everywhere: every rank refuses them together.
     let momentum = args.momentum().map_err(Error::on_every_rank)?;
-    let (train, test) = data::load(comm, &Files::from_args(args))?;
+    let (train, test) = load_sets(comm, args)?;
     let (world, b) = (comm.size(), args.batch);
-    if !b.is_multiple_of(world) || b > train.len() {
-        let e = Error::Input(format!(
-            "--batch {b} must divide over the {world} rank(s) and be at most the {} training images",
-            train.len()
-        ));
-        return Err(e.on_every_rank());
-    }
+    check_batch(&train, b, world)?;
     let steps_per_epoch = (train.len() / b) as u64;
     let total_steps = args.epochs * steps_per_epoch;
-    let config = OptimConfig {
-        lr: args.lr(),
-        min_lr_frac: 0.0,
-        warmup_steps: 0,
-        total_steps,
-        weight_decay: args.weight_decay,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        grad_clip: 0.0,
-    };
-    let widths: Vec<usize> = std::iter::once(train.images.size())
-        .chain(args.hidden.iter().copied())
-        .chain([CLASSES])
-        .collect();
+    let config = mnist_config(args.lr(), total_steps, args.weight_decay);
+    let widths = widths(&train, &args.hidden);
     let mut trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
+    let mut fused = match fused_path(be, comm, args.optimizer) {
+        true => Some(FusedStep::new(
+            be,
+            &trainer.mlp,
+            &train,
+            b,
+            steps_per_epoch as usize,
+            replay_on(),
+        )?),
+        false => None,
+    };
 
     let root = comm.is_root();
     let mut log = match root {
         true => Some(LossLog::open_table(&args.out, EpochRow::HEADER, None)?),
         false => None,
     };
+    let mut trace = match root && args.trace {
+        true => Some(Trace::open(be, &args.out, args, &trainer, &train, b, steps_per_epoch)?),
+        false => None,
+    };
     if root {
         let shape: Vec<String> = widths.iter().map(|w| w.to_string()).collect();
+        let how = match &fused {
+            Some(_) => " | fused step (data on the device, one graph replay a step, SGD inside backward)",
+            None => "",
+        };
         println!(
-            "{} | MLP {} ({} params) | {:?} lr {} | batch {b} over {world} rank(s) | {} training, {} test images | {steps_per_epoch} steps/epoch, {total_steps} steps",
+            "{} | MLP {} ({} params) | {:?} lr {} | batch {b} over {world} rank(s) | {} training, {} test images | {steps_per_epoch} steps/epoch, {total_steps} steps{how}",
             be.name(),
             shape.join("→"),
             trainer.mlp.num_params(),
@@ -217,28 +349,25 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         println!("{}", EpochRow::HEADER.replace('\t', "  "));
     }
     let bar = progress::bar(root, total_steps, 0);
-    let (started, local) = (Instant::now(), b / world);
-    let (mut order, mut pixels, mut labels) = (Vec::new(), Vec::new(), Vec::new());
+    let started = Instant::now();
+    let mut order = Vec::new();
     let mut last = None;
     for epoch in 0..args.epochs {
-        crate::data::epoch_order(&mut order, train.len(), args.seed, epoch);
+        let steps = epoch * steps_per_epoch..(epoch + 1) * steps_per_epoch;
+        let (stats, seconds) = match fused.as_mut() {
+            Some(f) => trainer.run_fused(f, &train, steps, args.seed, &mut order, || bar.inc(1))?,
+            None => trainer.run_generic(&train, b, steps, args.seed, &mut order, |st| {
+                bar.set_message(format!("epoch {} loss {:.4} lr {:.2e}", epoch + 1, st.loss, st.lr));
+                bar.inc(1);
+            })?,
+        };
         let mut window = Window::default();
-        for s in 0..steps_per_epoch as usize {
-            let step = epoch * steps_per_epoch + s as u64;
-            let mine = &order[s * b + comm.rank() * local..][..local];
-            (pixels.clear(), labels.clear());
-            train.gather(mine, &mut pixels, &mut labels);
-            let t0 = Instant::now();
-            let stats = trainer.step(&pixels, &labels, local, step)?;
-            window.add(stats.loss, false);
-            window.add_time(t0.elapsed().as_secs_f64());
-            bar.set_message(format!(
-                "epoch {} loss {:.4} lr {:.2e}",
-                epoch + 1,
-                stats.loss,
-                stats.lr
-            ));
-            bar.inc(1);
+        for (_, st) in &stats {
+            window.add(st.loss, false);
+        }
+        window.add_time(seconds);
+        if let Some(trace) = trace.as_mut() {
+            trace.epoch(&order[..steps_per_epoch as usize * b], &stats)?;
         }
         let (train_loss, _, samples_per_s) = window.take(b);
         if let Some(log) = log.as_mut() {
@@ -267,6 +396,117 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         );
     }
     Ok(())
+}
+
+/// A global batch of `b` images must split evenly over the ranks and fit the training set
+/// (the same on every rank: every rank refuses it together).
+pub fn check_batch(train: &Dataset, b: usize, world: usize) -> Result<()> {
+    if !b.is_multiple_of(world) || b > train.len() {
+        let e = Error::Input(format!(
+            "--batch {b} must divide over the {world} rank(s) and be at most the {} training images",
+            train.len()
+        ));
+        return Err(e.on_every_rank());
+    }
+    Ok(())
+}
+
+/// The MLP's optimiser settings: `lr` decaying along a cosine to 0 over `total_steps`, no
+/// warmup, no clipping; AdamW's betas 0.9, 0.999.
+pub fn mnist_config(lr: f32, total_steps: u64, weight_decay: f32) -> OptimConfig {
+    OptimConfig {
+        lr,
+        min_lr_frac: 0.0,
+        warmup_steps: 0,
+        total_steps,
+        weight_decay,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        grad_clip: 0.0,
+    }
+}
+
+/// Input width (the images'), `hidden`, the classes.
+pub fn widths(train: &Dataset, hidden: &[usize]) -> Vec<usize> {
+    std::iter::once(train.images.size())
+        .chain(hidden.iter().copied())
+        .chain([CLASSES])
+        .collect()
+}
+
+/// `--trace`: what another framework needs to repeat the run step for step (rank 0 writes it).
+struct Trace {
+    dir: std::path::PathBuf,
+    order: std::fs::File,
+    steps: std::fs::File,
+}
+
+impl Trace {
+    /// Writes the settings, the initial parameters and, for made-up data, the training set.
+    fn open<B: Backend>(
+        be: &B,
+        out: &std::path::Path,
+        args: &MnistArgs,
+        trainer: &MlpTrainer<'_, B>,
+        train: &Dataset,
+        batch: usize,
+        steps_per_epoch: u64,
+    ) -> Result<Self> {
+        use crate::error::io_err;
+        use std::io::Write;
+        let dir = out.join("trace");
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let mut params = vec![0.0f32; trainer.mlp.num_params()];
+        be.read(&trainer.mlp.params, 0, &mut params)?;
+        let path = dir.join("init.f32");
+        std::fs::write(&path, bytemuck::cast_slice::<f32, u8>(&params)).map_err(io_err(&path))?;
+        let (lr, momentum) = (args.lr(), args.momentum()?);
+        let settings = serde_json::json!({
+            "widths": trainer.mlp.widths,
+            "batch": batch,
+            "steps_per_epoch": steps_per_epoch,
+            "epochs": args.epochs,
+            "optimizer": format!("{:?}", args.optimizer).to_lowercase(),
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": args.weight_decay,
+            "seed": args.seed,
+            "synthetic": args.synthetic,
+            "device": be.name(),
+            "layout": "per layer: weight (out, in) row-major, then bias (out); f32 little-endian",
+        });
+        let path = dir.join("settings.json");
+        std::fs::write(&path, format!("{settings:#}\n")).map_err(io_err(&path))?;
+        if args.synthetic {
+            synthetic::write_idx(train, &dir.join("train-images.idx"), &dir.join("train-labels.idx"))?;
+        }
+        let create = |name: &str| {
+            let path = dir.join(name);
+            std::fs::File::create(&path).map_err(io_err(&path))
+        };
+        let (order, mut steps) = (create("order.i32")?, create("steps.tsv")?);
+        writeln!(steps, "step\tlr\tloss").map_err(io_err(&dir.join("steps.tsv")))?;
+        Ok(Trace { dir, order, steps })
+    }
+
+    /// An epoch's images (in step order) and its steps' learning rates and losses.
+    fn epoch(&mut self, order: &[usize], stats: &[(u64, StepStats)]) -> Result<()> {
+        use crate::error::io_err;
+        use std::io::Write;
+        let ids: Vec<i32> = order.iter().map(|&i| i as i32).collect();
+        let path = |name: &str| self.dir.join(name);
+        self.order
+            .write_all(bytemuck::cast_slice(&ids))
+            .map_err(io_err(path("order.i32")))?;
+        let mut text = String::new();
+        for (step, st) in stats {
+            text += &format!("{step}\t{:e}\t{:e}\n", st.lr, st.loss);
+        }
+        let (steps, at) = (&mut self.steps, path("steps.tsv"));
+        steps.write_all(text.as_bytes()).map_err(io_err(&at))?;
+        steps.flush().map_err(io_err(at))
+    }
 }
 
 #[cfg(test)]

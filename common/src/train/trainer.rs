@@ -3,6 +3,7 @@
 //! of: one step, an evaluation, a sample, saving and restoring. `train` and `bench` both
 //! drive it.
 
+use super::replay::Recorder;
 use crate::autograd::{check_ids, Graph, Pool, TokenStage};
 use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::Checkpoint;
@@ -48,9 +49,7 @@ pub struct Trainer<'a, B: Backend> {
 /// steps replayed since their (loss, norm) were last read.
 struct Replay<B: Backend> {
     on: bool,
-    /// The shape of the last step run as queued, which sized the memory a recording uses.
-    warm: Option<StepShape>,
-    recording: Option<(StepShape, B::Recording)>,
+    recorder: Recorder<B, StepShape>,
     /// Replayed steps not read yet, and when the last read was.
     unread: Range<u64>,
     read_at: Instant,
@@ -100,8 +99,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             tokens: TokenStage::default(),
             replay: Replay {
                 on: be.records() && comm.size() == 1 && !replay_off,
-                warm: None,
-                recording: None,
+                recorder: Recorder::default(),
                 unread: 0..0,
                 read_at: Instant::now(),
             },
@@ -134,7 +132,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// Whether steps are being replayed from a recording (a CUDA graph) now.
     pub fn replaying(&self) -> bool {
-        self.replay.recording.is_some()
+        self.replay.recorder.recorded()
     }
 
     /// zero grads → (forward → backward) per micro-batch → gradients summed over ranks →
@@ -241,25 +239,13 @@ impl<'a, B: Backend> Trainer<'a, B> {
             tokens_at: tokens.addr(),
         };
         let now = shape(be, &self.tokens);
-        match &self.replay.recording {
-            Some((recorded, rec)) if *recorded == now => be.replay(rec)?,
-            _ if self.replay.warm != Some(now) => {
-                // The first step of a shape runs as queued: it sizes the pool and the scratch.
-                self.replay.recording = None;
-                self.queue_step(batch, b, t)?;
-                self.replay.warm = Some(shape(be, &self.tokens));
-            }
-            _ => {
-                self.replay.recording = None;
-                be.begin_recording()?;
-                let queued = self.queue_step(batch, b, t);
-                let recorded = be.end_recording();
-                queued?;
-                let rec = recorded?;
-                be.replay(&rec)?;
-                self.replay.recording = Some((now, rec));
-            }
-        }
+        let mut recorder = std::mem::take(&mut self.replay.recorder);
+        let ran = recorder.run(be, now, || {
+            self.queue_step(batch, b, t)?;
+            Ok(shape(be, &self.tokens))
+        });
+        self.replay.recorder = recorder;
+        ran?;
         if self.replay.unread.is_empty() {
             self.replay.unread = step..step;
         }

@@ -81,10 +81,20 @@ pub(super) struct Grads<'a> {
 pub(super) fn backward(g: Grads, dout: &[f32], inp: &[f32], w: &[f32], c: usize, oc: usize, threads: usize) {
     let bt = dout.len() / oc;
     assert!(inp.len() >= bt * c && w.len() >= oc * c && g.dinp.len() >= bt * c && g.dw.len() >= oc * c);
+    input_grad(g.dinp, dout, w, c, oc, threads);
+    weight_grad(g.dw, dout, inp, c, oc, threads);
+    if let Some(dbias) = g.dbias {
+        bias_backward(dbias, dout, oc);
+    }
+}
+
+/// dinp (BT,C) += dout (BT,OC) · w (OC,C).
+pub(super) fn input_grad(dinp: &mut [f32], dout: &[f32], w: &[f32], c: usize, oc: usize, threads: usize) {
+    let bt = dout.len() / oc;
+    assert!(w.len() >= oc * c && dinp.len() >= bt * c);
     let (c_, oc_) = (c as isize, oc as isize);
-    // dinp (BT,C) += dout (BT,OC) · w (OC,C)
     gemm(
-        g.dinp,
+        dinp,
         bt,
         c,
         oc,
@@ -93,9 +103,15 @@ pub(super) fn backward(g: Grads, dout: &[f32], inp: &[f32], w: &[f32], c: usize,
         true,
         threads,
     );
-    // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C)
+}
+
+/// dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C).
+pub(super) fn weight_grad(dw: &mut [f32], dout: &[f32], inp: &[f32], c: usize, oc: usize, threads: usize) {
+    let bt = dout.len() / oc;
+    assert!(inp.len() >= bt * c && dw.len() >= oc * c);
+    let (c_, oc_) = (c as isize, oc as isize);
     gemm(
-        g.dw,
+        dw,
         oc,
         c,
         bt,
@@ -104,9 +120,6 @@ pub(super) fn backward(g: Grads, dout: &[f32], inp: &[f32], w: &[f32], c: usize,
         true,
         threads,
     );
-    if let Some(dbias) = g.dbias {
-        bias_backward(dbias, dout, oc);
-    }
 }
 
 /// dbias (OC) += Σ_rows dout (·,OC), 64 columns per task, rows in order.

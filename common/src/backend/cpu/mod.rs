@@ -6,7 +6,7 @@
 //! This file holds the buffers and the [`Backend`] impl, which is the one place where raw
 //! pointers become slices (under the trait's safety contract); the numerics live in one
 //! file per op family and work on plain slices: `elementwise`, `encoder`, `matmul`,
-//! `layernorm`, `attention`, `loss`, `optim`.
+//! `layernorm`, `attention`, `loss`, `optim`, `mlp` (the MLP's step on the device).
 
 // Index loops read like the formulas in these numeric kernels.
 #![allow(clippy::needless_range_loop)]
@@ -18,6 +18,7 @@ mod fastmath;
 mod layernorm;
 mod loss;
 mod matmul;
+mod mlp;
 mod optim;
 
 use super::{bf16, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, SgdHyper, StepState};
@@ -519,6 +520,120 @@ impl Backend for CpuBackend {
         if let Some(copy) = copy {
             self.round_to_bf16(copy, params, n);
         }
+    }
+
+    unsafe fn gather_batch(
+        &self,
+        out: DevPtr<Act>,
+        targets: DevPtr<i32>,
+        images: DevPtr<u8>,
+        labels: DevPtr<u8>,
+        order: DevPtr<i32>,
+        state: DevPtr,
+        rows: usize,
+        size: usize,
+        steps: usize,
+    ) {
+        let s = state_mut(state).step as usize % steps;
+        let order = &view(order, steps * rows)[s * rows..(s + 1) * rows];
+        let count = order.iter().map(|&i| i as usize + 1).max().unwrap_or(0);
+        let (images, labels) = (view(images, count * size), view(labels, count));
+        let (out, targets) = (view_mut(out, rows * size), view_mut(targets, rows));
+        self.run(|| mlp::gather(out, targets, images, labels, order, size));
+    }
+
+    unsafe fn loss_step(
+        &self,
+        logits: DevPtr<Act>,
+        losses: DevPtr,
+        targets: DevPtr<i32>,
+        state: DevPtr,
+        schedule: DevPtr,
+        history: DevPtr,
+        history_len: usize,
+        rows: usize,
+        v: usize,
+        steps: usize,
+        dloss: f32,
+    ) {
+        // The generic step's ops in its order: crossentropy_forward, mean, the copy into the
+        // state (0 + mean), step_stats (· 1.0), crossentropy_backward_in_place.
+        self.crossentropy_forward(losses, logits, targets, rows, v, v);
+        let loss = 0.0 + optim::mean(view(losses, rows)) * 1.0;
+        self.crossentropy_backward_in_place(logits, losses, targets, dloss, rows, v, v);
+        let s = state_mut(state);
+        let at = s.step as usize;
+        s.sumsq = 0.0;
+        s.norm = 0.0;
+        s.clip = 1.0;
+        s.loss = loss;
+        s.apply = loss.is_finite() as u8 as f32;
+        s.lr = view(schedule, steps)[at % steps];
+        let slot = 2 * (at % history_len);
+        view_mut(history, 2 * history_len)[slot..slot + 2].copy_from_slice(&[loss, 0.0]);
+        s.step = s.step.wrapping_add(1);
+    }
+
+    unsafe fn matmul_backward_relu(
+        &self,
+        dinp: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        w: DevPtr<Act>,
+        act: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let d = view_mut(dinp, bt * c);
+        let (dout, w, act) = (view(dout, bt * oc), view(w, oc * c), view(act, bt * c));
+        self.run(|| {
+            elementwise::zero(d);
+            matmul::input_grad(d, dout, w, c, oc, self.threads);
+            mlp::relu_mask(d, act);
+        });
+    }
+
+    unsafe fn linear_sgd(
+        &self,
+        params: DevPtr,
+        velocity: DevPtr,
+        grads: DevPtr,
+        copy: Option<DevPtr<bf16>>,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        state: DevPtr,
+        hp: SgdHyper,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        // The gradients as the generic step computes them (into zeros), then its two updates.
+        {
+            let g = view_mut(grads, oc * c + oc);
+            let (dw, db) = g.split_at_mut(oc * c);
+            let (dout, inp) = (view(dout, bt * oc), view(inp, bt * c));
+            self.run(|| {
+                elementwise::zero(dw);
+                elementwise::zero(db);
+                matmul::weight_grad(dw, dout, inp, c, oc, self.threads);
+                matmul::bias_backward(db, dout, oc);
+            });
+        }
+        let n = oc * c;
+        self.sgd(params, grads, velocity, n, state, hp, copy);
+        let bias = SgdHyper {
+            weight_decay: 0.0,
+            ..hp
+        };
+        self.sgd(
+            params.add(n),
+            grads.add(n),
+            velocity.add(n),
+            oc,
+            state,
+            bias,
+            copy.map(|p| p.add(n)),
+        );
     }
 }
 

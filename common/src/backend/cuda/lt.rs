@@ -4,7 +4,8 @@
 //! forward `aux = A·B + bias, D = gelu(aux)` (GELU_AUX_BIAS: the pre-activation and the
 //! activation in one pass), backward `D = gelu'(aux) ⊙ A·B` (DGELU). The weight gradient's
 //! product also writes the bias gradient, the column sums of dout over the GEMM's k = B·T,
-//! while it reads dout anyway (BGRADB: dout is B in our layout). A plan (descriptors and the
+//! while it reads dout anyway (BGRADB: dout is B in our layout). The MLP workload's hidden
+//! layers take their ReLU in the epilogue too (RELU_BIAS). A plan (descriptors and the
 //! heuristic's algorithm) is made once per epilogue, shape and alignment, then reused, so the
 //! algorithm is fixed. `Fp32` is CUBLAS_COMPUTE_32F (no TF32), `Tf32`
 //! CUBLAS_COMPUTE_32F_FAST_TF32. A, B, D, the bias and the auxiliary matrix have the
@@ -32,6 +33,8 @@ use crate::error::{Error, Result};
 enum Epilogue {
     /// D = A·B + bias, with A transposed (the forward products).
     Bias,
+    /// D = relu(A·B + bias), with A transposed (the MLP workload's hidden layers).
+    ReluBias,
     /// aux = A·B (+ bias), D = gelu(aux), with A transposed (the MLP's first product).
     GeluAux { bias: bool },
     /// D = gelu'(aux) ⊙ A·B, A as stored (the MLP's backward product into its hidden layer).
@@ -45,6 +48,7 @@ impl Epilogue {
     fn value(self) -> cublasLtEpilogue_t {
         match self {
             Epilogue::Bias => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::ReluBias => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
             Epilogue::GeluAux { bias: true } => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
             Epilogue::GeluAux { bias: false } => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX,
             Epilogue::DGelu => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DGELU,
@@ -65,7 +69,7 @@ impl Epilogue {
     fn has_bias(self) -> bool {
         matches!(
             self,
-            Epilogue::Bias | Epilogue::GeluAux { bias: true } | Epilogue::BGradB
+            Epilogue::Bias | Epilogue::ReluBias | Epilogue::GeluAux { bias: true } | Epilogue::BGradB
         )
     }
 
@@ -88,9 +92,10 @@ impl Epilogue {
     }
 
     /// Whether a fallback to the separate kernels is said on stderr (once per key): where it
-    /// costs a kernel pass of its own (GELU, the bias gradient), not the forward bias.
+    /// costs a kernel pass of its own (GELU, the bias gradient), not the forward bias or the
+    /// MLP workload's ReLU (a fallback there is seen in `plans`).
     fn says_fallback(self) -> bool {
-        self != Epilogue::Bias
+        !matches!(self, Epilogue::Bias | Epilogue::ReluBias)
     }
 }
 
@@ -217,6 +222,34 @@ impl LtMatmul {
             aux: None,
         };
         self.run(stream, Epilogue::Bias, (oc, bt, c), ops)
+    }
+
+    /// A hidden layer of the MLP workload, row-major: out (BT,OC) = relu(inp (BT,C) · wᵀ +
+    /// bias), in one GEMM (RELU_BIAS). False (having queued nothing) when no algorithm fits;
+    /// the caller falls back.
+    ///
+    /// # Safety
+    /// `out`: BT·OC, `inp`: BT·C, `w`: OC·C, `bias`: OC elements of device memory.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul_relu(
+        &self,
+        stream: CUstream,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) -> Result<bool> {
+        let ops = Operands {
+            a: w,
+            b: inp,
+            d: out,
+            bias: Some(bias),
+            aux: None,
+        };
+        self.run(stream, Epilogue::ReluBias, (oc, bt, c), ops)
     }
 
     /// The MLP's first product, row-major: pre (BT,OC) = inp (BT,C) · wᵀ + bias and

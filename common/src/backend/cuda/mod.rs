@@ -69,6 +69,9 @@ pub struct CudaBackend {
     /// The training loss's forward and in-place backward in one kernel (`GPT2_CUDA_LOSS`,
     /// `fused` by default, or `unfused`: the two kernels).
     fused_loss: bool,
+    /// The MLP's ReLU in its products' epilogues (cuBLASLt's RELU_BIAS; `GPT2_CUDA_RELU`).
+    relu_epilogue: bool,
+    mlp_tiles: MlpTiles,
 }
 
 /// How causal attention runs. Both are kept so that they can be compared.
@@ -169,6 +172,45 @@ fn fused_from_env(var: &str) -> Result<bool> {
     }
 }
 
+/// Which products of the MLP's fused step (`matmul_backward_relu`, `linear_sgd`) run in the
+/// tiled kernels of `kernels/mlp.cu`, with their epilogue (the ReLU mask, the SGD update) fused,
+/// and which in cuBLAS followed by a kernel for the epilogue. Both are kept so that they can be
+/// compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpTiles {
+    /// The tiled kernels where the product is small (at most 2^24 multiply-adds) or its
+    /// reduction short (k ≤ 64: a weight gradient at a small batch); cuBLAS elsewhere.
+    Auto,
+    /// The tiled kernels at every shape.
+    Always,
+    /// cuBLAS at every shape.
+    Never,
+}
+
+impl MlpTiles {
+    /// From the environment variable `GPT2_CUDA_MLP_TILES` (`auto`, the default, `always` or
+    /// `never`).
+    fn from_env() -> Result<Self> {
+        match std::env::var("GPT2_CUDA_MLP_TILES").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(MlpTiles::Auto),
+            Ok("always") => Ok(MlpTiles::Always),
+            Ok("never") => Ok(MlpTiles::Never),
+            Ok(other) => Err(Error::Input(format!(
+                "GPT2_CUDA_MLP_TILES={other}: expected `auto`, `always` or `never`"
+            ))),
+        }
+    }
+
+    /// Whether a product of (m, n, k) runs tiled.
+    fn tiled(self, m: usize, n: usize, k: usize) -> bool {
+        match self {
+            MlpTiles::Always => true,
+            MlpTiles::Never => false,
+            MlpTiles::Auto => k <= 64 || m.saturating_mul(n).saturating_mul(k) <= 1 << 24,
+        }
+    }
+}
+
 /// How `matmul_backward` computes the bias gradient. Both are kept so that they can be compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BiasGradPath {
@@ -233,6 +275,8 @@ impl CudaBackend {
         let gelu = GeluPath::from_env(precision)?;
         let bias_grad = BiasGradPath::from_env()?;
         let residual = ResidualPath::from_env()?;
+        let relu_epilogue = fused_from_env("GPT2_CUDA_RELU")?;
+        let mlp_tiles = MlpTiles::from_env()?;
         if attention == AttentionPath::Gemm && precision == Precision::Bf16 {
             return Err(Error::Input(
                 "GPT2_CUDA_ATTENTION=gemm runs in f32 only: use --precision fp32 or tf32 with it".into(),
@@ -270,6 +314,8 @@ impl CudaBackend {
             bias_grad,
             residual,
             fused_loss: fused_from_env("GPT2_CUDA_LOSS")?,
+            relu_epilogue,
+            mlp_tiles,
         })
     }
 
@@ -313,6 +359,19 @@ impl CudaBackend {
 
     pub fn residual_path(&self) -> ResidualPath {
         self.residual
+    }
+
+    /// The same backend with the MLP's ReLU in its products' epilogues (`true`) or in its own
+    /// kernel (tests compare the two).
+    pub fn with_relu_epilogue(mut self, fused: bool) -> Self {
+        self.relu_epilogue = fused;
+        self
+    }
+
+    /// The same backend with the MLP's fused step products on `tiles` (tests compare them).
+    pub fn with_mlp_tiles(mut self, tiles: MlpTiles) -> Self {
+        self.mlp_tiles = tiles;
+        self
     }
 
     /// The same backend with the Hopper flash backward in one kernel (`true`) or two.

@@ -34,6 +34,7 @@ const KERNEL_FILES: &[(&str, &str)] = &[
     ("reduce.cu", include_str!("kernels/reduce.cu")),
     ("adamw.cu", include_str!("kernels/adamw.cu")),
     ("kv_cache.cu", include_str!("kernels/kv_cache.cu")),
+    ("mlp.cu", include_str!("kernels/mlp.cu")),
 ];
 
 /// Flash attention templates (`flash_forward<D, SPLIT>` and the two backward kernels).

@@ -233,6 +233,78 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// `dinp (BT,C) = dout (BT,OC) · w (OC,C)`, OVERWRITTEN (beta 0): `matmul_backward_with`'s
+    /// input-gradient product.
+    ///
+    /// # Safety
+    /// `dinp`: BT·C, `dout`: BT·OC, `w`: OC·C activations.
+    unsafe fn input_grad_gemm(
+        &self,
+        dinp: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let act = self.act();
+        self.gemm(Gemm {
+            ab: act,
+            c_type: act,
+            trans_a: false,
+            trans_b: false,
+            m: c,
+            n: bt,
+            k: oc,
+            a: w.cast(),
+            lda: c,
+            stride_a: 0,
+            b: dout.cast(),
+            ldb: oc,
+            stride_b: 0,
+            beta: 0.0,
+            c: dinp.cast(),
+            ldc: c,
+            stride_c: 0,
+            batch: 1,
+        });
+    }
+
+    /// `dw (OC,C) = doutᵀ (OC,BT) · inp (BT,C)` in f32, OVERWRITTEN (beta 0): `matmul_backward_with`'s
+    /// weight-gradient product.
+    ///
+    /// # Safety
+    /// `dw`: OC·C f32s; `dout`: BT·OC, `inp`: BT·C activations.
+    unsafe fn weight_grad_gemm(&self, dw: DevPtr, dout: DevPtr<Act>, inp: DevPtr<Act>, bt: usize, c: usize, oc: usize) {
+        self.gemm(Gemm {
+            ab: self.act(),
+            c_type: ActType::F32,
+            trans_a: false,
+            trans_b: true,
+            m: c,
+            n: oc,
+            k: bt,
+            a: inp.cast(),
+            lda: c,
+            stride_a: 0,
+            b: dout.cast(),
+            ldb: oc,
+            stride_b: 0,
+            beta: 0.0,
+            c: dw,
+            ldc: c,
+            stride_c: 0,
+            batch: 1,
+        });
+    }
+}
+
+/// The grid of `kernels/mlp.cu`'s tiled products over an (m, n) output: 32 × 32 tiles.
+fn mlp_tile_grid(m: usize, n: usize) -> LaunchShape {
+    ((n.div_ceil(32) as u32, m.div_ceil(32) as u32, 1), (16, 16, 1))
+}
+
 /// Most weight-decay segments one AdamW launch takes (`DecaySegments` in adamw.cu).
 const DECAY_SEGMENTS: usize = 256;
 
@@ -846,6 +918,135 @@ impl Backend for CudaBackend {
         let vec = (vp.is_multiple_of(8) && logits.addr().is_multiple_of(width)) as usize;
         let args = args![losses, logits, targets, dloss, bt, v, vp, vec];
         self.launch("crossentropy_fused_kernel", (bt as u32, 1, 1), (1024, 1, 1), args);
+    }
+
+    unsafe fn matmul_relu_forward(
+        &self,
+        pre: DevPtr<Act>,
+        out: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bias: Option<DevPtr<Act>>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        if let (Some(lt), Some(bias), true) = (&self.lt, bias, self.relu_epilogue) {
+            match self
+                .bind()
+                .and_then(|()| lt.matmul_relu(self.stream(), out, inp, w, bias, bt, c, oc))
+            {
+                Ok(true) => return,
+                Ok(false) => {} // no fused algorithm for this shape: the product, then ReLU
+                Err(e) => return self.fail(e),
+            }
+        }
+        self.matmul_forward(pre, inp, w, bias, bt, c, oc);
+        self.relu_forward(out, pre, bt * oc);
+    }
+
+    // ---- the MLP workload's step on the device ------------------------------------------
+
+    unsafe fn gather_batch(
+        &self,
+        out: DevPtr<Act>,
+        targets: DevPtr<i32>,
+        images: DevPtr<u8>,
+        labels: DevPtr<u8>,
+        order: DevPtr<i32>,
+        state: DevPtr,
+        rows: usize,
+        size: usize,
+        steps: usize,
+    ) {
+        let args = args![out, targets, images, labels, order, state, rows, size, steps];
+        self.launch_1d("gather_batch_kernel", rows * size, args);
+    }
+
+    unsafe fn loss_step(
+        &self,
+        logits: DevPtr<Act>,
+        losses: DevPtr,
+        targets: DevPtr<i32>,
+        state: DevPtr,
+        schedule: DevPtr,
+        history: DevPtr,
+        history_len: usize,
+        rows: usize,
+        v: usize,
+        steps: usize,
+        dloss: f32,
+    ) {
+        // The forward kernel's 4-element reads where it takes them (crossentropy_forward).
+        let vec = vec4_rows(v, &[logits], self.act()) as usize;
+        let args = args![
+            logits,
+            losses,
+            targets,
+            state,
+            schedule,
+            history,
+            history_len,
+            rows,
+            v,
+            steps,
+            dloss,
+            vec
+        ];
+        self.launch("loss_step_kernel", (1, 1, 1), (1024, 1, 1), args);
+    }
+
+    unsafe fn matmul_backward_relu(
+        &self,
+        dinp: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        w: DevPtr<Act>,
+        act: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        if self.mlp_tiles.tiled(bt, c, oc) {
+            let (grid, block) = mlp_tile_grid(bt, c);
+            self.launch(
+                "mlp_dinp_relu_kernel",
+                grid,
+                block,
+                args![dinp, dout, w, act, bt, c, oc],
+            );
+        } else {
+            self.input_grad_gemm(dinp, dout, w, bt, c, oc);
+            self.launch_1d("mlp_relu_mask_kernel", bt * c, args![dinp, act, bt * c]);
+        }
+    }
+
+    unsafe fn linear_sgd(
+        &self,
+        params: DevPtr,
+        velocity: DevPtr,
+        grads: DevPtr,
+        copy: Option<DevPtr<bf16>>,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        state: DevPtr,
+        hp: SgdHyper,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let copy = copy.unwrap_or_default(); // null: no copy
+        let (momentum, decay) = (hp.momentum, hp.weight_decay);
+        if self.mlp_tiles.tiled(oc, c + 1, bt) {
+            let (grid, block) = mlp_tile_grid(oc, c + 1);
+            let args = args![params, velocity, copy, dout, inp, state, momentum, decay, bt, c, oc];
+            self.launch("mlp_linear_sgd_kernel", grid, block, args);
+        } else {
+            self.weight_grad_gemm(grads, dout, inp, bt, c, oc);
+            let wblocks = (oc * c).div_ceil(THREADS);
+            let grid = ((wblocks + oc.div_ceil(32)) as u32, 1, 1);
+            let args = args![params, velocity, grads, copy, dout, state, momentum, decay, bt, c, oc, wblocks];
+            self.launch("mlp_sgd_apply_kernel", grid, (THREADS as u32, 1, 1), args);
+        }
     }
 
     // ---- reductions and the optimiser ---------------------------------------------

@@ -1,18 +1,7 @@
 // The step's scalars and the AdamW and SGD updates, all on the device, so that a step needs no
 // host round trip and can be recorded once and replayed (a CUDA graph).
 
-// The optimiser's per-step scalars: the layout of `StepState` in backend/mod.rs.
-struct StepState {
-    float sumsq;  // Σg²
-    float norm;   // √sumsq
-    float clip;   // the factor that clips the norm
-    float loss;   // the micro-batches' summed loss, then their mean
-    float lr;     // written by the host before the step
-    float bias1;  // 1 - beta1^t (host, f64)
-    float bias2;  // 1 - beta2^t (host, f64)
-    unsigned step;  // the 0-based step (host)
-    float apply;  // 1: update; 0: skip (a non-finite loss or norm)
-};
+// StepState (the optimiser's per-step scalars) is in the prelude: mlp.cu reads it too.
 
 // Norm, clipping factor (max_norm / (norm + 1e-6) when norm > max_norm > 0, else 1: PyTorch's
 // clip_grad_norm_), mean loss, apply; (loss, norm) into history[step mod len]. One thread.

@@ -3,22 +3,8 @@
 // reads a row once; the in-place backward gets the normaliser from the forward's loss and
 // reads and writes a row once.
 
-// Merges running (max, sum) pairs: the sums are rescaled to the larger max.
-__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
-    float mn = fmaxf(m, m2);
-    s = (m == NEG_INF ? 0.0f : s * expf(m - mn)) + (m2 == NEG_INF ? 0.0f : s2 * expf(m2 - mn));
-    m = mn;
-}
-
-// Adds v to a running (max, sum).
-__device__ __forceinline__ void online_add(float& m, float& s, float v) {
-    if (v > m) {
-        s = s * expf(m - v) + 1.0f;
-        m = v;
-    } else {
-        s += expf(v - m);
-    }
-}
+// online_merge and online_add (the running max and rescaled sum) are in the prelude: mlp.cu's
+// loss uses them too.
 
 // (max, Σ exp(x - max)) of x[0..V) over the block; every thread gets both. `vec`: x aligned
 // to 4 elements, read 4 at a time up to the last multiple of 4, then one at a time.

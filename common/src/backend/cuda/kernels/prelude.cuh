@@ -1,5 +1,6 @@
 // Prepended by the Rust side to every kernel file before NVRTC compiles it (NVRTC has no
-// include path, so this stands in for a shared header): warp and block reductions.
+// include path, so this stands in for a shared header): warp and block reductions, element
+// types, the optimiser's step state.
 
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
@@ -37,6 +38,24 @@ __device__ float block_max(float v, float* scratch) {
     __syncthreads();
     v = lane < warps ? scratch[lane] : NEG_INF;
     return warp_max(v);
+}
+
+// ---- softmax statistics in one pass (crossentropy.cu, mlp.cu) -------------------------
+// Merges running (max, sum) pairs: the sums are rescaled to the larger max.
+__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
+    float mn = fmaxf(m, m2);
+    s = (m == NEG_INF ? 0.0f : s * expf(m - mn)) + (m2 == NEG_INF ? 0.0f : s2 * expf(m2 - mn));
+    m = mn;
+}
+
+// Adds v to a running (max, sum).
+__device__ __forceinline__ void online_add(float& m, float& s, float v) {
+    if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+    } else {
+        s += expf(v - m);
+    }
 }
 
 // ---- element types -------------------------------------------------------------------
@@ -105,3 +124,17 @@ __device__ __forceinline__ void store4(bf16_t* p, float4 v) {
     u.y = (unsigned)to_bf16(v.z).bits | ((unsigned)to_bf16(v.w).bits << 16);
     *reinterpret_cast<uint2*>(p) = u;
 }
+
+// ---- the optimiser's per-step scalars ----------------------------------------------------
+// The layout of `StepState` in backend/mod.rs (adamw.cu's updates and mlp.cu's step read it).
+struct StepState {
+    float sumsq;  // Σg²
+    float norm;   // √sumsq
+    float clip;   // the factor that clips the norm
+    float loss;   // the micro-batches' summed loss, then their mean
+    float lr;     // written by the host before the step (mlp.cu: from the epoch's schedule)
+    float bias1;  // 1 - beta1^t (host, f64)
+    float bias2;  // 1 - beta2^t (host, f64)
+    unsigned step;  // the 0-based step (host; mlp.cu's loss_step_kernel advances it)
+    float apply;  // 1: update; 0: skip (a non-finite loss or norm)
+};
