@@ -106,14 +106,19 @@ def time_shape(batch, hidden, steps, warmup, compile_):
     gather = "inside"
     step = train_step
     if compile_:
-        try:
-            torch._dynamo.mark_static_address(x_all)
-            torch._dynamo.mark_static_address(y_all)
-            step = torch.compile(train_step, mode="reduce-overhead")
-        except Exception:
-            gather = "outside"
-            compiled = torch.compile(train_step_xy, mode="reduce-overhead")
-            step = lambda idx: compiled(x_all[idx], y_all[idx])  # noqa: E731
+        # The forward and the loss compiled (their backward comes with them, through
+        # AOTAutograd, as CUDA graphs too); backward called and SGD stepped from Python: the
+        # whole step under one torch.compile graph-breaks at backward(), and reduce-overhead's
+        # graphs then overwrite the loss the backward still needs.
+        gather = "outside"
+        forward_loss = torch.compile(lambda x, y: F.cross_entropy(model(x), y), mode="reduce-overhead")
+
+        def step(idx):
+            loss = forward_loss(x_all[idx], y_all[idx])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
 
     perm = torch.randperm(IMAGES, device=dev, generator=gen)
 
@@ -124,6 +129,10 @@ def time_shape(batch, hidden, steps, warmup, compile_):
             at = s % per_epoch
             if at == 0 and s > 0:
                 perm = torch.randperm(IMAGES, device=dev, generator=gen)
+            if compile_:
+                # A new step for the CUDA graphs of reduce-overhead: the last step's outputs
+                # (the loss) may be overwritten (PyTorch refuses to run the step otherwise).
+                torch.compiler.cudagraph_mark_step_begin()
             loss = step(perm[at * batch : (at + 1) * batch])
         return loss
 
