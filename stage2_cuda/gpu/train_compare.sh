@@ -15,7 +15,7 @@ set -u
 export PATH="$PATH:target/release" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=$(mktemp -d); HERE=$(dirname "$0")
-STEPS=${STEPS:-100}; BATCH=${BATCH:-8}; SEQ=${SEQ:-1024}
+STEPS=${STEPS:-100}; BATCH=${BATCH:-8}; SEQ=${SEQ:-1024}; LR=${LR:-6e-4}
 # For a dry run elsewhere: STAGE=stage0_serial MODEL=tiny DEVICE=cpu STEPS=20 BATCH=4 SEQ=64 STARTUP=0
 STAGE=${STAGE:-stage2_cuda}; MODEL=${MODEL:-gpt2}; DEVICE=${DEVICE:-cuda}; STARTUP=${STARTUP:-1}
 PRECISION="--precision fp32"; [ "$STAGE" = stage0_serial ] && PRECISION=""
@@ -24,7 +24,7 @@ commit=$(cat .gpu/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null |
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 
 TRAIN="train --data data/tinyshakespeare.txt --model $MODEL --tokenizer gpt2 $PRECISION \
---batch $BATCH --seq-len $SEQ --steps $STEPS --lr 6e-4 --warmup 10 --min-lr-frac 0.1 --weight-decay 0.1 \
+--batch $BATCH --seq-len $SEQ --steps $STEPS --lr $LR --warmup 10 --min-lr-frac 0.1 --weight-decay 0.1 \
 --grad-clip 1.0 --seed 1337 --eval-every $STEPS --eval-batches 4 --sample-len 0"
 echo "$STAGE $TRAIN --save-init --dump-batches BATCHES" | tee "$OUT/train-ours.log"
 t0=$EPOCHREALTIME
