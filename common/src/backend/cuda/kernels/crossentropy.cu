@@ -6,6 +6,31 @@
 // online_merge and online_add (the running max and rescaled sum) are in the prelude: mlp.cu's
 // loss uses them too.
 
+// Merges every thread's running (max, sum) over the block, in a fixed order (warps by
+// butterfly, then the warps' pairs); every thread gets the result. `scratch`: 64 floats of
+// shared memory (32 maxima, then 32 sums).
+__device__ __forceinline__ void block_online_merge(float& m, float& s, float* scratch) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
+        float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
+        online_merge(m, s, m2, s2);
+    }
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
+    __syncthreads();  // scratch may still be read by a previous merge
+    if (lane == 0) {
+        scratch[warp] = m;
+        scratch[32 + warp] = s;
+    }
+    __syncthreads();
+    m = lane < warps ? scratch[lane] : NEG_INF;
+    s = lane < warps ? scratch[32 + lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
+        float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
+        online_merge(m, s, m2, s2);
+    }
+}
+
 // (max, Σ exp(x - max)) of x[0..V) over the block; every thread gets both. `vec`: x aligned
 // to 4 elements, read 4 at a time up to the last multiple of 4, then one at a time.
 __device__ void row_softmax_stats(const act_t* x, int V, float* scratch, float& maxval, float& sum, int vec = 0) {
@@ -19,26 +44,7 @@ __device__ void row_softmax_stats(const act_t* x, int V, float* scratch, float& 
         online_add(m, s, v.w);
     }
     for (int i = head + threadIdx.x; i < V; i += blockDim.x) online_add(m, s, to_f(x[i]));
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
-        float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
-        online_merge(m, s, m2, s2);
-    }
-    // scratch: 32 maxima then 32 sums.
-    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
-    __syncthreads();
-    if (lane == 0) {
-        scratch[warp] = m;
-        scratch[32 + warp] = s;
-    }
-    __syncthreads();
-    m = lane < warps ? scratch[lane] : NEG_INF;
-    s = lane < warps ? scratch[32 + lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
-        float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
-        online_merge(m, s, m2, s2);
-    }
+    block_online_merge(m, s, scratch);
     maxval = m;
     sum = s;
 }
@@ -134,25 +140,7 @@ extern "C" __global__ void crossentropy_fused_kernel(float* losses, act_t* logit
         online_merge(m, s, mx, part);
     }
     for (int i = head + threadIdx.x; i < V; i += blockDim.x) online_add(m, s, to_f(x[i]));
-    // The block's (max, sum): warps, then across warps through `scratch`.
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
-        float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
-        online_merge(m, s, m2, s2);
-    }
-    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
-    if (lane == 0) {
-        scratch[warp] = m;
-        scratch[32 + warp] = s;
-    }
-    __syncthreads();
-    m = lane < warps ? scratch[lane] : NEG_INF;
-    s = lane < warps ? scratch[32 + lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
-        float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
-        online_merge(m, s, m2, s2);
-    }
+    block_online_merge(m, s, scratch);
     float lse = m + logf(s);
     float x_target = to_f(x[target]);
     __syncthreads();  // every thread has read x[target] before any overwrites it
