@@ -11,6 +11,7 @@ use crate::autograd::{Graph, KvCache, Pool, TokenStage};
 use crate::backend::{Backend, DeviceBuffer};
 use crate::error::Result;
 use crate::model::Gpt2;
+use crate::train::replay::Recorder;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::ops::ControlFlow;
@@ -177,15 +178,16 @@ fn graph_off() -> bool {
 /// token costs one launch instead of one per kernel. What changes from token to token (the
 /// token id and its position) is staged at fixed device memory before each replay and read
 /// there by the kernels; the last position's logits are copied inside the step into a buffer
-/// of their own, read after it. The first decode step runs op by op (it sizes the buffer pool
-/// and the scratch), the second is recorded; a step that finds the memory moved (a scratch
-/// grown) or the staging buffer elsewhere records again.
+/// of their own, read after it. The record-then-replay logic is training's
+/// ([`Recorder`]): the first decode step runs op by op (it sizes the buffer pool and the
+/// scratch), the second is recorded; memory moved (a scratch grown, the staging buffer
+/// elsewhere) records again.
 struct DecodeReplay<B: Backend> {
     stage: TokenStage<B>,
     /// The logits of the last decode step (padded vocabulary, activation words).
     logits: B::Buffer<f32>,
-    warm: Option<(u64, u64)>,
-    recording: Option<((u64, u64), B::Recording)>,
+    /// Keyed by where the memory is: the scratch's epoch and the staging buffer.
+    recorder: Recorder<B, (u64, u64)>,
 }
 
 impl<B: Backend> DecodeReplay<B> {
@@ -193,8 +195,7 @@ impl<B: Backend> DecodeReplay<B> {
         Ok(DecodeReplay {
             stage: TokenStage::default(),
             logits: be.alloc(be.act().words(vocab))?,
-            warm: None,
-            recording: None,
+            recorder: Recorder::default(),
         })
     }
 
@@ -212,41 +213,16 @@ impl<B: Backend> DecodeReplay<B> {
     ) -> Result<()> {
         // In the order the model asks for them: the position, then the token id.
         self.stage.stage(be, vec![vec![pos as i32], vec![token]])?;
-        let key = |be: &B, stage: &TokenStage<B>| (be.memory_epoch(), stage.addr());
-        let now = key(be, &self.stage);
-        match &self.recording {
-            Some((recorded, rec)) if *recorded == now => be.replay(rec)?,
-            _ if self.warm != Some(now) => {
-                self.recording = None;
-                self.queue(model, be, pool, cache, token, pos)?;
-                self.warm = Some(key(be, &self.stage));
-            }
-            _ => {
-                be.begin_recording()?;
-                let queued = self.queue(model, be, pool, cache, token, pos);
-                let recorded = be.end_recording();
-                queued?;
-                let rec = recorded?;
-                be.replay(&rec)?;
-                self.recording = Some((now, rec));
-            }
-        }
+        let key = |stage: &TokenStage<B>| (be.memory_epoch(), stage.addr());
+        let (stage, logits) = (&self.stage, &self.logits);
+        self.recorder.run(be, key(stage), || {
+            let mut g = Graph::new(be, pool, false).with_tokens(stage);
+            let last = model.forward_cached(&mut g, &[token], cache, pos)?;
+            g.copy_act_into(last, logits)?;
+            Ok(key(stage))
+        })?;
         // SAFETY: `logits` holds the padded vocabulary's activations; `out` is that long.
         unsafe { be.download_act(self.logits.ptr().cast(), out) }
-    }
-
-    fn queue(
-        &self,
-        model: &Gpt2<B>,
-        be: &B,
-        pool: &mut Pool<B>,
-        cache: &KvCache<B>,
-        token: i32,
-        pos: usize,
-    ) -> Result<()> {
-        let mut g = Graph::new(be, pool, false).with_tokens(&self.stage);
-        let last = model.forward_cached(&mut g, &[token], cache, pos)?;
-        g.copy_act_into(last, &self.logits)
     }
 }
 

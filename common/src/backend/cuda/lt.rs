@@ -196,9 +196,10 @@ impl LtMatmul {
         }))
     }
 
-    /// out (BT,OC) = inp (BT,C) · wᵀ + bias, row-major. Column-major for cuBLASLt:
-    /// outᵀ (OC,BT) = op(w) · inpᵀ with op = transpose, the bias broadcast along columns.
-    /// Returns false (having queued nothing) when no algorithm fits; the caller falls back.
+    /// out (BT,OC) = inp (BT,C) · wᵀ + bias, row-major, and with `relu` max(0, ·) of that (the
+    /// MLP workload's hidden layers: RELU_BIAS). Column-major for cuBLASLt: outᵀ (OC,BT) =
+    /// op(w) · inpᵀ with op = transpose, the bias broadcast along columns. Returns false
+    /// (having queued nothing) when no algorithm fits; the caller falls back.
     ///
     /// # Safety
     /// `out`: BT·OC, `inp`: BT·C, `w`: OC·C, `bias`: OC elements of device memory.
@@ -206,6 +207,7 @@ impl LtMatmul {
     pub(super) unsafe fn matmul_bias(
         &self,
         stream: CUstream,
+        relu: bool,
         out: DevPtr<Act>,
         inp: DevPtr<Act>,
         w: DevPtr<Act>,
@@ -221,35 +223,8 @@ impl LtMatmul {
             bias: Some(bias),
             aux: None,
         };
-        self.run(stream, Epilogue::Bias, (oc, bt, c), ops)
-    }
-
-    /// A hidden layer of the MLP workload, row-major: out (BT,OC) = relu(inp (BT,C) · wᵀ +
-    /// bias), in one GEMM (RELU_BIAS). False (having queued nothing) when no algorithm fits;
-    /// the caller falls back.
-    ///
-    /// # Safety
-    /// `out`: BT·OC, `inp`: BT·C, `w`: OC·C, `bias`: OC elements of device memory.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn matmul_relu(
-        &self,
-        stream: CUstream,
-        out: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: DevPtr<Act>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) -> Result<bool> {
-        let ops = Operands {
-            a: w,
-            b: inp,
-            d: out,
-            bias: Some(bias),
-            aux: None,
-        };
-        self.run(stream, Epilogue::ReluBias, (oc, bt, c), ops)
+        let epilogue = if relu { Epilogue::ReluBias } else { Epilogue::Bias };
+        self.run(stream, epilogue, (oc, bt, c), ops)
     }
 
     /// The MLP's first product, row-major: pre (BT,OC) = inp (BT,C) · wᵀ + bias and

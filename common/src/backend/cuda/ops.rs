@@ -527,7 +527,7 @@ impl Backend for CudaBackend {
         if let (Some(lt), Some(bias)) = (&self.lt, bias) {
             match self
                 .bind()
-                .and_then(|()| lt.matmul_bias(self.stream(), out, inp, w, bias, bt, c, oc))
+                .and_then(|()| lt.matmul_bias(self.stream(), false, out, inp, w, bias, bt, c, oc))
             {
                 Ok(true) => return,
                 Ok(false) => {} // no fused algorithm for this shape: GEMM, then the bias kernel
@@ -934,7 +934,7 @@ impl Backend for CudaBackend {
         if let (Some(lt), Some(bias), true) = (&self.lt, bias, self.relu_epilogue) {
             match self
                 .bind()
-                .and_then(|()| lt.matmul_relu(self.stream(), out, inp, w, bias, bt, c, oc))
+                .and_then(|()| lt.matmul_bias(self.stream(), true, out, inp, w, bias, bt, c, oc))
             {
                 Ok(true) => return,
                 Ok(false) => {} // no fused algorithm for this shape: the product, then ReLU

@@ -95,29 +95,31 @@ __device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4]
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS), "r"(acc));
 }
 
-// d = A (64x16 from shared memory by `adesc`, K-major: the tile's rows are the product's M) ·
-// B (by `bdesc`, K-major), plus d where `acc` is not 0.
-__device__ __forceinline__ void wgmma64_ss_nt(float (&d)[8][4], unsigned long long adesc, unsigned long long bdesc,
-                                              int acc) {
+// d = A (64x16 from shared memory by `adesc`) · B (by `bdesc`), plus d where `acc` is not 0.
+// TRANS 0 reads both K-major (each tile's rows are the product's M or N), 1 both MN-major (each
+// tile's rows are the product's K).
+template <int TRANS>
+__device__ __forceinline__ void wgmma64_ss(float (&d)[8][4], unsigned long long adesc, unsigned long long bdesc,
+                                           int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
         "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}"
+        "%32, %33, p, 1, 1, %35, %35;\n}"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
           "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
           "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
           "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(adesc), "l"(bdesc), "r"(acc));
+        : "l"(adesc), "l"(bdesc), "r"(acc), "n"(TRANS));
 }
 
 // d = a_tile (64x64, its rows the product's rows) · tileᵀ, both read from shared memory, waited for.
 __device__ __forceinline__ void wg_product_ss_nt(float (&d)[8][4], const bf16_t* a_tile, const bf16_t* tile) {
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wgmma64_ss_nt(d, wg_desc(a_tile + kk * 16), wg_desc(tile + kk * 16), kk > 0);
+    for (int kk = 0; kk < 4; kk++) wgmma64_ss<0>(d, wg_desc(a_tile + kk * 16), wg_desc(tile + kk * 16), kk > 0);
     wg_commit();
     wg_wait_all();
     wg_hold(d);
@@ -368,24 +370,6 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
 
 // ---- backward in one kernel: dQ added in a fixed order --------------------------------------
 
-// d (64x64) = a · b with both operands from shared memory, each tile's rows the product's K
-// (MN-major reads of both: a is dsᵀ, rows the keys, so the product reads ds; b is k). Waits.
-__device__ __forceinline__ void wgmma64_ss_tt(float (&d)[8][4], unsigned long long adesc, unsigned long long bdesc,
-                                              int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "%32, %33, p, 1, 1, 1, 1;\n}"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-          "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-          "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(adesc), "l"(bdesc), "r"(acc));
-}
-
 __device__ __forceinline__ int load_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -491,9 +475,10 @@ __device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_
         wg_fence();
         wg_issue_nn(dv, pa, dos[buf], it == 0);
         wg_issue_nn(dk, da, qs[buf], it == 0);
+        // dq = ds · k, both from shared memory read MN-major (dsᵀ is stored, its rows the keys).
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            wgmma64_ss_tt(dq, wg_desc(dst_s + j * 16 * 64), wg_desc(k_s + j * 16 * 64), j > 0);
+            wgmma64_ss<1>(dq, wg_desc(dst_s + j * 16 * 64), wg_desc(k_s + j * 16 * 64), j > 0);
         wg_commit();
         wg_wait_all();
         wg_hold(dv);
