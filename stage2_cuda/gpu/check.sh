@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one-GPU check before an issue is resolved, in one device call: every GPU test (each test
-# executable with --include-ignored, but the two-GPU NCCL ones), the determinism check (two
+# executable that has ignored tests, with --include-ignored, but the two-GPU NCCL ones), the determinism check (two
 # same-seed runs per precision: identical loss.tsv and final state; run.sh determinism), and
 # the PyTorch side-by-side bench (GPT-2 124M B=16 T=1024: ours bf16 against torch.compile bf16,
 # two alternating rounds). cuda_model runs one test at a time: with several tests recording CUDA
@@ -13,6 +13,9 @@ echo "build $(cat .gpu/commit 2>/dev/null); $(results/describe-machine.sh 2>/dev
 for t in /tmp/gpu-rt/tests/*; do
   file=$(basename "$t"); name=${file%-*}
   case $name in nccl|stage3_mpi_cuda|mpi|stage1_mpi|comm_check) continue ;; esac  # 2 GPUs / MPI ranks
+  # GPU tests are the ignored ones; an executable without any is CPU-only (make test runs it,
+  # and stage 0's call the binary at the build machine's path, which is not here).
+  "$t" --list --ignored 2>/dev/null | grep -q ': test$' || continue
   threads=4; [ "$name" = cuda_model ] && threads=1
   res=$(timeout 400 "$t" --include-ignored --test-threads $threads 2>&1 | tee "$OUT/test-$file.log" | grep -E "^test result" | tail -1)
   printf 'TESTS %-18s %s\n' "$name" "${res:-NO RESULT (see test-$file.log)}" | tee -a "$OUT/check.txt"
