@@ -22,7 +22,7 @@
 
 use crate::autograd::{Graph, Tensor};
 use crate::backend::{Backend, DeviceBuffer};
-use crate::comm::{even_parts, parts_within, Comm};
+use crate::comm::{device_order, even_parts, parts_within, Comm};
 use crate::error::Result;
 use crate::model::{Gpt2, ParamLayout};
 use std::ops::Range;
@@ -168,7 +168,7 @@ impl GradSync {
         // Overlapped on a device communicator (NCCL): each bucket's sum is ordered after the
         // kernels queued so far on the backend's stream, on the device, with no host wait.
         // Elsewhere the host waits for the backend before each bucket (a no-op on the CPU).
-        let after = be.device_stream().filter(|_| comm.orders_on_device());
+        let after = device_order(be, comm);
         let sum = |range: &Range<usize>, comm_s: &mut f64| {
             if after.is_none() {
                 be.synchronize()?;
@@ -198,6 +198,12 @@ impl GradSync {
                 }
                 // What reads the sums (the norm, the optimiser) is queued on the backend's
                 // stream after this, which waits for them on the device (or the host waits).
+                timed(&mut comm_s, || comm.finish_all_reduces(after))?;
+            }
+            SyncMode::Allreduce | SyncMode::Overlapped if world > 1 && after.is_some() => {
+                // One bucket after backward, ordered on the device (no host wait).
+                g.backward(loss, seed)?;
+                sum(&(0..self.total), &mut comm_s)?;
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
             SyncMode::Allreduce | SyncMode::Overlapped if world > 1 => {
@@ -260,10 +266,15 @@ impl GradSync {
         let params = &model.params;
         assert!(params.len() >= self.total, "parameter buffer smaller than the layout");
         let mut comm_s = 0.0;
-        be.synchronize()?; // the update must be written before the gather reads it
-                           // SAFETY: the shards cover the layout, inside `params` (checked above).
+        let after = device_order(be, comm);
+        if after.is_none() {
+            be.synchronize()?; // the update must be written before the gather reads it
+        }
+        // SAFETY: the shards cover the layout, inside `params` (checked above); the update
+        // that writes them is done (host wait) or queued on `after` before the gather.
         timed(&mut comm_s, || unsafe {
-            comm.all_gather(params.ptr(), self.shards.parts())
+            comm.start_all_gather(params.ptr(), self.shards.parts(), after)?;
+            comm.finish_all_reduces(after)
         })?;
         if let Some(copy) = &model.params_bf16 {
             assert!(copy.len() >= self.total, "bf16 copy smaller than the layout");
@@ -274,6 +285,35 @@ impl GradSync {
             }
         }
         Ok(comm_s)
+    }
+}
+
+impl GradSync {
+    /// Seconds one step's gradient sums take on their own, the host waiting for them (the
+    /// mean of `reps`): the whole buffer's sum, or under ZeRO-1 its reduce-scatter and an
+    /// all-gather of the same size (on `grads` too: the parameters are left alone). 0 with
+    /// one rank or under local SGD. For the benchmark: what a step would add if computing
+    /// hid none of it.
+    pub fn time_sums<B: Backend>(&self, be: &B, comm: &dyn Comm, grads: &B::Buffer<f32>, reps: usize) -> Result<f64> {
+        if comm.size() == 1 || matches!(self.mode, SyncMode::LocalSgd { .. }) || reps == 0 {
+            return Ok(0.0);
+        }
+        assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
+        be.synchronize()?;
+        let mut seconds = 0.0;
+        for _ in 0..reps {
+            // SAFETY: the whole layout, inside `grads` (checked above), which nothing else
+            // uses between steps; each call returns once its collective is done.
+            timed(&mut seconds, || unsafe {
+                if self.shards.sharded() {
+                    comm.reduce_scatter_sum(grads.ptr(), self.shards.parts())?;
+                    comm.all_gather(grads.ptr(), self.shards.parts())
+                } else {
+                    comm.all_reduce_sum(grads.ptr(), self.total)
+                }
+            })?;
+        }
+        Ok(seconds / reps as f64)
     }
 }
 

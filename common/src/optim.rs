@@ -9,7 +9,7 @@
 //! shard), and sums its shard's Σg² with the other ranks' before the global norm.
 
 use crate::backend::{bf16, check_range, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
-use crate::comm::Comm;
+use crate::comm::{device_order, Comm};
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -160,12 +160,44 @@ impl<B: Backend> StepMeter<B> {
             be.zero(s, 1); // sumsq
             be.sum_squares(s, grads.ptr().add(shard.start), shard.len());
             if let Some(comm) = across {
-                be.synchronize()?;
-                comm.all_reduce_sum(s, 1)?;
+                self.sum_across(be, comm, StepState::SUMSQ)?;
             }
             be.step_stats(s, self.history.ptr(), self.history_len, grad_clip, loss_scale);
         }
         Ok(())
+    }
+
+    /// Sums the state's word `at` over the ranks of `comm`: ordered on the device where the
+    /// communicator can (no host wait), else after the host waits for the backend.
+    fn sum_across(&self, be: &B, comm: &dyn Comm, at: usize) -> Result<()> {
+        let word = self.state.ptr().add(at);
+        match device_order(be, comm) {
+            // SAFETY: the state holds its words; nothing else touches the word meanwhile
+            // (what reads it is queued on `after` after the sum).
+            after @ Some(_) => unsafe {
+                comm.start_all_reduce_sum(word, 1, after)?;
+                comm.finish_all_reduces(after)
+            },
+            None => {
+                be.synchronize()?;
+                // SAFETY: as above, and the backend's writes are done.
+                unsafe { comm.all_reduce_sum(word, 1) }
+            }
+        }
+    }
+
+    /// Whether [`StepMeter::sum_loss_across`] applies: several ranks whose communicator
+    /// orders its sums on the device. Elsewhere the host averages the loss it reads back.
+    pub fn averages_loss_on_device(be: &B, comm: &dyn Comm) -> bool {
+        comm.size() > 1 && device_order(be, comm).is_some()
+    }
+
+    /// Sums the step's loss (each rank's micro-batches' sum so far) over the ranks of `comm`
+    /// on the device, before [`StepMeter::finish_gradients`] averages it (its `loss_scale`
+    /// then takes the 1/ranks): every rank gets the same loss, and so decides alike whether
+    /// to apply the update, without a host round trip.
+    pub fn sum_loss_across(&self, be: &B, comm: &dyn Comm) -> Result<()> {
+        self.sum_across(be, comm, StepState::LOSS)
     }
 
     /// This step's (loss, norm), read back now (a host round trip).
@@ -290,10 +322,17 @@ impl<B: Backend> AdamW<B> {
 
     /// See [`StepMeter::finish_gradients`], over every parameter's gradient: a shard's Σg²
     /// is summed over the ranks of `comm` (each holds its shard's summed gradients).
+    /// Where the ranks' communicator orders its sums on the device, the loss is averaged over
+    /// the ranks there too ([`StepMeter::sum_loss_across`]).
     pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32, comm: &dyn Comm) -> Result<()> {
         let across = (self.shard.len() < self.n).then_some(comm);
         let clip = self.config.grad_clip;
         check_range("gradients", grads.len(), 0, self.n)?;
+        let mut loss_scale = loss_scale;
+        if StepMeter::averages_loss_on_device(be, comm) {
+            self.meter.sum_loss_across(be, comm)?;
+            loss_scale /= comm.size() as f32;
+        }
         self.meter
             .finish_shard_gradients(be, grads, self.shard(), across, clip, loss_scale)
     }

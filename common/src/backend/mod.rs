@@ -261,7 +261,8 @@ pub struct StepState {
 impl StepState {
     /// Words of f32 it takes.
     pub const WORDS: usize = std::mem::size_of::<StepState>() / 4;
-    /// Word offsets of the fields the host reads or writes.
+    /// Word offsets of the fields the host (or a sum over ranks) reads or writes.
+    pub const SUMSQ: usize = 0;
     pub const NORM: usize = 1;
     pub const LOSS: usize = 3;
     pub const SCHEDULE: usize = 4;

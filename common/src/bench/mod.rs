@@ -36,6 +36,9 @@ pub struct BenchReport {
     /// Of `ms_per_step`: time in gradient communication (0 on one process).
     pub comm_ms_per_step: f64,
     pub compute_ms_per_step: f64,
+    /// One step's gradient sums timed alone after the run, the host waiting for them (0 on
+    /// one process): what a step would add were none of it hidden behind computing.
+    pub sums_alone_ms: f64,
     pub peak_rss_mb: f64,
     /// Device memory high-water mark (GPU backends; equals RSS on the CPU).
     pub peak_device_mb: f64,
@@ -125,6 +128,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
     be.synchronize()?;
     let secs = started.elapsed().as_secs_f64();
     loss = trainer.flush()?.last().map_or(loss, |(_, s)| s.loss);
+    let sums_alone_s = trainer.time_gradient_sums(5)?;
     bar.finish_and_clear();
     let steps = args.steps as f64;
     let tokens_per_s = (b * t * world) as f64 * steps / secs;
@@ -142,6 +146,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         ms_per_step: secs * 1e3 / steps,
         comm_ms_per_step: comm_s * 1e3 / steps,
         compute_ms_per_step: (secs - comm_s) * 1e3 / steps,
+        sums_alone_ms: sums_alone_s * 1e3,
         peak_rss_mb: rss,
         peak_device_mb: be.peak_memory_bytes() as f64 / (1 << 20) as f64,
         optimizer_state_mb: trainer.optimizer_state_bytes() as f64 / (1 << 20) as f64,

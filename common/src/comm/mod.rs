@@ -87,6 +87,16 @@ pub trait Comm {
     /// # Safety
     /// As [`Comm::reduce_scatter_sum`].
     unsafe fn all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()>;
+    /// Starts [`Comm::all_gather`] and returns at once, ordered after `after` as
+    /// [`Comm::start_all_reduce_sum`] is; [`Comm::finish_all_reduces`] waits for it.
+    /// Default: the blocking call.
+    ///
+    /// # Safety
+    /// As [`Comm::all_gather`], and `buf` is left alone as for [`Comm::start_all_reduce_sum`].
+    unsafe fn start_all_gather(&self, buf: DevPtr, parts: &[Range<usize>], after: Option<DeviceStream>) -> Result<()> {
+        host_ordered(self, after)?;
+        self.all_gather(buf, parts)
+    }
     /// Sums a small host array over all ranks, in place.
     fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()>;
     /// Rank 0's bytes replace every other rank's (`data` is resized to match).
@@ -134,6 +144,13 @@ impl Comm for Single {
     fn broadcast_bytes(&self, _data: &mut Vec<u8>) -> Result<()> {
         Ok(())
     }
+}
+
+/// The backend's stream when `comm` can order its collectives after the work queued there
+/// on the device (NCCL on the GPU: no host waits, and a step can be recorded whole as a
+/// CUDA graph); `None` where the host must wait for the backend first.
+pub fn device_order<B: crate::backend::Backend>(be: &B, comm: &(impl Comm + ?Sized)) -> Option<DeviceStream> {
+    be.device_stream().filter(|_| comm.orders_on_device())
 }
 
 /// Refuses a device stream to order against where `comm` cannot (a caller's bug: its

@@ -234,6 +234,36 @@ impl NcclComm {
             }),
         }
     }
+
+    /// Queues the all-gather of `parts` of `buf` on the communication stream: one
+    /// ncclAllGather when the parts are equal, else one ncclBroadcast per part from its rank.
+    ///
+    /// # Safety
+    /// As [`Comm::all_gather`].
+    unsafe fn queue_all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+        super::check_parts(self, parts)?;
+        let base = buf.addr() as *mut f32;
+        let float = sys::ncclDataType_t::ncclFloat32;
+        // SAFETY (both arms): as in `reduce_scatter_sum`.
+        match equal_parts(parts) {
+            Some(len) => unsafe {
+                let own = base.add(parts[self.rank()].start) as *const c_void;
+                nccl::all_gather(own, base as *mut c_void, len, float, self.comm, self.raw_stream())
+                    .map_err(|e| nccl_err("ncclAllGather", e))?;
+            },
+            None => grouped(|| {
+                for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+                    unsafe {
+                        let p = base.add(part.start) as *mut c_void;
+                        nccl::broadcast(p, p, part.len(), float, root as i32, self.comm, self.raw_stream())
+                            .map_err(|e| nccl_err("ncclBroadcast", e))?;
+                    }
+                }
+                Ok(())
+            })?,
+        }
+        Ok(())
+    }
 }
 
 /// The size of every part when all are equal (NCCL's native reduce-scatter and all-gather
@@ -303,28 +333,14 @@ impl Comm for NcclComm {
         }
     }
     unsafe fn all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
-        super::check_parts(self, parts)?;
-        let base = buf.addr() as *mut f32;
-        let float = sys::ncclDataType_t::ncclFloat32;
-        // SAFETY (both arms): as in `reduce_scatter_sum`.
-        match equal_parts(parts) {
-            Some(len) => unsafe {
-                let own = base.add(parts[self.rank()].start) as *const c_void;
-                nccl::all_gather(own, base as *mut c_void, len, float, self.comm, self.raw_stream())
-                    .map_err(|e| nccl_err("ncclAllGather", e))?;
-            },
-            None => grouped(|| {
-                for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
-                    unsafe {
-                        let p = base.add(part.start) as *mut c_void;
-                        nccl::broadcast(p, p, part.len(), float, root as i32, self.comm, self.raw_stream())
-                            .map_err(|e| nccl_err("ncclBroadcast", e))?;
-                    }
-                }
-                Ok(())
-            })?,
-        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.queue_all_gather(buf, parts)? };
         self.wait("waiting for the all-gather")
+    }
+    unsafe fn start_all_gather(&self, buf: DevPtr, parts: &[Range<usize>], after: Option<DeviceStream>) -> Result<()> {
+        self.wait_for(after)?;
+        // SAFETY: as in `start_all_reduce_sum`.
+        unsafe { self.queue_all_gather(buf, parts) }
     }
     fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()> {
         self.mpi.all_reduce_sum_host(v)

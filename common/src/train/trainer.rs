@@ -7,13 +7,13 @@ use super::replay::Recorder;
 use crate::autograd::{check_ids, Graph, Pool, TokenStage};
 use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::Checkpoint;
-use crate::comm::{broadcast_f32, Comm};
+use crate::comm::{broadcast_f32, device_order, Comm};
 use crate::data::Batch;
 use crate::error::Result;
 use crate::generate::{self, SampleOptions};
 use crate::grad_sync::{GradSync, Shards, SyncMode};
 use crate::model::{Gpt2, ModelConfig};
-use crate::optim::{AdamW, OptimConfig, StepStats, HISTORY};
+use crate::optim::{AdamW, OptimConfig, StepMeter, StepStats, HISTORY};
 use crate::tokenizer::Tokenizer;
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ pub struct Trainer<'a, B: Backend> {
     replay: Replay<B>,
 }
 
-/// A step recorded once and replayed (one GPU, one rank: the step as a CUDA graph), and the
+/// A step recorded once and replayed (on GPUs: the step as a CUDA graph, NCCL's sums in it), and the
 /// steps replayed since their (loss, norm) were last read.
 struct Replay<B: Backend> {
     on: bool,
@@ -76,8 +76,18 @@ pub struct StepReport {
     pub comm_s: f64,
 }
 
-/// Replayed steps read back at least this often (a host round trip each time).
+/// Replayed steps read back at least this often (a host round trip each time) on one rank;
+/// on several, every this many steps.
 const READ_EVERY: Duration = Duration::from_secs(1);
+const READ_EVERY_STEPS: u64 = 32;
+
+/// Whether a step can be recorded once and replayed: on a backend that records (the GPU),
+/// with one rank, or with ranks whose communicator orders its collectives on the device
+/// (NCCL) and the same work every step (not local SGD, which averages every K steps).
+fn replayable<B: Backend>(be: &B, comm: &dyn Comm, sync: SyncMode) -> bool {
+    be.records()
+        && (comm.size() == 1 || (device_order(be, comm).is_some() && !matches!(sync, SyncMode::LocalSgd { .. })))
+}
 
 impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
@@ -98,7 +108,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             pool: Pool::default(),
             tokens: TokenStage::default(),
             replay: Replay {
-                on: be.records() && comm.size() == 1 && !replay_off,
+                on: !replay_off && replayable(be, comm, settings.sync),
                 recorder: Recorder::default(),
                 unread: 0..0,
                 read_at: Instant::now(),
@@ -141,10 +151,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// (b, t) shard, cut into `micro_batches` pieces of b / micro_batches rows; `step` is
     /// 0-based.
     ///
-    /// On one GPU and one rank the step's work is recorded (the second step of a shape: the
-    /// first sizes the memory) and replayed from then on, with nothing read back: the
-    /// device decides whether to skip the update, and the step's (loss, norm) wait on the
-    /// device until [`Trainer::flush`] (or a read now and then) brings them back.
+    /// On the GPU (one rank, or ranks over NCCL) the step's work is recorded (the second
+    /// step of a shape: the first sizes the memory) and replayed from then on, with nothing
+    /// read back: NCCL's sums (and ZeRO-1's gather) are in the recording, the device
+    /// averages the loss over the ranks and decides whether to skip the update, and the
+    /// step's (loss, norm) wait on the device until [`Trainer::flush`] (or a read now and
+    /// then) brings them back.
     pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
         let (be, comm) = (self.be, self.comm);
         let started = Instant::now();
@@ -160,7 +172,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         }
         let mut comm_s = self.queue_gradients(batch, b, t, false)?;
         let (mut loss, norm) = self.opt.meter.read_loss_and_norm(be)?;
-        if comm.size() > 1 {
+        if comm.size() > 1 && !StepMeter::averages_loss_on_device(be, comm) {
             let t0 = Instant::now();
             let mut v = [loss];
             comm.all_reduce_sum_host(&mut v)?;
@@ -241,7 +253,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let now = shape(be, &self.tokens);
         let mut recorder = std::mem::take(&mut self.replay.recorder);
         let ran = recorder.run(be, now, || {
-            self.queue_step(batch, b, t)?;
+            self.queue_step(batch, b, t, step)?;
             Ok(shape(be, &self.tokens))
         });
         self.replay.recorder = recorder;
@@ -250,19 +262,30 @@ impl<'a, B: Backend> Trainer<'a, B> {
             self.replay.unread = step..step;
         }
         self.replay.unread.end = step + 1;
-        let full = self.replay.unread.end - self.replay.unread.start >= (HISTORY / 2) as u64;
-        if full || self.replay.read_at.elapsed() >= READ_EVERY {
+        let unread = self.replay.unread.end - self.replay.unread.start;
+        // Several ranks read at the same steps (what they read can end the run: every rank
+        // must see it at the same step), so by count; one rank also by the clock.
+        let due = match self.comm.size() {
+            1 => unread >= (HISTORY / 2) as u64 || self.replay.read_at.elapsed() >= READ_EVERY,
+            _ => unread >= READ_EVERY_STEPS,
+        };
+        if due {
             return self.flush();
         }
         Ok(Vec::new())
     }
 
-    /// Queues a whole step on one rank: gradients, then the update (which the device skips
-    /// when the loss or the norm is not finite).
-    fn queue_step(&mut self, batch: &Batch, b: usize, t: usize) -> Result<()> {
+    /// Queues a whole step: gradients (summed over the ranks), then the update (which the
+    /// device skips when the loss or the norm is not finite), then, under ZeRO-1, the
+    /// gathering of the updated shards.
+    fn queue_step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<()> {
         self.queue_gradients(batch, b, t, true)?;
         let copy = self.model.params_bf16.as_ref();
-        self.opt.update(self.be, &self.model.params, copy, &self.model.grads)
+        self.opt.update(self.be, &self.model.params, copy, &self.model.grads)?;
+        let total_steps = self.opt.config.total_steps;
+        self.sync
+            .after_update(self.be, self.comm, &self.model, step, total_steps)?;
+        Ok(())
     }
 
     /// The stats of the replayed steps not read yet (waits for them); none when steps run as
@@ -288,6 +311,13 @@ impl<'a, B: Backend> Trainer<'a, B> {
             rows += b;
         }
         Ok((sum / rows.max(1) as f64) as f32)
+    }
+
+    /// Seconds one step's gradient sums take alone, the mean of `reps` (see
+    /// [`GradSync::time_sums`]); 0 on one rank. Between steps only: it leaves the gradient
+    /// buffer unspecified (the next step zeroes it first).
+    pub fn time_gradient_sums(&self, reps: usize) -> Result<f64> {
+        self.sync.time_sums(self.be, self.comm, &self.model.grads, reps)
     }
 
     /// Bytes of optimiser state (AdamW's moments) this rank keeps: a 1/N share under ZeRO-1.
