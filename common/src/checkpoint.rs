@@ -163,6 +163,10 @@ pub struct BackgroundWriter {
     /// The host arrays of the last write, kept for the next copy (fresh memory costs page
     /// faults: most of the copy's time for GPT-2 124M).
     spare: Option<[Vec<f32>; 3]>,
+    /// The first checkpoint's arrays, being allocated and touched on a thread of their own
+    /// from the start of the run ([`BackgroundWriter::prepare_arrays`]), so that not even the
+    /// first checkpoint stalls training for page faults (1.2 s of a 124M checkpoint's copy).
+    preparing: Option<std::thread::JoinHandle<[Vec<f32>; 3]>>,
 }
 
 /// What the writer thread hands back: its time (or error) and the arrays, for reuse.
@@ -204,7 +208,31 @@ impl BackgroundWriter {
     /// Host arrays to copy the next checkpoint's state into: the last write's, once it is
     /// done (call [`BackgroundWriter::wait`] first), else empty ones.
     pub fn take_arrays(&mut self) -> [Vec<f32>; 3] {
+        if let Some(prepared) = self.preparing.take().and_then(|h| h.join().ok()) {
+            return prepared;
+        }
         self.spare.take().unwrap_or_default()
+    }
+
+    /// Starts making three host arrays of `n` values ready for the first checkpoint's copy,
+    /// on a thread: allocated and every page written once, so the copy into them runs at
+    /// memory speed. Where the thread cannot start, the copy allocates as before.
+    pub fn prepare_arrays(&mut self, n: usize) {
+        let prepare = move || {
+            std::array::from_fn(|_| {
+                let mut a = vec![0.0f32; n];
+                // One write a page (zeroed memory is mapped lazily): volatile, so it stays.
+                for i in (0..n).step_by(1024) {
+                    // SAFETY: i < n, inside the array.
+                    unsafe { std::ptr::write_volatile(a.as_mut_ptr().add(i), 0.0) };
+                }
+                a
+            })
+        };
+        self.preparing = std::thread::Builder::new()
+            .name("checkpoint-memory".into())
+            .spawn(prepare)
+            .ok();
     }
 
     /// Writes `arrays` (parameters, m, v) with `meta` to `path` on a thread, after the write

@@ -2,9 +2,11 @@
 //! gradients (or, for local SGD, parameters) become the same on every rank.
 //!
 //! - `Allreduce` (the default): backward, then one sum of the whole gradient buffer.
-//! - `Overlapped` (`--overlap`): each block's gradients are summed as soon as backward has
-//!   finished them, while it goes on through the blocks below; the embeddings and the final
-//!   layernorm (finished last) follow. On NCCL the buckets are ordered on the GPU (CUDA
+//! - `Overlapped` (`--overlap`, `--bucket-mb`): gradients are summed bucket by bucket as soon
+//!   as backward has finished them, while it goes on through the blocks below; a bucket is
+//!   one block, or (`--bucket-mb MB`) consecutive blocks gathered, from the last, until they
+//!   hold at least MB MiB of fp32 gradients, laid out once from the parameter table. The
+//!   embeddings and the final layernorm (finished last) follow. On NCCL the buckets are ordered on the GPU (CUDA
 //!   events between the compute stream and NCCL's stream, no host waits); on MPI the host
 //!   waits for the backend, then starts a nonblocking sum.
 //! - `LocalSgd` (`--sync-every K`): no gradient sums; parameters are averaged every K steps
@@ -32,7 +34,8 @@ use std::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncMode {
     Allreduce,
-    Overlapped,
+    /// `bucket`: values a bucket holds at least (0: one bucket per block).
+    Overlapped { bucket: usize },
     LocalSgd { every: u64 },
 }
 
@@ -86,8 +89,10 @@ pub struct GradSync {
     mode: SyncMode,
     /// ZeRO-1's shards (one, the whole buffer, without).
     shards: Shards,
-    /// Per-block buckets, summed during backward when overlapped.
-    blocks: Vec<Range<usize>>,
+    /// The buckets summed during backward when overlapped (consecutive blocks, contiguous
+    /// in the flat buffer), and for each block the bucket its completion closes, if any.
+    buckets: Vec<Range<usize>>,
+    closes: Vec<Option<usize>>,
     /// What lies outside the blocks, finished only at the end of backward.
     outside: Vec<Range<usize>>,
     total: usize,
@@ -99,13 +104,24 @@ impl GradSync {
             !(shards.sharded() && matches!(mode, SyncMode::LocalSgd { .. })),
             "local SGD keeps every rank's optimiser whole (the command line refuses --zero with --sync-every)"
         );
+        let bucket = match mode {
+            SyncMode::Overlapped { bucket } => bucket,
+            _ => 0,
+        };
+        let (buckets, closes) = buckets_of(&layout.blocks, bucket);
         GradSync {
             mode,
             shards,
-            blocks: layout.blocks.clone(),
+            buckets,
+            closes,
             outside: layout.outside_blocks(),
             total: layout.total,
         }
+    }
+
+    /// The buckets, in the order backward finishes them (the last block's first).
+    pub fn buckets(&self) -> &[Range<usize>] {
+        &self.buckets
     }
 
     /// For a model of `total` parameters in one bucket (no blocks: `Overlapped` sums it
@@ -122,7 +138,8 @@ impl GradSync {
                 parts: even_parts(total, 1, 1),
                 rank: 0,
             },
-            blocks: Vec::new(),
+            buckets: Vec::new(),
+            closes: Vec::new(),
             outside: std::iter::once(0..total).collect(),
             total,
         }
@@ -138,7 +155,7 @@ impl GradSync {
     pub fn loss_scale(&self, world: usize, micro_batches: usize) -> f32 {
         let ranks = match self.mode {
             SyncMode::LocalSgd { .. } => 1,
-            SyncMode::Allreduce | SyncMode::Overlapped => world,
+            SyncMode::Allreduce | SyncMode::Overlapped { .. } => world,
         };
         1.0 / (ranks * micro_batches) as f32
     }
@@ -188,11 +205,14 @@ impl GradSync {
         };
         let mut comm_s = 0.0;
         match self.mode {
-            SyncMode::Overlapped if world > 1 => {
+            SyncMode::Overlapped { .. } if world > 1 => {
                 // The kernels that wrote a block's gradients may still be queued (GPU) when
                 // backward hands it over, and NCCL reads on its own stream: `sum` orders the
-                // bucket after them.
-                g.backward_with(loss, seed, |block| sum(&self.blocks[block], &mut comm_s))?;
+                // bucket after them. A bucket goes once its lowest block is done.
+                g.backward_with(loss, seed, |block| match self.closes[block] {
+                    Some(b) => sum(&self.buckets[b], &mut comm_s),
+                    None => Ok(()),
+                })?;
                 for range in &self.outside {
                     sum(range, &mut comm_s)?;
                 }
@@ -200,13 +220,13 @@ impl GradSync {
                 // stream after this, which waits for them on the device (or the host waits).
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
-            SyncMode::Allreduce | SyncMode::Overlapped if world > 1 && after.is_some() => {
+            SyncMode::Allreduce | SyncMode::Overlapped { .. } if world > 1 && after.is_some() => {
                 // One bucket after backward, ordered on the device (no host wait).
                 g.backward(loss, seed)?;
                 sum(&(0..self.total), &mut comm_s)?;
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
-            SyncMode::Allreduce | SyncMode::Overlapped if world > 1 => {
+            SyncMode::Allreduce | SyncMode::Overlapped { .. } if world > 1 => {
                 g.backward(loss, seed)?;
                 be.synchronize()?;
                 // SAFETY: the whole layout, inside `grads` (checked above).
@@ -317,10 +337,57 @@ impl GradSync {
     }
 }
 
+/// Buckets of consecutive `blocks` (contiguous ranges, in order), gathered from the last
+/// block down until each holds at least `min_values` (the lowest may hold fewer), in the
+/// order backward finishes them; and for each block the bucket its completion closes (the
+/// bucket's lowest block), if any. `min_values` 0: one bucket per block.
+fn buckets_of(blocks: &[Range<usize>], min_values: usize) -> (Vec<Range<usize>>, Vec<Option<usize>>) {
+    let (mut buckets, mut closes) = (Vec::new(), vec![None; blocks.len()]);
+    let mut end = None;
+    for (i, block) in blocks.iter().enumerate().rev() {
+        let top = *end.get_or_insert(block.end);
+        if top - block.start >= min_values || i == 0 {
+            closes[i] = Some(buckets.len());
+            buckets.push(block.start..top);
+            end = None;
+        }
+    }
+    (buckets, closes)
+}
+
 /// Runs `f`, adding its duration to `seconds`.
 fn timed<T>(seconds: &mut f64, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let started = Instant::now();
     let out = f();
     *seconds += started.elapsed().as_secs_f64();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::buckets_of;
+
+    #[test]
+    fn buckets_gather_blocks_from_the_last_down() {
+        let blocks = [0..10, 10..20, 20..30, 30..40, 40..50];
+        // One bucket a block, the last block's first.
+        let (b, c) = buckets_of(&blocks, 0);
+        assert_eq!(b, vec![40..50, 30..40, 20..30, 10..20, 0..10]);
+        assert_eq!(c, vec![Some(4), Some(3), Some(2), Some(1), Some(0)]);
+        // At least 20 values: two blocks a bucket, the lowest alone.
+        let (b, c) = buckets_of(&blocks, 20);
+        assert_eq!(b, vec![30..50, 10..30, 0..10]);
+        assert_eq!(c, vec![Some(2), Some(1), None, Some(0), None]);
+        // Larger than everything: one bucket, closed by the first block.
+        let (b, c) = buckets_of(&blocks, 1000);
+        assert_eq!(b, vec![0..50]);
+        assert_eq!(c, vec![Some(0), None, None, None, None]);
+        // The buckets cover the blocks exactly.
+        for min in [0, 5, 11, 25, 49, 50, 51] {
+            let (b, _) = buckets_of(&blocks, min);
+            let mut covered: Vec<_> = b.iter().flat_map(|r| r.clone()).collect();
+            covered.sort_unstable();
+            assert_eq!(covered, (0..50).collect::<Vec<_>>(), "min {min}");
+        }
+    }
 }

@@ -27,6 +27,11 @@ pub const STAGE_FLAGS: &[StageFlag] = &[
         |s| s.distributed,
     ),
     (
+        "bucket_mb",
+        "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
+        |s| s.distributed,
+    ),
+    (
         "sync_every",
         "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
         |s| s.distributed,
@@ -47,6 +52,11 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "overlap",
         "sync_every",
         "local SGD sums no gradients during backward, so there is nothing to overlap",
+    ),
+    (
+        "bucket_mb",
+        "sync_every",
+        "local SGD sums no gradients during backward, so there are no buckets",
     ),
     (
         "zero",

@@ -184,6 +184,11 @@ pub struct SyncArgs {
     /// through the blocks below it.
     #[arg(long)]
     pub overlap: bool,
+    /// Multi-process stages: --overlap with buckets of consecutive blocks, gathered from the
+    /// last block down until each holds at least MB MiB of fp32 gradients (implies --overlap)
+    /// [default: one bucket per block].
+    #[arg(long, value_name = "MB", value_parser = positive_f32)]
+    pub bucket_mb: Option<f32>,
     /// Multi-process stages: local SGD, average parameters every K steps instead of
     /// gradients every step.
     #[arg(long, value_name = "K", value_parser = at_least_one_u64)]
@@ -203,9 +208,11 @@ impl SyncArgs {
 
     /// How gradients are synchronised across ranks.
     pub fn mode(&self) -> SyncMode {
-        match (self.sync_every, self.overlap) {
+        match (self.sync_every, self.overlap || self.bucket_mb.is_some()) {
             (Some(every), _) => SyncMode::LocalSgd { every },
-            (None, true) => SyncMode::Overlapped,
+            (None, true) => SyncMode::Overlapped {
+                bucket: self.bucket_mb.map_or(0, |mb| (mb as f64 * (1 << 20) as f64 / 4.0).ceil() as usize),
+            },
             (None, false) => SyncMode::Allreduce,
         }
     }

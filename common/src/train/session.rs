@@ -86,7 +86,16 @@ impl<'a> Session<'a> {
             last_val: f32::NAN,
             bad_in_a_row: 0,
             saved_at: None,
-            writer: BackgroundWriter::default(),
+            writer: match root {
+                // Rank 0 copies the state into host memory at every checkpoint (one at the end
+                // at least): that memory is made ready meanwhile.
+                true => {
+                    let mut w = BackgroundWriter::default();
+                    w.prepare_arrays(run.config.num_params());
+                    w
+                }
+                false => BackgroundWriter::default(),
+            },
         })
     }
 
