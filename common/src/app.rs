@@ -152,6 +152,16 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Bench(args) if args.allreduce => {
+            let be = (stage.backend)(&args.device, comm)?;
+            let max = args.allreduce_max_mb << 20;
+            for row in crate::bench::allreduce(&be, comm, max, args.steps as usize, args.warmup as usize)? {
+                if comm.is_root() {
+                    println!("{}", serde_json::to_string(&row).expect("plain data serialises"));
+                }
+            }
+            Ok(())
+        }
         Command::Bench(args) if args.kernels => {
             let be = (stage.backend)(&args.device, comm)?;
             for row in crate::bench::kernels(&be)? {

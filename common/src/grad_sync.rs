@@ -35,8 +35,12 @@ use std::time::Instant;
 pub enum SyncMode {
     Allreduce,
     /// `bucket`: values a bucket holds at least (0: one bucket per block).
-    Overlapped { bucket: usize },
-    LocalSgd { every: u64 },
+    Overlapped {
+        bucket: usize,
+    },
+    LocalSgd {
+        every: u64,
+    },
 }
 
 /// Shard boundaries fall on multiples of this many values (128 bytes), so each shard's

@@ -233,7 +233,10 @@ fn reproduces_stage0_with_and_without_overlap() {
         finals.push(params);
     }
     // Two ranks' sums are a + b however the buckets cut the buffer: the same run, bit for bit.
-    assert!(finals[1] == finals[0] && finals[2] == finals[0], "the buckets changed the sums");
+    assert!(
+        finals[1] == finals[0] && finals[2] == finals[0],
+        "the buckets changed the sums"
+    );
 }
 
 #[test]
@@ -444,6 +447,37 @@ fn a_failing_rank_ends_the_job() {
 }
 
 #[test]
+fn bench_allreduce_reports_bandwidth_by_size() {
+    let args: Vec<String> = "bench --allreduce --allreduce-max-mb 1 --steps 2 --warmup 1"
+        .split(' ')
+        .map(str::to_string)
+        .collect();
+    let o = mpirun(2, &args, &[]);
+    assert_ok(&o);
+    let rows: Vec<serde_json::Value> = o
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    // 4 KiB, 16 KiB, 64 KiB, 256 KiB, 1 MiB; rank 0 alone prints.
+    let bytes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(bytes, [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20], "{}", o.stdout);
+    for r in &rows {
+        assert_eq!(r["ranks"], 2);
+        let (alg, bus) = (r["algbw_gb_s"].as_f64().unwrap(), r["busbw_gb_s"].as_f64().unwrap());
+        assert!(
+            alg > 0.0 && (bus - alg).abs() < 1e-9 * alg.max(1.0),
+            "two ranks: busbw = algbw: {r}"
+        );
+    }
+    // One rank has nothing to sum across: one line, exit 2.
+    let o = run_limited(BIN, &args, &[], Duration::from_secs(60));
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(o.stderr.contains("2 or more"), "{}", o.stderr);
+}
+
+#[test]
 fn bench_reports_compute_and_comm_time() {
     for overlap in [false, true] {
         let mut args: Vec<String> = "bench --model tiny --vocab 256 --batch 2 --seq-len 16 --steps 3 --warmup 1"
@@ -475,10 +509,12 @@ fn a_crashed_run_resumes_exactly() {
     let d = tmpdir("resume");
     let data = corpus(&d);
     let (straight, crashed) = (d.join("straight"), d.join("crashed"));
-    let run = ["--steps", "20", "--eval-every", "10", "--checkpoint-every", "10"];
+    let run = ["--steps", "20", "--eval-every", "10", "--checkpoint-every", "5"];
     assert_ok(&mpirun(2, &train_args(&data, &straight, &run), &[]));
-    // Rank 1 dies at step 12, after the checkpoint of step 10.
-    let crash = [("GPT2RS_FAIL_RANK", "1"), ("GPT2RS_FAIL_AT_STEP", "12")];
+    // Rank 1 dies at step 17. The checkpoint of step 15 was being written in the background
+    // and may be lost with the job; the save at 15 waited for step 10's write, so
+    // model.ckpt holds step 10 or step 15 (each written whole), and either resumes.
+    let crash = [("GPT2RS_FAIL_RANK", "1"), ("GPT2RS_FAIL_AT_STEP", "17")];
     assert_ne!(mpirun(2, &train_args(&data, &crashed, &run), &crash).code, Some(0));
     let ckpt = crashed.join("model.ckpt");
     let resume = [&run[..], &["--resume", ckpt.to_str().unwrap()]].concat();

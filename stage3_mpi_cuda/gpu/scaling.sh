@@ -50,6 +50,9 @@ run ddp-compile "$n" python3 -m torch.distributed.run --standalone --nproc_per_n
 run torch-compile-1gpu 1 python3 "$gpu_dir/pytorch_gpt2.py" --precision bf16 --compile \
   --batch 16 --seq-len 1024 --steps 10 --warmup 3
 
+# NCCL's all-reduce against message size on these GPUs (nccl-tests' bus-bandwidth convention).
+timeout 120 mpirun -n "$n" stage3_mpi_cuda bench --allreduce --steps 20 --warmup 5 2>>"$log" >"$OUT/nccl-allreduce.jsonl"
 python3 "$here/scaling_table.py" "$jsonl" "$n" "$device" >"$OUT/scaling.md"
 echo; cat "$OUT/scaling.md"
-echo; echo "scaling.jsonl:"; cat "$jsonl"   # the device returns few files: keep the data on stdout too
+echo; echo "scaling.jsonl:"; cat "$jsonl"
+echo; echo "nccl-allreduce.jsonl:"; cat "$OUT/nccl-allreduce.jsonl"   # the device returns few files: keep the data on stdout too

@@ -1,10 +1,13 @@
 //! The `bench` subcommand: times training steps of a model on random tokens and prints
 //! a JSON line last (tokens/s, ms/step, memory, GFLOP/s, MFU on GPUs, comm share);
-//! `bench --generate` times generation instead (generate.rs).
+//! `bench --generate` times generation instead (generate.rs), `bench --allreduce` the
+//! communicator's sums (allreduce.rs).
 
+mod allreduce;
 mod generate;
 mod kernels;
 
+pub use allreduce::{allreduce, AllreduceRow};
 pub use generate::{generate, GenerateReport};
 pub use kernels::{kernels, KernelRow};
 

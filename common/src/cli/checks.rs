@@ -32,6 +32,11 @@ pub const STAGE_FLAGS: &[StageFlag] = &[
         |s| s.distributed,
     ),
     (
+        "allreduce",
+        "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
+        |s| s.distributed,
+    ),
+    (
         "sync_every",
         "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
         |s| s.distributed,

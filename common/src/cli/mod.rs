@@ -211,7 +211,9 @@ impl SyncArgs {
         match (self.sync_every, self.overlap || self.bucket_mb.is_some()) {
             (Some(every), _) => SyncMode::LocalSgd { every },
             (None, true) => SyncMode::Overlapped {
-                bucket: self.bucket_mb.map_or(0, |mb| (mb as f64 * (1 << 20) as f64 / 4.0).ceil() as usize),
+                bucket: self
+                    .bucket_mb
+                    .map_or(0, |mb| (mb as f64 * (1 << 20) as f64 / 4.0).ceil() as usize),
             },
             (None, false) => SyncMode::Allreduce,
         }
@@ -584,6 +586,15 @@ pub struct BenchArgs {
     /// AdamW at fixed shapes), one JSON line per kernel; the model flags are not used.
     #[arg(long)]
     pub kernels: bool,
+    /// Multi-process stages: time the communicator's all-reduce instead, 4 KiB to
+    /// --allreduce-max-mb MiB (each ×4), one JSON line per size: time, algorithm and bus
+    /// bandwidth (nccl-tests' conventions), --steps timed after --warmup; the model flags are
+    /// not used.
+    #[arg(long, conflicts_with_all = ["kernels", "generate"])]
+    pub allreduce: bool,
+    /// With --allreduce: the largest message, MiB.
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
+    pub allreduce_max_mb: usize,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]

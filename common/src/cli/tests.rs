@@ -85,6 +85,8 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("bench", "overlap", &[]),
     ("bench", "sync_every", &["0"]),
     ("bench", "bucket_mb", &["0", "x"]),
+    ("bench", "allreduce", &[]),
+    ("bench", "allreduce_max_mb", &["0", "x"]),
     ("bench", "zero", &["2", "x"]),
     ("report", "runs", &[]),
     ("report", "out", &[]),
