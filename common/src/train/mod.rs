@@ -41,6 +41,13 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         session.save_init(&run)?;
     }
     let local_batch = run.batch / comm.size();
+    // A debugging aid: GPT2_GRAD_NORMS=36,37,38 prints every tensor's gradient norm after
+    // those (0-based) steps, on rank 0.
+    let grad_norm_steps: Vec<u64> = std::env::var("GPT2_GRAD_NORMS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
     for step in run.start_step..run.total_steps {
         fail_if_asked(comm, step)?;
         session.starting(step)?;
@@ -51,6 +58,11 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let started = Instant::now();
         let report = run.trainer.step(&batch, local_batch, run.seq_len, step)?;
         session.add_time(started.elapsed().as_secs_f64(), 1);
+        if grad_norm_steps.contains(&step) && comm.is_root() {
+            let norms = run.trainer.gradient_norms()?;
+            let line: Vec<String> = norms.iter().map(|(name, n)| format!("{name}={n:.6e}")).collect();
+            println!("grad-norms step {step}: {}", line.join(" "));
+        }
         session.record_all(&report.finished)?;
         if let Some(d) = dump.as_mut() {
             d.add_stats(&report.finished);

@@ -320,6 +320,23 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.sync.time_sums(self.be, self.comm, &self.model.grads, reps)
     }
 
+    /// Each tensor's gradient norm after the last step (its name and √Σg², in buffer order),
+    /// for finding which tensor a run's gradient spike comes from (`GPT2_GRAD_NORMS`). Reads
+    /// the whole gradient buffer back; under ZeRO-1 only this rank's shard is summed.
+    pub fn gradient_norms(&self) -> Result<Vec<(String, f32)>> {
+        let grads = self.fetch(&self.model.grads)?;
+        Ok(self
+            .model
+            .layout
+            .entries
+            .iter()
+            .map(|e| {
+                let sumsq: f64 = grads[e.range.clone()].iter().map(|&g| g as f64 * g as f64).sum();
+                (e.name.clone(), sumsq.sqrt() as f32)
+            })
+            .collect())
+    }
+
     /// Bytes of optimiser state (AdamW's moments) this rank keeps: a 1/N share under ZeRO-1.
     pub fn optimizer_state_bytes(&self) -> usize {
         self.opt.state_bytes()
