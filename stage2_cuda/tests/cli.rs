@@ -363,3 +363,75 @@ fn recompute_is_the_same_run_on_the_gpu() {
         }
     }
 }
+
+/// Another stage's binary: next to this one (cargo builds every workspace binary), or on PATH.
+fn sibling(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_stage2_cuda")).with_file_name(name);
+    if p.exists() {
+        p
+    } else {
+        PathBuf::from(name)
+    }
+}
+
+/// loss.tsv's (train, val) columns.
+fn losses(dir: &Path) -> Vec<(f32, f32)> {
+    let text = std::fs::read_to_string(dir.join("loss.tsv")).unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let c: Vec<f32> = l.split('\t').map(|x| x.parse().unwrap()).collect();
+            (c[1], c[2])
+        })
+        .collect()
+}
+
+/// A checkpoint written on the GPU resumes on the CPU (stage 0) and one written on the CPU
+/// resumes on the GPU: each continued run ends where the straight runs do (GPU fp32 and CPU
+/// agree to 1e-3 over the run), its table whole.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_checkpoint_moves_between_the_gpu_and_the_cpu() {
+    let d = tmpdir("cross-stage");
+    let data = corpus(&d);
+    let cpu_run = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(&["--model", "tiny", "--batch", "8", "--seq-len", "32", "--warmup", "5"]);
+        args.extend_from_slice(&["--eval-every", "10", "--eval-batches", "2", "--sample-len", "0"]);
+        args.extend_from_slice(extra);
+        let o = Command::new(sibling("stage0_serial"))
+            .args(&args)
+            .output()
+            .expect("stage0_serial runs");
+        assert!(o.status.success(), "stage0 {args:?}: {}", stderr(&o));
+    };
+    let (gpu, cpu) = (d.join("gpu"), d.join("cpu"));
+    gpu_run(&data, &gpu, "fp32", &["--steps", "40"]);
+    cpu_run(&cpu, &["--steps", "40"]);
+    let (gpu_to_cpu, cpu_to_gpu) = (d.join("gpu-to-cpu"), d.join("cpu-to-gpu"));
+    gpu_run(&data, &gpu_to_cpu, "fp32", &["--steps", "40", "--stop-after", "17"]);
+    let ckpt = gpu_to_cpu.join("model.ckpt");
+    cpu_run(&gpu_to_cpu, &["--resume", ckpt.to_str().unwrap()]);
+    cpu_run(&cpu_to_gpu, &["--steps", "40", "--stop-after", "17"]);
+    let ckpt = cpu_to_gpu.join("model.ckpt");
+    gpu_run(&data, &cpu_to_gpu, "fp32", &["--resume", ckpt.to_str().unwrap()]);
+    let want = losses(&gpu);
+    assert_eq!(want.len(), 4, "rows at steps 10, 20, 30, 40");
+    for (name, dir) in [("cpu", &cpu), ("gpu -> cpu", &gpu_to_cpu), ("cpu -> gpu", &cpu_to_gpu)] {
+        let got = losses(dir);
+        assert_eq!(got.len(), want.len(), "{name}: {got:?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g.0 - w.0).abs() <= 1e-3 && (g.1 - w.1).abs() <= 1e-3,
+                "{name}: {got:?} against the GPU's {want:?}"
+            );
+        }
+        println!("CROSS {name}: {got:?} (GPU straight {want:?})");
+    }
+}
