@@ -234,13 +234,7 @@ impl GradSync {
                 g.backward(loss, seed)?;
                 be.synchronize()?;
                 // SAFETY: the whole layout, inside `grads` (checked above).
-                timed(&mut comm_s, || unsafe {
-                    if self.shards.sharded() {
-                        comm.reduce_scatter_sum(grads.ptr(), self.shards.parts())
-                    } else {
-                        comm.all_reduce_sum(grads.ptr(), self.total)
-                    }
-                })?;
+                timed(&mut comm_s, || unsafe { self.sum_whole(comm, grads.ptr()) })?;
             }
             _ => g.backward(loss, seed)?,
         }
@@ -329,15 +323,30 @@ impl GradSync {
             // SAFETY: the whole layout, inside `grads` (checked above), which nothing else
             // uses between steps; each call returns once its collective is done.
             timed(&mut seconds, || unsafe {
-                if self.shards.sharded() {
-                    comm.reduce_scatter_sum(grads.ptr(), self.shards.parts())?;
-                    comm.all_gather(grads.ptr(), self.shards.parts())
-                } else {
-                    comm.all_reduce_sum(grads.ptr(), self.total)
+                self.sum_whole(comm, grads.ptr())?;
+                match self.shards.sharded() {
+                    true => comm.all_gather(grads.ptr(), self.shards.parts()),
+                    false => Ok(()),
                 }
             })?;
         }
         Ok(seconds / reps as f64)
+    }
+
+    /// The whole buffer's gradient sum at `grads`, the host waiting for it: the all-reduce,
+    /// or under ZeRO-1 the reduce-scatter (each rank the sum of its own shard).
+    ///
+    /// # Safety
+    /// `grads` holds the layout's values, which nothing else touches during the call and
+    /// whose writes are done.
+    unsafe fn sum_whole(&self, comm: &dyn Comm, grads: crate::backend::DevPtr) -> Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match self.shards.sharded() {
+                true => comm.reduce_scatter_sum(grads, self.shards.parts()),
+                false => comm.all_reduce_sum(grads, self.total),
+            }
+        }
     }
 }
 

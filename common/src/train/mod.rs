@@ -41,13 +41,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         session.save_init(&run)?;
     }
     let local_batch = run.batch / comm.size();
-    // A debugging aid: GPT2_GRAD_NORMS=36,37,38 prints every tensor's gradient norm after
-    // those (0-based) steps, on rank 0.
-    let grad_norm_steps: Vec<u64> = std::env::var("GPT2_GRAD_NORMS")
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
+    let grad_norm_steps = grad_norm_steps();
     for step in run.start_step..run.total_steps {
         fail_if_asked(comm, step)?;
         session.starting(step)?;
@@ -58,11 +52,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let started = Instant::now();
         let report = run.trainer.step(&batch, local_batch, run.seq_len, step)?;
         session.add_time(started.elapsed().as_secs_f64(), 1);
-        if grad_norm_steps.contains(&step) && comm.is_root() {
-            let norms = run.trainer.gradient_norms()?;
-            let line: Vec<String> = norms.iter().map(|(name, n)| format!("{name}={n:.6e}")).collect();
-            println!("grad-norms step {step}: {}", line.join(" "));
-        }
+        print_grad_norms_if_asked(&run, comm, step, &grad_norm_steps)?;
         session.record_all(&report.finished)?;
         if let Some(d) = dump.as_mut() {
             d.add_stats(&report.finished);
@@ -170,6 +160,26 @@ fn install_interrupt_handler() {
 /// process would; with `GPT2RS_FAIL_MODE=error` it returns an error instead (an error on
 /// one rank alone), with `panic` it panics (a bug). The stage 1 tests check that the job
 /// then ends, and never hangs.
+/// A debugging aid: the 0-based steps of `GPT2_GRAD_NORMS=36,37,38`, after which rank 0
+/// prints every tensor's gradient norm ([`print_grad_norms_if_asked`]).
+fn grad_norm_steps() -> Vec<u64> {
+    std::env::var("GPT2_GRAD_NORMS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+/// After `step`, if it is one of `steps`: rank 0 prints "grad-norms step N: name=norm ...".
+fn print_grad_norms_if_asked<B: Backend>(run: &Run<B>, comm: &dyn Comm, step: u64, steps: &[u64]) -> Result<()> {
+    if steps.contains(&step) && comm.is_root() {
+        let norms = run.trainer.gradient_norms()?;
+        let line: Vec<String> = norms.iter().map(|(name, n)| format!("{name}={n:.6e}")).collect();
+        println!("grad-norms step {step}: {}", line.join(" "));
+    }
+    Ok(())
+}
+
 fn fail_if_asked(comm: &dyn Comm, step: u64) -> Result<()> {
     let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
     if var("GPT2RS_FAIL_RANK") != Some(comm.rank() as u64) || var("GPT2RS_FAIL_AT_STEP") != Some(step) {
