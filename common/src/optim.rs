@@ -186,16 +186,11 @@ impl<B: Backend> StepMeter<B> {
         }
     }
 
-    /// Whether [`StepMeter::sum_loss_across`] applies: several ranks whose communicator
-    /// orders its sums on the device. Elsewhere the host averages the loss it reads back.
-    pub fn averages_loss_on_device(be: &B, comm: &dyn Comm) -> bool {
-        comm.size() > 1 && device_order(be, comm).is_some()
-    }
-
     /// Sums the step's loss (each rank's micro-batches' sum so far) over the ranks of `comm`
-    /// on the device, before [`StepMeter::finish_gradients`] averages it (its `loss_scale`
-    /// then takes the 1/ranks): every rank gets the same loss, and so decides alike whether
-    /// to apply the update, without a host round trip.
+    /// where it lies (on the device, without a host round trip, where the communicator can),
+    /// before [`StepMeter::finish_gradients`] averages it (its `loss_scale` then takes the
+    /// 1/ranks): every rank gets the same loss, and so decides alike whether to apply the
+    /// update.
     pub fn sum_loss_across(&self, be: &B, comm: &dyn Comm) -> Result<()> {
         self.sum_across(be, comm, StepState::LOSS)
     }
@@ -205,12 +200,6 @@ impl<B: Backend> StepMeter<B> {
         let mut host = [0.0f32; StepState::WORDS];
         be.read(&self.state, 0, &mut host)?;
         Ok((host[StepState::LOSS], host[StepState::NORM]))
-    }
-
-    /// Overrides the device's decision to apply the update (ranks agree on it from the loss
-    /// averaged over ranks).
-    pub fn set_apply(&self, be: &B, apply: bool) -> Result<()> {
-        be.write(&self.state, StepState::APPLY, &[apply as u8 as f32])
     }
 
     /// The stats of the 0-based `steps` (at most [`StepMeter::history_len`] of the latest),
@@ -322,14 +311,13 @@ impl<B: Backend> AdamW<B> {
 
     /// See [`StepMeter::finish_gradients`], over every parameter's gradient: a shard's Σg²
     /// is summed over the ranks of `comm` (each holds its shard's summed gradients).
-    /// Where the ranks' communicator orders its sums on the device, the loss is averaged over
-    /// the ranks there too ([`StepMeter::sum_loss_across`]).
+    /// With several ranks the loss is averaged over them too ([`StepMeter::sum_loss_across`]).
     pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32, comm: &dyn Comm) -> Result<()> {
         let across = (self.shard.len() < self.n).then_some(comm);
         let clip = self.config.grad_clip;
         check_range("gradients", grads.len(), 0, self.n)?;
         let mut loss_scale = loss_scale;
-        if StepMeter::averages_loss_on_device(be, comm) {
+        if comm.size() > 1 {
             self.meter.sum_loss_across(be, comm)?;
             loss_scale /= comm.size() as f32;
         }

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::generate::{self, SampleOptions};
 use crate::grad_sync::{GradSync, Shards, SyncMode};
 use crate::model::{Gpt2, ModelConfig};
-use crate::optim::{AdamW, OptimConfig, StepMeter, StepStats, HISTORY};
+use crate::optim::{AdamW, OptimConfig, StepStats, HISTORY};
 use crate::tokenizer::Tokenizer;
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -171,16 +171,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
             });
         }
         let mut comm_s = self.queue_gradients(batch, b, t, false)?;
-        let (mut loss, norm) = self.opt.meter.read_loss_and_norm(be)?;
-        if comm.size() > 1 && !StepMeter::averages_loss_on_device(be, comm) {
-            let t0 = Instant::now();
-            let mut v = [loss];
-            comm.all_reduce_sum_host(&mut v)?;
-            loss = v[0] / comm.size() as f32;
-            comm_s += t0.elapsed().as_secs_f64();
-            // Every rank sees the same averaged loss and (gradients summed) the same norm.
-            self.opt.meter.set_apply(be, loss.is_finite() && norm.is_finite())?;
-        }
+        // Averaged over micro-batches and ranks, the same on every rank.
+        let (loss, norm) = self.opt.meter.read_loss_and_norm(be)?;
         let copy = self.model.params_bf16.as_ref();
         self.opt.update(be, &self.model.params, copy, &self.model.grads)?;
         let total_steps = self.opt.config.total_steps;
