@@ -12,7 +12,7 @@
 #![cfg(feature = "cuda")]
 
 use common::backend::cpu::CpuBackend;
-use common::backend::cuda::{AttentionPath, BiasGradPath, CudaBackend, GeluPath, ResidualPath};
+use common::backend::cuda::{AttentionPath, BiasGradPath, CudaBackend, GeluPath, HopperBackward, ResidualPath};
 use common::backend::Precision;
 use common::backend::{bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
 
@@ -1435,20 +1435,31 @@ fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_attention_errors_by_tile() {
-    for (b, t, c, nh) in [(1, 200, 64, 1), (2, 256, 128, 2)] {
-        let want = cpu().run(b, t, c, nh);
+    for (b, t, c, nh) in [(1, 200, 64, 1), (2, 256, 128, 2), (1, 1024, 128, 2)] {
+        let want = cpu().run(b, t, c, nh, false);
+        // (path, Hopper backward, through attention_backward_overwrite)
         let paths = [
-            (AttentionPath::Flash, false),
-            (AttentionPath::Flash, true),
-            (AttentionPath::FlashMma, false),
+            (AttentionPath::Flash, HopperBackward::Split, false),
+            (AttentionPath::Flash, HopperBackward::Overwrite, true),
+            (AttentionPath::Flash, HopperBackward::Fused, false),
+            (AttentionPath::FlashMma, HopperBackward::Split, false),
         ];
-        for (path, fused) in paths {
-            let gpu = gpu(Precision::Bf16)
-                .with_attention(path)
-                .with_fused_attention_backward(fused);
-            let got = gpu.run(b, t, c, nh);
+        let mut accumulated = None;
+        for (path, backward, overwrite) in paths {
+            let gpu = gpu(Precision::Bf16).with_attention(path).with_hopper_backward(backward);
+            let got = gpu.run(b, t, c, nh, overwrite);
+            // The overwriting backward does the accumulating one's arithmetic in its order.
+            if path == AttentionPath::Flash && backward != HopperBackward::Fused {
+                match &accumulated {
+                    None => accumulated = Some(got.clone()),
+                    Some(first) => assert!(
+                        first == &got,
+                        "the overwriting backward differs from the accumulating one (b{b} t{t} c{c})"
+                    ),
+                }
+            }
             let hs = c / nh;
-            let mut line = format!("TILES {path:?} fused {fused} b{b} t{t} c{c}:");
+            let mut line = format!("TILES {path:?} {backward:?} b{b} t{t} c{c}:");
             let mut worst = 0.0f64;
             for (name, which, part) in [("out", 0, 0), ("dq", 1, 0), ("dk", 1, 1), ("dv", 1, 2)] {
                 let width = if which == 0 { c } else { 3 * c };
@@ -1479,17 +1490,28 @@ fn bf16_attention_errors_by_tile() {
 }
 
 /// attention_case with a zeroed gradient buffer, over any backend.
+/// `overwrite`: through `attention_backward_overwrite`, into a gradient buffer of random values.
 trait ErasedAttention {
-    fn run(&self, b: usize, t: usize, c: usize, nh: usize) -> Vec<Vec<f32>>;
+    fn run(&self, b: usize, t: usize, c: usize, nh: usize, overwrite: bool) -> Vec<Vec<f32>>;
 }
 impl<B: Backend> ErasedAttention for B {
-    fn run(&self, b: usize, t: usize, c: usize, nh: usize) -> Vec<Vec<f32>> {
+    fn run(&self, b: usize, t: usize, c: usize, nh: usize, overwrite: bool) -> Vec<Vec<f32>> {
         let be = self;
         let qkv = upload_act(be, &rnd(Inputs::Bf16, b * t * 3 * c, 31, 1.0));
         let out = alloc_act(be, b * t * c);
         let saved = be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap();
         unsafe { be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh) };
         let dout = upload_act(be, &rnd(Inputs::Bf16, b * t * c, 32, 1.0));
+        if overwrite {
+            let dqkv = upload_act(be, &rnd(Inputs::Bf16, b * t * 3 * c, 33, 100.0));
+            unsafe {
+                be.attention_backward_overwrite(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh)
+            };
+            return vec![
+                download_act(be, &out, b * t * c),
+                download_act(be, &dqkv, b * t * 3 * c),
+            ];
+        }
         let dqkv = upload_act(be, &vec![0.0; b * t * 3 * c]);
         unsafe { be.attention_backward(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh) };
         vec![

@@ -283,6 +283,24 @@ fn attention_backward_matches_finite_differences() {
         weighted(&be, &out, &rw)
     };
     check("dqkv", &be, &qkv, &read(&be, &dqkv), &mut f);
+    // The overwriting form ignores what the buffer held (qkv's first gradient).
+    let dout = upload(&be, &rw);
+    let filled = upload(&be, &randn(b * t * 3 * c, 100.0, &mut r));
+    unsafe {
+        be.attention_forward(out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), b, t, c, nh);
+        be.attention_backward_overwrite(
+            filled.ptr().cast(),
+            dout.ptr().cast(),
+            qkv.ptr().cast(),
+            out.ptr().cast(),
+            saved.ptr().cast(),
+            b,
+            t,
+            c,
+            nh,
+        )
+    };
+    assert_eq!(read(&be, &filled), read(&be, &dqkv));
 }
 
 #[test]

@@ -9,8 +9,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cat .gpu/commit; nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 t=$(ls /tmp/gpu-rt/tests/cuda_backend-* | head -1)
 timeout 300 "$t" --include-ignored --nocapture bf16_attention ${ATTN_TESTS:-} 2>&1 | tee "$OUT/attn-test.log" | grep -E "PARITY|test result|panicked|wgmma|FAILED"
-# Attention variants: the default, the two-kernel Hopper backward, and the mma.sync kernels.
-variants="GPT2_CUDA_ATTENTION=flash GPT2_CUDA_ATTENTION=flash-mma"
+# Attention variants (VARIANTS="NAME=VALUE ..."): by default the warpgroup kernels and the
+# mma.sync ones.
+variants=${VARIANTS:-"GPT2_CUDA_ATTENTION=flash GPT2_CUDA_ATTENTION=flash-mma"}
 for v in $variants; do
   env $v timeout 120 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention" | sed "s/^/$v /" | tee -a "$OUT/kernels-attn.txt"
 done

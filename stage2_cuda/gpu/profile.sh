@@ -31,5 +31,17 @@ step = sum(v[1] for v in total.values())
 print(f"== {sys.argv[2]}: one step, {sum(v[0] for v in total.values())} kernels, {step:.1f} ms of kernel time")
 for name, (n, ms) in sorted(total.items(), key=lambda kv: -kv[1][1]):
     print(f"PROFILE {sys.argv[2]:<5} {name:<60} {n:>5} {ms:8.2f} ms {100 * ms / step:5.1f}%")
+# The same groups as pytorch_profile.py's, to set the two steps side by side.
+def group(n):
+    n = n.lower()
+    if "flash" in n or "attention" in n: return "attention"
+    if "gemm" in n or "nvjet" in n or "cutlass" in n or "sm90_xmma" in n or "cublas" in n or "splitk" in n: return "matmul"
+    if "adamw" in n: return "optimizer"
+    return "other"
+groups = collections.defaultdict(float)
+for name, (n, ms) in total.items():
+    groups[group(name)] += ms
+for g, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
+    print(f"PROFGROUP {sys.argv[2]:<5} {g:<40} {ms:8.2f} ms {100 * ms / step:5.1f}%")
 PY
 done

@@ -170,9 +170,15 @@ impl<B: Backend> Graph<'_, B> {
                 be.layernorm_backward(dinp, dw, db, dout, x, self.ptr(w), mean, rstd, r, c);
             }
             Op::Attention { qkv, saved, b, t, nh } => {
-                let dqkv = self.act_grad(qkv)?;
                 let x = self.data(qkv);
-                be.attention_backward(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
+                // qkv's first gradient (in GPT-2 its only one): written, not zeroed and added to.
+                if self.values[qkv.0].grad.is_none() {
+                    let dqkv = self.act_grad_overwritten(qkv)?;
+                    be.attention_backward_overwrite(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
+                } else {
+                    let dqkv = self.act_grad(qkv)?;
+                    be.attention_backward(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
+                }
             }
             Op::Gelu { inp } => {
                 let dinp = self.act_grad(inp)?;

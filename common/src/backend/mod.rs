@@ -630,6 +630,30 @@ pub trait Backend {
         c: usize,
         nh: usize,
     );
+    /// `attention_backward` into a `dqkv` whose contents are ignored and OVERWRITTEN (qkv's
+    /// first and only gradient): no zero fill first, and a backend may skip reading it (the
+    /// Hopper kernels do). By default: zero, then accumulate.
+    /// # Safety
+    /// As `attention_backward`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attention_backward_overwrite(
+        &self,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        out: DevPtr<Act>,
+        saved: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.zero_act(dqkv, b * t * 3 * c);
+            self.attention_backward(dqkv, dout, qkv, out, saved, b, t, c, nh);
+        }
+    }
 
     /// Causal attention of `t` new positions of one sequence against a key/value cache (text
     /// generation): writes the new keys and values of qkv (T,3C) into rows `pos..pos + T` of

@@ -144,9 +144,10 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
                                                        // SAFETY: every buffer holds what the op's contract asks at this shape.
             let fwd = time_ms(be, 10, || unsafe { be.attention_forward(out, lse, qkv, b, t, c, nh) })?;
             row("ours", "attention_fwd", shape.clone(), fwd, Some(2.0 * causal), None);
-            // SAFETY: as above; `lse` and `out` were written by the forward.
+            // SAFETY: as above; `lse` and `out` were written by the forward. The model's call:
+            // dqkv is qkv's first gradient, overwritten.
             let bwd = time_ms(be, 10, || unsafe {
-                be.attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh)
+                be.attention_backward_overwrite(dqkv, dout, qkv, out, lse, b, t, c, nh)
             })?;
             row("ours", "attention_bwd", shape, bwd, Some(5.0 * causal), None);
         }

@@ -11,10 +11,12 @@
 //! `flash-tf32` runs the TF32 kernels on the bf16 operands (the first bf16 version); both for
 //! comparison.
 
+use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend};
 use crate::backend::{Act, DevPtr};
 use crate::backend::{Backend, Precision};
 use crate::error::{Error, Result};
+use cudarc::driver::{result as driver, sys as driver_sys};
 
 const THREADS: u32 = 128;
 /// Query (forward, dQ) or key (dK/dV) rows per block.
@@ -79,17 +81,70 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> 
     (hs.is_multiple_of(n) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
 }
 
-/// `GPT2_CUDA_ATTN_BWD`, for the Hopper backward: `split` (the default: a
-/// dK/dV kernel and a dQ kernel, which computes the scores and dP a second time) or `fused`
-/// (one kernel for dK, dV and dQ, dQ added in a fixed order: measured twice as slow, NOTES 19).
-pub(super) fn fused_backward_from_env() -> Result<bool> {
-    match std::env::var("GPT2_CUDA_ATTN_BWD").as_deref() {
-        Ok("fused") => Ok(true),
-        Err(_) | Ok("") | Ok("split") => Ok(false),
-        Ok(other) => Err(Error::Input(format!(
-            "GPT2_CUDA_ATTN_BWD={other}: expected `fused` or `split`"
-        ))),
+/// The bf16 flash backward where the Hopper kernels run (head size 64), `GPT2_CUDA_ATTN_BWD`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HopperBackward {
+    /// `overwrite`, the default: dqkv (qkv's first gradient) written by the two kernels of
+    /// `flashwg_backward_*_pipe`, not zero-filled and added to (the model's call,
+    /// `attention_backward_overwrite`; an accumulating call runs `Split`).
+    Overwrite,
+    /// `split`: zero fill, then the two accumulating kernels (dK/dV and dQ, which computes the
+    /// scores and dP a second time).
+    Split,
+    /// `fused`: one kernel for dK, dV and dQ, dQ added in a fixed order (measured twice as
+    /// slow, NOTES 20).
+    Fused,
+}
+
+impl HopperBackward {
+    pub(super) fn from_env() -> Result<Self> {
+        match std::env::var("GPT2_CUDA_ATTN_BWD").as_deref() {
+            Err(_) | Ok("") | Ok("overwrite") => Ok(Self::Overwrite),
+            Ok("split") => Ok(Self::Split),
+            Ok("fused") => Ok(Self::Fused),
+            Ok(other) => Err(Error::Input(format!(
+                "GPT2_CUDA_ATTN_BWD={other}: expected `overwrite`, `split` or `fused`"
+            ))),
+        }
     }
+}
+
+/// Loop tiles in flight in the overwriting backward kernels: 2 (double buffering) measured
+/// faster than 3 (H100, T=1024: 0.350 against 0.439 ms a layer; the third stage's shared
+/// memory leaves room for fewer blocks a multiprocessor), so only 2 is built.
+const PIPE_STAGES: usize = 2;
+
+/// Dynamic shared memory of the overwriting backward kernels with `stages` tiles in flight: the
+/// block's own two 64x64 bf16 tiles (k and v, or q and dout), two such tiles a stage (q and
+/// dout, or k and v), dK/dV's 64 log-sum-exps and deltas a stage, and 1 KiB to align the tiles
+/// to 1024 bytes.
+fn pipe_shared_bytes(stages: usize, dkdv: bool) -> u32 {
+    let tile = 64 * 64 * 2;
+    let per_stage = 2 * tile + if dkdv { 2 * 64 * 4 } else { 0 };
+    (2 * tile + stages * per_stage + 1024) as u32
+}
+
+/// Allows the overwriting backward kernels, where they were built, the dynamic shared memory
+/// they take past the default 48 KiB: once, when the kernels are loaded (not between launches,
+/// which a CUDA graph being recorded would refuse).
+pub(super) fn allow_shared_memory(kernels: &super::nvrtc::Kernels) -> Result<()> {
+    {
+        for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
+            let name = format!("flash_backward_{kernel}_d64_wgpipe{PIPE_STAGES}");
+            let Some(function) = kernels.get(&name) else { continue };
+            let bytes = pipe_shared_bytes(PIPE_STAGES, dkdv);
+            // SAFETY: a function of the current context's loaded module; an attribute, not a launch.
+            unsafe {
+                driver::function::set_function_attribute(
+                    function,
+                    driver_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+            }
+            .map_err(|e| device_err(&format!("allowing {name} {bytes} bytes of shared memory"), e))?;
+        }
+    }
+    Ok(())
 }
 
 impl CudaBackend {
@@ -163,7 +218,7 @@ impl CudaBackend {
         let rows = b * nh * t;
         // The one-kernel backward (Hopper, opt-in): dQ summed in key-tile order into f32
         // scratch after delta, with a turn counter per (head, query tile).
-        let fused = suffix == "d64_wgmma" && self.fused_attention_backward;
+        let fused = suffix == "d64_wgmma" && self.hopper_backward == HopperBackward::Fused;
         let tiles = t.div_ceil(ROWS_PER_BLOCK);
         let (acc_words, counter_words) = if fused {
             (b * nh * tiles * 64 * 64, b * nh * tiles)
@@ -207,5 +262,58 @@ impl CudaBackend {
             bwd_args,
         )?;
         self.try_launch(&format!("flash_backward_dq_{suffix}"), grid, (THREADS, 1, 1), bwd_args)
+    }
+
+    /// The backward into a `dqkv` it overwrites, where the Hopper kernels take this shape and
+    /// `GPT2_CUDA_ATTN_BWD` is `overwrite`: delta, then the two overwriting kernels. `Ok(false)`:
+    /// not taken (the caller zero-fills and accumulates).
+    ///
+    /// # Safety
+    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attention_backward_overwriting(
+        &self,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        out: DevPtr<Act>,
+        lse: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) -> Result<bool> {
+        let hs = super::attention::head_size(c, nh)?;
+        let taken = self.precision == Precision::Bf16
+            && self.attention == AttentionPath::Flash
+            && self.hopper_backward == HopperBackward::Overwrite
+            && self.wgmma_fits(hs, &[qkv, dout, dqkv]);
+        if !taken {
+            return Ok(false);
+        }
+        if b * t == 0 {
+            return Ok(true);
+        }
+        let delta = self.scratch(b * nh * t)?;
+        self.try_launch(
+            "flash_backward_delta_kernel",
+            blocks(b * t, 8),
+            (256, 1, 1),
+            args![delta, dout, out, b, t, nh, hs],
+        )?;
+        let scale = 1.0 / (hs as f32).sqrt();
+        let scale_log2 = std::f32::consts::LOG2_E * scale;
+        let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
+        let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, 1usize];
+        for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
+            self.try_launch_shared(
+                &format!("flash_backward_{kernel}_d64_wgpipe{PIPE_STAGES}"),
+                grid,
+                (THREADS, 1, 1),
+                pipe_shared_bytes(PIPE_STAGES, dkdv),
+                bwd_args,
+            )?;
+        }
+        Ok(true)
     }
 }

@@ -26,6 +26,7 @@ use lt::LtMatmul;
 use memory::{device_err, DeviceMemory};
 use nvrtc::Kernels;
 
+pub use flash::HopperBackward;
 pub use memory::CudaBuffer;
 pub use nvrtc::{
     compile, compile_cached, kernel_cache_dir, kernel_names, kernel_sources, nvrtc_present, nvrtc_version,
@@ -61,8 +62,8 @@ pub struct CudaBackend {
     attention: AttentionPath,
     /// The kernels were built for sm_90a (Hopper), so its warpgroup products (wgmma) exist.
     wgmma: bool,
-    /// The flash backward in one kernel where the Hopper kernels run (`GPT2_CUDA_ATTN_BWD`).
-    fused_attention_backward: bool,
+    /// Which flash backward runs where the Hopper kernels do (`GPT2_CUDA_ATTN_BWD`).
+    hopper_backward: HopperBackward,
     gelu: GeluPath,
     bias_grad: BiasGradPath,
     residual: ResidualPath,
@@ -283,6 +284,7 @@ impl CudaBackend {
             ));
         }
         let kernels = Kernels::load(&arch, precision.act())?;
+        flash::allow_shared_memory(&kernels)?;
         let blas_workspace = memory.alloc(BLAS_WORKSPACE_BYTES / 4)?;
         let blas = Blas::new(
             memory.stream.cu_stream(),
@@ -309,7 +311,7 @@ impl CudaBackend {
             precision,
             attention,
             wgmma: arch == "sm_90a",
-            fused_attention_backward: flash::fused_backward_from_env()?,
+            hopper_backward: HopperBackward::from_env()?,
             gelu,
             bias_grad,
             residual,
@@ -374,9 +376,9 @@ impl CudaBackend {
         self
     }
 
-    /// The same backend with the Hopper flash backward in one kernel (`true`) or two.
-    pub fn with_fused_attention_backward(mut self, fused: bool) -> Self {
-        self.fused_attention_backward = fused;
+    /// The same backend with another Hopper flash backward (tests compare them).
+    pub fn with_hopper_backward(mut self, backward: HopperBackward) -> Self {
+        self.hopper_backward = backward;
         self
     }
 
@@ -465,6 +467,20 @@ impl CudaBackend {
     }
 
     unsafe fn try_launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.try_launch_shared(name, grid, block, 0, args) }
+    }
+
+    /// [`CudaBackend::try_launch`] with `shared` bytes of dynamic shared memory (above 48 KiB
+    /// only what the kernel was allowed when it was loaded: `flash::allow_shared_memory`).
+    unsafe fn try_launch_shared(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(()); // nothing to do
         }
@@ -496,7 +512,7 @@ impl CudaBackend {
         self.bind()?;
         // SAFETY: argument count and types follow the kernel's signature (kept in step with
         // the .cu files by the backend tests); cuLaunchKernel copies the values before returning.
-        unsafe { driver::launch_kernel(function, grid, block, 0, self.stream(), &mut params) }
+        unsafe { driver::launch_kernel(function, grid, block, shared, self.stream(), &mut params) }
             .map_err(|e| device_err(&format!("launching {name}"), e))
     }
 

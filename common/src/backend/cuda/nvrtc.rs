@@ -96,6 +96,19 @@ fn flash_source(d: usize, act: ActType) -> String {
                      {{ FLASH_WGMMA_BODY({call}); }}\n"
                 );
             }
+            // The backward that overwrites dqkv (flash.rs: `HopperBackward::Overwrite`), two
+            // tiles in flight (`PIPE_STAGES`). dK/dV is held to 168 registers, so that three
+            // blocks (12 warps) fit a multiprocessor instead of two (176 unbounded; a few bytes
+            // spill).
+            for stages in [2] {
+                for (kernel, bounds) in [("dkdv", "__launch_bounds__(128, 3) "), ("dq", "")] {
+                    src += &format!(
+                        "extern \"C\" {bounds}__global__ void flash_backward_{kernel}_d64_wgpipe{stages}(BWD_PARAMS) \
+                         {{ FLASH_WGMMA_BODY((flashwg_backward_{kernel}_pipe<{stages}>(dqkv, dout, qkv, lse, \
+                         delta, T, NH, HS, scale, scale_log2, vec))); }}\n"
+                    );
+                }
+            }
             src += "extern \"C\" __global__ void flash_backward_fused_d64_wgmma(BWD_PARAMS, float* dq_acc, int* counters) \
                     { FLASH_WGMMA_BODY(flashwg_backward_fused(dqkv, dout, qkv, lse, delta, dq_acc, counters, T, NH, \
                     HS, scale, scale_log2, vec)); }\n";

@@ -780,6 +780,28 @@ impl Backend for CudaBackend {
         }
     }
 
+    unsafe fn attention_backward_overwrite(
+        &self,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        out: DevPtr<Act>,
+        saved: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        match self.attention_backward_overwriting(dqkv, dout, qkv, out, saved, b, t, c, nh) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.zero_act(dqkv, b * t * 3 * c);
+                self.attention_backward(dqkv, dout, qkv, out, saved, b, t, c, nh);
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
     unsafe fn attention_cached_forward(
         &self,
         out: DevPtr<Act>,

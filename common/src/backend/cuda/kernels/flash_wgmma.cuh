@@ -515,6 +515,240 @@ __device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_
     add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS, 1.0f);
 }
 
+// ---- backward that overwrites dqkv (the default on Hopper: flash.rs `HopperBackward`) ------
+//
+// The two kernels above, changed where Nsight Compute's per-instruction stall samples put the
+// time (dK/dV at GPT-2's shape: 40% of the samples in the epilogue's read-modify-write of dqkv,
+// two-byte loads each waited for in turn because the compiler cannot prove the rows apart, 10%
+// in the prologue's two-byte loads of the k and v fragments, 46% in the loop):
+// - dqkv is OVERWRITTEN (the caller's gradient is the first and only one for qkv, so it is
+//   neither zero-filled before nor read here): each accumulator tile goes through shared memory
+//   and out in 16-byte stores, rows coalesced;
+// - the block's own tiles (k and v; q and dout for dQ) come in by cp.async with the first loop
+//   tile and the products read them from shared memory (both operands by descriptor), 32
+//   registers fewer than holding their fragments;
+// - STAGES loop tiles in flight (a ring in dynamic shared memory, one barrier an iteration),
+//   and inside an iteration the second product of a pair runs while the warps work on the
+//   first one's result (the exponentials while dpᵀ runs; dsᵀ while dv += pᵀ·dout runs). The A
+//   fragments of a product in flight are kept live past its wait (`wg_keep`).
+// Same products and sums in the same order as the kernels above: the same bits.
+
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+
+// The registers of A fragments read by a product in flight stay live and unmoved until here.
+__device__ __forceinline__ void wg_keep(unsigned (&a)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[j][i])::"memory");
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// The first 1024-byte-aligned address of the dynamic shared memory (the swizzled tiles need it);
+// the launcher asks for 1 KB more than the kernel uses.
+__device__ __forceinline__ unsigned char* shared_1k() {
+    extern __shared__ unsigned char dyn_smem[];
+    unsigned a = shared_address(dyn_smem);
+    return dyn_smem + (((a + 1023u) & ~1023u) - a);
+}
+
+// Issues d = a_tile (64x64 from shared memory, its rows the product's rows) · tileᵀ.
+__device__ __forceinline__ void wg_issue_ss_nt(float (&d)[8][4], const bf16_t* a_tile, const bf16_t* tile) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma64_ss<0>(d, wg_desc(a_tile + kk * 16), wg_desc(tile + kk * 16), kk > 0);
+}
+
+// Overwrites rows [row0, row0 + 64) (those below T) x 64 columns of a (T, stride) bf16 matrix
+// with mul · acc (the block's 64x64 accumulator tile, 16 rows a warp), rounded once: through
+// `stage` (64 rows of 72 floats: 8 of padding keep the float2 writes at two-way bank conflicts)
+// and out in 16-byte stores. Starts and ends with a barrier (the stage is shared memory the
+// loop used; it is free for the next call after).
+__device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const float (&acc)[8][4], float* stage,
+                                           int row0, int T, float mul) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int lr = warp * 16 + g;
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        *(float2*)&stage[lr * 72 + n * 8 + 2 * t] = make_float2(mul * acc[n][0], mul * acc[n][1]);
+        *(float2*)&stage[(lr + 8) * 72 + n * 8 + 2 * t] = make_float2(mul * acc[n][2], mul * acc[n][3]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = threadIdx.x; i < 64 * 8; i += FLASH_THREADS) {
+        int r = i >> 3, c = i & 7;
+        if (row0 + r < T) {
+            float v[8];
+            float4 x = *(const float4*)&stage[r * 72 + c * 8], y = *(const float4*)&stage[r * 72 + c * 8 + 4];
+            v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+            store8(base + (size_t)(row0 + r) * stride + c * 8, v);
+        }
+    }
+    __syncthreads();
+}
+
+// dK and dV for one tile of 64 keys (16 per warp), over every later query in tiles of 64.
+// Grid (B·NH, ceil(T/64)); dynamic shared memory: flash.rs `pipe_shared_bytes`.
+template <int STAGES>
+__device__ __forceinline__ void flashwg_backward_dkdv_pipe(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                                                           const float* lse, const float* delta, int T, int NH,
+                                                           int HS, float scale, float scale_log2, int /*vec*/) {
+    bf16_t* k_s = (bf16_t*)shared_1k();       // this block's keys, swizzled
+    bf16_t* v_s = k_s + 64 * 64;              // and values
+    bf16_t* qs = v_s + 64 * 64;               // [STAGES][64 * 64] query tiles, swizzled
+    bf16_t* dos = qs + STAGES * 64 * 64;      // [STAGES][64 * 64] their output gradients
+    float* lse_s = (float*)(dos + STAGES * 64 * 64);  // [STAGES][64]
+    float* delta_s = lse_s + STAGES * 64;             // [STAGES][64]
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int b = blockIdx.x / NH, h = blockIdx.x % NH;
+    size_t C = (size_t)NH * HS, stride = 3 * C;
+    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const bf16_t* k_base = q_base + C;
+    const bf16_t* v_base = q_base + 2 * C;
+    const bf16_t* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float* lse_row = lse + (size_t)blockIdx.x * T;
+    const float* delta_row = delta + (size_t)blockIdx.x * T;
+    int k_start = blockIdx.y * 64;
+    int key0 = k_start + warp * 16;
+    int kr0 = key0 + g, kr1 = kr0 + 8;
+    float dk[8][4], dv[8][4];  // started by the first iteration's products
+
+    int n_tiles = (T - k_start + 63) / 64;
+    auto load = [&](int i) {  // query tile i of this block's loop into its slot
+        if (i < n_tiles) {
+            int slot = i % STAGES, q_start = k_start + i * 64;
+            tile_load_swz(qs + slot * 4096, q_base, stride, q_start, T);
+            tile_load_swz(dos + slot * 4096, do_base, C, q_start, T);
+            vector_load(lse_s + slot * 64, lse_row, q_start, 64, T);
+            vector_load(delta_s + slot * 64, delta_row, q_start, 64, T);
+        }
+        cp_async_commit();  // an empty group past the end keeps the count
+    };
+    tile_load_swz(k_s, k_base, stride, k_start, T);  // with tile 0's group
+    tile_load_swz(v_s, v_base, stride, k_start, T);
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) load(i);
+    for (int it = 0; it < n_tiles; it++) {
+        int qs0 = k_start + it * 64, slot = it % STAGES;
+        cp_async_wait<STAGES - 2>();  // tile `it` (and k, v) have landed
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();  // ...for everyone; and everyone is done with iteration it - 1's slot
+        load(it + STAGES - 1);
+        const bf16_t* q_t = qs + slot * 4096;
+        const bf16_t* do_t = dos + slot * 4096;
+        // sᵀ = k · qᵀ and dpᵀ = v · doutᵀ, two groups
+        float st[8][4], dpt[8][4];
+        wg_fence();
+        wg_issue_ss_nt(st, k_s, q_t);
+        wg_commit();
+        wg_issue_ss_nt(dpt, v_s, do_t);
+        wg_commit();
+        wg_wait<1>();  // sᵀ is done; dpᵀ runs on
+        wg_hold(st);
+        probs_t(st, lse_s + slot * 64, qs0, kr0, kr1, t, T, scale_log2, qs0 < key0 + 15 || qs0 + 64 > T);
+        unsigned pa[4][4];
+        acc_as_a16(pa, st);
+        wg_hold(dv);
+        wg_fence();
+        wg_issue_nn(dv, pa, do_t, it == 0);  // dv += pᵀ · dout
+        wg_commit();
+        wg_wait<1>();  // dpᵀ is done; dv runs on
+        wg_hold(dpt);
+        ds_t(dpt, st, delta_s + slot * 64, t);
+        unsigned da[4][4];
+        acc_as_a16(da, dpt);
+        wg_hold(dk);
+        wg_fence();
+        wg_issue_nn(dk, da, q_t, it == 0);  // dk += dsᵀ · q
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(dv);
+        wg_hold(dk);
+        wg_keep(pa);
+        wg_keep(da);
+    }
+    bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
+    float* stage = (float*)qs;  // the ring, free now (store_tile's first barrier)
+    store_tile(dk_base, stride, dk, stage, k_start, T, scale);
+    store_tile(dk_base + C, stride, dv, stage, k_start, T, 1.0f);
+}
+
+// dQ for one tile of 64 queries (16 per warp), over keys in tiles of 64.
+// Grid (B·NH, ceil(T/64)); late (heavy) query tiles first; dynamic shared memory: flash.rs.
+template <int STAGES>
+__device__ __forceinline__ void flashwg_backward_dq_pipe(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                                                         const float* lse, const float* delta, int T, int NH, int HS,
+                                                         float scale, float scale_log2, int /*vec*/) {
+    bf16_t* q_s = (bf16_t*)shared_1k();   // this block's queries, swizzled
+    bf16_t* do_s = q_s + 64 * 64;         // and their output gradients
+    bf16_t* ks = do_s + 64 * 64;          // [STAGES][64 * 64] key tiles, swizzled
+    bf16_t* vs = ks + STAGES * 64 * 64;   // [STAGES][64 * 64] value tiles
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int qt = gridDim.y - 1 - blockIdx.y;
+    int b = blockIdx.x / NH, h = blockIdx.x % NH;
+    size_t C = (size_t)NH * HS, stride = 3 * C;
+    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
+    const bf16_t* k_base = q_base + C;
+    const bf16_t* v_base = q_base + 2 * C;
+    const bf16_t* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
+    int q0 = qt * 64 + warp * 16;
+    int r0 = q0 + g, r1 = r0 + 8;
+    const float* lse_row = lse + (size_t)blockIdx.x * T;
+    const float* delta_row = delta + (size_t)blockIdx.x * T;
+    float lse0 = r0 < T ? lse_row[r0] : 0.0f, lse1 = r1 < T ? lse_row[r1] : 0.0f;
+    float delta0 = r0 < T ? delta_row[r0] : 0.0f, delta1 = r1 < T ? delta_row[r1] : 0.0f;
+    float dq[8][4];  // started by the first iteration's product
+
+    int n_tiles = qt + 1;
+    auto load = [&](int i) {  // key tile i into its slot
+        if (i < n_tiles) {
+            int slot = i % STAGES;
+            tile_load_swz(ks + slot * 4096, k_base, stride, i * 64, T);
+            tile_load_swz(vs + slot * 4096, v_base, stride, i * 64, T);
+        }
+        cp_async_commit();
+    };
+    tile_load_swz(q_s, q_base, stride, qt * 64, T);  // with tile 0's group
+    tile_load_swz(do_s, do_base, C, qt * 64, T);
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) load(i);
+    for (int kt = 0; kt < n_tiles; kt++) {
+        int k0 = kt * 64, slot = kt % STAGES;
+        cp_async_wait<STAGES - 2>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+        load(kt + STAGES - 1);
+        const bf16_t* k_t = ks + slot * 4096;
+        // s = q · kᵀ and dp = dout · vᵀ, two groups; p while dp runs
+        float s[8][4], dp[8][4];
+        wg_fence();
+        wg_issue_ss_nt(s, q_s, k_t);
+        wg_commit();
+        wg_issue_ss_nt(dp, do_s, vs + slot * 4096);
+        wg_commit();
+        wg_wait<1>();
+        wg_hold(s);
+        probs(s, k0, r0, r1, t, lse0, lse1, scale_log2, k0 + 63 > q0);
+        wg_wait<0>();
+        wg_hold(dp);
+        ds_rows(dp, s, delta0, delta1);
+        unsigned da[4][4];
+        acc_as_a16(da, dp);
+        wg_hold(dq);
+        wg_fence();
+        wg_issue_nn(dq, da, k_t, kt == 0);  // dq += ds · k
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(dq);
+        wg_keep(da);
+    }
+    store_tile(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, (float*)ks, qt * 64, T, scale);
+}
+
 #define FLASH_WGMMA_BODY(call) call
 #else
 // Not an sm_90a build: the kernels exist (so every build has the same names) but must not run.
