@@ -85,7 +85,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             return session.stop(why, done);
         }
     }
-    session.finish()?;
+    session.finish(&run)?;
     finish_dump(dump)?;
     if comm.is_root() {
         let tokens = ((run.total_steps - run.start_step) * (run.batch * run.seq_len) as u64) as f64;
