@@ -54,6 +54,8 @@ pub struct Session<'a> {
     writer: BackgroundWriter,
     /// The memory that checkpoints' snapshots on the device keep has been named.
     snapshot_said: bool,
+    /// Seconds spent before the first step making checkpoints' host memory ready.
+    prepared_s: f64,
 }
 
 impl<'a> Session<'a> {
@@ -64,7 +66,9 @@ impl<'a> Session<'a> {
         let keep_rows = args.resume.is_some().then_some(run.log_state.rows);
         let log = agree(comm, root.then(|| LossLog::open(&args.out, keep_rows)).transpose())?;
         // Before the first step: pinned host memory for checkpoints' copies takes a while.
+        let preparing = Instant::now();
         run.trainer.prepare_checkpoints();
+        let prepared_s = preparing.elapsed().as_secs_f64();
         // Every rank takes part in the PID table; a rank stopped from outside ends the job.
         let pids = pid_table(comm)?;
         let timeout = Duration::from_secs(args.comm_timeout.unwrap_or(DEFAULT_COMM_TIMEOUT));
@@ -102,6 +106,7 @@ impl<'a> Session<'a> {
                 false => BackgroundWriter::default(),
             },
             snapshot_said: false,
+            prepared_s,
         })
     }
 
@@ -251,11 +256,12 @@ impl<'a> Session<'a> {
             self.writer.start(&self.ckpt, meta, state, (stalled, waited_s))?;
             if let Some(bytes) = kept {
                 self.snapshot_said = true;
-                let gb = bytes as f64 / 1e9;
+                let (gb, ms) = (bytes as f64 / 1e9, self.prepared_s * 1e3);
                 self.bar.suspend(|| {
                     println!(
-                        "checkpoints: the state is copied within the GPU ({gb:.2} GB of GPU memory kept for it, \
-                         and as much host memory), then written in the background"
+                        "checkpoints: the state is copied within the GPU, then to host memory and the file in the \
+                         background ({gb:.2} GB of GPU memory and as much host memory kept for it; the host memory \
+                         took {ms:.0} ms to make, before the first step)"
                     )
                 });
             }
