@@ -291,15 +291,13 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// After the last step: waits for the last checkpoint's write (and frees what its copy
-    /// kept on the device), clears the bar and names
+    /// After the last step: waits for the last checkpoint's write, clears the bar and names
     /// the checkpoint (rank 0). Rank 0 may sample for a while now, with the other ranks gone:
     /// no more timeouts.
-    pub fn finish<B: Backend>(&mut self, run: &Run<B>) -> Result<()> {
+    pub fn finish(&mut self) -> Result<()> {
         self.disarm();
         let written = self.writer.wait()?; // the last checkpoint, complete
         self.announce(written);
-        run.trainer.release_checkpoint_memory(); // sampling may want it
         self.bar.finish_and_clear();
         if self.log.is_some() {
             println!("saved {}", self.ckpt.display());
