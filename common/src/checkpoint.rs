@@ -105,6 +105,12 @@ pub struct Checkpoint {
 /// old file or the new one. The slices are borrowed so a backend can pass its own memory
 /// without copying.
 pub fn save(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: &[f32]) -> Result<()> {
+    save_timed(path, meta, params, m, v).map(|_| ())
+}
+
+/// [`save`], returning the seconds its syncs to disk took (the rest of its time is checking,
+/// checksumming and writing into the OS's cache).
+fn save_timed(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: &[f32]) -> Result<f64> {
     let shown = path.display();
     meta.config
         .validate()
@@ -133,7 +139,7 @@ pub fn save(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: &[
     };
     let json = serde_json::to_vec(&header)
         .map_err(|e| Error::Input(format!("{shown}: cannot encode checkpoint metadata: {e}")))?;
-    atomic_file::write(path, |file| {
+    let synced = atomic_file::write_timed(path, |file| {
         let mut out = HashingWriter {
             inner: file,
             sum: Xxh64::new(0),
@@ -151,7 +157,8 @@ pub fn save(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: &[
         }
         let sum = out.sum.digest();
         out.inner.write_all(&sum.to_le_bytes())
-    })
+    })?;
+    Ok(synced.as_secs_f64())
 }
 
 /// A checkpoint's training state on its way to the file: parameters, m and v.
@@ -193,6 +200,8 @@ type Written = (Result<WriteTimes>, Option<[Vec<f32>; 3]>);
 struct WriteTimes {
     /// The whole write: from the thread's start to the file synced and renamed.
     total_s: f64,
+    /// Of which syncing the file to disk.
+    sync_s: f64,
     /// A snapshot's copies: within the device (training's stall), and to host memory.
     snapshot: Option<SnapshotTimes>,
 }
@@ -209,6 +218,8 @@ pub struct SaveReport {
     pub stall_s: f64,
     pub waited_s: f64,
     pub write_s: f64,
+    /// Of `write_s`, syncing the file to disk.
+    pub sync_s: f64,
     /// When the state went through a device snapshot: the copy within the device (which the
     /// steps queued after it waited for: a stall too) and the copy to host memory (part of
     /// `write_s`).
@@ -235,9 +246,9 @@ fn ms(s: f64) -> String {
 impl std::fmt::Display for SaveReport {
     /// "checkpoint: step 20 (training stalled 3 ms, written in the background in 41 ms) saved
     /// to PATH", the wait for the write before named too when there was one; through a device
-    /// snapshot, the stall's two parts and the time to host memory too: "(training stalled
-    /// 1.3 ms: 0.2 ms on the host + 1.1 ms copying on the device, written in the background in
-    /// 1742 ms: 45 ms to pinned host memory, then the file)".
+    /// snapshot, the stall's two parts and the write's too: "(training stalled 1.3 ms: 0.2 ms
+    /// on the host + 1.1 ms copying on the device, written in the background in 1742 ms: 45 ms
+    /// to pinned host memory, 600 ms into the file, 1097 ms syncing it to disk)".
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let waited = match self.waited_s >= 5e-4 {
             true => format!(" + {} waiting for the write before", ms(self.waited_s)),
@@ -251,9 +262,11 @@ impl std::fmt::Display for SaveReport {
                     ms(t.device_s)
                 ),
                 format!(
-                    ": {} to {}host memory, then the file",
+                    ": {} to {}host memory, {} into the file, {} syncing it to disk",
                     ms(t.to_host_s),
-                    if t.pinned { "pinned " } else { "" }
+                    if t.pinned { "pinned " } else { "" },
+                    ms((self.write_s - t.to_host_s - self.sync_s).max(0.0)),
+                    ms(self.sync_s)
                 ),
             ),
             None => (String::new(), String::new()),
@@ -322,6 +335,7 @@ impl BackgroundWriter {
             stall_s: 0.0,
             waited_s,
             write_s: 0.0,
+            sync_s: 0.0,
             snapshot: None,
         };
         let path = path.to_path_buf();
@@ -356,6 +370,7 @@ impl BackgroundWriter {
         }
         let times = written?;
         report.write_s = times.total_s;
+        report.sync_s = times.sync_s;
         report.snapshot = times.snapshot;
         Ok(Some(report))
     }
@@ -367,16 +382,18 @@ fn write_state(path: &Path, meta: &CheckpointMeta, state: HostState) -> Written 
     match state {
         HostState::Arrays(arrays) => {
             let [params, m, v] = &arrays;
-            let written = save(path, meta, params, m, v).map(|()| WriteTimes {
+            let written = save_timed(path, meta, params, m, v).map(|sync_s| WriteTimes {
                 total_s: started.elapsed().as_secs_f64(),
+                sync_s,
                 snapshot: None,
             });
             (written, Some(arrays))
         }
         HostState::Snapshot(snapshot) => {
+            let mut sync_s = 0.0;
             let written = snapshot
                 .read(&mut |parts| match parts {
-                    [params, m, v] => save(path, meta, params, m, v),
+                    [params, m, v] => save_timed(path, meta, params, m, v).map(|s| sync_s = s),
                     _ => Err(Error::Device(format!(
                         "{}: a checkpoint snapshot of {} arrays, expected 3",
                         path.display(),
@@ -385,6 +402,7 @@ fn write_state(path: &Path, meta: &CheckpointMeta, state: HostState) -> Written 
                 })
                 .map(|times| WriteTimes {
                     total_s: started.elapsed().as_secs_f64(),
+                    sync_s,
                     snapshot: Some(times),
                 });
             (written, None)

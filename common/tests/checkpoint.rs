@@ -672,7 +672,7 @@ fn a_snapshot_is_written_in_the_background_as_the_same_file() {
     assert_eq!(report.snapshot, Some(FAKE_TIMES));
     // The copy within the device is the steps' stall too; the copy to the host is background.
     assert_eq!(report.total_stall_s(), report.stall_s + FAKE_TIMES.device_s);
-    assert!(report.write_s >= 0.0 && report.stall_s >= 0.0);
+    assert!(report.write_s >= report.sync_s && report.sync_s > 0.0 && report.stall_s >= 0.0);
     let line = report.to_string();
     assert!(
         line.contains("copying on the device") && line.contains("to pinned host memory"),
@@ -716,6 +716,7 @@ fn save_reports_name_the_stall_and_the_write() {
         stall_s,
         waited_s,
         write_s: 1.6854,
+        sync_s: 1.1204,
         snapshot,
     };
     // Copied to host memory while training waited: the line as it always read.
@@ -729,7 +730,7 @@ fn save_reports_name_the_stall_and_the_write() {
          background in 1685 ms) saved to /tmp/ck/model.ckpt"
     );
     // Through a snapshot: the stall is the host's part and the copy within the device, under
-    // 10 ms with a decimal; the write names its copy to host memory.
+    // 10 ms with a decimal; the write names its copy to host memory and its sync to disk.
     let pageable = SnapshotTimes {
         pinned: false,
         ..FAKE_TIMES
@@ -737,6 +738,7 @@ fn save_reports_name_the_stall_and_the_write() {
     assert_eq!(
         report(0.0003, 0.0, Some(pageable)).to_string(),
         "checkpoint: step 20 (training stalled 1.5 ms: 0.3 ms on the host + 1.2 ms copying on the device, \
-         written in the background in 1685 ms: 45 ms to host memory, then the file) saved to /tmp/ck/model.ckpt"
+         written in the background in 1685 ms: 45 ms to host memory, 520 ms into the file, 1120 ms syncing it \
+         to disk) saved to /tmp/ck/model.ckpt"
     );
 }
