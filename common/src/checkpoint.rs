@@ -245,35 +245,31 @@ fn ms(s: f64) -> String {
 
 impl std::fmt::Display for SaveReport {
     /// "checkpoint: step 20 (training stalled 3 ms, written in the background in 41 ms) saved
-    /// to PATH", the wait for the write before named too when there was one; through a device
-    /// snapshot, the stall's two parts and the write's too: "(training stalled 1.3 ms: 0.2 ms
-    /// on the host + 1.1 ms copying on the device, written in the background in 1742 ms: 45 ms
-    /// to pinned host memory, 600 ms into the file, 1097 ms syncing it to disk)".
+    /// to PATH", the wait for the write before named too when there was one ("stalled 3 ms +
+    /// 900 ms waiting for the write before"); through a device snapshot, the parts of both
+    /// after them: "...in 1742 ms; stall: 0.2 ms on the host + 1.1 ms copying on the device;
+    /// write: 45 ms to pinned host memory, 600 ms into the file, 1097 ms syncing it to disk)".
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let waited = match self.waited_s >= 5e-4 {
             true => format!(" + {} waiting for the write before", ms(self.waited_s)),
             false => String::new(),
         };
-        let (stall_parts, write_parts) = match self.snapshot {
-            Some(t) => (
-                format!(
-                    ": {} on the host + {} copying on the device",
-                    ms(self.stall_s),
-                    ms(t.device_s)
-                ),
-                format!(
-                    ": {} to {}host memory, {} into the file, {} syncing it to disk",
-                    ms(t.to_host_s),
-                    if t.pinned { "pinned " } else { "" },
-                    ms((self.write_s - t.to_host_s - self.sync_s).max(0.0)),
-                    ms(self.sync_s)
-                ),
+        let parts = match self.snapshot {
+            Some(t) => format!(
+                "; stall: {} on the host + {} copying on the device; write: {} to {}host memory, {} into the \
+                 file, {} syncing it to disk",
+                ms(self.stall_s),
+                ms(t.device_s),
+                ms(t.to_host_s),
+                if t.pinned { "pinned " } else { "" },
+                ms((self.write_s - t.to_host_s - self.sync_s).max(0.0)),
+                ms(self.sync_s)
             ),
-            None => (String::new(), String::new()),
+            None => String::new(),
         };
         write!(
             f,
-            "checkpoint: step {} (training stalled {}{stall_parts}{waited}, written in the background in {}{write_parts}) saved to {}",
+            "checkpoint: step {} (training stalled {}{waited}, written in the background in {}{parts}) saved to {}",
             self.step,
             ms(self.total_stall_s()),
             ms(self.write_s),

@@ -737,8 +737,8 @@ fn save_reports_name_the_stall_and_the_write() {
     };
     assert_eq!(
         report(0.0003, 0.0, Some(pageable)).to_string(),
-        "checkpoint: step 20 (training stalled 1.5 ms: 0.3 ms on the host + 1.2 ms copying on the device, \
-         written in the background in 1685 ms: 45 ms to host memory, 520 ms into the file, 1120 ms syncing it \
-         to disk) saved to /tmp/ck/model.ckpt"
+        "checkpoint: step 20 (training stalled 1.5 ms, written in the background in 1685 ms; stall: 0.3 ms on \
+         the host + 1.2 ms copying on the device; write: 45 ms to host memory, 520 ms into the file, 1120 ms \
+         syncing it to disk) saved to /tmp/ck/model.ckpt"
     );
 }
