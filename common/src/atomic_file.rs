@@ -6,6 +6,7 @@ use crate::error::{io_err, Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Large enough that big arrays go out in few system calls.
 const IO_BUF: usize = 1 << 20;
@@ -13,25 +14,42 @@ const IO_BUF: usize = 1 << 20;
 /// Replaces `path` with what `fill` writes. On any error the temporary file is removed and
 /// `path` is left as it was.
 pub fn write(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<()> {
+    write_timed(path, fill).map(|_| ())
+}
+
+/// [`write`], returning how long the syncs took (the file's, then the directory's after the
+/// rename): what is left of the time once the bytes are in the OS's cache.
+pub fn write_timed(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<Duration> {
     let tmp = tmp_path(path)?;
-    let written = write_synced(&tmp, fill).and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
-        return Err(e);
-    }
+    let written = write_synced(&tmp, fill).and_then(|sync| {
+        std::fs::rename(&tmp, path).map_err(io_err(path))?;
+        Ok(sync)
+    });
+    let sync = match written {
+        Ok(sync) => sync,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
+            return Err(e);
+        }
+    };
     // The rename is durable only once the directory entry is on disk.
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    sync_dir(dir)
+    let syncing = Instant::now();
+    sync_dir(dir)?;
+    Ok(sync + syncing.elapsed())
 }
 
-fn write_synced(tmp: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<()> {
+/// Writes and syncs `tmp`: how long the sync took.
+fn write_synced(tmp: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<Duration> {
     let mut out = BufWriter::with_capacity(IO_BUF, File::create(tmp).map_err(io_err(tmp))?);
     fill(&mut out).and_then(|()| out.flush()).map_err(io_err(tmp))?;
     let file = out.into_inner().map_err(|e| e.into_error()).map_err(io_err(tmp))?;
-    file.sync_all().map_err(io_err(tmp))
+    let syncing = Instant::now();
+    file.sync_all().map_err(io_err(tmp))?;
+    Ok(syncing.elapsed())
 }
 
 /// `<dir>/.<name>.<pid>.tmp`: beside the target, so the rename never crosses file systems,

@@ -1,10 +1,12 @@
 //! Checkpoint tests: bit-exact round trip, the documented byte layout (rebuilt here with an
 //! independent checksum), atomic replacement, and one test per way a file can be wrong.
 
-use common::checkpoint::{self, CheckpointMeta};
+use common::backend::{Snapshot, SnapshotTimes};
+use common::checkpoint::{self, CheckpointMeta, HostState, SaveReport};
 use common::model::{ConfigOverrides, ModelConfig, ParamLayout};
 use common::Error;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -585,7 +587,9 @@ fn background_writes_are_the_same_file_one_at_a_time_and_finish_on_drop() {
     let direct = std::fs::read(&path).unwrap();
     let mut writer = checkpoint::BackgroundWriter::default();
     let arrays = [params.clone(), m.clone(), v.clone()];
-    writer.start(&path, first.clone(), arrays, (0.001, 0.0)).unwrap();
+    writer
+        .start(&path, first.clone(), arrays.into(), (Instant::now(), 0.0))
+        .unwrap();
     let report = writer.wait().unwrap().expect("a write was under way");
     assert_eq!(report.step, first.step);
     assert!(report.to_string().ends_with(&path.display().to_string()), "{report}");
@@ -595,7 +599,9 @@ fn background_writes_are_the_same_file_one_at_a_time_and_finish_on_drop() {
     let again = writer.take_arrays();
     assert_eq!(bits(&again[0]), bits(&params));
     let later = meta(tiny(), first.step + 1);
-    writer.start(&path, later.clone(), again, (0.0, 0.0)).unwrap();
+    writer
+        .start(&path, later.clone(), again.into(), (Instant::now(), 0.0))
+        .unwrap();
     drop(writer);
     assert_eq!(checkpoint::load(&path).unwrap().meta, later);
     assert_eq!(
@@ -610,7 +616,129 @@ fn a_background_write_that_fails_reports_its_error() {
     let (path, meta, params, m, mut v) = saved(&dir);
     v[3] = f32::NAN; // a diverged model is never saved
     let mut writer = checkpoint::BackgroundWriter::default();
-    writer.start(&path, meta, [params, m, v], (0.0, 0.0)).unwrap();
+    writer
+        .start(&path, meta, [params, m, v].into(), (Instant::now(), 0.0))
+        .unwrap();
     let err = writer.wait().unwrap_err().to_string();
     assert!(err.contains("diverged"), "{err}");
+}
+
+/// A snapshot as a backend hands one over ([`common::backend::Backend::snapshot`]): its parts,
+/// and the times it says its copies took; or a copy that fails.
+struct FakeSnapshot {
+    parts: Vec<Vec<f32>>,
+    fails: bool,
+}
+
+const FAKE_TIMES: SnapshotTimes = SnapshotTimes {
+    device_s: 0.0012,
+    to_host_s: 0.045,
+    pinned: true,
+};
+
+impl Snapshot for FakeSnapshot {
+    fn bytes(&self) -> u64 {
+        self.parts.iter().map(|p| 4 * p.len() as u64).sum()
+    }
+
+    fn read(
+        self: Box<Self>,
+        use_parts: &mut dyn FnMut(&[&[f32]]) -> common::Result<()>,
+    ) -> common::Result<SnapshotTimes> {
+        if self.fails {
+            return Err(Error::Device("copying the checkpoint to host memory: it broke".into()));
+        }
+        let parts: Vec<&[f32]> = self.parts.iter().map(|p| p.as_slice()).collect();
+        use_parts(&parts)?;
+        Ok(FAKE_TIMES)
+    }
+}
+
+fn snapshot(parts: Vec<Vec<f32>>, fails: bool) -> HostState {
+    HostState::Snapshot(Box::new(FakeSnapshot { parts, fails }))
+}
+
+#[test]
+fn a_snapshot_is_written_in_the_background_as_the_same_file() {
+    let dir = TempDir::new("background-snapshot");
+    let (path, meta, params, m, v) = saved(&dir);
+    let direct = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let mut writer = checkpoint::BackgroundWriter::default();
+    let state = snapshot(vec![params, m, v], false);
+    writer.start(&path, meta.clone(), state, (Instant::now(), 0.0)).unwrap();
+    let report = writer.wait().unwrap().expect("a write was under way");
+    assert_eq!(std::fs::read(&path).unwrap(), direct, "the same bytes as a direct save");
+    assert_eq!(report.snapshot, Some(FAKE_TIMES));
+    // The copy within the device is the steps' stall too; the copy to the host is background.
+    assert_eq!(report.total_stall_s(), report.stall_s + FAKE_TIMES.device_s);
+    assert!(report.write_s >= report.sync_s && report.sync_s > 0.0 && report.stall_s >= 0.0);
+    let line = report.to_string();
+    assert!(
+        line.contains("copying on the device") && line.contains("to pinned host memory"),
+        "{line}"
+    );
+    // No host arrays came back for the next copy (the snapshot's memory is the backend's).
+    assert!(writer.take_arrays().iter().all(|a| a.is_empty()));
+}
+
+#[test]
+fn a_snapshot_that_fails_or_holds_other_parts_reports_its_error() {
+    let dir = TempDir::new("background-snapshot-fails");
+    let (path, meta, params, m, v) = saved(&dir);
+    let before = std::fs::read(&path).unwrap();
+    let mut writer = checkpoint::BackgroundWriter::default();
+    let later = || {
+        let mut later = meta.clone();
+        later.step += 1;
+        later
+    };
+    let cases = [
+        (snapshot(vec![params.clone(), m.clone(), v.clone()], true), "it broke"),
+        (
+            snapshot(vec![params, m], false),
+            "a checkpoint snapshot of 2 arrays, expected 3",
+        ),
+    ];
+    for (state, expected) in cases {
+        writer.start(&path, later(), state, (Instant::now(), 0.0)).unwrap();
+        let err = writer.wait().unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), before, "the checkpoint before is kept");
+    }
+}
+
+#[test]
+fn save_reports_name_the_stall_and_the_write() {
+    let report = |stall_s, waited_s, snapshot| SaveReport {
+        step: 20,
+        path: PathBuf::from("/tmp/ck/model.ckpt"),
+        stall_s,
+        waited_s,
+        write_s: 1.6854,
+        sync_s: 1.1204,
+        snapshot,
+    };
+    // Copied to host memory while training waited: the line as it always read.
+    assert_eq!(
+        report(0.1262, 0.0, None).to_string(),
+        "checkpoint: step 20 (training stalled 126 ms, written in the background in 1685 ms) saved to /tmp/ck/model.ckpt"
+    );
+    assert_eq!(
+        report(0.1401, 0.937, None).to_string(),
+        "checkpoint: step 20 (training stalled 140 ms + 937 ms waiting for the write before, written in the \
+         background in 1685 ms) saved to /tmp/ck/model.ckpt"
+    );
+    // Through a snapshot: the stall is the host's part and the copy within the device, under
+    // 10 ms with a decimal; the write names its copy to host memory and its sync to disk.
+    let pageable = SnapshotTimes {
+        pinned: false,
+        ..FAKE_TIMES
+    };
+    assert_eq!(
+        report(0.0003, 0.0, Some(pageable)).to_string(),
+        "checkpoint: step 20 (training stalled 1.5 ms, written in the background in 1685 ms; stall: 0.3 ms on \
+         the host + 1.2 ms copying on the device; write: 45 ms to host memory, 520 ms into the file, 1120 ms \
+         syncing it to disk) saved to /tmp/ck/model.ckpt"
+    );
 }

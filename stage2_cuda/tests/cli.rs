@@ -212,8 +212,8 @@ fn gpu_run(data: &Path, out: &Path, precision: &str, extra: &[&str]) {
     gpu_run_env(data, out, precision, extra, &[]);
 }
 
-/// `gpu_run` with environment variables set for the run.
-fn gpu_run_env(data: &Path, out: &Path, precision: &str, extra: &[&str], env: &[(&str, &str)]) {
+/// `gpu_run` with environment variables set for the run; what it printed.
+fn gpu_run_env(data: &Path, out: &Path, precision: &str, extra: &[&str], env: &[(&str, &str)]) -> String {
     let mut args = vec![
         "train",
         "--data",
@@ -239,6 +239,7 @@ fn gpu_run_env(data: &Path, out: &Path, precision: &str, extra: &[&str], env: &[
         .output()
         .expect("stage2_cuda runs");
     assert!(o.status.success(), "{args:?} {env:?}: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 #[test]
@@ -271,6 +272,56 @@ fn a_stopped_and_resumed_gpu_run_is_the_same_run() {
         assert!(
             run_state(&straight) == run_state(&cut),
             "{precision}: the resumed run differs"
+        );
+    }
+}
+
+/// A checkpoint copied within the GPU and brought to host memory by the writer's thread while
+/// the steps go on (the default) holds what the copy to host memory while training waits
+/// (`GPT2_CKPT_SNAPSHOT=0`) holds: a save every 5 steps, each written while the next steps
+/// run (the next save reusing the copy's memory), and the last at `--stop-after`; and both
+/// resume to the same end.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_checkpoint_copied_within_the_gpu_is_the_one_copied_while_training_waits() {
+    let d = tmpdir("snapshot");
+    let data = corpus(&d);
+    for precision in ["fp32", "bf16"] {
+        let (snapshot, waited) = (
+            d.join(format!("{precision}-snapshot")),
+            d.join(format!("{precision}-waited")),
+        );
+        let flags = ["--steps", "40", "--checkpoint-every", "5", "--stop-after", "23"];
+        let printed = gpu_run_env(&data, &snapshot, precision, &flags, &[]);
+        let synchronous = gpu_run_env(&data, &waited, precision, &flags, &[("GPT2_CKPT_SNAPSHOT", "0")]);
+        let saves = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with("checkpoint: step"))
+                .map(String::from)
+                .collect()
+        };
+        let (by_snapshot, by_host) = (saves(&printed), saves(&synchronous));
+        println!("SNAPSHOT {precision}: {by_snapshot:#?}\nSYNCHRONOUS {precision}: {by_host:#?}");
+        assert_eq!(by_snapshot.len(), 5, "saves at steps 5, 10, 15, 20, 23: {printed}");
+        assert!(
+            by_snapshot.iter().all(|l| l.contains("copying on the device")),
+            "{printed}"
+        );
+        assert!(
+            by_host.len() == 5 && !synchronous.contains("copying on the device"),
+            "{synchronous}"
+        );
+        assert!(
+            run_state(&snapshot) == run_state(&waited),
+            "{precision}: the checkpoints (or the loss tables) differ"
+        );
+        for dir in [&snapshot, &waited] {
+            let ckpt = dir.join("model.ckpt");
+            gpu_run(&data, dir, precision, &["--resume", ckpt.to_str().unwrap()]);
+        }
+        assert!(
+            run_state(&snapshot) == run_state(&waited),
+            "{precision}: the resumed runs differ"
         );
     }
 }

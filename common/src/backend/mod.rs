@@ -81,6 +81,29 @@ impl DeviceStream {
     }
 }
 
+/// A copy of device buffers made on the device ([`Backend::snapshot`]), which a thread of
+/// its own brings into host memory while the backend's work goes on.
+pub trait Snapshot: Send {
+    /// Bytes of device memory it is kept in (as many again of host memory once read).
+    fn bytes(&self) -> u64;
+    /// Waits for the copy on the device, brings it into host memory and calls `use_parts`
+    /// with the parts, in the order given to [`Backend::snapshot`]: `use_parts`' error, or
+    /// how long the copies took.
+    fn read(self: Box<Self>, use_parts: &mut dyn FnMut(&[&[f32]]) -> Result<()>) -> Result<SnapshotTimes>;
+}
+
+/// How long a [`Snapshot`]'s copies took.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SnapshotTimes {
+    /// The copy within the device, which the work queued after it waited for.
+    pub device_s: f64,
+    /// Bringing it into host memory, on the reader's thread (the first time, with making
+    /// that memory).
+    pub to_host_s: f64,
+    /// Whether that host memory is pinned (page-locked: copied into at the bus's speed).
+    pub pinned: bool,
+}
+
 /// Address of an element of type `T` in a backend's memory (a host address on the CPU, a
 /// `CUdeviceptr` on the GPU). Making or moving one is safe; reading or writing through it
 /// is what the `unsafe` ops do.
@@ -338,6 +361,35 @@ pub trait Backend {
     fn device_stream(&self) -> Option<DeviceStream> {
         None
     }
+
+    // ---- snapshots: device memory brought to the host while work goes on --------------
+    /// Queues, after the work queued so far, a copy of `parts` (whole buffers, one after the
+    /// other) into device memory of the backend's own, and returns it for another thread to
+    /// bring into host memory ([`Snapshot::read`]) while work goes on: a checkpoint's state,
+    /// for which training then waits only as long as a copy within the device takes. That
+    /// memory is made at the first call (device memory as large as the parts, then as much
+    /// host memory at the first read) and kept for the next, which must come after the last
+    /// one was read; [`Backend::release_snapshots`] frees it. `None` where the backend has no
+    /// such copy (the CPU: its memory is the host's) or cannot have the memory for one:
+    /// callers then read the buffers themselves.
+    fn snapshot(&self, parts: &[&Self::Buffer<f32>]) -> Result<Option<Box<dyn Snapshot>>> {
+        let _ = parts;
+        Ok(None)
+    }
+    /// Whether this backend takes snapshots ([`Backend::snapshot`]; it may still be refused
+    /// the memory for one).
+    fn snapshots(&self) -> bool {
+        false
+    }
+    /// Makes ready the host memory that snapshots of buffers of `lens` elements will be read
+    /// into, where the backend needs memory of its own for that (the GPU: pinned memory, which
+    /// takes a while to make and is best made before the work starts). Where it cannot be
+    /// had, the first read makes memory of its own.
+    fn prepare_snapshots(&self, lens: &[usize]) {
+        let _ = lens;
+    }
+    /// Frees what [`Backend::snapshot`] keeps, once the last snapshot has been read.
+    fn release_snapshots(&self) {}
 
     // ---- recording: a step captured once and replayed (CUDA graphs) --------------------
     /// Queued work recorded by [`Backend::begin_recording`]; `()` where there is none.

@@ -90,6 +90,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     if comm.is_root() {
         let tokens = ((run.total_steps - run.start_step) * (run.batch * run.seq_len) as u64) as f64;
         let (elapsed, tokens_per_s) = (session.elapsed(), tokens / session.step_time);
+        // The last checkpoint is written: the memory its copy kept goes (sampling may want it).
+        run.trainer.release_checkpoint_memory();
         finish(&mut run, args, elapsed, tokens_per_s, session.last_val)?;
     }
     Ok(())

@@ -5,7 +5,7 @@
 
 use super::Run;
 use crate::backend::Backend;
-use crate::checkpoint::{BackgroundWriter, SaveReport};
+use crate::checkpoint::{BackgroundWriter, HostState, SaveReport};
 use crate::cli::{TrainArgs, DEFAULT_COMM_TIMEOUT};
 use crate::comm::{agree, pid_table, Comm, Watchdog};
 use crate::error::{Error, Result};
@@ -52,6 +52,10 @@ pub struct Session<'a> {
     saved_at: Option<u64>,
     /// Rank 0's checkpoint writes, in the background.
     writer: BackgroundWriter,
+    /// The memory that checkpoints' snapshots on the device keep has been named.
+    snapshot_said: bool,
+    /// Seconds spent before the first step making checkpoints' host memory ready.
+    prepared_s: f64,
 }
 
 impl<'a> Session<'a> {
@@ -61,6 +65,10 @@ impl<'a> Session<'a> {
         let root = comm.is_root();
         let keep_rows = args.resume.is_some().then_some(run.log_state.rows);
         let log = agree(comm, root.then(|| LossLog::open(&args.out, keep_rows)).transpose())?;
+        // Before the first step: pinned host memory for checkpoints' copies takes a while.
+        let preparing = Instant::now();
+        run.trainer.prepare_checkpoints();
+        let prepared_s = preparing.elapsed().as_secs_f64();
         // Every rank takes part in the PID table; a rank stopped from outside ends the job.
         let pids = pid_table(comm)?;
         let timeout = Duration::from_secs(args.comm_timeout.unwrap_or(DEFAULT_COMM_TIMEOUT));
@@ -86,9 +94,10 @@ impl<'a> Session<'a> {
             last_val: f32::NAN,
             bad_in_a_row: 0,
             saved_at: None,
-            writer: match root {
+            writer: match root && !run.trainer.snapshots_checkpoints() {
                 // Rank 0 copies the state into host memory at every checkpoint (one at the end
-                // at least): that memory is made ready meanwhile.
+                // at least): that memory is made ready meanwhile. (A snapshot on the device is
+                // brought to host memory of its own, by the writer.)
                 true => {
                     let mut w = BackgroundWriter::default();
                     w.prepare_arrays(run.config.num_params());
@@ -96,6 +105,8 @@ impl<'a> Session<'a> {
                 }
                 false => BackgroundWriter::default(),
             },
+            snapshot_said: false,
+            prepared_s,
         })
     }
 
@@ -219,8 +230,9 @@ impl<'a> Session<'a> {
     }
 
     /// Rank 0 writes the checkpoint of `done` steps with where the log stands, in the
-    /// background once the state is in host memory (announced when written); every rank
-    /// notes it (the rule that decides is the same everywhere).
+    /// background once the state is copied (into host memory, or on the GPU within the device,
+    /// whence the writer copies it to host memory; announced when written); every rank notes
+    /// it (the rule that decides is the same everywhere).
     pub fn checkpoint<B: Backend>(&mut self, run: &Run<B>, done: u64) -> Result<()> {
         let waiting = Instant::now();
         let before = self.writer.wait()?; // one write at a time
@@ -228,16 +240,31 @@ impl<'a> Session<'a> {
         self.announce(before);
         let stalled = Instant::now();
         // Every rank takes part: under ZeRO-1 the moments are gathered from their shards.
-        let arrays = run.trainer.state_on_root(self.writer.take_arrays())?;
-        if let (Some(log), Some(arrays)) = (&self.log, arrays) {
-            let state = LogState {
+        let writer = &mut self.writer;
+        let state = run.trainer.checkpoint_state(|| writer.take_arrays())?;
+        if let (Some(log), Some(state)) = (&self.log, state) {
+            let log_state = LogState {
                 rows: log.rows(),
-                elapsed_s: self.elapsed(),
+                elapsed_s: self.clock.elapsed(),
                 window: self.window,
             };
-            let meta = run.checkpoint_meta(done, &state);
-            let stall_s = stalled.elapsed().as_secs_f64();
-            self.writer.start(&self.ckpt, meta, arrays, (stall_s, waited_s))?;
+            let meta = run.checkpoint_meta(done, &log_state);
+            let kept = match &state {
+                HostState::Snapshot(s) if !self.snapshot_said => Some(s.bytes()),
+                _ => None,
+            };
+            self.writer.start(&self.ckpt, meta, state, (stalled, waited_s))?;
+            if let Some(bytes) = kept {
+                self.snapshot_said = true;
+                let (gb, ms) = (bytes as f64 / 1e9, self.prepared_s * 1e3);
+                self.bar.suspend(|| {
+                    println!(
+                        "checkpoints: the state is copied within the GPU, then to host memory and the file in the \
+                         background ({gb:.2} GB of GPU memory and as much host memory kept for it; the host memory \
+                         took {ms:.0} ms to make, before the first step)"
+                    )
+                });
+            }
         } else if let Some(w) = &self.watchdog {
             w.saved(&self.ckpt, done); // rank 0 names it once written
         }

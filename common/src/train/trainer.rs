@@ -6,7 +6,7 @@
 use super::replay::Recorder;
 use crate::autograd::{check_ids, Graph, Pool, TokenStage};
 use crate::backend::{token_order, Backend, DeviceBuffer};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, HostState};
 use crate::comm::{broadcast_f32, device_order, Comm};
 use crate::data::Batch;
 use crate::error::Result;
@@ -43,6 +43,9 @@ pub struct Trainer<'a, B: Backend> {
     /// The step's token ids at fixed device memory, when steps are recorded.
     tokens: TokenStage<B>,
     replay: Replay<B>,
+    /// Checkpoints take the state through a copy on the device where the backend has one
+    /// ([`Trainer::checkpoint_state`]); `GPT2_CKPT_SNAPSHOT=0` turns that off.
+    snapshots: bool,
 }
 
 /// A step recorded once and replayed (on GPUs: the step as a CUDA graph, NCCL's sums in it), and the
@@ -113,6 +116,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 unread: 0..0,
                 read_at: Instant::now(),
             },
+            snapshots: !std::env::var("GPT2_CKPT_SNAPSHOT").is_ok_and(|v| v == "0"),
         })
     }
 
@@ -347,6 +351,48 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.gather_moment(&self.opt.m, &mut m)?;
         self.gather_moment(&self.opt.v, &mut v)?;
         Ok(root.then_some([p, m, v]))
+    }
+
+    /// The training state for a checkpoint, on rank 0 (`None` elsewhere). Where the backend
+    /// has [snapshots](Backend::snapshot) (the GPU) and the moments are whole on rank 0 (not
+    /// cut by ZeRO-1), a copy within the device, queued after the steps so far, which the
+    /// checkpoint's writer brings to host memory while training goes on; else the state in
+    /// host memory now, as [`Trainer::state_on_root`] copies it into `arrays()` (a collective
+    /// under ZeRO-1, which every rank calls). Either holds the same values.
+    pub fn checkpoint_state(&self, arrays: impl FnOnce() -> [Vec<f32>; 3]) -> Result<Option<HostState>> {
+        let n = self.model.num_params();
+        let parts = [&self.model.params, &self.opt.m, &self.opt.v];
+        // The same decision on every rank.
+        if self.snapshots_checkpoints() && parts.iter().all(|p| p.len() == n) {
+            if !self.comm.is_root() {
+                return Ok(None); // nothing to gather: rank 0 holds the whole state
+            }
+            if let Some(snapshot) = self.be.snapshot(&parts)? {
+                return Ok(Some(HostState::Snapshot(snapshot)));
+            }
+        }
+        Ok(self.state_on_root(arrays())?.map(HostState::Arrays))
+    }
+
+    /// Makes ready what checkpoints' snapshots will need in host memory (rank 0), before the
+    /// steps start.
+    pub fn prepare_checkpoints(&self) {
+        if self.comm.is_root() && self.snapshots_checkpoints() {
+            let n = self.model.num_params();
+            self.be.prepare_snapshots(&[n, n, n]);
+        }
+    }
+
+    /// Frees the memory that checkpoints' snapshots keep (after the last checkpoint's write:
+    /// sampling may want it).
+    pub fn release_checkpoint_memory(&self) {
+        self.be.release_snapshots();
+    }
+
+    /// Whether checkpoints will go through a snapshot on the device where they can (and so
+    /// need no host arrays made ready for them).
+    pub fn snapshots_checkpoints(&self) -> bool {
+        self.snapshots && self.be.snapshots() && !self.sync.shards().sharded()
     }
 
     /// One moment whole into `host` on rank 0 (left alone elsewhere). Sharded, each rank's

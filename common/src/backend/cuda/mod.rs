@@ -12,6 +12,7 @@ mod lt;
 mod memory;
 mod nvrtc;
 mod ops;
+mod snapshot;
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -57,6 +58,8 @@ pub struct CudaBackend {
     /// First failure of an op that cannot return one; reported by `synchronize`.
     error: Mutex<Option<String>>,
     memory: Arc<DeviceMemory>,
+    /// Checkpoints' copies of the state on the device (`Backend::snapshot`).
+    snapshots: snapshot::Snapshots,
     name: String,
     precision: Precision,
     attention: AttentionPath,
@@ -307,6 +310,7 @@ impl CudaBackend {
             scratch_epoch: Default::default(),
             error: Mutex::new(None),
             memory,
+            snapshots: Default::default(),
             name: format!("{gpu} ({arch}, {})", precision.name()),
             precision,
             attention,

@@ -9,7 +9,7 @@ use super::Arg;
 use super::Recording;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, ResidualPath, MAX_REDUCE_BLOCKS, THREADS};
 use crate::backend::{
-    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Precision, SgdHyper,
+    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Precision, SgdHyper, Snapshot,
 };
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -420,6 +420,23 @@ impl Backend for CudaBackend {
 
     fn device_stream(&self) -> Option<DeviceStream> {
         Some(DeviceStream::from_raw(self.stream() as u64))
+    }
+
+    fn snapshot(&self, parts: &[&CudaBuffer<f32>]) -> Result<Option<Box<dyn Snapshot>>> {
+        self.take_error()?;
+        self.snapshots.take(&self.memory, parts)
+    }
+
+    fn snapshots(&self) -> bool {
+        true
+    }
+
+    fn prepare_snapshots(&self, lens: &[usize]) {
+        self.snapshots.prepare_host(&self.memory, lens.iter().sum());
+    }
+
+    fn release_snapshots(&self) {
+        self.snapshots.release();
     }
 
     type Recording = Recording;
