@@ -161,7 +161,8 @@ pub struct DeviceArgs {
     #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
     /// GPU stages: storage and arithmetic: fp32, tf32 (fp32 storage, TF32 matrix products) or
-    /// bf16 (mixed precision) [default: tf32].
+    /// bf16 (mixed precision: bf16 activations, fp32 master weights, gradients and moments)
+    /// [default: bf16].
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionFlag>,
 }
@@ -173,7 +174,7 @@ impl DeviceArgs {
     }
 
     pub fn precision(&self) -> Precision {
-        self.precision.unwrap_or(PrecisionFlag::Tf32).into()
+        self.precision.unwrap_or(PrecisionFlag::Bf16).into()
     }
 }
 
