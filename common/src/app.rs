@@ -164,7 +164,18 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
         }
         Command::Bench(args) if args.kernels => {
             let be = (stage.backend)(&args.device, comm)?;
-            for row in crate::bench::kernels(&be)? {
+            let opts = crate::bench::KernelOpts::for_device(stage.kind.gpu, args.kernel_tokens, args.matmul_only);
+            if comm.is_root() {
+                eprintln!(
+                    "{}: bench --kernels on {}: {} tokens a row (--kernel-tokens), ceiling {}^3{}",
+                    stage.name,
+                    be.name(),
+                    opts.tokens,
+                    opts.square,
+                    if opts.matmul_only { ", matrix products only" } else { "" }
+                );
+            }
+            for row in crate::bench::kernels(&be, &opts)? {
                 if comm.is_root() {
                     println!("{}", serde_json::to_string(&row).expect("plain data serialises"));
                 }

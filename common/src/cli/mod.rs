@@ -582,10 +582,19 @@ pub struct BenchArgs {
     /// With --generate: tokens to generate after the prompt.
     #[arg(long, default_value_t = 128, value_parser = at_least_one)]
     pub new_tokens: usize,
-    /// GPU stages: time each kernel alone instead (attention, layernorm, GELU, cross-entropy,
-    /// AdamW at fixed shapes), one JSON line per kernel; the model flags are not used.
+    /// Time each kernel alone instead, one JSON line per row: GPT-2 124M's matrix products
+    /// forward and backward with a large square product as the ceiling (kind "matmul"), then
+    /// attention, layernorm, GELU, cross-entropy and AdamW (kind "kernel"), at
+    /// --kernel-tokens rows; the model flags are not used. One process.
     #[arg(long)]
     pub kernels: bool,
+    /// With --kernels: the rows (B·T tokens) of every timed op [default: 16384 on a GPU, 512
+    /// on the CPU, where every row then takes about a minute on 2 cores].
+    #[arg(long, requires = "kernels", value_parser = at_least_one)]
+    pub kernel_tokens: Option<usize>,
+    /// With --kernels: the matrix products and their ceiling only (kind "matmul").
+    #[arg(long, requires = "kernels")]
+    pub matmul_only: bool,
     /// Multi-process stages: time the communicator's all-reduce instead, 4 KiB to
     /// --allreduce-max-mb MiB (each ×4), one JSON line per size: time, algorithm and bus
     /// bandwidth (nccl-tests' conventions), --steps timed after --warmup; the model flags are

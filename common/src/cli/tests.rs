@@ -78,6 +78,8 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("bench", "warmup", &["-1"]),
     ("bench", "recompute", &[]),
     ("bench", "kernels", &[]),
+    ("bench", "kernel_tokens", &["0", "-1", "x"]),
+    ("bench", "matmul_only", &[]),
     ("bench", "generate", &[]),
     ("bench", "new_tokens", &["0", "-1"]),
     ("bench", "threads", &["0", "100000"]),
