@@ -219,6 +219,13 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Plot(args) => {
+            if comm.is_root() {
+                crate::report::plot_table(&args)?;
+                println!("wrote {}", args.out.display());
+            }
+            Ok(())
+        }
         Command::Tokenize(args) => {
             if comm.is_root() {
                 tokenize_cmd(&args)

@@ -94,6 +94,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Gather finished runs into OUT/README.md (time and loss tables) and OUT/loss.png.
     Report(ReportArgs),
+    /// Draw columns of a tab-separated table as lines into a PNG (the benchmark suite's
+    /// plots): one line per --y column and per value of --series.
+    Plot(PlotArgs),
     /// Train an MLP classifier on MNIST-style idx files (by default Debian's Fashion-MNIST);
     /// prints and writes OUT/loss.tsv (epoch, losses, test accuracy).
     Mnist(MnistArgs),
@@ -108,6 +111,34 @@ pub struct ReportArgs {
     /// Where README.md and loss.png go.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PlotArgs {
+    /// The table: tab-separated, its first line naming the columns.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// The column along the x axis.
+    #[arg(long)]
+    pub x: String,
+    /// A column to draw against it (repeat for more).
+    #[arg(long, required = true)]
+    pub y: Vec<String>,
+    /// A column whose values each get lines of their own (rows in the table's order).
+    #[arg(long)]
+    pub series: Option<String>,
+    /// The PNG to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Logarithmic x axis.
+    #[arg(long)]
+    pub log_x: bool,
+    /// Logarithmic y axis.
+    #[arg(long)]
+    pub log_y: bool,
+    /// The chart's title.
+    #[arg(long)]
+    pub title: Option<String>,
 }
 
 /// Model shape: a preset with optional overrides.
