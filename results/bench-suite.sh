@@ -27,29 +27,41 @@ mkdir -p "$OUT"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cores=$(nproc)
 
-# The machine's line, with the load when the part started: this machine may be shared with
-# other builds, which slow what runs beside them.
-machine() {
-  local load; load=$(cut -d' ' -f1 /proc/loadavg)
-  local line; line=$(results/describe-machine.sh)
-  if awk -v l="$load" -v c="$cores" 'BEGIN { exit !(l > 0.25 * c) }'; then
-    echo "$line; load average $load when this part started on $cores cores: other work (a build?) may have been running and slowed it"
+# The machine's line. This machine may be shared with other builds, which slow what runs
+# beside them: `start` notes the CPU time used so far, by everything (/proc/stat) and by this
+# script's own processes (its reaped children's, /proc/$$/stat); `note_load FILE` then adds
+# to the table the share of the CPUs that other processes took while the part ran.
+machine() { results/describe-machine.sh; }
+cpu_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+own_ticks() { sed 's/.*) //' /proc/$$/stat | awk '{print $12 + $13 + $14 + $15}'; }
+start() { t0_busy=$(cpu_ticks); t0_own=$(own_ticks); t0=$(date +%s.%N); }
+note_load() {
+  local share
+  share=$(python3 -c "
+busy, own, wall = $(cpu_ticks) - $t0_busy, $(own_ticks) - $t0_own, $(date +%s.%N) - $t0
+hz = $(getconf CLK_TCK)
+print(round(100 * max(busy - own, 0) / hz / (wall * $cores)))")
+  local line="Load: other processes took ${share}% of the $cores cores while this part ran"
+  if [ "$share" -ge 10 ]; then
+    line="$line (this machine is shared: another build or test was running beside it and slowed these figures)."
   else
-    echo "$line; load average $load when this part started (quiet)"
+    line="$line (quiet)."
   fi
+  sed -i "/^Measured on: /a\\\n$line" "$1"
 }
 say() { echo "== $*" >&2; }
 
 if want kernels; then
   say "kernels: stage0_serial bench --kernels (about a minute on 2 cores)"
-  m=$(machine)
+  m=$(machine); start
   "$BIN/stage0_serial" bench --kernels >"$OUT/kernels-cpu.jsonl"
   python3 results/bench_tables.py matmul "$m" "cpu ($cores threads)=$OUT/kernels-cpu.jsonl" >"$OUT/matmul-cpu.md"
+  note_load "$OUT/matmul-cpu.md"
   cat "$OUT/matmul-cpu.md"
 fi
 
 if want threads; then
-  m=$(machine)
+  m=$(machine); start
   counts=$(python3 -c "n=$cores; print(*sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n}))")
   : >"$OUT/threads-cpu.jsonl"
   for round in $(seq 1 "$ROUNDS"); do
@@ -60,6 +72,7 @@ if want threads; then
     done
   done
   python3 results/bench_tables.py threads "$m" "$OUT/threads-cpu.jsonl" "$OUT/threads-cpu.tsv" >"$OUT/threads-cpu.md"
+  note_load "$OUT/threads-cpu.md"
   "$BIN/stage0_serial" plot --data "$OUT/threads-cpu.tsv" --x threads --y speedup --y ideal --out "$OUT/threads-cpu.png" \
     --title "GPT-2 124M step, stage 0: speed-up against 1 thread" >/dev/null \
     && printf '\n![speed-up against threads](threads-cpu.png)\n' >>"$OUT/threads-cpu.md"
@@ -67,7 +80,7 @@ if want threads; then
 fi
 
 if want train; then
-  m=$(machine)
+  m=$(machine); start
   : >"$OUT/train-cpu.jsonl"
   # preset | batch | seq-len | steps | extra flags
   for spec in "char|16|128|40|--model char" "gpt2|4|64|4|--model gpt2 --tokenizer gpt2"; do
@@ -82,13 +95,14 @@ if want train; then
         cmd=(mpirun -n "$NP" "$BIN/stage1_mpi" "${common[@]}" --out "$dir"); th=$(( cores / NP > 0 ? cores / NP : 1 ))
       fi
       say "train: $preset, stage $stage: ${cmd[*]}"
-      start=$(date +%s.%N)
+      t_run=$(date +%s.%N)
       "${cmd[@]}" >"$tmp/train.log" 2>&1 || { tail -5 "$tmp/train.log" >&2; continue; }
-      wall=$(python3 -c "import time; print(time.time() - $start)")
+      wall=$(python3 -c "import time; print(time.time() - $t_run)")
       echo "{\"preset\": \"$preset\", \"stage\": \"$stage\", \"threads\": $th, \"dir\": \"$dir\", \"wall_s\": $wall}" >>"$OUT/train-cpu.jsonl"
     done
   done
   python3 results/bench_tables.py train "$m" "$OUT/train-cpu.jsonl" >"$OUT/train-cpu.md"
+  note_load "$OUT/train-cpu.md"
   # The runs are temporary: keep their figures in the JSON lines.
   python3 - "$OUT/train-cpu.jsonl" <<'PY'
 import json, sys
@@ -102,11 +116,12 @@ PY
 fi
 
 if want allreduce; then
-  m=$(machine)
+  m=$(machine); start
   say "allreduce: mpirun -n $NP stage1_mpi bench --allreduce"
   mpirun -n "$NP" "$BIN/stage1_mpi" bench --allreduce --allreduce-max-mb 512 --steps 5 --warmup 2 --threads 1 2>/dev/null \
     | grep '^{' >"$OUT/allreduce-mpi.jsonl"
   python3 results/bench_tables.py allreduce "$m" "$OUT/allreduce-mpi.jsonl" "$OUT/allreduce-mpi.tsv" >"$OUT/allreduce-mpi.md"
+  note_load "$OUT/allreduce-mpi.md"
   "$BIN/stage0_serial" plot --data "$OUT/allreduce-mpi.tsv" --x bytes --y busbw_gb_s --series ranks --log-x \
     --out "$OUT/allreduce-mpi.png" --title "MPI all-reduce bus bandwidth (GB/s) against message size" >/dev/null \
     && printf '\n![busbw against message size](allreduce-mpi.png)\n' >>"$OUT/allreduce-mpi.md"
@@ -115,7 +130,9 @@ fi
 
 if want steps; then
   say "steps: stage0_serial/cpu-bench.sh (REPS=${REPS:-3})"
+  start
   BIN=$BIN NP=$NP stage0_serial/cpu-bench.sh >/dev/null
+  note_load results/cpu-bench.md
   cat results/cpu-bench.md
 fi
 
