@@ -115,7 +115,7 @@ def matmul(machine, specs):
         if not others:
             continue
         print(f"\n### The other kernels ({label}), the same run\n")
-        print("Attention at T = 512 (B = tokens / T; longer sequences need more tokens than the row has), "
+        print("Attention at those of T = 512, 1024, 2048 that the row's tokens hold (B = tokens / T), "
               "cross-entropy over tokens / 2 rows; rates are FLOP/s for products, bytes/s (the fewest the "
               "op must move) for the rest. `ours-unfused`: the same computation without the fusion.\n")
         print("| impl | op | shape | ms | rate |")
