@@ -47,7 +47,7 @@ print(round(100 * max(busy - own, 0) / hz / (wall * $cores)))")
   else
     line="$line (quiet)."
   fi
-  sed -i "/^Measured on: /a\\\n$line" "$1"
+  sed -i "/Measured on: /a\\\n$line" "$1"
 }
 say() { echo "== $*" >&2; }
 
