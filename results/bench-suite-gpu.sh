@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The benchmark suite's device part, for a host with one GPU (an H100) and 16 CPU cores, in
 # one call of about 7 minutes. Every table is printed to stdout at the end (and written to
-# $OUT, default /tmp/out: matmul-gpu.md, threads-host.md, stages-gpt2.md, threads-host.png,
+# $OUT, default /tmp/out: matmul-gpu.md, threads-host.md, stages-gpt2.md, allreduce-nccl.md, threads-host.png,
 # bench-suite-gpu.tgz with the raw rows and the four runs, log.txt with every command's output).
 # Run from the project root, after `../shared/gpu/bundle.sh` here and `source .gpu/env.sh`
 # there (which puts the four stages and mpirun on PATH):
-#   results/bench-suite-gpu.sh [matmul] [threads] [stages]        (default: all three)
+#   results/bench-suite-gpu.sh [matmul] [threads] [stages] [nccl]   (default: all four)
 #   matmul   stage2_cuda bench --kernels --matmul-only in fp32, tf32 and bf16: GPT-2 124M's
 #            products at B·T = 16384, forward and backward, against an 8192^3 product's rate
 #   threads  a GPT-2 124M training step on stage 0 at 1, 2, 4, 8, 16 threads (the host's
@@ -15,6 +15,9 @@
 #            threads each), stage 2 (fp32) and stage 3 (mpirun -n 1: NCCL on the one GPU, one
 #            rank); the loss-per-epoch table (`report`), time per step and per epoch, and the
 #            speed-ups serial -> MPI, serial -> CUDA, CUDA -> MPI+CUDA.
+#   nccl     where the host has 2 or more GPUs (nvidia-h200-x2): stage 3's NCCL all-reduce
+#            against message size, one rank per GPU (bench --allreduce, nccl-tests' busbw);
+#            skipped with a note on one GPU
 # Knobs (environment): EPOCHS (10), SLICE_BYTES (the slice's size, 20000: 10 steps an epoch),
 # CORES (nproc), BIN (a folder holding the binaries, else PATH). Without a GPU (or without
 # stage2_cuda) the GPU parts are skipped with a note, so the CPU parts can be tried anywhere:
@@ -25,14 +28,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 EPOCHS=${EPOCHS:-10}
 SLICE_BYTES=${SLICE_BYTES:-20000}
 CORES=${CORES:-$(nproc)}
-parts=${*:-matmul threads stages}
+parts=${*:-matmul threads stages nccl}
 want() { [[ " $parts " == *" $1 "* ]]; }
 [ -f .gpu/env.sh ] && source stage2_cuda/gpu/cuda-env.sh >/dev/null 2>&1
 bin() { echo "${BIN:+$BIN/}$1"; }
 log=$OUT/log.txt; : >"$log"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/raw" "$work/runs"
-machine="$(results/describe-machine.sh); load average $(cut -d' ' -f1 /proc/loadavg) on $(nproc) cores at the start"
+host_cpu="$(sed -n 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1), $(nproc) cores"
+machine="$(results/describe-machine.sh); host CPU: $host_cpu, load average $(cut -d' ' -f1 /proc/loadavg) at the start"
 gpu=no
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && command -v "$(bin stage2_cuda)" >/dev/null; then
   gpu=yes
@@ -136,8 +140,21 @@ print('\n'.join(l.replace('## ', '#### ', 1) for l in part.splitlines() if not l
   } >"$OUT/stages-gpt2.md"
 fi
 
+if want nccl; then
+  ngpu=0; [ $gpu = yes ] && ngpu=$(nvidia-smi -L | wc -l)
+  if [ "$ngpu" -ge 2 ]; then
+    say "nccl: mpirun -n $ngpu stage3_mpi_cuda bench --allreduce"
+    echo "\$ mpirun -n $ngpu stage3_mpi_cuda bench --allreduce --allreduce-max-mb 512 --steps 20 --warmup 5" >>"$log"
+    timeout 180 mpirun -n "$ngpu" "$(bin stage3_mpi_cuda)" bench --allreduce --allreduce-max-mb 512 --steps 20 --warmup 5 \
+      2>>"$log" | grep '^{' >"$work/raw/allreduce-nccl.jsonl" || say "nccl FAILED (see log.txt)"
+    python3 results/bench_tables.py allreduce "$machine" "$work/raw/allreduce-nccl.jsonl" "$work/raw/allreduce-nccl.tsv" >"$OUT/allreduce-nccl.md"
+  else
+    echo "## NCCL all-reduce: not run ($ngpu GPU here; it needs 2 or more, e.g. nvidia-h200-x2)" >"$OUT/allreduce-nccl.md"
+  fi
+fi
+
 tar -C "$work" -czf "$OUT/bench-suite-gpu.tgz" raw runs
-for f in matmul-gpu threads-host stages-gpt2; do
+for f in matmul-gpu threads-host stages-gpt2 allreduce-nccl; do
   [ -f "$OUT/$f.md" ] && { echo; echo "==== $f.md"; cat "$OUT/$f.md"; }
 done
 echo
