@@ -68,9 +68,14 @@ test: deps
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH REQUIRE_NVRTC=1 $(CARGO) test --workspace
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --quiet
 
-# Stages 0 and 1 on GPT-2 124M and the char model, 3 runs each in turns: results/cpu-bench.md.
+# The CPU benchmark suite (results/bench-suite.sh; about 10 minutes on 2 cores): tables and
+# plots in results/bench/ (GPT-2 124M's matrix products against a square product's GFLOP/s,
+# thread scaling, end-to-end training tokens/s per preset and stage, the MPI all-reduce
+# against message size) and results/cpu-bench.md (stages 0 and 1, 3 runs each in turns).
+# One part alone: make bench PARTS=threads. The GPU host's part: results/bench-suite-gpu.sh.
+PARTS ?=
 bench: build
-	NP=$(NP) stage0_serial/cpu-bench.sh
+	NP=$(NP) results/bench-suite.sh $(PARTS)
 
 # Stage 0 against llm.c's train_gpt2.c on GPT-2 124M, alternating: results/llmc-cpu.md.
 llmc-compare: build

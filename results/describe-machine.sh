@@ -7,7 +7,12 @@
 cd "$(dirname "$0")/.." || exit 1
 have() { command -v "$1" >/dev/null 2>&1; }
 cpu=$(sed -n 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1)
-device="$cpu, $(nproc) cores"
+# Hosts lent under one model name ("AMD EPYC") differ by generation: name it, and whether
+# the CPU has AVX-512 (the gemm crate's widest kernels), on which the CPU figures depend.
+family=$(sed -n 's/^cpu family\s*:\s*//p' /proc/cpuinfo | head -1)
+model=$(sed -n 's/^model\s*:\s*//p' /proc/cpuinfo | head -1)
+simd=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo "no AVX-512")
+device="$cpu (family $family model $model, $simd), $(nproc) cores"
 if have nvidia-smi && nvidia-smi -L >/dev/null 2>&1; then
   gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader)
   device="$(echo "$gpus" | wc -l) x $(echo "$gpus" | head -1)"

@@ -164,7 +164,18 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
         }
         Command::Bench(args) if args.kernels => {
             let be = (stage.backend)(&args.device, comm)?;
-            for row in crate::bench::kernels(&be)? {
+            let opts = crate::bench::KernelOpts::for_device(stage.kind.gpu, args.kernel_tokens, args.matmul_only);
+            if comm.is_root() {
+                eprintln!(
+                    "{}: bench --kernels on {}: {} tokens a row (--kernel-tokens), ceiling {}^3{}",
+                    stage.name,
+                    be.name(),
+                    opts.tokens,
+                    opts.square,
+                    if opts.matmul_only { ", matrix products only" } else { "" }
+                );
+            }
+            for row in crate::bench::kernels(&be, &opts)? {
                 if comm.is_root() {
                     println!("{}", serde_json::to_string(&row).expect("plain data serialises"));
                 }
@@ -205,6 +216,13 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             if comm.is_root() {
                 let path = crate::report::report(&args.runs, &args.out)?;
                 println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
+        Command::Plot(args) => {
+            if comm.is_root() {
+                crate::report::plot_table(&args)?;
+                println!("wrote {}", args.out.display());
             }
             Ok(())
         }

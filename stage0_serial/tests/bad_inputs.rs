@@ -393,6 +393,16 @@ const CASES: &[(&str, &str, &str)] = &[
         ),
         "--momentum",
     ),
+    (
+        "plot: a column the table lacks",
+        "plot --data table.tsv --x threads --y tokens --out p.png",
+        "tokens",
+    ),
+    (
+        "plot: a value that is not a number",
+        "plot --data table.tsv --x threads --y note --out p.png",
+        "not a number",
+    ),
     ("unknown subcommand", "fly", "fly"),
     ("unknown flag", "train --data corpus.txt --out o --lr-max 1", "--lr-max"),
 ];
@@ -426,6 +436,11 @@ fn fixtures() -> PathBuf {
     write(&dir, "empty.txt", b"");
     write(&dir, "short.txt", b"too short");
     write(&dir, "binary.dat", &[0xff, 0xfe, 0x00, 0x80, 0x81]);
+    write(
+        &dir,
+        "table.tsv",
+        b"threads\tspeedup\tnote\n1\t1.0\tbase\n2\t1.9\tquiet\n",
+    );
     let tokens: Vec<u16> = (0..2000).map(|i| (i % 200) as u16).collect();
     write(&dir, "magic.bin", &bin_file(12345, 2000, &tokens));
     write(&dir, "size.bin", &bin_file(20240520, 3000, &tokens));

@@ -202,10 +202,30 @@ fn recompute_trains_the_same_run_bit_for_bit() {
 }
 
 #[test]
-fn gpu_only_bench_and_precision_flags_are_refused_on_the_cpu() {
+fn kernel_bench_runs_on_the_cpu_and_gpu_only_flags_are_refused() {
+    // The matrix products at 8 tokens (the ceiling, 2048^3, takes most of the time): one JSON
+    // line each, the ceiling first.
+    let out = run_ok(&[
+        "bench",
+        "--kernels",
+        "--matmul-only",
+        "--kernel-tokens",
+        "8",
+        "--threads",
+        "2",
+    ]);
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops.len(), 11, "{out}");
+    assert_eq!(ops[0], "matmul_peak");
+    assert!(ops.contains(&"lm_head_bwd") && rows.iter().all(|r| r["kind"] == "matmul"));
+    assert_eq!(rows[1]["shape"], "8x768x2304");
     assert_bad_input(
-        &run(&["bench", "--kernels"]),
-        "--kernels applies to the GPU stages (stage2_cuda, stage3_mpi_cuda) only",
+        &run(&["bench", "--matmul-only"]),
+        "the following required arguments were not provided: --kernels",
     );
     assert_bad_input(
         &run(&["bench", "--precision", "bf16"]),

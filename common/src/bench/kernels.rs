@@ -1,15 +1,70 @@
 //! `bench --kernels`: each fused kernel timed alone at the shapes that matter (GPT-2 124M's
 //! widths, the sequence lengths, head sizes and vocabularies), one JSON line per
 //! row: the op, the shape, milliseconds per call, and the FLOP and the fewest bytes the call
-//! must move, from which the reader (`stage2_cuda/gpu/run.sh kernels`) derives TFLOP/s or GB/s
-//! against the device's measured ceilings. Inputs are random (never zeros). Where an unfused
-//! form of the same computation exists it is timed beside it (`impl` "ours-unfused").
+//! must move, from which the reader (`stage2_cuda/gpu/run.sh kernels`, `results/bench-suite.sh`)
+//! derives TFLOP/s or GB/s against the device's measured ceilings. Inputs are random (never
+//! zeros). Where an unfused form of the same computation exists it is timed beside it (`impl`
+//! "ours-unfused").
+//!
+//! The rows of `kind` "matmul" come first: GPT-2 124M's five matrix products (qkv C→3C,
+//! attention projection C→C, fc C→4C, fc projection 4C→C, the tied LM head C→Vp), forward
+//! and backward through the Backend methods the model calls, and a large square product on
+//! the same backend in the same run (`matmul_peak`): the ceiling each product's rate is set
+//! against. Every row runs on [`KernelOpts::tokens`] rows (B·T): 16,384 on a GPU, fewer on
+//! the CPU, where the whole bench must stay near a minute on 2 cores (see [`KernelOpts`]).
 
 use crate::backend::{Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, StepState};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::time::Instant;
+
+/// What `bench --kernels` times, and at which size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOpts {
+    /// Rows (B·T tokens) of every row's activations: the products' M, the layernorm's and
+    /// GELU's rows; attention at T = 512, 1024, 2048 (those not above it; else T = tokens)
+    /// with B = tokens / T; cross-entropy over tokens / 2 rows.
+    pub tokens: usize,
+    /// The side of the square product timed as the ceiling (`matmul_peak`).
+    pub square: usize,
+    /// The matrix-product rows alone (kind "matmul").
+    pub matmul_only: bool,
+}
+
+impl KernelOpts {
+    /// GPT-2 124M's training shape on a GPU (B·T = 16K), the ceiling 8192³.
+    pub const GPU_TOKENS: usize = 16_384;
+    pub const GPU_SQUARE: usize = 8_192;
+    /// On the CPU: 512 tokens keep the whole bench (every row) near a minute on 2 cores, the
+    /// five products forward and backward near 10 s; the ceiling 2048³ (17 GFLOP) is large
+    /// enough for the `gemm` crate to reach its rate and small enough to time in a second.
+    pub const CPU_TOKENS: usize = 512;
+    pub const CPU_SQUARE: usize = 2_048;
+
+    /// The defaults of a GPU or CPU backend, `tokens` when given.
+    pub fn for_device(gpu: bool, tokens: Option<usize>, matmul_only: bool) -> Self {
+        let (t, square) = match gpu {
+            true => (Self::GPU_TOKENS, Self::GPU_SQUARE),
+            false => (Self::CPU_TOKENS, Self::CPU_SQUARE),
+        };
+        KernelOpts {
+            tokens: tokens.unwrap_or(t),
+            square,
+            matmul_only,
+        }
+    }
+}
+
+/// GPT-2 124M's matrix products: the forward's and the backward's row names, input width,
+/// output width, bias (the LM head is the token embedding, tied, without one; Vp = 50,304).
+pub const GPT2_PRODUCTS: [(&str, &str, usize, usize, bool); 5] = [
+    ("qkv_fwd", "qkv_bwd", 768, 3 * 768, true),
+    ("attproj_fwd", "attproj_bwd", 768, 768, true),
+    ("fc_fwd", "fc_bwd", 768, 4 * 768, true),
+    ("fcproj_fwd", "fcproj_bwd", 4 * 768, 768, true),
+    ("lm_head_fwd", "lm_head_bwd", 768, 50_304, false),
+];
 
 /// One timed kernel (or the kernels of one op's forward or backward).
 #[derive(Debug, serde::Serialize)]
@@ -28,12 +83,18 @@ pub struct KernelRow {
     pub bytes: Option<f64>,
 }
 
-/// Milliseconds per call of `f`: two warm-up calls, then five batches of `reps` calls, each
-/// batch timed from the host between synchronisations; the median batch.
+/// Milliseconds per call of `f`: two warm-up calls (the second timed alone), then five
+/// batches of `reps` calls, each batch timed from the host between synchronisations; the
+/// median batch. A batch holds fewer calls where `reps` of them would take over 0.2 s (slow
+/// calls on the CPU: at least one).
 fn time_ms<B: Backend>(be: &B, reps: usize, mut f: impl FnMut()) -> Result<f64> {
     f();
+    be.synchronize()?;
+    let started = Instant::now();
     f();
     be.synchronize()?;
+    let one = started.elapsed().as_secs_f64();
+    let reps = reps.min((0.2 / one.max(1e-9)) as usize).max(1);
     let mut batches = Vec::with_capacity(5);
     for _ in 0..5 {
         let started = Instant::now();
@@ -107,11 +168,75 @@ impl<'a, B: Backend> Arena<'a, B> {
     }
 }
 
-/// Every row of the kernel benchmark, in the backend's precision.
-pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
+/// GPT-2 124M's products at `tokens` rows and the square ceiling, `kind` "matmul". Forward:
+/// `matmul_forward` with the bias, as the model calls each (the fc product goes through
+/// `matmul_gelu_forward` in the model, timed below as `matmul_gelu_fwd`); backward:
+/// `matmul_backward`, the input gradient, the weight gradient and the bias gradient (fcproj's
+/// goes through `matmul_backward_dgelu` in the model, `matmul_dgelu_bwd` below). FLOP: the
+/// products' (2·M·K·N forward, twice that backward; the bias's M·N adds are not counted).
+fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) -> Result<()> {
+    let precision = be.precision().name();
+    let mut row = |op, shape: String, ms, flop: f64| {
+        rows.push(KernelRow {
+            kind: "matmul",
+            implementation: "ours",
+            op,
+            shape,
+            precision,
+            ms,
+            flop: Some(flop),
+            bytes: None,
+        })
+    };
+    {
+        let n = opts.square;
+        let mut m = Arena::new(be);
+        let (x, w, out) = (m.act(n * n, 1.0)?, m.act(n * n, 0.1)?, m.act(n * n, 1.0)?);
+        // SAFETY: n·n activations in each buffer, no bias.
+        let ms = time_ms(be, 5, || unsafe { be.matmul_forward(out, x, w, None, n, n, n) })?;
+        row("matmul_peak", format!("{n}x{n}x{n}"), ms, 2.0 * (n as f64).powi(3));
+    }
+    let r = opts.tokens;
+    for (fwd, bwd, c_in, oc, has_bias) in GPT2_PRODUCTS {
+        let mut m = Arena::new(be);
+        let (inp, w, out, dout, dinp) = (
+            m.act(r * c_in, 1.0)?,
+            m.act(oc * c_in, 0.1)?,
+            m.act(r * oc, 1.0)?,
+            m.act(r * oc, 1.0)?,
+            m.act(r * c_in, 1.0)?,
+        );
+        let bias = if has_bias { Some(m.act(oc, 0.1)?) } else { None };
+        let (dw, db) = (m.f32s(oc * c_in, 1.0, None)?, m.f32s(oc, 1.0, None)?);
+        let dbias = has_bias.then_some(db);
+        let shape = format!("{r}x{c_in}x{oc}");
+        let flop = 2.0 * (r * c_in * oc) as f64;
+        // SAFETY: every buffer holds what the op's contract asks at this shape.
+        let ms = time_ms(be, 10, || unsafe { be.matmul_forward(out, inp, w, bias, r, c_in, oc) })?;
+        row(fwd, shape.clone(), ms, flop);
+        // SAFETY: as above. dinp, dw and dbias accumulate over the calls, which changes their
+        // values, not the work.
+        let ms = time_ms(be, 10, || unsafe {
+            be.matmul_backward(dinp, dw, dbias, dout, inp, w, r, c_in, oc)
+        })?;
+        row(bwd, shape, ms, 2.0 * flop);
+    }
+    Ok(())
+}
+
+/// Every row of the kernel benchmark, in the backend's precision: the matrix products first
+/// (`matmul_rows`), then the fused kernels (unless `opts.matmul_only`).
+pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> {
+    if opts.tokens == 0 || opts.square == 0 {
+        crate::bail_input!("bench --kernels needs at least 1 token and a square of at least 1");
+    }
+    let mut rows = Vec::new();
+    matmul_rows(be, opts, &mut rows)?;
+    if opts.matmul_only {
+        return Ok(rows);
+    }
     let precision = be.precision().name();
     let a = be.act().bytes() as f64;
-    let mut rows = Vec::new();
     let mut row = |implementation, op, shape: String, ms, flop: Option<f64>, bytes: Option<f64>| {
         rows.push(KernelRow {
             kind: "kernel",
@@ -125,11 +250,17 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         })
     };
 
-    // Attention: 16K tokens at width 768, causal; FLOP as FlashAttention counts them (the
-    // causal half of 2 products forward, 5 backward).
-    for t in [512usize, 1024, 2048] {
+    // Attention: the tokens (16K on a GPU) at width 768, causal; FLOP as FlashAttention counts
+    // them (the causal half of 2 products forward, 5 backward). Sequence lengths above the
+    // token count are left out (the CPU's fewer tokens: T = the tokens if none is left).
+    let tokens = opts.tokens;
+    let mut lengths: Vec<usize> = [512usize, 1024, 2048].into_iter().filter(|&t| t <= tokens).collect();
+    if lengths.is_empty() {
+        lengths.push(tokens);
+    }
+    for t in lengths {
         for hs in [64usize, 128] {
-            let (b, c) = (16_384 / t, 768);
+            let (b, c) = (tokens / t, 768);
             let nh = c / hs;
             let mut m = Arena::new(be);
             let (qkv, out, dout, dqkv) = (
@@ -153,8 +284,8 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         }
     }
 
-    // Layernorm and GELU at GPT-2 124M's training shape (B·T = 16K rows).
-    let (r, c) = (16_384usize, 768usize);
+    // Layernorm and GELU at GPT-2 124M's training shape (B·T = 16K rows on a GPU).
+    let (r, c) = (tokens, 768usize);
     {
         let mut m = Arena::new(be);
         let (inp, out, dout, dinp) = (
@@ -299,7 +430,7 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
     }
 
     // The backward of GPT-2's four products with a bias (qkv, attention projection, fc,
-    // fcproj) at B·T = 16K: fused, the bias gradient in the weight gradient's product where
+    // fcproj) at B·T = 16K (on a GPU): fused, the bias gradient in the weight gradient's product where
     // the backend does so (CUDA: cuBLASLt's BGRADB epilogue, dout read once); unfused, the
     // same products without it and the bias gradient as a pass of its own over dout. FLOP:
     // both products (dinp and dW); bytes: not the bound (the products are).
@@ -327,12 +458,13 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         row("ours-unfused", "matmul_bwd_bias", shape, apart, Some(flop), None);
     }
 
-    // Cross-entropy forward + backward over vocabularies 32K to 128K (8K rows): "ours", one
+    // Cross-entropy forward + backward over vocabularies 32K to 128K (half the tokens: 8K
+    // rows on a GPU): "ours", one
     // kernel (training's, `crossentropy_fused`: the row read twice, the second time from L2,
     // written once); "ours-two-kernels", the forward then the gradient written over the logits;
     // unfused, into a second buffer zeroed first.
     for v in [32_768usize, 50_304, 131_072] {
-        let bt = 8_192usize;
+        let bt = (tokens / 2).max(1);
         let mut m = Arena::new(be);
         let (logits, dlogits) = (m.act(bt * v, 4.0)?, m.act(bt * v, 1.0)?);
         let (targets, losses) = (m.ids(bt, v)?, m.f32s(bt, 1.0, None)?);
@@ -419,4 +551,34 @@ pub fn kernels<B: Backend>(be: &B) -> Result<Vec<KernelRow>> {
         row("ours", "adamw", format!("{n} params"), ms, None, Some(bytes));
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+
+    #[test]
+    fn cpu_matmul_rows_cover_gpt2s_products_with_their_flop() {
+        let be = CpuBackend::new(1).unwrap();
+        let opts = KernelOpts {
+            tokens: 4,
+            square: 32,
+            matmul_only: true,
+        };
+        let rows = kernels(&be, &opts).unwrap();
+        let ops: Vec<&str> = rows.iter().map(|r| r.op).collect();
+        let mut want = vec!["matmul_peak"];
+        for (fwd, bwd, ..) in GPT2_PRODUCTS {
+            want.extend([fwd, bwd]);
+        }
+        assert_eq!(ops, want);
+        assert!(rows
+            .iter()
+            .all(|r| r.kind == "matmul" && r.ms > 0.0 && r.ms.is_finite()));
+        assert_eq!(rows[0].flop, Some(2.0 * 32f64.powi(3)));
+        let lm_bwd = rows.last().unwrap();
+        assert_eq!(lm_bwd.shape, "4x768x50304");
+        assert_eq!(lm_bwd.flop, Some(4.0 * 4.0 * 768.0 * 50_304.0));
+    }
 }

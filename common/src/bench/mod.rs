@@ -9,7 +9,7 @@ mod kernels;
 
 pub use allreduce::{allreduce, AllreduceRow};
 pub use generate::{generate, GenerateReport};
-pub use kernels::{kernels, KernelRow};
+pub use kernels::{kernels, KernelOpts, KernelRow, GPT2_PRODUCTS};
 
 use crate::backend::Backend;
 use crate::backend::Precision;

@@ -20,7 +20,6 @@ pub type StageFlag = (&'static str, &'static str, fn(StageKind) -> bool);
 pub const STAGE_FLAGS: &[StageFlag] = &[
     ("threads", "the CPU stages (stage0_serial, stage1_mpi)", |s| !s.gpu),
     ("precision", "the GPU stages (stage2_cuda, stage3_mpi_cuda)", |s| s.gpu),
-    ("kernels", "the GPU stages (stage2_cuda, stage3_mpi_cuda)", |s| s.gpu),
     (
         "overlap",
         "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",

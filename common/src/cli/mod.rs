@@ -94,6 +94,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Gather finished runs into OUT/README.md (time and loss tables) and OUT/loss.png.
     Report(ReportArgs),
+    /// Draw columns of a tab-separated table as lines into a PNG (the benchmark suite's
+    /// plots): one line per --y column and per value of --series.
+    Plot(PlotArgs),
     /// Train an MLP classifier on MNIST-style idx files (by default Debian's Fashion-MNIST);
     /// prints and writes OUT/loss.tsv (epoch, losses, test accuracy).
     Mnist(MnistArgs),
@@ -108,6 +111,34 @@ pub struct ReportArgs {
     /// Where README.md and loss.png go.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PlotArgs {
+    /// The table: tab-separated, its first line naming the columns.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// The column along the x axis.
+    #[arg(long)]
+    pub x: String,
+    /// A column to draw against it (repeat for more).
+    #[arg(long, required = true)]
+    pub y: Vec<String>,
+    /// A column whose values each get lines of their own (rows in the table's order).
+    #[arg(long)]
+    pub series: Option<String>,
+    /// The PNG to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Logarithmic x axis.
+    #[arg(long)]
+    pub log_x: bool,
+    /// Logarithmic y axis.
+    #[arg(long)]
+    pub log_y: bool,
+    /// The chart's title.
+    #[arg(long)]
+    pub title: Option<String>,
 }
 
 /// Model shape: a preset with optional overrides.
@@ -583,10 +614,19 @@ pub struct BenchArgs {
     /// With --generate: tokens to generate after the prompt.
     #[arg(long, default_value_t = 128, value_parser = at_least_one)]
     pub new_tokens: usize,
-    /// GPU stages: time each kernel alone instead (attention, layernorm, GELU, cross-entropy,
-    /// AdamW at fixed shapes), one JSON line per kernel; the model flags are not used.
+    /// Time each kernel alone instead, one JSON line per row: GPT-2 124M's matrix products
+    /// forward and backward with a large square product as the ceiling (kind "matmul"), then
+    /// attention, layernorm, GELU, cross-entropy and AdamW (kind "kernel"), at
+    /// --kernel-tokens rows; the model flags are not used. One process.
     #[arg(long)]
     pub kernels: bool,
+    /// With --kernels: the rows (B·T tokens) of every timed op [default: 16384 on a GPU, 512
+    /// on the CPU, where every row then takes about a minute on 2 cores].
+    #[arg(long, requires = "kernels", value_parser = at_least_one)]
+    pub kernel_tokens: Option<usize>,
+    /// With --kernels: the matrix products and their ceiling only (kind "matmul").
+    #[arg(long, requires = "kernels")]
+    pub matmul_only: bool,
     /// Multi-process stages: time the communicator's all-reduce instead, 4 KiB to
     /// --allreduce-max-mb MiB (each ×4), one JSON line per size: time, algorithm and bus
     /// bandwidth (nccl-tests' conventions), --steps timed after --warmup; the model flags are

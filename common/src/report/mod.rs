@@ -5,7 +5,10 @@
 //! while it goes.
 
 pub mod log;
+mod plot;
 pub mod progress;
+
+pub use plot::plot_table;
 
 use crate::error::{io_err, Error, Result};
 use std::fmt::Write as _;
