@@ -17,7 +17,7 @@ pub fn write(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Re
     write_timed(path, fill).map(|_| ())
 }
 
-/// [`write`], returning how long the syncs took (the file's, then the directory's after the
+/// [`write()`], returning how long the syncs took (the file's, then the directory's after the
 /// rename): what is left of the time once the bytes are in the OS's cache.
 pub fn write_timed(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<Duration> {
     let tmp = tmp_path(path)?;
