@@ -7,14 +7,15 @@
 //! Hopper, for head size 64 with 16-byte-aligned rows, `kernels/flash_wgmma.cuh` instead (the
 //! same schedule on warpgroup products that read their right operand, and in the forward q too,
 //! from shared memory: forward 0.186 -> 0.147 ms, backward 0.72 -> 0.58 ms at GPT-2's shape on
-//! an H100; NOTES.md 19-22). `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync kernels,
+//! an H100; NOTES.md 19-22; the backward since rewritten, 0.35 ms, and writing the model's dqkv
+//! instead of adding into a zeroed one: NOTES.md 24). `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync kernels,
 //! `flash-tf32` runs the TF32 kernels on the bf16 operands (the first bf16 version); both for
 //! comparison.
 
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend};
 use crate::backend::{Act, DevPtr};
-use crate::backend::{Backend, Precision};
+use crate::backend::Precision;
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys};
 
@@ -81,40 +82,36 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> 
     (hs.is_multiple_of(n) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
 }
 
-/// The bf16 flash backward where the Hopper kernels run (head size 64), `GPT2_CUDA_ATTN_BWD`.
+/// How the model's attention backward (qkv's first gradient) runs where the Hopper kernels do
+/// (bf16, head size 64), `GPT2_CUDA_ATTN_BWD`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HopperBackward {
-    /// `overwrite`, the default: dqkv (qkv's first gradient) written by the two kernels of
-    /// `flashwg_backward_*_pipe`, not zero-filled and added to (the model's call,
-    /// `attention_backward_overwrite`; an accumulating call runs `Split`).
+    /// `overwrite`, the default: the kernels write dqkv (`_wgmma_store`): no zero fill before,
+    /// no read of it.
     Overwrite,
-    /// `split`: zero fill, then the two accumulating kernels (dK/dV and dQ, which computes the
-    /// scores and dP a second time).
-    Split,
-    /// `fused`: one kernel for dK, dV and dQ, dQ added in a fixed order (measured twice as
-    /// slow, NOTES 20).
-    Fused,
+    /// `accumulate`: zero fill, then the kernels adding into dqkv (`_wgmma`, what the trait's
+    /// accumulating `attention_backward` runs): the same bits, for comparison.
+    Accumulate,
 }
 
 impl HopperBackward {
     pub(super) fn from_env() -> Result<Self> {
         match std::env::var("GPT2_CUDA_ATTN_BWD").as_deref() {
             Err(_) | Ok("") | Ok("overwrite") => Ok(Self::Overwrite),
-            Ok("split") => Ok(Self::Split),
-            Ok("fused") => Ok(Self::Fused),
+            Ok("accumulate") => Ok(Self::Accumulate),
             Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_ATTN_BWD={other}: expected `overwrite`, `split` or `fused`"
+                "GPT2_CUDA_ATTN_BWD={other}: expected `overwrite` or `accumulate`"
             ))),
         }
     }
 }
 
-/// Loop tiles in flight in the overwriting backward kernels: 2 (double buffering) measured
+/// Loop tiles in flight in the Hopper backward kernels: 2 (double buffering) measured
 /// faster than 3 (H100, T=1024: 0.350 against 0.439 ms a layer; the third stage's shared
 /// memory leaves room for fewer blocks a multiprocessor), so only 2 is built.
 const PIPE_STAGES: usize = 2;
 
-/// Dynamic shared memory of the overwriting backward kernels with `stages` tiles in flight: the
+/// Dynamic shared memory of the Hopper backward kernels with `stages` tiles in flight: the
 /// block's own two 64x64 bf16 tiles (k and v, or q and dout), two such tiles a stage (q and
 /// dout, or k and v), dK/dV's 64 log-sum-exps and deltas a stage, and 1 KiB to align the tiles
 /// to 1024 bytes.
@@ -124,13 +121,13 @@ fn pipe_shared_bytes(stages: usize, dkdv: bool) -> u32 {
     (2 * tile + stages * per_stage + 1024) as u32
 }
 
-/// Allows the overwriting backward kernels, where they were built, the dynamic shared memory
+/// Allows the Hopper backward kernels, where they were built, the dynamic shared memory
 /// they take past the default 48 KiB: once, when the kernels are loaded (not between launches,
 /// which a CUDA graph being recorded would refuse).
 pub(super) fn allow_shared_memory(kernels: &super::nvrtc::Kernels) -> Result<()> {
-    {
+    for suffix in ["wgmma", "wgmma_store"] {
         for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
-            let name = format!("flash_backward_{kernel}_d64_wgpipe{PIPE_STAGES}");
+            let name = format!("flash_backward_{kernel}_d64_{suffix}");
             let Some(function) = kernels.get(&name) else { continue };
             let bytes = pipe_shared_bytes(PIPE_STAGES, dkdv);
             // SAFETY: a function of the current context's loaded module; an attribute, not a launch.
@@ -209,64 +206,13 @@ impl CudaBackend {
         c: usize,
         nh: usize,
     ) -> Result<()> {
-        let hs = super::attention::head_size(c, nh)?;
-        if b * t == 0 {
-            return Ok(());
-        }
-        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, dout]))?;
-        let suffix = &v.suffix;
-        let rows = b * nh * t;
-        // The one-kernel backward (Hopper, opt-in): dQ summed in key-tile order into f32
-        // scratch after delta, with a turn counter per (head, query tile).
-        let fused = suffix == "d64_wgmma" && self.hopper_backward == HopperBackward::Fused;
-        let tiles = t.div_ceil(ROWS_PER_BLOCK);
-        let (acc_words, counter_words) = if fused {
-            (b * nh * tiles * 64 * 64, b * nh * tiles)
-        } else {
-            (0, 0)
-        };
-        let delta = self.scratch(rows + acc_words + counter_words)?;
-        // One warp per position, 8 per block.
-        self.try_launch(
-            "flash_backward_delta_kernel",
-            blocks(b * t, 8),
-            (256, 1, 1),
-            args![delta, dout, out, b, t, nh, hs],
-        )?;
-        let scale = 1.0 / (hs as f32).sqrt();
-        let scale_log2 = std::f32::consts::LOG2_E * scale;
-        let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
-        let vec = vectorizable(hs, &[qkv, dout], v.vector);
-        if fused {
-            let dq_acc = delta.add(rows);
-            let counters = dq_acc.add(acc_words);
-            self.zero(counters, counter_words);
-            self.try_launch(
-                "flash_backward_fused_d64_wgmma",
-                grid,
-                (THREADS, 1, 1),
-                args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec, dq_acc, counters],
-            )?;
-            return self.try_launch(
-                "flash_dq_finish_kernel",
-                blocks(b * t * nh * 16, THREADS as usize),
-                (THREADS, 1, 1),
-                args![dqkv, dq_acc, b, t, nh, tiles * 64, scale],
-            );
-        }
-        let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
-        self.try_launch(
-            &format!("flash_backward_dkdv_{suffix}"),
-            grid,
-            (THREADS, 1, 1),
-            bwd_args,
-        )?;
-        self.try_launch(&format!("flash_backward_dq_{suffix}"), grid, (THREADS, 1, 1), bwd_args)
+        // SAFETY: the caller's contract.
+        unsafe { self.flash_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, false) }
     }
 
     /// The backward into a `dqkv` it overwrites, where the Hopper kernels take this shape and
-    /// `GPT2_CUDA_ATTN_BWD` is `overwrite`: delta, then the two overwriting kernels. `Ok(false)`:
-    /// not taken (the caller zero-fills and accumulates).
+    /// `GPT2_CUDA_ATTN_BWD` is `overwrite`. `Ok(false)`: not taken (the caller zero-fills and
+    /// accumulates).
     ///
     /// # Safety
     /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
@@ -284,17 +230,54 @@ impl CudaBackend {
         nh: usize,
     ) -> Result<bool> {
         let hs = super::attention::head_size(c, nh)?;
-        let taken = self.precision == Precision::Bf16
-            && self.attention == AttentionPath::Flash
-            && self.hopper_backward == HopperBackward::Overwrite
-            && self.wgmma_fits(hs, &[qkv, dout, dqkv]);
-        if !taken {
+        let hopper = self.attention == AttentionPath::Flash
+            && variant(
+                hs,
+                self.precision,
+                self.attention,
+                self.wgmma_fits(hs, &[qkv, dout, dqkv]),
+            )?
+            .suffix
+                == "d64_wgmma";
+        if !hopper || self.hopper_backward != HopperBackward::Overwrite {
             return Ok(false);
         }
+        // SAFETY: the caller's contract.
+        unsafe { self.flash_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, true)? };
+        Ok(true)
+    }
+
+    /// delta = rowsum(dout·out), then dK/dV per key tile and dQ per query tile, added into
+    /// dqkv or (`overwrite`, the Hopper kernels only) written over it.
+    ///
+    /// # Safety
+    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn flash_backward(
+        &self,
+        dqkv: DevPtr<Act>,
+        dout: DevPtr<Act>,
+        qkv: DevPtr<Act>,
+        out: DevPtr<Act>,
+        lse: DevPtr,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+        overwrite: bool,
+    ) -> Result<()> {
+        let hs = super::attention::head_size(c, nh)?;
         if b * t == 0 {
-            return Ok(true);
+            return Ok(());
         }
+        let v = variant(
+            hs,
+            self.precision,
+            self.attention,
+            self.wgmma_fits(hs, &[qkv, dout, dqkv]),
+        )?;
         let delta = self.scratch(b * nh * t)?;
+        // One warp per position, 8 per block.
         self.try_launch(
             "flash_backward_delta_kernel",
             blocks(b * t, 8),
@@ -304,16 +287,30 @@ impl CudaBackend {
         let scale = 1.0 / (hs as f32).sqrt();
         let scale_log2 = std::f32::consts::LOG2_E * scale;
         let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
-        let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, 1usize];
-        for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
-            self.try_launch_shared(
-                &format!("flash_backward_{kernel}_d64_wgpipe{PIPE_STAGES}"),
+        let vec = vectorizable(hs, &[qkv, dout], v.vector);
+        let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
+        if v.suffix == "d64_wgmma" {
+            let suffix = if overwrite { "d64_wgmma_store" } else { "d64_wgmma" };
+            for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
+                self.try_launch_shared(
+                    &format!("flash_backward_{kernel}_{suffix}"),
+                    grid,
+                    (THREADS, 1, 1),
+                    pipe_shared_bytes(PIPE_STAGES, dkdv),
+                    bwd_args,
+                )?;
+            }
+            return Ok(());
+        }
+        debug_assert!(!overwrite, "only the Hopper kernels overwrite dqkv");
+        for kernel in ["dkdv", "dq"] {
+            self.try_launch(
+                &format!("flash_backward_{kernel}_{}", v.suffix),
                 grid,
                 (THREADS, 1, 1),
-                pipe_shared_bytes(PIPE_STAGES, dkdv),
                 bwd_args,
             )?;
         }
-        Ok(true)
+        Ok(())
     }
 }

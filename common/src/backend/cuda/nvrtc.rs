@@ -72,46 +72,21 @@ fn flash_source(d: usize, act: ActType) -> String {
         }
         if d == 64 {
             src += FLASH_WGMMA;
-            for (kernel, call) in [
-                (
-                    "flash_forward",
-                    "flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec)",
-                ),
-                (
-                    "flash_backward_dkdv",
-                    "flashwg_backward_dkdv(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2, vec)",
-                ),
-                (
-                    "flash_backward_dq",
-                    "flashwg_backward_dq(dqkv, dout, qkv, lse, delta, T, NH, HS, scale, scale_log2, vec)",
-                ),
-            ] {
-                let params = if kernel == "flash_forward" {
-                    "FWD_PARAMS"
-                } else {
-                    "BWD_PARAMS"
-                };
-                src += &format!(
-                    "extern \"C\" __global__ void {kernel}_d64_wgmma({params}) \
-                     {{ FLASH_WGMMA_BODY({call}); }}\n"
-                );
-            }
-            // The backward that overwrites dqkv (flash.rs: `HopperBackward::Overwrite`), two
-            // tiles in flight (`PIPE_STAGES`). dK/dV is held to 168 registers, so that three
-            // blocks (12 warps) fit a multiprocessor instead of two (176 unbounded; a few bytes
-            // spill).
-            for stages in [2] {
+            src += "extern \"C\" __global__ void flash_forward_d64_wgmma(FWD_PARAMS) \
+                    { FLASH_WGMMA_BODY(flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec)); }\n";
+            // The backward adding into dqkv (`_wgmma`) and overwriting it (`_wgmma_store`, the
+            // model's call), two loop tiles in flight (flash.rs `PIPE_STAGES`). dK/dV is held
+            // to 168 registers, so that three blocks (12 warps) fit a multiprocessor instead of
+            // two (176 unbounded; a few bytes spill).
+            for (suffix, accumulate) in [("wgmma", true), ("wgmma_store", false)] {
                 for (kernel, bounds) in [("dkdv", "__launch_bounds__(128, 3) "), ("dq", "")] {
                     src += &format!(
-                        "extern \"C\" {bounds}__global__ void flash_backward_{kernel}_d64_wgpipe{stages}(BWD_PARAMS) \
-                         {{ FLASH_WGMMA_BODY((flashwg_backward_{kernel}_pipe<{stages}>(dqkv, dout, qkv, lse, \
+                        "extern \"C\" {bounds}__global__ void flash_backward_{kernel}_d64_{suffix}(BWD_PARAMS) \
+                         {{ FLASH_WGMMA_BODY((flashwg_backward_{kernel}<2, {accumulate}>(dqkv, dout, qkv, lse, \
                          delta, T, NH, HS, scale, scale_log2, vec))); }}\n"
                     );
                 }
             }
-            src += "extern \"C\" __global__ void flash_backward_fused_d64_wgmma(BWD_PARAMS, float* dq_acc, int* counters) \
-                    { FLASH_WGMMA_BODY(flashwg_backward_fused(dqkv, dout, qkv, lse, delta, dq_acc, counters, T, NH, \
-                    HS, scale, scale_log2, vec)); }\n";
         }
     }
     src += &format!("// Instances for head sizes padded to {d}.\n");

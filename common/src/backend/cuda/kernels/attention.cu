@@ -112,20 +112,3 @@ extern "C" __global__ void flash_backward_delta_kernel(float* delta, const act_t
         if (lane == 0) delta[((size_t)b * NH + h) * T + r] = sum;
     }
 }
-
-// The fused flash backward's dQ (flash_wgmma.cuh): dqkv's q part += scale · dq_acc, where
-// dq_acc is f32 (B·NH, Tpad, 64) in key-tile order; four elements a thread (HS = 64).
-extern "C" __global__ void flash_dq_finish_kernel(act_t* dqkv, const float* dq_acc, int B, int T, int NH, int Tpad,
-                                                  float scale) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over B·T·NH·16
-    if (i >= (size_t)B * T * NH * 16) return;
-    int c = (int)(i % 16);
-    size_t rest = i / 16;
-    int h = (int)(rest % NH);
-    rest /= NH;
-    int r = (int)(rest % T), b = (int)(rest / T);
-    float4 d = load4(dq_acc + (((size_t)b * NH + h) * Tpad + r) * 64 + 4 * c);
-    act_t* dst = dqkv + ((size_t)b * T + r) * 3 * NH * 64 + h * 64 + 4 * c;
-    float4 v = load4(dst);
-    store4(dst, make_float4(v.x + scale * d.x, v.y + scale * d.y, v.z + scale * d.z, v.w + scale * d.w));
-}

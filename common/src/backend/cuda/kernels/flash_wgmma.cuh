@@ -2,16 +2,17 @@
 // registers: ptxas of CUDA 13.0 gave the registers of a loop-invariant register operand (q's A
 // fragments, read by every key tile's product) to the softmax's temporaries and p inside the
 // loop, so every key tile after the first multiplied k by the previous tile's p (24-37% off past
-// the first query tile; NOTES.md 19, 22). ptxas 13.5 keeps them; the backward's loop-invariant
-// register operands (k, v; q, dout) happen to keep theirs under 13.0 too, which the per-tile
-// test (`bf16_attention_errors_by_tile`) checks on every device run.
+// the first query tile; NOTES.md 19, 22). ptxas 13.5 keeps them. The backward reads its
+// loop-invariant operands (k, v; q, dout) from shared memory too; its per-iteration register
+// operands (p, ds) are held live past their products' waits, and the per-tile test
+// (`bf16_attention_errors_by_tile`) checks every tile on every device run.
 // Flash attention for head size 64 on Hopper's warpgroup products (wgmma.mma_async, sm_90a):
 // the schedule of flash_bf16.cuh (64 query or key rows a block, 16 a warp; online softmax in
 // base 2; the deterministic two-kernel backward, no atomics) with every product issued by the
 // block's four warps together as one warpgroup, m64n64k16: the left operand from registers
-// (the same A fragments mma.sync takes), the right one read by the tensor cores straight from
-// shared memory, so no ldmatrix and no B fragments in registers, and the products run
-// asynchronously to the issuing warps.
+// (the same A fragments mma.sync takes) or from shared memory, the right one read by the tensor
+// cores straight from shared memory, so no ldmatrix and no B fragments in registers, and the
+// products run asynchronously to the issuing warps.
 //
 // Shared tiles are 64 rows of 64 bf16 (128 bytes), in the layout wgmma's 128-byte swizzle
 // reads: the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of that row, tiles 1024-byte
@@ -153,15 +154,6 @@ __device__ __forceinline__ void acc_as_a16(unsigned (&a)[4][4], const float (&s)
     for (int j = 0; j < 4; j++) acc_pair_as_a(a[j], s[2 * j], s[2 * j + 1]);
 }
 
-// d = a · tileᵀ, waited for.
-__device__ __forceinline__ void wg_product_nt(float (&d)[8][4], const unsigned (&a)[4][4], const bf16_t* tile) {
-    wg_fence();
-    wg_issue_nt(d, a, tile, true);
-    wg_commit();
-    wg_wait_all();
-    wg_hold(d);
-}
-
 // d (+)= s (rounded to bf16) · tile, waited for; `fresh` as for wg_issue_nn.
 __device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)[8][4], const bf16_t* tile,
                                               bool fresh) {
@@ -173,37 +165,6 @@ __device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)
     wg_commit();
     wg_wait_all();
     wg_hold(d);
-}
-
-// Two independent products at once, waited for together: d1 = a1 · tile1ᵀ, d2 = a2 · tile2ᵀ
-// (the tensor cores get eight products in a row instead of four, and the warps wait once).
-__device__ __forceinline__ void wg_products_nt(float (&d1)[8][4], const unsigned (&a1)[4][4], const bf16_t* tile1,
-                                               float (&d2)[8][4], const unsigned (&a2)[4][4], const bf16_t* tile2) {
-    wg_fence();
-    wg_issue_nt(d1, a1, tile1, true);
-    wg_issue_nt(d2, a2, tile2, true);
-    wg_commit();
-    wg_wait_all();
-    wg_hold(d1);
-    wg_hold(d2);
-}
-
-// d1 (+)= s1 · tile1 and d2 (+)= s2 · tile2 (s rounded to bf16) at once, waited for together.
-__device__ __forceinline__ void wg_products_nn(float (&d1)[8][4], const float (&s1)[8][4], const bf16_t* tile1,
-                                               float (&d2)[8][4], const float (&s2)[8][4], const bf16_t* tile2,
-                                               bool fresh) {
-    unsigned a1[4][4], a2[4][4];
-    acc_as_a16(a1, s1);
-    acc_as_a16(a2, s2);
-    wg_hold(d1);
-    wg_hold(d2);
-    wg_fence();
-    wg_issue_nn(d1, a1, tile1, fresh);
-    wg_issue_nn(d2, a2, tile2, fresh);
-    wg_commit();
-    wg_wait_all();
-    wg_hold(d1);
-    wg_hold(d2);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -263,275 +224,25 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
 }
 
 // ---- backward -----------------------------------------------------------------------------
-
-// dK and dV for one tile of 64 keys (16 per warp), over every later query in tiles of 64.
-// Grid (B·NH, ceil(T/64)). Accumulates into dqkv.
-__device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                      const float* lse, const float* delta, int T, int NH, int HS,
-                                                      float scale, float scale_log2, int /*vec: 16-byte rows, always here*/) {
-    __shared__ __align__(1024) bf16_t qs[2][64 * 64];
-    __shared__ __align__(1024) bf16_t dos[2][64 * 64];
-    __shared__ float lse_s[2][64];
-    __shared__ float delta_s[2][64];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    int b = blockIdx.x / NH, h = blockIdx.x % NH;
-    size_t C = (size_t)NH * HS, stride = 3 * C;
-    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
-    const bf16_t* k_base = q_base + C;
-    const bf16_t* v_base = q_base + 2 * C;
-    const bf16_t* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
-    const float* lse_row = lse + (size_t)blockIdx.x * T;
-    const float* delta_row = delta + (size_t)blockIdx.x * T;
-    int k_start = blockIdx.y * 64;
-    int key0 = k_start + warp * 16;
-    int kr0 = key0 + g, kr1 = kr0 + 8;
-
-    unsigned ka[4][4], va[4][4];
-    load_a16<4>(ka, k_base, stride, kr0, t, T, HS);
-    load_a16<4>(va, v_base, stride, kr0, t, T, HS);
-    float dk[8][4], dv[8][4];  // started by the first iteration's products
-
-    auto load = [&](int buf, int q_start) {
-        tile_load_swz(qs[buf], q_base, stride, q_start, T);
-        tile_load_swz(dos[buf], do_base, C, q_start, T);
-        vector_load(lse_s[buf], lse_row, q_start, 64, T);
-        vector_load(delta_s[buf], delta_row, q_start, 64, T);
-    };
-    int n_tiles = (T - k_start + 63) / 64;
-    load(0, k_start);
-    cp_async_commit();
-    for (int it = 0; it < n_tiles; it++) {
-        int qs0 = k_start + it * 64, buf = it & 1;
-        if (it + 1 < n_tiles) load(buf ^ 1, qs0 + 64);
-        cp_async_commit();
-        tiles_ready();
-        // sᵀ (keys x queries) = k · qᵀ and dpᵀ = v · doutᵀ, then pᵀ and dsᵀ
-        float st[8][4], dpt[8][4];
-        wg_products_nt(st, ka, qs[buf], dpt, va, dos[buf]);
-        probs_t(st, lse_s[buf], qs0, kr0, kr1, t, T, scale_log2, qs0 < key0 + 15 || qs0 + 64 > T);
-        ds_t(dpt, st, delta_s[buf], t);
-        wg_products_nn(dv, st, dos[buf], dk, dpt, qs[buf], it == 0);  // dv += pᵀ · dout, dk += dsᵀ · q
-        __syncthreads();
-    }
-    bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
-    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS, scale);
-    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS, 1.0f);
-}
-
-// dQ for one tile of 64 queries (16 per warp), over keys in tiles of 64.
-// Grid (B·NH, ceil(T/64)); late (heavy) query tiles first. Accumulates into dqkv.
-__device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                    const float* lse, const float* delta, int T, int NH, int HS,
-                                                    float scale, float scale_log2, int /*vec: 16-byte rows, always here*/) {
-    __shared__ __align__(1024) bf16_t ks[2][64 * 64];
-    __shared__ __align__(1024) bf16_t vs[2][64 * 64];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    int qt = gridDim.y - 1 - blockIdx.y;
-    int b = blockIdx.x / NH, h = blockIdx.x % NH;
-    size_t C = (size_t)NH * HS, stride = 3 * C;
-    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
-    const bf16_t* k_base = q_base + C;
-    const bf16_t* v_base = q_base + 2 * C;
-    const bf16_t* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
-    int q0 = qt * 64 + warp * 16;
-    int r0 = q0 + g, r1 = r0 + 8;
-    const float* lse_row = lse + (size_t)blockIdx.x * T;
-    const float* delta_row = delta + (size_t)blockIdx.x * T;
-    float lse0 = r0 < T ? lse_row[r0] : 0.0f, lse1 = r1 < T ? lse_row[r1] : 0.0f;
-    float delta0 = r0 < T ? delta_row[r0] : 0.0f, delta1 = r1 < T ? delta_row[r1] : 0.0f;
-
-    unsigned qa[4][4], doa[4][4];
-    load_a16<4>(qa, q_base, stride, r0, t, T, HS);
-    load_a16<4>(doa, do_base, C, r0, t, T, HS);
-    float dq[8][4];  // started by the first iteration's product
-
-    int n_tiles = qt + 1;
-    tile_load_swz(ks[0], k_base, stride, 0, T);
-    tile_load_swz(vs[0], v_base, stride, 0, T);
-    cp_async_commit();
-    for (int kt = 0; kt < n_tiles; kt++) {
-        int k0 = kt * 64, buf = kt & 1;
-        if (kt + 1 < n_tiles) {
-            tile_load_swz(ks[buf ^ 1], k_base, stride, k0 + 64, T);
-            tile_load_swz(vs[buf ^ 1], v_base, stride, k0 + 64, T);
-        }
-        cp_async_commit();
-        tiles_ready();
-        // s = q · kᵀ and dp = dout · vᵀ, then p and ds
-        float s[8][4], dp[8][4];
-        wg_products_nt(s, qa, ks[buf], dp, doa, vs[buf]);
-        probs(s, k0, r0, r1, t, lse0, lse1, scale_log2, k0 + 63 > q0);
-        ds_rows(dp, s, delta0, delta1);
-        wg_product_nn(dq, dp, ks[buf], kt == 0);  // dq += ds · k
-        __syncthreads();
-    }
-    add_rows(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, r0, r1, t, T, HS, scale);
-}
-
-// ---- backward in one kernel: dQ added in a fixed order --------------------------------------
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void store_release(int* p, int v) {
-    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// Loads and stores at L2, past the multiprocessor's L1 (another block on this SM may have
-// cached the line before a third one on another SM changed it).
-__device__ __forceinline__ float2 load_cg2(const float* p) {
-    float2 v;
-    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void store_cg2(float* p, float x, float y) {
-    asm volatile("st.global.cg.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
-}
-
-// dK, dV and dQ in one pass: for one tile of 64 keys (block y), over the query tiles from the
-// last down to the diagonal, the five products of FlashAttention-2's backward (sᵀ, dpᵀ, then
-// dv += pᵀ·dout, dk += dsᵀ·q and dq = ds·k). The query tile's dq goes into `dq_acc` (f32,
-// (B·NH, tiles·64, 64)) in key-tile order, so the sums are the same every run without atomics:
-// key tile j waits until `counters[head, query tile]` says j (tile 0 stores, the others add;
-// the diagonal tile, the last, sets the counter back to 0 for the next call). Key tiles go in
-// launch order (y ascending) and each waits only on earlier ones, which started before it and
-// reach each query tile first. `flash_dq_finish_kernel` adds dq_acc into dqkv afterwards.
-__device__ __forceinline__ void flashwg_backward_fused(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                       const float* lse, const float* delta, float* dq_acc,
-                                                       int* counters, int T, int NH, int HS, float scale,
-                                                       float scale_log2, int /*vec: 16-byte rows, always here*/) {
-    __shared__ __align__(1024) bf16_t qs[2][64 * 64];
-    __shared__ __align__(1024) bf16_t dos[2][64 * 64];
-    __shared__ __align__(1024) bf16_t k_s[64 * 64];   // this block's keys, b of dq = ds · k
-    __shared__ __align__(1024) bf16_t dst_s[64 * 64]; // dsᵀ, rows the keys
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    int b = blockIdx.x / NH, h = blockIdx.x % NH;
-    size_t C = (size_t)NH * HS, stride = 3 * C;
-    const bf16_t* q_base = qkv + (size_t)b * T * stride + (size_t)h * HS;
-    const bf16_t* k_base = q_base + C;
-    const bf16_t* v_base = q_base + 2 * C;
-    const bf16_t* do_base = dout + (size_t)b * T * C + (size_t)h * HS;
-    const float* lse_row = lse + (size_t)blockIdx.x * T;
-    const float* delta_row = delta + (size_t)blockIdx.x * T;
-    int kt = blockIdx.y, k_start = kt * 64;
-    int key0 = k_start + warp * 16;
-    int kr0 = key0 + g, kr1 = kr0 + 8;
-    int q_tiles = gridDim.y;  // ceil(T / 64), as many query tiles as key tiles
-    float* acc_head = dq_acc + (size_t)blockIdx.x * q_tiles * 64 * 64;
-    int* counter_head = counters + (size_t)blockIdx.x * q_tiles;
-
-    unsigned ka[4][4], va[4][4];
-    load_a16<4>(ka, k_base, stride, kr0, t, T, HS);
-    load_a16<4>(va, v_base, stride, kr0, t, T, HS);
-    float dk[8][4], dv[8][4];  // started by the first iteration's products
-
-    auto load = [&](int buf, int q_start) {
-        tile_load_swz(qs[buf], q_base, stride, q_start, T);
-        tile_load_swz(dos[buf], do_base, C, q_start, T);
-    };
-    tile_load_swz(k_s, k_base, stride, k_start, T);
-    int n_tiles = q_tiles - kt;  // query tiles kt .. q_tiles - 1, the last first
-    load(0, (q_tiles - 1) * 64);
-    cp_async_commit();
-    for (int it = 0; it < n_tiles; it++) {
-        int qtile = q_tiles - 1 - it, qs0 = qtile * 64, buf = it & 1;
-        if (it + 1 < n_tiles) load(buf ^ 1, qs0 - 64);
-        cp_async_commit();
-        tiles_ready();
-        // sᵀ = k · qᵀ and dpᵀ = v · doutᵀ
-        float st[8][4], dpt[8][4];
-        wg_products_nt(st, ka, qs[buf], dpt, va, dos[buf]);
-        // pᵀ and dsᵀ/scale, the queries' log-sum-exps and deltas read where they lie (L1)
-        bool mask = qs0 < key0 + 15 || qs0 + 64 > T;
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int q = qs0 + n * 8 + 2 * t + (i & 1);
-                int qc = q < T ? q : T - 1;
-                float p = fast_exp2(fmaf(st[n][i], scale_log2, -lse_row[qc]));
-                if (mask) p = (q >= (i < 2 ? kr0 : kr1) && q < T) ? p : 0.0f;
-                st[n][i] = p;
-                dpt[n][i] = p * (dpt[n][i] - delta_row[qc]);
-            }
-        }
-        // dsᵀ to shared memory (bf16, swizzled), where the tensor cores read ds from
-        int lr = warp * 16 + g;
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-            *(unsigned*)&dst_s[swz(lr, n) + 2 * t] = pack_bf16(dpt[n][0], dpt[n][1]);
-            *(unsigned*)&dst_s[swz(lr + 8, n) + 2 * t] = pack_bf16(dpt[n][2], dpt[n][3]);
-        }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        // dv += pᵀ · dout, dk += dsᵀ · q, dq = ds · k, issued together
-        unsigned pa[4][4], da[4][4];
-        acc_as_a16(pa, st);
-        acc_as_a16(da, dpt);
-        float dq[8][4];
-        wg_hold(dv);
-        wg_hold(dk);
-        wg_fence();
-        wg_issue_nn(dv, pa, dos[buf], it == 0);
-        wg_issue_nn(dk, da, qs[buf], it == 0);
-        // dq = ds · k, both from shared memory read MN-major (dsᵀ is stored, its rows the keys).
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            wgmma64_ss<1>(dq, wg_desc(dst_s + j * 16 * 64), wg_desc(k_s + j * 16 * 64), j > 0);
-        wg_commit();
-        wg_wait_all();
-        wg_hold(dv);
-        wg_hold(dk);
-        wg_hold(dq);
-        // this key tile's turn at the query tile's dq
-        int* counter = counter_head + qtile;
-        if (threadIdx.x == 0) {
-            while (load_acquire(counter) != kt) {
-            }
-        }
-        __syncthreads();
-        float* acc = acc_head + (size_t)qs0 * 64;
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float* p = acc + (lr + 8 * half) * 64 + n * 8 + 2 * t;
-                float x = dq[n][2 * half], y = dq[n][2 * half + 1];
-                if (kt > 0) {
-                    float2 old = load_cg2(p);
-                    x += old.x;
-                    y += old.y;
-                }
-                store_cg2(p, x, y);
-            }
-        }
-        __threadfence();
-        __syncthreads();  // also: dsᵀ and the tiles are free for the next iteration
-        if (threadIdx.x == 0) store_release(counter, kt == qtile ? 0 : kt + 1);
-    }
-    bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
-    add_rows(dk_base, stride, dk, kr0, kr1, t, T, HS, scale);
-    add_rows(dk_base + C, stride, dv, kr0, kr1, t, T, HS, 1.0f);
-}
-
-// ---- backward that overwrites dqkv (the default on Hopper: flash.rs `HopperBackward`) ------
 //
-// The two kernels above, changed where Nsight Compute's per-instruction stall samples put the
-// time (dK/dV at GPT-2's shape: 40% of the samples in the epilogue's read-modify-write of dqkv,
-// two-byte loads each waited for in turn because the compiler cannot prove the rows apart, 10%
-// in the prologue's two-byte loads of the k and v fragments, 46% in the loop):
-// - dqkv is OVERWRITTEN (the caller's gradient is the first and only one for qkv, so it is
-//   neither zero-filled before nor read here): each accumulator tile goes through shared memory
-//   and out in 16-byte stores, rows coalesced;
+// Two kernels, no atomics: dK/dV per tile of 64 keys over the later queries, and dQ per tile of
+// 64 queries over the earlier keys (which computes the scores and dP a second time). Session 8
+// rewrote them where Nsight Compute's per-instruction stall samples put the time (the first
+// version's dK/dV at GPT-2's shape: 40% of the samples in its epilogue's read-modify-write of
+// dqkv, two-byte loads each waited for in turn because the compiler cannot prove the rows apart,
+// 10% in its prologue's two-byte loads of the k and v fragments, 46% in the loop; NOTES.md 24):
+// - the model's call OVERWRITES dqkv (`ACCUMULATE` false: qkv's gradient is its first, so it is
+//   neither zero-filled before nor read here); `ACCUMULATE` adds into it, for the trait's
+//   accumulating call. Either way each accumulator tile goes through shared memory and out in
+//   16-byte accesses, rows coalesced;
 // - the block's own tiles (k and v; q and dout for dQ) come in by cp.async with the first loop
-//   tile and the products read them from shared memory (both operands by descriptor), 32
+//   tile and the score products read them from shared memory (both operands by descriptor), 32
 //   registers fewer than holding their fragments;
-// - STAGES loop tiles in flight (a ring in dynamic shared memory, one barrier an iteration),
-//   and inside an iteration the second product of a pair runs while the warps work on the
-//   first one's result (the exponentials while dpᵀ runs; dsᵀ while dv += pᵀ·dout runs). The A
-//   fragments of a product in flight are kept live past its wait (`wg_keep`).
-// Same products and sums in the same order as the kernels above: the same bits.
+// - STAGES loop tiles in flight (a ring in dynamic shared memory, one barrier an iteration;
+//   flash.rs builds 2: 3 was slower), and inside an iteration the second product of a pair runs
+//   while the warps work on the first one's result (the exponentials while dpᵀ runs; dsᵀ while
+//   dv += pᵀ·dout runs). The A fragments of a product in flight are kept live past its wait
+//   (`wg_keep`).
 
 template <int N>
 __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
@@ -562,11 +273,12 @@ __device__ __forceinline__ void wg_issue_ss_nt(float (&d)[8][4], const bf16_t* a
     for (int kk = 0; kk < 4; kk++) wgmma64_ss<0>(d, wg_desc(a_tile + kk * 16), wg_desc(tile + kk * 16), kk > 0);
 }
 
-// Overwrites rows [row0, row0 + 64) (those below T) x 64 columns of a (T, stride) bf16 matrix
-// with mul · acc (the block's 64x64 accumulator tile, 16 rows a warp), rounded once: through
-// `stage` (64 rows of 72 floats: 8 of padding keep the float2 writes at two-way bank conflicts)
-// and out in 16-byte stores. Starts and ends with a barrier (the stage is shared memory the
-// loop used; it is free for the next call after).
+// Rows [row0, row0 + 64) (those below T) x 64 columns of a (T, stride) bf16 matrix set to (or,
+// with ACCUMULATE, added to) mul · acc (the block's 64x64 accumulator tile, 16 rows a warp),
+// rounded once: through `stage` (64 rows of 72 floats: 8 of padding keep the float2 writes at
+// two-way bank conflicts) and out in 16-byte accesses. Starts and ends with a barrier (the stage
+// is shared memory the loop used; it is free for the next call after).
+template <bool ACCUMULATE>
 __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const float (&acc)[8][4], float* stage,
                                            int row0, int T, float mul) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -582,10 +294,17 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
     for (int i = threadIdx.x; i < 64 * 8; i += FLASH_THREADS) {
         int r = i >> 3, c = i & 7;
         if (row0 + r < T) {
+            bf16_t* p = base + (size_t)(row0 + r) * stride + c * 8;
             float v[8];
             float4 x = *(const float4*)&stage[r * 72 + c * 8], y = *(const float4*)&stage[r * 72 + c * 8 + 4];
             v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
-            store8(base + (size_t)(row0 + r) * stride + c * 8, v);
+            if (ACCUMULATE) {
+                float old[8];
+                load8(p, old);
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = old[k] + v[k];
+            }
+            store8(p, v);
         }
     }
     __syncthreads();
@@ -593,8 +312,8 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
 
 // dK and dV for one tile of 64 keys (16 per warp), over every later query in tiles of 64.
 // Grid (B·NH, ceil(T/64)); dynamic shared memory: flash.rs `pipe_shared_bytes`.
-template <int STAGES>
-__device__ __forceinline__ void flashwg_backward_dkdv_pipe(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+template <int STAGES, bool ACCUMULATE>
+__device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                            const float* lse, const float* delta, int T, int NH,
                                                            int HS, float scale, float scale_log2, int /*vec*/) {
     bf16_t* k_s = (bf16_t*)shared_1k();       // this block's keys, swizzled
@@ -673,14 +392,14 @@ __device__ __forceinline__ void flashwg_backward_dkdv_pipe(bf16_t* dqkv, const b
     }
     bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
     float* stage = (float*)qs;  // the ring, free now (store_tile's first barrier)
-    store_tile(dk_base, stride, dk, stage, k_start, T, scale);
-    store_tile(dk_base + C, stride, dv, stage, k_start, T, 1.0f);
+    store_tile<ACCUMULATE>(dk_base, stride, dk, stage, k_start, T, scale);
+    store_tile<ACCUMULATE>(dk_base + C, stride, dv, stage, k_start, T, 1.0f);
 }
 
 // dQ for one tile of 64 queries (16 per warp), over keys in tiles of 64.
 // Grid (B·NH, ceil(T/64)); late (heavy) query tiles first; dynamic shared memory: flash.rs.
-template <int STAGES>
-__device__ __forceinline__ void flashwg_backward_dq_pipe(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+template <int STAGES, bool ACCUMULATE>
+__device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                          const float* lse, const float* delta, int T, int NH, int HS,
                                                          float scale, float scale_log2, int /*vec*/) {
     bf16_t* q_s = (bf16_t*)shared_1k();   // this block's queries, swizzled
@@ -746,7 +465,8 @@ __device__ __forceinline__ void flashwg_backward_dq_pipe(bf16_t* dqkv, const bf1
         wg_hold(dq);
         wg_keep(da);
     }
-    store_tile(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, (float*)ks, qt * 64, T, scale);
+    store_tile<ACCUMULATE>(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, (float*)ks, qt * 64, T,
+                           scale);
 }
 
 #define FLASH_WGMMA_BODY(call) call
