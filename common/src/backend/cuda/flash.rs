@@ -14,8 +14,8 @@
 
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend};
-use crate::backend::{Act, DevPtr};
 use crate::backend::Precision;
+use crate::backend::{Act, DevPtr};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys};
 
