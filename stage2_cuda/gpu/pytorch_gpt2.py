@@ -96,9 +96,10 @@ def model_and_optimizer(args, dev):
     return model, opt
 
 
-def bench(args):
-    dev = torch.device("cuda")
-    model, opt = model_and_optimizer(args, dev)
+def training_step(args, dev, model, opt):
+    """One benchmark step on random tokens (eager, or `torch.compile` with --compile): forward
+    under autocast in bf16, backward, clipping, AdamW; returns the loss. Shared with
+    pytorch_profile.py."""
     forward = torch.compile(model) if args.compile else model
     b, t = args.batch, args.seq_len
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -112,6 +113,15 @@ def bench(args):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss
+
+    return step
+
+
+def bench(args):
+    dev = torch.device("cuda")
+    model, opt = model_and_optimizer(args, dev)
+    b, t = args.batch, args.seq_len
+    step = training_step(args, dev, model, opt)
 
     for _ in range(args.warmup):
         step()

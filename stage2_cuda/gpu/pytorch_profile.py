@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_gpt2 import VOCAB, model_and_optimizer  # noqa: E402
+from pytorch_gpt2 import model_and_optimizer, training_step  # noqa: E402
 
 
 def group(name):
@@ -43,18 +43,7 @@ def main():
     args = p.parse_args()
     dev = torch.device("cuda")
     model, opt = model_and_optimizer(args, dev)
-    forward = torch.compile(model) if args.compile else model
-    b, t = args.batch, args.seq_len
-    gen = torch.Generator(device=dev).manual_seed(0)
-
-    def step():
-        data = torch.randint(0, VOCAB, (b, t + 1), device=dev, generator=gen)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = forward(data[:, :-1], data[:, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    step = training_step(args, dev, model, opt)
 
     for _ in range(args.warmup):
         step()

@@ -191,25 +191,6 @@ impl CudaBackend {
         )
     }
 
-    /// # Safety
-    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attention_backward_flash(
-        &self,
-        dqkv: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        qkv: DevPtr<Act>,
-        out: DevPtr<Act>,
-        lse: DevPtr,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe { self.flash_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, false) }
-    }
-
     /// The backward into a `dqkv` it overwrites, where the Hopper kernels take this shape and
     /// `GPT2_CUDA_ATTN_BWD` is `overwrite`. `Ok(false)`: not taken (the caller zero-fills and
     /// accumulates).
@@ -243,7 +224,7 @@ impl CudaBackend {
             return Ok(false);
         }
         // SAFETY: the caller's contract.
-        unsafe { self.flash_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, true)? };
+        unsafe { self.attention_backward_flash(dqkv, dout, qkv, out, lse, b, t, c, nh, true)? };
         Ok(true)
     }
 
@@ -253,7 +234,7 @@ impl CudaBackend {
     /// # Safety
     /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
     #[allow(clippy::too_many_arguments)]
-    unsafe fn flash_backward(
+    pub(super) unsafe fn attention_backward_flash(
         &self,
         dqkv: DevPtr<Act>,
         dout: DevPtr<Act>,

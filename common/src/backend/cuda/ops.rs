@@ -786,7 +786,7 @@ impl Backend for CudaBackend {
     ) {
         let queued = match self.attention {
             AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
-                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh)
+                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, false)
             }
             AttentionPath::Gemm => {
                 self.attention_backward_gemm(dqkv.cast(), dout.cast(), qkv.cast(), saved, b, t, c, nh)
