@@ -8,7 +8,9 @@
 //! same schedule on warpgroup products that read their right operand, and in the forward q too,
 //! from shared memory: forward 0.186 -> 0.147 ms, backward 0.72 -> 0.58 ms at GPT-2's shape on
 //! an H100; NOTES.md 19-22; the backward since rewritten, 0.35 ms, and writing the model's dqkv
-//! instead of adding into a zeroed one: NOTES.md 24). `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync kernels,
+//! instead of adding into a zeroed one: NOTES.md 24; session 9's copies without a loop, p·v into
+//! o itself and the forward's output through shared memory: forward 0.088 ms, backward 0.315 ms,
+//! NOTES.md 25). `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync kernels,
 //! `flash-tf32` runs the TF32 kernels on the bf16 operands (the first bf16 version); both for
 //! comparison.
 
@@ -179,7 +181,7 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv]))?;
+        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, out]))?;
         let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
         let vec = vectorizable(hs, &[qkv], v.vector);

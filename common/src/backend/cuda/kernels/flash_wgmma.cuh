@@ -32,15 +32,18 @@
 __device__ __forceinline__ int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
 
 // Starts copying rows [r0, r0 + 64) of a (T, stride) bf16 matrix (64 columns) into a swizzled
-// tile by 16-byte cp.async; rows past T are zero-filled.
+// tile by 16-byte cp.async; rows past T are zero-filled. Thread i copies chunk i % 8 of rows
+// i / 8 + 16j (a fixed trip count, unrolled: the swizzle is the same every j).
 __device__ __forceinline__ void tile_load_swz(bf16_t* tile, const bf16_t* base, size_t stride, int r0, int T) {
+    static_assert(FLASH_THREADS == 128, "16 rows a pass");
+    int c = threadIdx.x & 7, r = threadIdx.x >> 3;
+    unsigned dst = shared_address(tile + swz(r, c));
+    const bf16_t* src = base + (size_t)(r0 + r) * stride + c * 8;
 #pragma unroll
-    for (int i = threadIdx.x; i < 64 * 8; i += FLASH_THREADS) {
-        int r = i >> 3, c = i & 7;
-        bool inside = r0 + r < T;
-        const bf16_t* src = inside ? base + (size_t)(r0 + r) * stride + c * 8 : base;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(tile + swz(r, c))),
-                     "l"(src), "r"(inside ? 16 : 0));
+    for (int j = 0; j < 4; j++) {
+        bool inside = r0 + r + 16 * j < T;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + j * 16 * 128),
+                     "l"(inside ? src + (size_t)(16 * j) * stride : base), "r"(inside ? 16 : 0));
     }
 }
 
@@ -67,9 +70,10 @@ __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.s
 
 // Keeps the compiler from moving reads or writes of accumulator registers across the issue
 // of an asynchronous product and the wait for it (CUTLASS's warpgroup_fence_operand).
-__device__ __forceinline__ void wg_hold(float (&d)[8][4]) {
+template <int N>
+__device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
+    for (int n = 0; n < N; n++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) asm volatile("" : "+f"(d[n][i])::"memory");
     }
@@ -148,6 +152,16 @@ __device__ __forceinline__ void wg_issue_nn(float (&d)[8][4], const unsigned (&a
     for (int j = 0; j < 4; j++) wgmma64<1>(d, a[j], wg_desc(tile + j * 16 * 64), j > 0 || !fresh);
 }
 
+// The registers of A fragments read by a product in flight stay live and unmoved until here.
+template <int J>
+__device__ __forceinline__ void wg_keep(unsigned (&a)[J][4]) {
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[j][i])::"memory");
+    }
+}
+
 // An accumulator tile rounded to bf16 as the A fragments of the next product.
 __device__ __forceinline__ void acc_as_a16(unsigned (&a)[4][4], const float (&s)[8][4]) {
 #pragma unroll
@@ -165,6 +179,7 @@ __device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)
     wg_commit();
     wg_wait_all();
     wg_hold(d);
+    wg_keep(a);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -173,7 +188,10 @@ __device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)
 // (B·NH, T) in base 2. Every key tile up to the block's last query is multiplied by all four
 // warps (a warpgroup product); masking is per warp as in the mma.sync kernels. The block's
 // queries stay in shared memory (q·kᵀ reads both operands there, as FlashAttention-3 does), not
-// in registers across the loop: see the top of this file.
+// in registers across the loop: see the top of this file. p·v accumulates into o itself (o is
+// rescaled by the softmax step before the product is issued, and wgmma.fence orders that write
+// before the product reads o): 94 registers, so five blocks a multiprocessor. The output goes
+// through shared memory and out in 16-byte stores (NOTES.md 25).
 __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
                                                 float scale_log2, int /*vec: 16-byte rows, always here*/) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
@@ -208,19 +226,35 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
         float s[8][4];
         wg_product_ss_nt(s, q_s, ks[buf]);  // s = q · kᵀ
         softmax_step(s, o, m0, m1, l0, l1, k0, r0, r1, t, scale_log2, k0 + 63 > q0);
-        // o += p · v, through an accumulator of its own: o, rescaled by the softmax step, is
-        // never an operand of the asynchronous product.
-        float pv[8][4];
-        wg_product_nn(pv, s, vs[buf], true);
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) o[n][i] += pv[n][i];
-        }
+        wg_product_nn(o, s, vs[buf], false);  // o += p · v
         __syncthreads();  // everyone is done with this buffer before it is refilled
     }
-    forward_epilogue(out + (size_t)b * T * C + (size_t)h * HS, C, lse + (size_t)blockIdx.x * T, o, m0, m1, l0, l1, r0,
-                     r1, t, T, HS);
+    // o over the row sums, rounded to bf16 into shared memory (the key tiles are free: the loop
+    // ended on a barrier), then out in 16-byte stores, a row's 128 bytes together.
+    l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
+    l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
+    l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
+    l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+    float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    unsigned* stage = (unsigned*)ks;  // 64 rows of 36 words (rows 16-byte aligned, writes free of bank conflicts)
+    int lr = warp * 16 + g;
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        stage[lr * 36 + n * 4 + t] = pack_bf16(o[n][0] * inv0, o[n][1] * inv0);
+        stage[(lr + 8) * 36 + n * 4 + t] = pack_bf16(o[n][2] * inv1, o[n][3] * inv1);
+    }
+    __syncthreads();
+    bf16_t* out_base = out + (size_t)b * T * C + (size_t)h * HS;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int r = qt * 64 + (threadIdx.x >> 3) + 16 * j, c = threadIdx.x & 7;
+        if (r < T) *(uint4*)(out_base + (size_t)r * C + c * 8) = *(const uint4*)&stage[(r - qt * 64) * 36 + c * 4];
+    }
+    if (t == 0) {
+        float* lse_row = lse + (size_t)blockIdx.x * T;
+        if (r0 < T) lse_row[r0] = m0 + log2f(l0);
+        if (r1 < T) lse_row[r1] = m1 + log2f(l1);
+    }
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -246,15 +280,6 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
 
 template <int N>
 __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-
-// The registers of A fragments read by a product in flight stay live and unmoved until here.
-__device__ __forceinline__ void wg_keep(unsigned (&a)[4][4]) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[j][i])::"memory");
-    }
-}
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
