@@ -56,6 +56,9 @@ impl DeviceMemory {
         };
         let now = self.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
         self.peak.fetch_max(now, Ordering::Relaxed);
+        if alloc_log() {
+            eprintln!("GPT2_CUDA_ALLOC_LOG alloc {bytes} in_use {now}");
+        }
         // SAFETY: `ptr` holds `bytes` bytes; the memset is ordered before any later work on the stream.
         unsafe { driver::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
             .map_err(|e| device_err("zero-filling a new buffer", e))?;
@@ -115,8 +118,17 @@ impl<T> Drop for CudaBuffer<T> {
         let _ = memory.stream.synchronize();
         // SAFETY: allocated by `DeviceMemory::alloc`, freed exactly once, no work pending on it.
         let _ = unsafe { driver::free_sync(self.ptr.addr()) };
-        memory
-            .in_use
-            .fetch_sub((self.len * std::mem::size_of::<T>()) as u64, Ordering::Relaxed);
+        let bytes = (self.len * std::mem::size_of::<T>()) as u64;
+        let before = memory.in_use.fetch_sub(bytes, Ordering::Relaxed);
+        if alloc_log() {
+            eprintln!("GPT2_CUDA_ALLOC_LOG free {bytes} in_use {}", before - bytes);
+        }
     }
+}
+
+/// `GPT2_CUDA_ALLOC_LOG=1`: every device allocation and free on stderr with the bytes in use
+/// after it (a diagnostic: where the peak comes from).
+fn alloc_log() -> bool {
+    static LOG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOG.get_or_init(|| std::env::var("GPT2_CUDA_ALLOC_LOG").is_ok_and(|v| v == "1"))
 }
