@@ -14,8 +14,8 @@
 # their median, the machine, the load, the commands) and results/bench/mlp-cpu.jsonl (every run).
 #
 # PyTorch: TORCH_PYTHON (a python that imports torch), else .venv-torch/bin/python, else the
-# script makes .venv-torch (git-ignored) and pip-installs torch's CPU wheel into it (plain PyPI
-# if PyTorch's CPU index cannot be reached). When torch cannot be installed it says so in one
+# script makes .venv-torch (git-ignored) and pip-installs torch's CPU wheel into it (plain PyPI,
+# whose Linux wheel brings CUDA's libraries, gigabytes, if PyTorch's CPU index cannot be reached). When torch cannot be installed it says so in one
 # line and exits 0 (`make bench` goes on); nothing under `make test` runs this.
 # Usage, from anywhere: results/mlp-cpu-bench.sh   (env: ROUNDS 3, THREADS 2, STEPS 2000,
 # WARMUP 200, SHAPES, BIN: a built stage0_serial, else cargo builds it in CARGO_TARGET_DIR;
@@ -44,7 +44,7 @@ if [ -z "$py" ]; then
   if ! has_torch "$py"; then
     say "installing torch (CPU wheel) into .venv-torch"
     { [ -x "$py" ] || python3 -m venv .venv-torch; } \
-      && { .venv-torch/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu \
+      && { .venv-torch/bin/pip install -q --retries 1 --timeout 30 torch --index-url https://download.pytorch.org/whl/cpu \
            || .venv-torch/bin/pip install -q torch; } >&2 || true
     if ! has_torch "$py"; then
       echo "mlp-cpu-bench: skipped: torch could not be installed into .venv-torch (no network or no wheel for this Python); set TORCH_PYTHON to a python with torch"
