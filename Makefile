@@ -19,7 +19,7 @@ SHORT_FLAGS := --data data/tinyshakespeare.txt --model char --steps 100 --eval-e
 # libnvrtc from the PyPI wheel (no GPU needed), for the kernel-compile test.
 NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
 
-.PHONY: all deps build run run-mnist mnist-results test bench llmc-compare char-model results clean
+.PHONY: all deps build run run-mnist mnist-results test bench mlp-cpu-bench llmc-compare char-model results clean
 
 # GPU results copied back from a device run (see stage2_cuda/gpu/), when present.
 GPU_RUNS = $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(1)$(s)/loss.tsv),--run "$(s)=results/runs/$(1)$(s)"))
@@ -68,14 +68,23 @@ test: deps
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH REQUIRE_NVRTC=1 $(CARGO) test --workspace
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --quiet
 
-# The CPU benchmark suite (results/bench-suite.sh; about 10 minutes on 2 cores): tables and
+# The CPU benchmark suite (results/bench-suite.sh; about 12 minutes on 2 cores): tables and
 # plots in results/bench/ (GPT-2 124M's matrix products against a square product's GFLOP/s,
 # thread scaling, end-to-end training tokens/s per preset and stage, the MPI all-reduce
-# against message size) and results/cpu-bench.md (stages 0 and 1, 3 runs each in turns).
+# against message size, the MLP against PyTorch eager) and results/cpu-bench.md (stages 0 and
+# 1, 3 runs each in turns).
 # One part alone: make bench PARTS=threads. The GPU host's part: results/bench-suite-gpu.sh.
 PARTS ?=
 bench: build
 	NP=$(NP) results/bench-suite.sh $(PARTS)
+
+# The MLP on stage 0 against PyTorch eager on the CPU, in alternating rounds (issue 13's CPU
+# target, ≥ 2×): results/bench/mlp-cpu.md. Installs torch's CPU wheel from PyPI into
+# .venv-torch on first use (TORCH_PYTHON=... names a python that has it); when it cannot, says
+# so in one line and skips. `make bench` runs it as its part `mlp`; `make test` never does.
+mlp-cpu-bench:
+	$(CARGO) build --release -p stage0_serial
+	BIN=$(BIN)/stage0_serial results/mlp-cpu-bench.sh
 
 # Stage 0 against llm.c's train_gpt2.c on GPT-2 124M, alternating: results/llmc-cpu.md.
 llmc-compare: build

@@ -11,8 +11,10 @@
 #   allreduce  stage 1's MPI all-reduce against message size (NP ranks) -> allreduce-mpi.md, .png
 #   steps      stage0_serial/cpu-bench.sh as before: stages 0 and 1 on 124M and char, REPS runs
 #              in turns -> results/cpu-bench.md
+#   mlp        results/mlp-cpu-bench.sh: the MLP on stage 0 against PyTorch eager on the CPU,
+#              alternating rounds -> mlp-cpu.md (skipped, saying so, where torch cannot be had)
 # results/bench/README.md gathers the tables. Usage, from anywhere:
-#   results/bench-suite.sh [kernels] [threads] [train] [allreduce] [steps]   (default: all)
+#   results/bench-suite.sh [kernels] [threads] [train] [allreduce] [steps] [mlp]   (default: all)
 # Needs the release binaries (`make build`); BIN (default target/release), NP (default 2),
 # ROUNDS (default 2), REPS (default 3, for steps).
 set -euo pipefail
@@ -21,7 +23,7 @@ BIN=${BIN:-target/release}
 NP=${NP:-2}
 ROUNDS=${ROUNDS:-2}
 OUT=results/bench
-parts=${*:-kernels threads train allreduce steps}
+parts=${*:-kernels threads train allreduce steps mlp}
 want() { [[ " $parts " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -134,6 +136,11 @@ if want steps; then
   BIN=$BIN NP=$NP stage0_serial/cpu-bench.sh >/dev/null
   note_load results/cpu-bench.md
   cat results/cpu-bench.md
+fi
+
+if want mlp; then
+  say "mlp: results/mlp-cpu-bench.sh (about 3 minutes; installs torch into .venv-torch on first use)"
+  BIN=$BIN/stage0_serial results/mlp-cpu-bench.sh
 fi
 
 # The index: every table there is, the GPU ones that a device run brought back included.

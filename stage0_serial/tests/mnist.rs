@@ -85,6 +85,21 @@ fn the_mlp_learns_and_a_seed_fixes_the_run() {
     assert_eq!(table(&d.join("b")), t);
     assert_ok(&mnist(&files, &d.join("c"), &["--seed", "7"]));
     assert_ne!(table(&d.join("c")), t);
+    // SGD on one rank runs the fused step; the generic one (GPT2_MNIST_FUSED=0) writes the
+    // same table, with a 1-thread backend too.
+    assert!(stdout.contains("fused step"), "{stdout}");
+    let generic = Command::new(BIN)
+        .arg("mnist")
+        .args(&files)
+        .arg("--out")
+        .arg(d.join("d"))
+        .args(["--hidden", "32,16", "--batch", "20", "--epochs", "4", "--threads", "1"])
+        .env("GPT2_MNIST_FUSED", "0")
+        .output()
+        .unwrap();
+    assert_ok(&generic);
+    assert!(!String::from_utf8_lossy(&generic.stdout).contains("fused step"));
+    assert_eq!(table(&d.join("d")), t);
 }
 
 #[test]
@@ -165,26 +180,36 @@ fn trace_writes_the_initial_weights_and_every_step() {
     assert!((mean - table(&d.join("a"))[0][1] as f64).abs() < 1e-4);
 }
 
-/// `--bench` times steps and prints one JSON line per shape (the generic step on the CPU).
+/// `--bench` times steps and prints one JSON line per shape: the fused step on the CPU (its
+/// ops issued each step: `fused-queued`), the generic one under `GPT2_MNIST_FUSED=0`, with the
+/// same last loss (the fused step computes the generic one's values bit for bit).
 #[test]
 fn bench_prints_one_json_line_per_shape() {
     let d = tmpdir("bench");
     let files = data(&d, "idx");
-    let o = Command::new(BIN)
-        .arg("mnist")
-        .args(&files)
-        .args([
-            "--bench", "--steps", "12", "--warmup", "3", "--hidden", "16", "--batch", "20",
-        ])
-        .args(["--threads", "2"])
-        .output()
-        .unwrap();
-    assert_ok(&o);
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let rows: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 1, "{stdout}");
-    let r = &rows[0];
-    assert_eq!(r["path"], "generic");
+    let bench = |fused: &str| {
+        let o = Command::new(BIN)
+            .arg("mnist")
+            .args(&files)
+            .args([
+                "--bench", "--steps", "12", "--warmup", "3", "--hidden", "16", "--batch", "20",
+            ])
+            .args(["--threads", "2"])
+            .env("GPT2_MNIST_FUSED", fused)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let rows: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(rows.len(), 1, "{stdout}");
+        rows[0].clone()
+    };
+    let (r, generic) = (bench("1"), bench("0"));
+    assert_eq!(
+        (&r["path"], &generic["path"]),
+        (&"fused-queued".into(), &"generic".into())
+    );
+    assert_eq!(r["final_loss"], generic["final_loss"]);
     assert_eq!(r["steps"], 12);
     assert_eq!(r["widths"], serde_json::json!([144, 16, 10]));
     assert!(r["samples_per_s"].as_f64().unwrap() > 0.0 && r["final_loss"].as_f64().unwrap().is_finite());

@@ -8,8 +8,14 @@ read back until the end (no .item() per step).
     python3 pytorch_mlp.py [--compile] [--batch 32 --hidden 128,128,128 --steps 5000 --warmup 200]
     python3 pytorch_mlp.py --sweep [--compile] [--steps 500]     # batch 32/128/512 x width 64/256/1024
     python3 pytorch_mlp.py --trace DIR [--images FILE] --out FILE.tsv  # the loss curve, see below
+    python3 pytorch_mlp.py --device cpu --threads 2 [--batch 64 --hidden 256,128]  # eager on the CPU
 
 Each timing prints one JSON line (per shape with --sweep, as soon as it is measured).
+
+--device cpu runs the same eager step on the CPU (the baseline of `stage0_serial mnist --bench
+--synthetic`, results/mlp-cpu-bench.sh): the set in host memory, the permutation and each batch's
+indexing on the CPU, torch.set_num_threads(--threads) intra-op threads (default: PyTorch's own
+choice). --compile and --trace are for the GPU only.
 
 --compile wraps the whole training step (batch indexing, forward, loss, backward, SGD step, zero
 grad) in torch.compile(mode="reduce-overhead"): Inductor's kernels, each compiled region replayed as
@@ -74,8 +80,19 @@ def counters():
         return {"counters": f"unavailable: {e}"}
 
 
-def time_shape(batch, hidden, steps, warmup, compile_):
-    dev = torch.device("cuda")
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def device_name(dev):
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "cpu")
+    return f"{cpu} ({torch.get_num_threads()} threads)"
+
+
+def time_shape(batch, hidden, steps, warmup, compile_, dev=torch.device("cuda")):
     if compile_:
         # A fresh Dynamo per shape: the step's code object is the same every time, and its cache
         # holds a few entries only (past them Dynamo runs the step eagerly).
@@ -147,16 +164,16 @@ def time_shape(batch, hidden, steps, warmup, compile_):
         compiled = torch.compile(train_step_xy, mode="reduce-overhead")
         step = lambda idx: compiled(x_all[idx], y_all[idx])  # noqa: E731
         run(0, warmup)
-    torch.cuda.synchronize()
+    sync(dev)
     warmup_s = time.perf_counter() - compile_start
     start = time.perf_counter()
     loss = run(warmup, steps)
-    torch.cuda.synchronize()
+    sync(dev)
     secs = time.perf_counter() - start
     row = {
         "impl": "pytorch-compile" if compile_ else "pytorch-eager",
         "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(),
+        "device": device_name(dev),
         "precision": "fp32",
         "widths": [PIXELS, *hidden, CLASSES],
         "params": sum(p.numel() for p in model.parameters()),
@@ -264,17 +281,26 @@ def main():
     p.add_argument("--images", help="with --trace: the training images (idx) when not in the trace")
     p.add_argument("--labels", help="with --trace: the training labels (idx) when not in the trace")
     p.add_argument("--out", default="curve.tsv", help="with --trace: the curves, side by side")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--threads", type=int, help="with --device cpu: torch.set_num_threads")
     args = p.parse_args()
+    dev = torch.device(args.device)
+    if dev.type == "cpu" and (args.compile or args.trace):
+        p.error("--compile and --trace are for --device cuda")
+    if args.threads is not None:
+        if dev.type != "cpu":
+            p.error("--threads is for --device cpu")
+        torch.set_num_threads(args.threads)
     if args.trace:
         return trace(args)
     fp32()
     if args.sweep:
         for b in SWEEP_BATCHES:
             for w in SWEEP_WIDTHS:
-                time_shape(b, [w] * 3, args.steps or 500, args.warmup, args.compile)
+                time_shape(b, [w] * 3, args.steps or 500, args.warmup, args.compile, dev)
     else:
         hidden = [int(h) for h in args.hidden.split(",")]
-        time_shape(args.batch, hidden, args.steps or 5000, args.warmup, args.compile)
+        time_shape(args.batch, hidden, args.steps or 5000, args.warmup, args.compile, dev)
 
 
 if __name__ == "__main__":

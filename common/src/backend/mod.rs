@@ -361,6 +361,17 @@ pub trait Backend {
     fn device_stream(&self) -> Option<DeviceStream> {
         None
     }
+    /// Calls `ops(self, plan)` from where this backend's ops are cheapest to issue: by default
+    /// right here. The CPU backend calls it on one of its worker threads, so that each op's
+    /// parallel loops start there instead of being handed to the workers and waited for, op
+    /// by op (a short chain of small ops, such as the MLP's step, otherwise spends more time
+    /// waking threads than computing). `plan` holds what the ops need as plain data (addresses
+    /// and sizes, no buffers), which is why it may cross threads.
+    /// # Safety
+    /// What `ops` requires of `plan`.
+    unsafe fn issue<P: Sync>(&self, plan: &P, ops: unsafe fn(&Self, &P) -> Result<()>) -> Result<()> {
+        ops(self, plan)
+    }
 
     // ---- snapshots: device memory brought to the host while work goes on --------------
     /// Queues, after the work queued so far, a copy of `parts` (whole buffers, one after the

@@ -428,8 +428,8 @@ pub struct MnistArgs {
     pub trace: bool,
     /// Time training steps instead of training: --warmup steps, then --steps timed ones, on
     /// the training images (made up unless the four files are given); one JSON line, no test
-    /// set, no loss.tsv. On one GPU with SGD the fused step (data on the GPU, one CUDA graph
-    /// replay a step, the update inside backward), else the generic one.
+    /// set, no loss.tsv. On one rank with SGD the fused step (the update inside backward; on
+    /// one GPU: data on the GPU, one CUDA graph replay a step), else the generic one.
     #[arg(long)]
     pub bench: bool,
     /// With --bench: the sweep, batch 32, 128 and 512 × three hidden layers of 64, 256 or 1024,

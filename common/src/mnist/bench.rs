@@ -1,6 +1,6 @@
 //! `mnist --bench`: training steps of the MLP timed on MNIST-shaped images (made up unless the
-//! four files are given), through the same step runners as `mnist` (the fused step on one GPU
-//! with SGD, else the generic one). One JSON line per shape on stdout (`--sweep`: batch 32, 128,
+//! four files are given), through the same step runners as `mnist` (the fused step on one rank
+//! with SGD, GPU or CPU, else the generic one). One JSON line per shape on stdout (`--sweep`: batch 32, 128,
 //! 512 × three hidden layers of 64, 256, 1024); a readable line per shape on stderr.
 
 use super::data::Dataset;
@@ -24,7 +24,8 @@ pub struct MlpBenchRow {
     pub device: String,
     pub precision: String,
     /// `fused` (one replay of the recorded step a step), `fused-queued` (the fused step's ops
-    /// queued each step: `GPT2_CUDA_GRAPH=0`) or `generic` (autograd, then the SGD pass).
+    /// queued each step: the CPU, which records nothing, or `GPT2_CUDA_GRAPH=0`) or `generic`
+    /// (autograd, then the SGD pass: several ranks, AdamW, or `GPT2_MNIST_FUSED=0`).
     pub path: String,
     /// Input, hidden layers, classes.
     pub widths: Vec<usize>,
@@ -93,7 +94,7 @@ fn time_shape<B: Backend>(
     let mut trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
     let steps_per_epoch = train.len() / batch;
     let replay = replay_on();
-    let mut fused = match fused_path(be, comm, args.optimizer) {
+    let mut fused = match fused_path(comm, args.optimizer) {
         true => Some(FusedStep::new(be, &trainer.mlp, train, batch, steps_per_epoch, replay)?),
         false => None,
     };

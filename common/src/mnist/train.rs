@@ -4,10 +4,10 @@
 //! ([`GradSync`]), so every rank applies the same update and stage 1 reproduces stage 0.
 //! After each epoch rank 0 evaluates the test set and writes a row of `OUT/loss.tsv`.
 //!
-//! On one rank of a backend that records its work (one GPU) with SGD, the epoch runs as
-//! [`FusedStep`]s instead: the data set on the device, each step one replay of a recorded step
-//! with the update inside backward, the losses read once an epoch (`GPT2_MNIST_FUSED=0` turns
-//! it off; `GPT2_CUDA_GRAPH=0` queues the fused step's ops each time instead of replaying).
+//! On one rank with SGD (one GPU, or the CPU), the epoch runs as [`FusedStep`]s instead: the
+//! data set on the device, the update inside backward, the losses read once an epoch; on a GPU
+//! each step is one replay of a recorded step (`GPT2_MNIST_FUSED=0` turns the fused step off;
+//! `GPT2_CUDA_GRAPH=0` queues its ops each time instead of replaying).
 
 use super::data::{self, Dataset, Files, CLASSES};
 use super::fused::FusedStep;
@@ -250,11 +250,11 @@ fn not_finite(step: u64, stats: &StepStats) -> Error {
     Error::Training(msg).on_every_rank()
 }
 
-/// Whether `mnist` runs [`FusedStep`]s: one rank, SGD, a backend that records its work (a
-/// GPU), unless `GPT2_MNIST_FUSED=0`.
-pub fn fused_path<B: Backend>(be: &B, comm: &dyn Comm, optimizer: OptimizerFlag) -> bool {
+/// Whether `mnist` runs [`FusedStep`]s: one rank and SGD (on any backend: on the CPU it
+/// computes the generic step's values bit for bit, faster), unless `GPT2_MNIST_FUSED=0`.
+pub fn fused_path(comm: &dyn Comm, optimizer: OptimizerFlag) -> bool {
     let off = std::env::var("GPT2_MNIST_FUSED").is_ok_and(|v| v == "0");
-    be.records() && comm.size() == 1 && optimizer == OptimizerFlag::Sgd && !off
+    comm.size() == 1 && optimizer == OptimizerFlag::Sgd && !off
 }
 
 /// Whether the fused step is recorded once and replayed (`GPT2_CUDA_GRAPH=0`: queued each
@@ -309,7 +309,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     let config = mnist_config(args.lr(), total_steps, args.weight_decay);
     let widths = widths(&train, &args.hidden);
     let mut trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
-    let mut fused = match fused_path(be, comm, args.optimizer) {
+    let mut fused = match fused_path(comm, args.optimizer) {
         true => Some(FusedStep::new(
             be,
             &trainer.mlp,
@@ -332,9 +332,10 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     };
     if root {
         let shape: Vec<String> = widths.iter().map(|w| w.to_string()).collect();
-        let how = match &fused {
-            Some(_) => " | fused step (data on the device, one graph replay a step, SGD inside backward)",
-            None => "",
+        let how = match (&fused, be.records()) {
+            (Some(_), true) => " | fused step (data on the device, one graph replay a step, SGD inside backward)",
+            (Some(_), false) => " | fused step (SGD inside backward)",
+            (None, _) => "",
         };
         println!(
             "{} | MLP {} ({} params) | {:?} lr {} | batch {b} over {world} rank(s) | {} training, {} test images | {steps_per_epoch} steps/epoch, {total_steps} steps{how}",

@@ -140,6 +140,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    /// On a worker of the pool: each op's `run` then starts its parallel loops right there
+    /// (rayon's `install` from inside its own pool calls in place) instead of handing them to
+    /// the pool and sleeping until they are done, a wake-up each way per op.
+    unsafe fn issue<P: Sync>(&self, plan: &P, ops: unsafe fn(&Self, &P) -> Result<()>) -> Result<()> {
+        // SAFETY: the caller's, for `ops` on `plan`; the calling thread waits for the call.
+        self.run(|| unsafe { ops(self, plan) })
+    }
+
     fn end_recording(&self) -> Result<()> {
         Err(Error::Device("the CPU backend does not record work".into()))
     }
