@@ -859,6 +859,9 @@ enum ResidualForm {
     OpRecompute,
     /// `add` then `layernorm`: the ops `Graph::add_layernorm` replaces.
     Composed,
+    /// `Graph::add_layernorm`, then the product's output released (`Graph::release`, as the
+    /// model does): the next product's output takes its memory.
+    OpReleased,
 }
 
 /// Dimensions of the residual test net: B, T, C, vocabulary V.
@@ -899,7 +902,9 @@ fn residual_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuff
         at += n;
     }
     let fused = |g: &mut Graph<'_, CpuBackend>, x, y, w, bias| match form {
-        ResidualForm::Op | ResidualForm::OpRecompute => g.add_layernorm(x, y, w, bias).unwrap(),
+        ResidualForm::Op | ResidualForm::OpRecompute | ResidualForm::OpReleased => {
+            g.add_layernorm(x, y, w, bias).unwrap()
+        }
         ResidualForm::Composed => {
             let sum = g.add(x, y).unwrap();
             (sum, g.layernorm(sum, w, bias).unwrap())
@@ -908,10 +913,18 @@ fn residual_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuff
     let x0 = g.encoder(&ids, None, p[0], p[1], b, t).unwrap();
     let mut h = g.layernorm(x0, p[2], p[3]).unwrap();
     let mut xs = vec![x0];
+    let mut released = None;
     for k in 0..3 {
         let q = &p[4 + 4 * k..8 + 4 * k];
         let y = g.matmul(h, q[0], Some(q[1])).unwrap();
+        if let Some(addr) = released {
+            assert_eq!(g.ptr(y).addr(), addr, "the released output's memory was not reused");
+        }
         let (x, normed) = fused(&mut g, *xs.last().unwrap(), y, q[2], q[3]);
+        if form == ResidualForm::OpReleased {
+            released = Some(g.ptr(y).addr());
+            g.release(y);
+        }
         xs.push(x);
         h = normed;
     }
@@ -949,8 +962,9 @@ fn add_layernorm_op_gradient_matches_finite_differences() {
 fn add_layernorm_op_equals_add_then_layernorm_bit_for_bit_on_the_cpu() {
     // The CPU backend's add_layernorm methods are the trait's defaults (add, layernorm_forward;
     // layernorm_backward, then zero + accumulate for the copy), and the graph hands the
-    // gradients out as Op::Add did: the op, the op under --recompute and add → layernorm give
-    // the same bits, which keeps stage 0's runs what they were.
+    // gradients out as Op::Add did: the op, the op under --recompute, the op with the product's
+    // output released and add → layernorm give the same bits, which keeps stage 0's runs what
+    // they were.
     let be = be();
     let params = residual_net_params(&be);
     let run = |form| {
@@ -959,10 +973,21 @@ fn add_layernorm_op_equals_add_then_layernorm_bit_for_bit_on_the_cpu() {
         (loss, read(&be, &grads))
     };
     let want = run(ResidualForm::Composed);
-    for form in [ResidualForm::Op, ResidualForm::OpRecompute] {
+    for form in [ResidualForm::Op, ResidualForm::OpRecompute, ResidualForm::OpReleased] {
         let got = run(form);
         assert_eq!(got.0.to_bits(), want.0.to_bits(), "{form:?}: loss");
         let same = got.1.iter().zip(&want.1).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "{form:?}: gradients differ");
     }
+}
+
+#[test]
+#[should_panic(expected = "released")]
+fn a_released_value_cannot_be_read() {
+    let be = be();
+    let mut pool = Pool::default();
+    let mut g = Graph::new(&be, &mut pool, false);
+    let x = g.input(&[1.0, 2.0, 3.0, 4.0], 2, 2).unwrap();
+    g.release(x);
+    let _ = g.ptr(x);
 }

@@ -174,8 +174,9 @@ impl<B: Backend> Gpt2<B> {
             let proj = g.matmul(a, w, Some(bias))?;
             let (w, bias) = (block(g, l, Param::Ln2W)?, block(g, l, Param::Ln2B)?);
             (x, h) = g.add_layernorm(x, proj, w, bias)?;
-            // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x)))), with the next block's ln1(x)
-            // (or, after the last block, the final layernorm) in the same op
+            g.release(proj); // summed into x; no backward reads it
+                             // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x)))), with the next block's ln1(x)
+                             // (or, after the last block, the final layernorm) in the same op
             let (w_fc, b_fc) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
             let (w_proj, b_proj) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
             let proj = g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))?; // through (BT, 4C)
@@ -186,6 +187,7 @@ impl<B: Backend> Gpt2<B> {
                 (param(g, lay.get(Param::LnfW))?, param(g, lay.get(Param::LnfB))?)
             };
             (x, h) = g.add_layernorm(x, proj, w, bias)?;
+            g.release(proj);
         }
         if last_only {
             // (B, C): the last row of each sequence. With B = 1 a plain view suffices.
