@@ -620,7 +620,17 @@ fn layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec<Vec
 #[ignore = "needs a CUDA device"]
 fn layernorm_matches_cpu() {
     let names = ["out", "mean", "rstd", "dinp", "dw", "db"];
-    for (bt, c) in [(74, 48), (1, 5), (300, 768), (600, 33)] {
+    // C a multiple of 4 up to 1664 takes the one-pass backward (each of its widths: 768, 1024,
+    // 1280, 1664; rows past a block of 64 and a partial last block); 33 and 5 the two-pass one.
+    for (bt, c) in [
+        (74, 48),
+        (1, 5),
+        (300, 768),
+        (600, 33),
+        (130, 1024),
+        (65, 1280),
+        (70, 1600),
+    ] {
         let want = layernorm_case(&cpu(), Inputs::F32, bt, c);
         let got = layernorm_case(&gpu(Precision::Fp32), Inputs::F32, bt, c);
         check(&format!("layernorm {bt}x{c}"), &names, &got, &want, FP32_TOL);

@@ -25,6 +25,26 @@ const COLUMN_CHUNK_ROWS: usize = 256;
 /// Rows per block of the float4 column reductions (fewer, fuller blocks).
 const VEC4_CHUNK_ROWS: usize = 512;
 
+/// Rows a block of the one-pass layernorm backward takes (8 warps, 8 rows each): GPT-2's
+/// B·T = 16K rows give 256 blocks, about two a multiprocessor.
+const LN_FUSED_ROWS: usize = 64;
+
+/// The one-pass layernorm backward (`layernorm_backward_fused_k{K}_kernel`: dinp and the
+/// parameter sums' partials from one read of dout and inp, NOTES.md 27): its K, the float4
+/// columns a lane holds (instances for C up to 768, 1024, 1280, 1664), where C and the rows
+/// allow 4-element loads; `None` leaves the two-pass kernels, as does
+/// `GPT2_CUDA_LN_BWD=two-pass` (the ablation).
+fn fused_layernorm_width(c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> Option<usize> {
+    static TWO_PASS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *TWO_PASS.get_or_init(|| std::env::var("GPT2_CUDA_LN_BWD").is_ok_and(|v| v == "two-pass")) {
+        return None;
+    }
+    if !vec4_rows(c, ptrs, act) {
+        return None;
+    }
+    [6, 8, 10, 13].into_iter().find(|&k| c <= 128 * k)
+}
+
 /// A kernel launch's grid and block.
 type LaunchShape = ((u32, u32, u32), (u32, u32, u32));
 
@@ -83,8 +103,46 @@ impl CudaBackend {
         bt: usize,
         c: usize,
     ) {
-        let grid = blocks(bt, ROWS_PER_BLOCK);
         let copy = copy.unwrap_or_default(); // null: no copy
+        if let Some(k) = fused_layernorm_width(c, &[dinp, copy, dout, inp, w], self.act()) {
+            // One pass: dinp and the blocks' partial parameter sums, then the sums in order.
+            let chunks = bt.div_ceil(LN_FUSED_ROWS);
+            match self.scratch(2 * chunks * c) {
+                Ok(dw_part) => {
+                    let db_part = dw_part.add(chunks * c);
+                    self.launch(
+                        &format!("layernorm_backward_fused_k{k}_kernel"),
+                        (chunks as u32, 1, 1),
+                        (256, 1, 1),
+                        args![
+                            dinp,
+                            copy,
+                            dw_part,
+                            db_part,
+                            dout,
+                            inp,
+                            w,
+                            mean,
+                            rstd,
+                            bt,
+                            c,
+                            LN_FUSED_ROWS
+                        ],
+                    );
+                    for (sum, part) in [(dw, dw_part), (db, db_part)] {
+                        self.launch(
+                            "column_sums_finish8_kernel",
+                            (c.div_ceil(32) as u32, 1, 1),
+                            (32, 8, 1),
+                            args![sum, part, chunks, c],
+                        );
+                    }
+                }
+                Err(e) => self.fail(e),
+            }
+            return;
+        }
+        let grid = blocks(bt, ROWS_PER_BLOCK);
         let args = args![dinp, copy, dout, inp, w, mean, rstd, bt, c];
         let name = if vec4_rows(c, &[dinp, copy, dout, inp, w], self.act()) {
             "layernorm_backward_dinp_vec4_kernel"

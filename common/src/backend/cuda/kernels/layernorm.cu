@@ -244,3 +244,101 @@ extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_parti
         *reinterpret_cast<float4*>(db_partials + (size_t)blockIdx.y * C + c) = dbs;
     }
 }
+
+// layernorm_backward_dinp_vec4_kernel and layernorm_backward_params_vec4_kernel in one pass over
+// dout and inp: a block of 8 warps takes `rows_per_block` rows (a warp every 8th, one row at a
+// time, its dinp exactly as the dinp kernel computes it) and sums its rows' dw = norm·dout and
+// db = dout per column in registers, then writes the block's partial sums (warps added in
+// order) into dw_partials[blockIdx.x, c], db_partials[blockIdx.x, c]; column_sums_finish_kernel
+// adds the blocks in order (no atomics). K: float4 columns a lane (C a multiple of 4, C ≤ 128 K).
+// Grid ceil(N / rows_per_block), 256 threads.
+template <int K>
+__device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* copy, float* dw_partials,
+                                                         float* db_partials, const act_t* dout, const act_t* inp,
+                                                         const act_t* w, const float* mean, const float* rstd, int N,
+                                                         int C, int rows_per_block) {
+    __shared__ float4 part[8][32];
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    float4 dw[K], db[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) dw[k] = db[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int row_end = min((blockIdx.x + 1) * rows_per_block, N);
+    for (int row = blockIdx.x * rows_per_block + warp; row < row_end; row += 8) {
+        size_t off = (size_t)row * C;
+        float m = mean[row], s = rstd[row];
+        float4 xn[K], g[K];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int c = 4 * lane + 128 * k;
+            if (c < C) {
+                float4 xv = load4(inp + off + c), wv = load4(w + c);
+                g[k] = load4(dout + off + c);
+                xn[k] = make_float4((xv.x - m) * s, (xv.y - m) * s, (xv.z - m) * s, (xv.w - m) * s);
+                float dn[4] = {wv.x * g[k].x, wv.y * g[k].y, wv.z * g[k].z, wv.w * g[k].w};
+                float xs[4] = {xn[k].x, xn[k].y, xn[k].z, xn[k].w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    dnorm_mean += dn[j];
+                    dnorm_norm_mean += dn[j] * xs[j];
+                }
+                dw[k].x += xn[k].x * g[k].x;
+                dw[k].y += xn[k].y * g[k].y;
+                dw[k].z += xn[k].z * g[k].z;
+                dw[k].w += xn[k].w * g[k].w;
+                db[k].x += g[k].x;
+                db[k].y += g[k].y;
+                db[k].z += g[k].z;
+                db[k].w += g[k].w;
+            }
+        }
+        dnorm_mean = warp_sum(dnorm_mean) / C;
+        dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+        act_t* d = dinp + off;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int c = 4 * lane + 128 * k;
+            if (c < C) {
+                float4 wv = load4(w + c), dv = load4(d + c);
+                float dn[4] = {wv.x * g[k].x, wv.y * g[k].y, wv.z * g[k].z, wv.w * g[k].w};
+                float xs[4] = {xn[k].x, xn[k].y, xn[k].z, xn[k].w};
+                float ds[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) ds[j] += (dn[j] - dnorm_mean - xs[j] * dnorm_norm_mean) * s;
+                float4 v = make_float4(ds[0], ds[1], ds[2], ds[3]);
+                store4(d + c, v);
+                if (copy) store4(copy + off + c, v);  // the same rounding as d's
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int c = 4 * lane + 128 * k;
+        for (int which = 0; which < 2; which++) {
+            part[warp][lane] = which ? db[k] : dw[k];
+            __syncthreads();
+            if (warp == 0 && c < C) {
+                float4 sum = part[0][lane];
+                for (int j = 1; j < 8; j++) {
+                    float4 v = part[j][lane];
+                    sum.x += v.x;
+                    sum.y += v.y;
+                    sum.z += v.z;
+                    sum.w += v.w;
+                }
+                *reinterpret_cast<float4*>((which ? db_partials : dw_partials) + (size_t)blockIdx.x * C + c) = sum;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+#define LN_FUSED_PARAMS                                                                                          \
+    act_t *dinp, act_t *copy, float *dw_partials, float *db_partials, const act_t *dout, const act_t *inp,        \
+        const act_t *w, const float *mean, const float *rstd, int N, int C, int rows_per_block
+#define LN_FUSED_ARGS dinp, copy, dw_partials, db_partials, dout, inp, w, mean, rstd, N, C, rows_per_block
+// Instances for C up to 768 (GPT-2 small), 1024 (medium), 1280 (large) and 1664 (XL's 1600).
+extern "C" __global__ void layernorm_backward_fused_k6_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<6>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k8_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<8>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k10_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<10>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k13_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<13>(LN_FUSED_ARGS); }
