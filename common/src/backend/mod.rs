@@ -712,10 +712,7 @@ pub trait Backend {
         nh: usize,
     ) {
         // SAFETY: the caller's contract.
-        unsafe {
-            self.zero_act(dqkv, b * t * 3 * c);
-            self.attention_backward(dqkv, dout, qkv, out, saved, b, t, c, nh);
-        }
+        unsafe { attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh) }
     }
 
     /// Causal attention of `t` new positions of one sequence against a key/value cache (text
@@ -1047,4 +1044,30 @@ pub trait Backend {
         hp: SgdHyper,
         copy: Option<DevPtr<bf16>>,
     );
+}
+
+/// [`Backend::attention_backward_overwrite`] where no kernel overwrites: zero `dqkv`, then
+/// accumulate into it (the trait's default, and a backend's fallback where its overwriting
+/// kernels do not take the shape).
+///
+/// # Safety
+/// As [`Backend::attention_backward_overwrite`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn attention_backward_zeroed<B: Backend + ?Sized>(
+    be: &B,
+    dqkv: DevPtr<Act>,
+    dout: DevPtr<Act>,
+    qkv: DevPtr<Act>,
+    out: DevPtr<Act>,
+    saved: DevPtr,
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        be.zero_act(dqkv, b * t * 3 * c);
+        be.attention_backward(dqkv, dout, qkv, out, saved, b, t, c, nh);
+    }
 }

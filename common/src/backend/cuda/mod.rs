@@ -73,6 +73,10 @@ pub struct CudaBackend {
     /// The training loss's forward and in-place backward in one kernel (`GPT2_CUDA_LOSS`,
     /// `fused` by default, or `unfused`: the two kernels).
     fused_loss: bool,
+    /// The layernorm backward in one pass where a `layernorm_backward_fused_k*` instance takes
+    /// the width (`GPT2_CUDA_LN_BWD`, `fused` by default, or `unfused`: the dinp kernel, then
+    /// the parameter kernel reading dout and the input again).
+    one_pass_layernorm: bool,
     /// The MLP's ReLU in its products' epilogues (cuBLASLt's RELU_BIAS; `GPT2_CUDA_RELU`).
     relu_epilogue: bool,
     mlp_tiles: MlpTiles,
@@ -320,6 +324,7 @@ impl CudaBackend {
             bias_grad,
             residual,
             fused_loss: fused_from_env("GPT2_CUDA_LOSS")?,
+            one_pass_layernorm: fused_from_env("GPT2_CUDA_LN_BWD")?,
             relu_epilogue,
             mlp_tiles,
         })

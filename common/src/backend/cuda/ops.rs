@@ -32,13 +32,8 @@ const LN_FUSED_ROWS: usize = 64;
 /// The one-pass layernorm backward (`layernorm_backward_fused_k{K}_kernel`: dinp and the
 /// parameter sums' partials from one read of dout and inp, NOTES.md 27): its K, the float4
 /// columns a lane holds (instances for C up to 768, 1024, 1280, 1664), where C and the rows
-/// allow 4-element loads; `None` leaves the two-pass kernels, as does
-/// `GPT2_CUDA_LN_BWD=two-pass` (the ablation).
+/// allow 4-element loads; `None` leaves the two-pass kernels.
 fn fused_layernorm_width(c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> Option<usize> {
-    static TWO_PASS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *TWO_PASS.get_or_init(|| std::env::var("GPT2_CUDA_LN_BWD").is_ok_and(|v| v == "two-pass")) {
-        return None;
-    }
     if !vec4_rows(c, ptrs, act) {
         return None;
     }
@@ -80,7 +75,13 @@ impl CudaBackend {
     /// # Safety
     /// `out`: `c` values; `partials`: `chunks · c`.
     unsafe fn finish_column_sums(&self, out: DevPtr, partials: DevPtr, chunks: usize, c: usize) {
-        self.launch_1d("column_sums_finish_kernel", c, args![out, partials, chunks, c]);
+        let grid = (c.div_ceil(32) as u32, 1, 1);
+        self.launch(
+            "column_sums_finish_kernel",
+            grid,
+            (32, 8, 1),
+            args![out, partials, chunks, c],
+        );
     }
 
     /// `layernorm_backward`, and with `copy` the updated dinp also written there (OVERWRITTEN)
@@ -104,7 +105,10 @@ impl CudaBackend {
         c: usize,
     ) {
         let copy = copy.unwrap_or_default(); // null: no copy
-        if let Some(k) = fused_layernorm_width(c, &[dinp, copy, dout, inp, w], self.act()) {
+        let one_pass = self
+            .one_pass_layernorm
+            .then(|| fused_layernorm_width(c, &[dinp, copy, dout, inp, w], self.act()));
+        if let Some(k) = one_pass.flatten() {
             // One pass: dinp and the blocks' partial parameter sums, then the sums in order.
             let chunks = bt.div_ceil(LN_FUSED_ROWS);
             match self.scratch(2 * chunks * c) {
@@ -129,14 +133,8 @@ impl CudaBackend {
                             LN_FUSED_ROWS
                         ],
                     );
-                    for (sum, part) in [(dw, dw_part), (db, db_part)] {
-                        self.launch(
-                            "column_sums_finish8_kernel",
-                            (c.div_ceil(32) as u32, 1, 1),
-                            (32, 8, 1),
-                            args![sum, part, chunks, c],
-                        );
-                    }
+                    self.finish_column_sums(dw, dw_part, chunks, c);
+                    self.finish_column_sums(db, db_part, chunks, c);
                 }
                 Err(e) => self.fail(e),
             }
@@ -869,10 +867,7 @@ impl Backend for CudaBackend {
     ) {
         match self.attention_backward_overwriting(dqkv, dout, qkv, out, saved, b, t, c, nh) {
             Ok(true) => {}
-            Ok(false) => {
-                self.zero_act(dqkv, b * t * 3 * c);
-                self.attention_backward(dqkv, dout, qkv, out, saved, b, t, c, nh);
-            }
+            Ok(false) => crate::backend::attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh),
             Err(e) => self.fail(e),
         }
     }

@@ -71,21 +71,12 @@ extern "C" __global__ void sum_squares_finish_kernel(float* out, const float* pa
     if (threadIdx.x == 0) out[0] += sum;
 }
 
-// out[c] += Σ_k partials[k, c] over `chunks` rows of partial column sums, in order: the
-// second pass of the bias and layernorm-parameter gradients. One thread per column.
-extern "C" __global__ void column_sums_finish_kernel(float* out, const float* partials, int chunks, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float sum = 0.0f;
-    for (int k = 0; k < chunks; k++) sum += partials[(size_t)k * C + c];
-    out[c] += sum;
-}
 
-// out[c] += Σ_k partials[k, c] over `chunks` rows of partial column sums in a fixed order, for
-// many chunks: block (32, 8), 32 columns a block; row lane j sums chunks j, j + 8, j + 16, ... in
-// order, then lane 0 adds the eight lanes' sums in order (column_sums_finish_kernel, one thread
-// a column walking every chunk in turn, is latency-bound past a few dozen chunks).
-extern "C" __global__ void column_sums_finish8_kernel(float* out, const float* partials, int chunks, int C) {
+// out[c] += Σ_k partials[k, c] over `chunks` rows of partial column sums in a fixed order: the
+// second pass of the bias and layernorm-parameter gradients. Block (32, 8), 32 columns a block;
+// row lane j sums chunks j, j + 8, j + 16, ... in order, then lane 0 adds the eight lanes' sums in
+// order (one thread a column walking every chunk in turn is latency-bound past a few dozen).
+extern "C" __global__ void column_sums_finish_kernel(float* out, const float* partials, int chunks, int C) {
     __shared__ float part[8][33];
     int tx = threadIdx.x, ty = threadIdx.y;
     int c = blockIdx.x * 32 + tx;
