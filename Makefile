@@ -19,7 +19,7 @@ SHORT_FLAGS := --data data/tinyshakespeare.txt --model char --steps 100 --eval-e
 # libnvrtc from the PyPI wheel (no GPU needed), for the kernel-compile test.
 NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
 
-.PHONY: all deps build run run-mnist mnist-results test bench mlp-cpu-bench llmc-compare char-model results clean
+.PHONY: all deps build run run-mnist mnist-results test bench mlp-cpu-bench llmc-compare char-model docs-corpus results clean
 
 # GPU results copied back from a device run (see stage2_cuda/gpu/), when present.
 GPU_RUNS = $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(1)$(s)/loss.tsv),--run "$(s)=results/runs/$(1)$(s)"))
@@ -94,6 +94,13 @@ llmc-compare: build
 char-model: deps
 	$(CARGO) build --release -p stage0_serial
 	BIN=$(BIN)/stage0_serial RUN=$(RUN_DIR)/shakespeare-char data/make-char-model.sh
+
+# data/docs-gpt2.bin: >= 10M GPT-2 tokens of the documentation Debian ships (linux-doc and
+# python3-doc, installed on first use), for the run at the used-by scale
+# (stage3_mpi_cuda/gpu/docs-run.sh). Ignored by git: 24 MB, made again by this target.
+docs-corpus: deps
+	$(CARGO) build --release -p stage0_serial
+	BIN=$(BIN)/stage0_serial data/make-docs-corpus.sh
 
 # Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch (with the
 # GPU stages' runs that stage3_mpi_cuda/gpu/run.sh brought back into results/runs/), then

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The run at the used-by scale (issue 14, item 3), in one device call: GPT-2 124M in bf16 on N
+# GPUs (`mpirun -n N stage3_mpi_cuda`, B=16 a GPU, T=1024) for EPOCHS epochs (default 1) over
+# data/docs-gpt2.bin (>= 10M GPT-2 tokens, `make docs-corpus`), evaluated ~10 times an epoch;
+# then the first 200 steps of the same set-up in fp32, on N GPUs and on one GPU taking each
+# global batch in N micro-batches (`stage2_cuda --grad-accum N`), compared evaluation by
+# evaluation (bound 1e-3). From the project root, after `bundle.sh -p stage2_cuda -p
+# stage3_mpi_cuda --features ...` (carry .gpu and data/docs-gpt2.bin):
+#   stage3_mpi_cuda/gpu/docs-run.sh [N]     # N: GPUs (default: all that nvidia-smi lists)
+# Prints the loss-per-epoch tables and the comparison last; the runs (loss.tsv, log, env.txt;
+# no checkpoints) go to $OUT/docs-run.tgz. Knobs: EPOCHS, PARITY_STEPS (200), DATA.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0   # never NVLink multicast
+source .gpu/env.sh >/dev/null 2>&1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export REQUIRE_NVRTC=1
+DATA=${DATA:-data/docs-gpt2.bin}
+EPOCHS=${EPOCHS:-1}
+PARITY_STEPS=${PARITY_STEPS:-200}
+[ -f "$DATA" ] || { echo "docs-run.sh: $DATA is missing: run \`make docs-corpus\` here and carry it" >&2; exit 2; }
+found=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+n=${1:-$found}
+if [ "$n" -lt 1 ] || [ "$n" -gt "$found" ]; then
+  echo "docs-run.sh: asked for $n GPUs, nvidia-smi lists $found" >&2; exit 2
+fi
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+commit=$(cat .gpu/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)
+tokens=$(( ($(stat -c %s "$DATA") - 1024) / 2 ))
+batch=$((16 * n))
+# Steps an epoch: the training windows (90% of the tokens; the default --val-fraction) over the
+# global batch; ~10 evaluations an epoch.
+steps=$(( tokens * 9 / 10 / 1024 / batch ))
+every=$(( steps / 10 > 0 ? steps / 10 : 1 ))
+warmup=$(( steps * EPOCHS / 20 > 0 ? steps * EPOCHS / 20 : 1 ))
+runs=/tmp/docs-run; rm -rf "$runs"; mkdir -p "$runs"
+machine="commit $commit, $n x $device, $DATA ($tokens tokens, sha256 $(sha256sum "$DATA" | cut -c1-16))"
+echo "$machine"
+common="--data $DATA --model gpt2 --tokenizer gpt2 --seq-len 1024 --lr 6e-4 --seed 1337"
+rc=0
+train() {  # name, limit (s), command...
+  local name=$1 limit=$2; shift 2
+  mkdir -p "$runs/$name"; echo "$machine" >"$runs/$name/env.txt"
+  echo "== $name: $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" --out "$runs/$name" >"$runs/$name/log.txt" 2>&1 || { rc=1; echo "$name FAILED"; tail -5 "$runs/$name/log.txt"; }
+  echo "   $((SECONDS - t0)) s"
+}
+train "bf16-${n}gpu" 540 mpirun -n "$n" stage3_mpi_cuda train $common --batch $batch --epochs "$EPOCHS" \
+  --eval-every $every --warmup $warmup --sample-len 64 --precision bf16
+train "fp32-${n}gpu" 300 mpirun -n "$n" stage3_mpi_cuda train $common --batch $batch --steps "$PARITY_STEPS" \
+  --eval-every 20 --warmup 20 --sample-len 0 --precision fp32
+train "fp32-1gpu-accum$n" 400 stage2_cuda train $common --batch $batch --grad-accum "$n" --steps "$PARITY_STEPS" \
+  --eval-every 20 --warmup 20 --sample-len 0 --precision fp32
+rm -f "$runs"/*/model.ckpt; tar -C "$runs" -czf "$OUT/docs-run.tgz" .
+echo
+for r in "$runs"/*/; do echo "## $(basename "$r")"; cat "$r/loss.tsv" 2>/dev/null; grep -i 'tokens/s\|sample\|epoch' "$r/log.txt" | tail -3; echo; done
+python3 - "$runs/fp32-${n}gpu/loss.tsv" "$runs/fp32-1gpu-accum$n/loss.tsv" "$n" <<'PY' || rc=1
+import sys
+def rows(p):
+    lines = [l.rstrip("\n").split("\t") for l in open(p)]
+    return [dict(zip(lines[0], l)) for l in lines[1:]]
+a, b, n = rows(sys.argv[1]), rows(sys.argv[2]), sys.argv[3]
+worst = 0.0
+for x, y in zip(a, b):
+    for col in ("train_loss", "val_loss"):
+        worst = max(worst, abs(float(x[col]) - float(y[col])))
+ok = len(a) == len(b) and len(a) > 0 and worst <= 1e-3
+print(f"PARITY stage3 on {n} GPU(s) vs stage2_cuda --grad-accum {n}: {len(a)} evaluations, worst |difference| {worst:.2e} (bound 1e-3): {'PASS' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+PY
+exit $rc
