@@ -147,9 +147,9 @@ fn check(test: &str, names: &[&str], gpu: &[Vec<f32>], cpu: &[Vec<f32>], tol: f3
 
 // ---- encoder ------------------------------------------------------------------------
 
-fn encoder_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, v: usize) -> Vec<Vec<f32>> {
-    let ids = random_ids(b * t, 1, v);
-    let (tokens, order) = (upload_ids(be, &ids), upload_ids(be, &token_order(&ids)));
+fn encoder_case<B: Backend>(be: &B, q: Inputs, ids: &[i32], t: usize, c: usize, v: usize) -> Vec<Vec<f32>> {
+    let b = ids.len() / t;
+    let (tokens, order) = (upload_ids(be, ids), upload_ids(be, &token_order(ids)));
     let wte = upload_act(be, &rnd(q, v * c, 2, 1.0));
     let wpe = upload_act(be, &rnd(q, t * c, 3, 1.0));
     let out = alloc_act(be, b * t * c);
@@ -165,15 +165,39 @@ fn encoder_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, v: 
     ]
 }
 
+/// Ids of text's shape: about `share` of the positions hold token 0 (as " " and "\n" fill
+/// a batch of real text), the rest spread over `below` tokens.
+fn skewed_ids(n: usize, seed: u64, below: usize, share: f32) -> Vec<i32> {
+    let pick = random(n, seed + 1, 1.0);
+    random_ids(n, seed, below)
+        .into_iter()
+        .zip(pick)
+        .map(|(id, x)| if (x + 1.0) * 0.5 < share { 0 } else { id })
+        .collect()
+}
+
+/// The wte gradient sums each token's rows in a fixed order, in chunks of 32 positions where
+/// C is a multiple of 8 (runs within a chunk, runs across many chunks, runs that start or end
+/// at a chunk's edge), one thread a run otherwise (C = 36).
+const ENCODER_CASES: [(usize, usize, usize, usize, f32); 6] = [
+    // (b, t, c, vocabulary, share of token 0)
+    (3, 37, 48, 11, 0.0),
+    (2, 64, 768, 50, 0.0),
+    (4, 256, 768, 3, 0.0),   // three runs of ~340 positions: ~11 chunks each
+    (8, 128, 64, 1000, 0.6), // one run of ~600, the rest short
+    (2, 32, 40, 2, 0.0),     // 64 positions: two chunks, one or two runs
+    (2, 100, 36, 7, 0.3),    // C not a multiple of 8: one thread a run
+];
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn encoder_matches_cpu() {
-    // Few tokens (v = 11) so that many positions share one row of dwte.
-    for (b, t, c, v) in [(3, 37, 48, 11), (2, 64, 768, 50)] {
-        let want = encoder_case(&cpu(), Inputs::F32, b, t, c, v);
-        let got = encoder_case(&gpu(Precision::Fp32), Inputs::F32, b, t, c, v);
+    for (b, t, c, v, share) in ENCODER_CASES {
+        let ids = skewed_ids(b * t, 1, v, share);
+        let want = encoder_case(&cpu(), Inputs::F32, &ids, t, c, v);
+        let got = encoder_case(&gpu(Precision::Fp32), Inputs::F32, &ids, t, c, v);
         check(
-            &format!("encoder b{b} t{t} c{c}"),
+            &format!("encoder b{b} t{t} c{c} v{v} share{share}"),
             &["out", "dwte", "dwpe"],
             &got,
             &want,
@@ -1318,16 +1342,18 @@ fn check_bf16(test: &str, names: &[&str], got: &[Vec<f32>], want: &[Vec<f32>], b
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_encoder_is_within_bound() {
-    let (b, t, c, v) = (2, 64, 768, 50);
-    let want = encoder_case(&cpu(), Inputs::Bf16, b, t, c, v);
-    let got = encoder_case(&gpu(Precision::Bf16), Inputs::Bf16, b, t, c, v);
-    check_bf16(
-        "encoder",
-        &["out", "dwte", "dwpe"],
-        &got,
-        &want,
-        &[(1.0, 2), (1.0, b * t), (1.0, b)],
-    );
+    for (b, t, c, v, share) in ENCODER_CASES {
+        let ids = skewed_ids(b * t, 1, v, share);
+        let want = encoder_case(&cpu(), Inputs::Bf16, &ids, t, c, v);
+        let got = encoder_case(&gpu(Precision::Bf16), Inputs::Bf16, &ids, t, c, v);
+        check_bf16(
+            &format!("encoder b{b} t{t} c{c} v{v} share{share}"),
+            &["out", "dwte", "dwpe"],
+            &got,
+            &want,
+            &[(1.0, 2), (1.0, b * t), (1.0, b)],
+        );
+    }
 }
 
 #[test]
@@ -1417,7 +1443,8 @@ fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
     let want = gelu_case(&cpu(), Inputs::Bf16, n);
     let got = gelu_case(&gpu(Precision::Bf16), Inputs::Bf16, n);
     check_bf16("gelu", &["out", "dinp"], &got, &want, &[(1.0, 1), (2.0, 1)]);
-    for (bt, v, vp) in [(37, 101, 128), (5, 50_257, 50_304)] {
+    // Rows held in registers: 1, 2, 4 and 7 vectors a thread.
+    for (bt, v, vp) in [(37, 101, 128), (4, 9_001, 9_008), (2, 30_000, 30_000), (5, 50_257, 50_304)] {
         let want = crossentropy_case(&cpu(), Inputs::Bf16, bt, v, vp);
         let got = crossentropy_case(&gpu(Precision::Bf16), Inputs::Bf16, bt, v, vp);
         check_bf16(

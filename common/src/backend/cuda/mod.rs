@@ -77,6 +77,10 @@ pub struct CudaBackend {
     /// the width (`GPT2_CUDA_LN_BWD`, `fused` by default, or `unfused`: the dinp kernel, then
     /// the parameter kernel reading dout and the input again).
     one_pass_layernorm: bool,
+    /// The token embedding's gradient in chunks of 32 positions, then the chunks in order,
+    /// where C allows (`GPT2_CUDA_WTE_BWD`, `fused` by default, or `unfused`: one thread sums a
+    /// token's whole run of rows, a serial chain as long as text's commonest token's count).
+    chunked_wte: bool,
     /// The MLP's ReLU in its products' epilogues (cuBLASLt's RELU_BIAS; `GPT2_CUDA_RELU`).
     relu_epilogue: bool,
     mlp_tiles: MlpTiles,
@@ -325,6 +329,7 @@ impl CudaBackend {
             residual,
             fused_loss: fused_from_env("GPT2_CUDA_LOSS")?,
             one_pass_layernorm: fused_from_env("GPT2_CUDA_LN_BWD")?,
+            chunked_wte: fused_from_env("GPT2_CUDA_WTE_BWD")?,
             relu_epilogue,
             mlp_tiles,
         })

@@ -125,7 +125,10 @@ pub fn kernel_names(src: &str) -> Vec<String> {
     let marker = "__global__ void ";
     src.match_indices(marker)
         .filter_map(|(at, _)| {
-            let rest = src[at + marker.len()..].trim_start();
+            let mut rest = src[at + marker.len()..].trim_start();
+            if let Some(bounds) = rest.strip_prefix("__launch_bounds__") {
+                rest = bounds[bounds.find(')')? + 1..].trim_start(); // `__launch_bounds__(N) name`
+            }
             let end = rest.find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))?;
             (end > 0).then(|| rest[..end].to_string())
         })
@@ -352,5 +355,18 @@ impl Drop for Kernels {
             // SAFETY: each module was loaded once and is unloaded once.
             let _ = unsafe { driver::module::unload(module) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_names;
+
+    #[test]
+    fn kernel_names_read_past_launch_bounds() {
+        let src = "extern \"C\" __global__ void plain_kernel(int n) {}\n\
+                   extern \"C\" __global__ void __launch_bounds__(1024) bounded_kernel(float* x) {}\n\
+                   __device__ void helper() {}";
+        assert_eq!(kernel_names(src), ["plain_kernel", "bounded_kernel"]);
     }
 }

@@ -25,6 +25,10 @@ const COLUMN_CHUNK_ROWS: usize = 256;
 /// Rows per block of the float4 column reductions (fewer, fuller blocks).
 const VEC4_CHUNK_ROWS: usize = 512;
 
+/// Positions of `order` a warp of the chunked wte gradient takes (`WTE_CHUNK` in
+/// kernels/encoder.cu).
+const WTE_CHUNK: usize = 32;
+
 /// Rows a block of the one-pass layernorm backward takes (8 warps, 8 rows each): GPT-2's
 /// B·T = 16K rows give 256 blocks, about two a multiprocessor.
 const LN_FUSED_ROWS: usize = 64;
@@ -579,11 +583,37 @@ impl Backend for CudaBackend {
         t: usize,
         c: usize,
     ) {
-        self.launch_1d(
-            "encoder_backward_wte_kernel",
-            b * t * c,
-            args![dwte, dout, tokens, order, b, t, c],
-        );
+        let bt = b * t;
+        // In chunks (no serial chain as long as a token's run) where rows of C allow 8-element
+        // loads; otherwise one thread a (run, column).
+        let chunked = self.chunked_wte
+            && c.is_multiple_of(8)
+            && dout.addr().is_multiple_of(8 * self.act().bytes() as u64)
+            && dwte.addr().is_multiple_of(32);
+        let chunks = bt.div_ceil(WTE_CHUNK);
+        match chunked.then(|| self.scratch(2 * chunks * c)) {
+            Some(Ok(partials)) => {
+                let tiles = c.div_ceil(256) as u32;
+                self.launch(
+                    "encoder_backward_wte_chunks_kernel",
+                    (chunks.div_ceil(8) as u32, tiles, 1),
+                    (256, 1, 1),
+                    args![dwte, partials, dout, tokens, order, bt, c],
+                );
+                self.launch(
+                    "encoder_backward_wte_runs_kernel",
+                    (chunks as u32, tiles, 1),
+                    (256, 1, 1),
+                    args![dwte, partials, tokens, order, bt, c],
+                );
+            }
+            Some(Err(e)) => return self.fail(e),
+            None => self.launch_1d(
+                "encoder_backward_wte_kernel",
+                bt * c,
+                args![dwte, dout, tokens, order, b, t, c],
+            ),
+        }
         self.launch_1d("encoder_backward_wpe_kernel", t * c, args![dwpe, dout, b, t, c]);
     }
 
@@ -1008,6 +1038,15 @@ impl Backend for CudaBackend {
         // 8-element (16-byte for bf16) accesses when every row starts aligned to 8 elements.
         let width = 8 * self.act().bytes() as u64;
         let vec = (vp.is_multiple_of(8) && logits.addr().is_multiple_of(width)) as usize;
+        // In bf16 a row of up to 7 × 8192 elements fits the block's registers: read once.
+        let held = (vec == 1 && self.act() == ActType::Bf16)
+            .then(|| [1, 2, 4, 7].into_iter().find(|&k| vp <= 8192 * k))
+            .flatten();
+        if let Some(k) = held {
+            let args = args![losses, logits, targets, dloss, bt, v, vp];
+            let name = format!("crossentropy_fused_r{k}_kernel");
+            return self.launch(&name, (bt as u32, 1, 1), (1024, 1, 1), args);
+        }
         let args = args![losses, logits, targets, dloss, bt, v, vp, vec];
         self.launch("crossentropy_fused_kernel", (bt as u32, 1, 1), (1024, 1, 1), args);
     }

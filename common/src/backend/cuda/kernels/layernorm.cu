@@ -245,9 +245,25 @@ extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_parti
     }
 }
 
+// Four activations as loaded (bf16: 8 bytes, two registers; f32: a float4), kept between a
+// row's loads and its use after the row's sums, widened by unpack4.
+#if ACT_BF16
+typedef uint2 raw4_t;
+__device__ __forceinline__ raw4_t load_raw4(const act_t* p) { return *reinterpret_cast<const uint2*>(p); }
+__device__ __forceinline__ float4 unpack4(raw4_t u) {
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+#else
+typedef float4 raw4_t;
+__device__ __forceinline__ raw4_t load_raw4(const act_t* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 unpack4(raw4_t u) { return u; }
+#endif
+
 // layernorm_backward_dinp_vec4_kernel and layernorm_backward_params_vec4_kernel in one pass over
 // dout and inp: a block of 8 warps takes `rows_per_block` rows (a warp every 8th, one row at a
-// time, its dinp exactly as the dinp kernel computes it) and sums its rows' dw = norm·dout and
+// time, its dinp exactly as the dinp kernel computes it, from one load of the row's input,
+// output gradient and old dinp) and sums its rows' dw = norm·dout and
 // db = dout per column in registers, then writes the block's partial sums (warps added in
 // order) into dw_partials[blockIdx.x, c], db_partials[blockIdx.x, c]; column_sums_finish_kernel
 // adds the blocks in order (no atomics). K: float4 columns a lane (C a multiple of 4, C ≤ 128 K).
@@ -265,43 +281,53 @@ __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* cop
     int row_end = min((blockIdx.x + 1) * rows_per_block, N);
     for (int row = blockIdx.x * rows_per_block + warp; row < row_end; row += 8) {
         size_t off = (size_t)row * C;
+        act_t* d = dinp + off;
+        // The row's input, its output gradient and dinp's old value, all loaded at once (one
+        // wait for memory a row, not two), kept as loaded until after the row's sums.
+        raw4_t xr[K], gr[K], dr[K];
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int c = 4 * lane + 128 * k;
+            if (c < C) {
+                xr[k] = load_raw4(inp + off + c);
+                gr[k] = load_raw4(dout + off + c);
+                dr[k] = load_raw4(d + c);
+            }
+        }
         float m = mean[row], s = rstd[row];
-        float4 xn[K], g[K];
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
 #pragma unroll
         for (int k = 0; k < K; k++) {
             int c = 4 * lane + 128 * k;
             if (c < C) {
-                float4 xv = load4(inp + off + c), wv = load4(w + c);
-                g[k] = load4(dout + off + c);
-                xn[k] = make_float4((xv.x - m) * s, (xv.y - m) * s, (xv.z - m) * s, (xv.w - m) * s);
-                float dn[4] = {wv.x * g[k].x, wv.y * g[k].y, wv.z * g[k].z, wv.w * g[k].w};
-                float xs[4] = {xn[k].x, xn[k].y, xn[k].z, xn[k].w};
+                float4 xv = unpack4(xr[k]), g = unpack4(gr[k]), wv = load4(w + c);
+                float4 xn = make_float4((xv.x - m) * s, (xv.y - m) * s, (xv.z - m) * s, (xv.w - m) * s);
+                float dn[4] = {wv.x * g.x, wv.y * g.y, wv.z * g.z, wv.w * g.w};
+                float xs[4] = {xn.x, xn.y, xn.z, xn.w};
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     dnorm_mean += dn[j];
                     dnorm_norm_mean += dn[j] * xs[j];
                 }
-                dw[k].x += xn[k].x * g[k].x;
-                dw[k].y += xn[k].y * g[k].y;
-                dw[k].z += xn[k].z * g[k].z;
-                dw[k].w += xn[k].w * g[k].w;
-                db[k].x += g[k].x;
-                db[k].y += g[k].y;
-                db[k].z += g[k].z;
-                db[k].w += g[k].w;
+                dw[k].x += xn.x * g.x;
+                dw[k].y += xn.y * g.y;
+                dw[k].z += xn.z * g.z;
+                dw[k].w += xn.w * g.w;
+                db[k].x += g.x;
+                db[k].y += g.y;
+                db[k].z += g.z;
+                db[k].w += g.w;
             }
         }
         dnorm_mean = warp_sum(dnorm_mean) / C;
         dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
-        act_t* d = dinp + off;
 #pragma unroll
         for (int k = 0; k < K; k++) {
             int c = 4 * lane + 128 * k;
             if (c < C) {
-                float4 wv = load4(w + c), dv = load4(d + c);
-                float dn[4] = {wv.x * g[k].x, wv.y * g[k].y, wv.z * g[k].z, wv.w * g[k].w};
-                float xs[4] = {xn[k].x, xn[k].y, xn[k].z, xn[k].w};
+                float4 xv = unpack4(xr[k]), g = unpack4(gr[k]), wv = load4(w + c), dv = unpack4(dr[k]);
+                float dn[4] = {wv.x * g.x, wv.y * g.y, wv.z * g.z, wv.w * g.w};
+                float xs[4] = {(xv.x - m) * s, (xv.y - m) * s, (xv.z - m) * s, (xv.w - m) * s};
                 float ds[4] = {dv.x, dv.y, dv.z, dv.w};
 #pragma unroll
                 for (int j = 0; j < 4; j++) ds[j] += (dn[j] - dnorm_mean - xs[j] * dnorm_norm_mean) * s;
