@@ -1038,15 +1038,6 @@ impl Backend for CudaBackend {
         // 8-element (16-byte for bf16) accesses when every row starts aligned to 8 elements.
         let width = 8 * self.act().bytes() as u64;
         let vec = (vp.is_multiple_of(8) && logits.addr().is_multiple_of(width)) as usize;
-        // In bf16 a row of up to 7 × 8192 elements fits the block's registers: read once.
-        let held = (vec == 1 && self.act() == ActType::Bf16)
-            .then(|| [1, 2, 4, 7].into_iter().find(|&k| vp <= 8192 * k))
-            .flatten();
-        if let Some(k) = held {
-            let args = args![losses, logits, targets, dloss, bt, v, vp];
-            let name = format!("crossentropy_fused_r{k}_kernel");
-            return self.launch(&name, (bt as u32, 1, 1), (1024, 1, 1), args);
-        }
         let args = args![losses, logits, targets, dloss, bt, v, vp, vec];
         self.launch("crossentropy_fused_kernel", (bt as u32, 1, 1), (1024, 1, 1), args);
     }

@@ -61,7 +61,7 @@ extern "C" __global__ void encoder_backward_wte_chunks_kernel(float* __restrict_
     int my_row = lane < n ? order[start + lane] : 0;
     int my_tok = lane < n ? tokens[my_row] : -1;
     int before = start > 0 ? tokens[order[start - 1]] : -1;
-    int after = start + n < BT ? tokens[order[start + n]] : -1;
+    int after = start + n < BT ? tokens[order[start + n]] : -1;  // the next chunk's first
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     bool first_piece = true;
     for (int g = 0; g < n; g += 8) {
@@ -82,10 +82,9 @@ extern "C" __global__ void encoder_backward_wte_chunks_kernel(float* __restrict_
             int tok = __shfl_sync(full, my_tok, i & 31);
             int next = __shfl_sync(full, my_tok, (i + 1) & 31);
             if (i >= n) break;
-            if (i + 1 == n) next = after;
 #pragma unroll
             for (int k = 0; k < 8; k++) acc[k] += v[u][k];
-            if (next == tok) continue;
+            if (next == tok && i + 1 < n) continue;  // the chunk's last row ends its last piece
             // The piece ends at row i: a whole run into dwte, else into its slot.
             bool from_before = first_piece && tok == before;
             bool into_next = i + 1 == n && tok == after;
