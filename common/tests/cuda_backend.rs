@@ -1444,7 +1444,12 @@ fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
     let got = gelu_case(&gpu(Precision::Bf16), Inputs::Bf16, n);
     check_bf16("gelu", &["out", "dinp"], &got, &want, &[(1.0, 1), (2.0, 1)]);
     // Row lengths: a few vectors a thread up to GPT-2's vocabulary, padded and not.
-    for (bt, v, vp) in [(37, 101, 128), (4, 9_001, 9_008), (2, 30_000, 30_000), (5, 50_257, 50_304)] {
+    for (bt, v, vp) in [
+        (37, 101, 128),
+        (4, 9_001, 9_008),
+        (2, 30_000, 30_000),
+        (5, 50_257, 50_304),
+    ] {
         let want = crossentropy_case(&cpu(), Inputs::Bf16, bt, v, vp);
         let got = crossentropy_case(&gpu(Precision::Bf16), Inputs::Bf16, bt, v, vp);
         check_bf16(

@@ -389,7 +389,7 @@ pub trait Backend {
     }
     /// Whether this backend takes snapshots ([`Backend::snapshot`]; it may still be refused
     /// the memory for one).
-    fn snapshots(&self) -> bool {
+    fn takes_snapshots(&self) -> bool {
         false
     }
     /// Makes ready the host memory that snapshots of buffers of `lens` elements will be read

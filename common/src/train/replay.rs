@@ -41,7 +41,12 @@ impl<B: Backend, K: PartialEq + std::fmt::Debug> Recorder<B, K> {
             Some((recorded, rec)) if *recorded == now => be.replay(rec),
             _ if self.warm.as_ref() != Some(&now) => {
                 // The first step of a key runs as queued: it sizes the pool and the scratch.
-                log(|| format!("queued, key {now:?} (recorded: {:?})", self.recording.as_ref().map(|r| &r.0)));
+                log(|| {
+                    format!(
+                        "queued, key {now:?} (recorded: {:?})",
+                        self.recording.as_ref().map(|r| &r.0)
+                    )
+                });
                 self.recording = None;
                 self.warm = Some(queue()?);
                 Ok(())

@@ -392,7 +392,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// Whether checkpoints will go through a snapshot on the device where they can (and so
     /// need no host arrays made ready for them).
     pub fn snapshots_checkpoints(&self) -> bool {
-        self.snapshots && self.be.snapshots() && !self.sync.shards().sharded()
+        self.snapshots && self.be.takes_snapshots() && !self.sync.shards().sharded()
     }
 
     /// One moment whole into `host` on rank 0 (left alone elsewhere). Sharded, each rank's

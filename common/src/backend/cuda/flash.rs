@@ -193,45 +193,10 @@ impl CudaBackend {
         )
     }
 
-    /// The backward into a `dqkv` it overwrites, where the Hopper kernels take this shape and
-    /// `GPT2_CUDA_ATTN_BWD` is `overwrite`. `Ok(false)`: not taken (the caller zero-fills and
-    /// accumulates).
-    ///
-    /// # Safety
-    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attention_backward_overwriting(
-        &self,
-        dqkv: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        qkv: DevPtr<Act>,
-        out: DevPtr<Act>,
-        lse: DevPtr,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) -> Result<bool> {
-        let hs = super::attention::head_size(c, nh)?;
-        let hopper = self.attention == AttentionPath::Flash
-            && variant(
-                hs,
-                self.precision,
-                self.attention,
-                self.wgmma_fits(hs, &[qkv, dout, dqkv]),
-            )?
-            .suffix
-                == "d64_wgmma";
-        if !hopper || self.hopper_backward != HopperBackward::Overwrite {
-            return Ok(false);
-        }
-        // SAFETY: the caller's contract.
-        unsafe { self.attention_backward_flash(dqkv, dout, qkv, out, lse, b, t, c, nh, true)? };
-        Ok(true)
-    }
-
     /// delta = rowsum(dout·out), then dK/dV per key tile and dQ per query tile, added into
-    /// dqkv or (`overwrite`, the Hopper kernels only) written over it.
+    /// dqkv, or with `overwrite` in place of what it held: written over it by the Hopper
+    /// kernels where they take the shape and `GPT2_CUDA_ATTN_BWD` is `overwrite`, otherwise
+    /// zero-filled first and added into.
     ///
     /// # Safety
     /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
@@ -259,6 +224,11 @@ impl CudaBackend {
             self.attention,
             self.wgmma_fits(hs, &[qkv, dout, dqkv]),
         )?;
+        let hopper = v.suffix == "d64_wgmma";
+        let store = overwrite && hopper && self.hopper_backward == HopperBackward::Overwrite;
+        if overwrite && !store {
+            crate::backend::Backend::zero_act(self, dqkv, b * t * 3 * c);
+        }
         let delta = self.scratch(b * nh * t)?;
         // One warp per position, 8 per block.
         self.try_launch(
@@ -272,8 +242,8 @@ impl CudaBackend {
         let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
         let vec = vectorizable(hs, &[qkv, dout], v.vector);
         let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
-        if v.suffix == "d64_wgmma" {
-            let suffix = if overwrite { "d64_wgmma_store" } else { "d64_wgmma" };
+        if hopper {
+            let suffix = if store { "d64_wgmma_store" } else { "d64_wgmma" };
             for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
                 self.try_launch_shared(
                     &format!("flash_backward_{kernel}_{suffix}"),
@@ -285,7 +255,6 @@ impl CudaBackend {
             }
             return Ok(());
         }
-        debug_assert!(!overwrite, "only the Hopper kernels overwrite dqkv");
         for kernel in ["dkdv", "dq"] {
             self.try_launch(
                 &format!("flash_backward_{kernel}_{}", v.suffix),

@@ -88,6 +88,20 @@ impl CudaBackend {
         );
     }
 
+    /// Queues a cuBLASLt product with a fused epilogue on the bound context (`epilogue`
+    /// returns whether an algorithm takes the shape): `true` when the call is done with
+    /// (queued, or failed with the failure latched for `synchronize`), `false` when the
+    /// caller runs the unfused kernels instead.
+    fn fused_epilogue(&self, epilogue: impl FnOnce() -> Result<bool>) -> bool {
+        match self.bind().and_then(|()| epilogue()) {
+            Ok(taken) => taken,
+            Err(e) => {
+                self.fail(e);
+                true
+            }
+        }
+    }
+
     /// `layernorm_backward`, and with `copy` the updated dinp also written there (OVERWRITTEN)
     /// by the same kernel: `add_layernorm_backward`'s second input gradient.
     ///
@@ -232,19 +246,17 @@ impl CudaBackend {
             // dw += doutᵀ · inp with Σ_rows dout in the product's epilogue, into an OC-word
             // scratch (the epilogue overwrites; gradients accumulate), then dbias += scratch.
             // The scratch is live only between these two launches, inside this op.
-            let fused = self.scratch(oc).and_then(|part| {
-                self.bind()?;
+            let fused = self.fused_epilogue(|| {
+                let part = self.scratch(oc)?;
                 let queued = lt.matmul_bgrad(self.stream(), dw, part, dout, inp, bt, c, oc)?;
                 if queued {
                     self.accumulate(dbias, part, oc);
                 }
                 Ok(queued)
             });
-            match fused {
-                Ok(true) => return,
-                Ok(false) => {} // the epilogue cannot run here: cuBLAS, then the column sums
-                Err(e) => return self.fail(e),
-            }
+            if fused {
+                return;
+            } // else the epilogue cannot run here: cuBLAS, then the column sums
         }
         // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
         self.gemm(Gemm {
@@ -487,7 +499,7 @@ impl Backend for CudaBackend {
         self.snapshots.take(&self.memory, parts)
     }
 
-    fn snapshots(&self) -> bool {
+    fn takes_snapshots(&self) -> bool {
         true
     }
 
@@ -628,14 +640,9 @@ impl Backend for CudaBackend {
         oc: usize,
     ) {
         if let (Some(lt), Some(bias)) = (&self.lt, bias) {
-            match self
-                .bind()
-                .and_then(|()| lt.matmul_bias(self.stream(), false, out, inp, w, bias, bt, c, oc))
-            {
-                Ok(true) => return,
-                Ok(false) => {} // no fused algorithm for this shape: GEMM, then the bias kernel
-                Err(e) => return self.fail(e),
-            }
+            if self.fused_epilogue(|| lt.matmul_bias(self.stream(), false, out, inp, w, bias, bt, c, oc)) {
+                return;
+            } // else no fused algorithm for this shape: GEMM, then the bias kernel
         }
         // Row-major out (BT,OC) = inp (BT,C) · wᵀ is column-major outᵀ (OC,BT) = wᵀ · inpᵀ.
         let act = self.act();
@@ -697,14 +704,9 @@ impl Backend for CudaBackend {
         oc: usize,
     ) {
         if let Some(lt) = self.gelu_epilogues() {
-            match self
-                .bind()
-                .and_then(|()| lt.matmul_gelu(self.stream(), pre, out, inp, w, bias, bt, c, oc))
-            {
-                Ok(true) => return,
-                Ok(false) => {} // the epilogue cannot run here: the product, then the GELU kernel
-                Err(e) => return self.fail(e),
-            }
+            if self.fused_epilogue(|| lt.matmul_gelu(self.stream(), pre, out, inp, w, bias, bt, c, oc)) {
+                return;
+            } // else the epilogue cannot run here: the product, then the GELU kernel
         }
         self.matmul_forward(pre, inp, w, bias, bt, c, oc);
         self.gelu_forward(out, pre, bt * oc);
@@ -724,14 +726,9 @@ impl Backend for CudaBackend {
         oc: usize,
     ) {
         if let Some(lt) = self.gelu_epilogues() {
-            match self
-                .bind()
-                .and_then(|()| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc))
-            {
-                Ok(true) => return self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc),
-                Ok(false) => {} // the epilogue cannot run here: the product, then gelu' in place
-                Err(e) => return self.fail(e),
-            }
+            if self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc)) {
+                return self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc);
+            } // else the epilogue cannot run here: the product, then gelu' in place
         }
         // dpre = dout · w (beta = 0 overwrites), then dpre = gelu'(pre) ⊙ dpre.
         self.matmul_backward_with(Some((dpre, 0.0)), dw, dbias, dout, act, w, bt, c, oc);
@@ -895,10 +892,15 @@ impl Backend for CudaBackend {
         c: usize,
         nh: usize,
     ) {
-        match self.attention_backward_overwriting(dqkv, dout, qkv, out, saved, b, t, c, nh) {
-            Ok(true) => {}
-            Ok(false) => crate::backend::attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh),
-            Err(e) => self.fail(e),
+        match self.attention {
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
+                if let Err(e) = self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, true) {
+                    self.fail(e);
+                }
+            }
+            AttentionPath::Gemm => {
+                crate::backend::attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh)
+            }
         }
     }
 
@@ -1054,14 +1056,9 @@ impl Backend for CudaBackend {
         oc: usize,
     ) {
         if let (Some(lt), Some(bias), true) = (&self.lt, bias, self.relu_epilogue) {
-            match self
-                .bind()
-                .and_then(|()| lt.matmul_bias(self.stream(), true, out, inp, w, bias, bt, c, oc))
-            {
-                Ok(true) => return,
-                Ok(false) => {} // no fused algorithm for this shape: the product, then ReLU
-                Err(e) => return self.fail(e),
-            }
+            if self.fused_epilogue(|| lt.matmul_bias(self.stream(), true, out, inp, w, bias, bt, c, oc)) {
+                return;
+            } // else no fused algorithm for this shape: the product, then ReLU
         }
         self.matmul_forward(pre, inp, w, bias, bt, c, oc);
         self.relu_forward(out, pre, bt * oc);
