@@ -164,3 +164,75 @@ extern "C" __global__ void crossentropy_fused_kernel(float* losses, act_t* logit
         }
     }
 }
+
+// Eight activations as loaded (bf16: one 16-byte vector; f32: two), for staging a row.
+#if ACT_BF16
+typedef uint4 raw8_t;
+__device__ __forceinline__ raw8_t load_raw8(const act_t* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void unpack8(raw8_t u, float (&v)[8]) {
+    unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+#else
+struct raw8_t {
+    float4 a, b;
+};
+__device__ __forceinline__ raw8_t load_raw8(const act_t* p) {
+    return {*reinterpret_cast<const float4*>(p), *reinterpret_cast<const float4*>(p + 4)};
+}
+__device__ __forceinline__ void unpack8(raw8_t u, float (&v)[8]) {
+    v[0] = u.a.x, v[1] = u.a.y, v[2] = u.a.z, v[3] = u.a.w, v[4] = u.b.x, v[5] = u.b.y, v[6] = u.b.z, v[7] = u.b.w;
+}
+#endif
+
+// crossentropy_fused_kernel (vec) with the row staged in dynamic shared memory (Vp elements)
+// as it is first read, so the gradient pass reads it from there: the row crosses memory once
+// each way (the second read came from L2 only in part: 100 KB rows, two blocks a
+// multiprocessor). The same arithmetic in the same order as crossentropy_fused_kernel (the
+// same bits). Rows aligned to 8 elements, Vp a multiple of 8.
+extern "C" __global__ void crossentropy_fused_staged_kernel(float* losses, act_t* logits, const int* targets,
+                                                            float dloss, int N, int V, int Vp) {
+    extern __shared__ __align__(16) unsigned char staged_bytes[];
+    raw8_t* staged = reinterpret_cast<raw8_t*>(staged_bytes);
+    __shared__ float scratch[64];
+    int row = blockIdx.x;
+    if (row >= N) return;
+    act_t* x = logits + (size_t)row * Vp;
+    int target = targets[row];
+    int head = V / 8, vecs = Vp / 8;  // vectors wholly in the vocabulary; all of them
+    float m = NEG_INF, s = 0.0f;
+    for (int j = threadIdx.x; j < vecs; j += blockDim.x) {
+        raw8_t r = load_raw8(x + 8 * j);
+        staged[j] = r;
+        if (j < head) {
+            float v[8];
+            unpack8(r, v);
+            float mx = fmaxf(fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3])), fmaxf(fmaxf(v[4], v[5]), fmaxf(v[6], v[7])));
+            float part = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) part += expf(v[k] - mx);
+            online_merge(m, s, mx, part);
+        }
+    }
+    for (int i = 8 * head + threadIdx.x; i < V; i += blockDim.x) online_add(m, s, to_f(x[i]));
+    block_online_merge(m, s, scratch);
+    float lse = m + logf(s);
+    float x_target = to_f(x[target]);
+    __syncthreads();  // every thread has read x[target] before any overwrites it
+    if (threadIdx.x == 0) losses[row] = lse - x_target;
+    for (int j = threadIdx.x; j < vecs; j += blockDim.x) {
+        float v[8];
+        unpack8(staged[j], v);  // this thread's own vector
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int i = 8 * j + k;
+            float p = i < V ? expf(v[k] - lse) : 0.0f;
+            v[k] = (p - (i == target ? 1.0f : 0.0f)) * dloss;
+        }
+        store8(x + 8 * j, v);
+    }
+}
