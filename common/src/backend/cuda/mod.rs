@@ -81,9 +81,6 @@ pub struct CudaBackend {
     /// where C allows (`GPT2_CUDA_WTE_BWD`, `fused` by default, or `unfused`: one thread sums a
     /// token's whole run of rows, a serial chain as long as text's commonest token's count).
     chunked_wte: bool,
-    /// The largest row of logits (bytes) that the fused loss stages in shared memory
-    /// (`crossentropy_fused_staged_kernel`) with two blocks a multiprocessor; 0: none.
-    staged_loss_row_bytes: usize,
     /// The MLP's ReLU in its products' epilogues (cuBLASLt's RELU_BIAS; `GPT2_CUDA_RELU`).
     relu_epilogue: bool,
     mlp_tiles: MlpTiles,
@@ -284,10 +281,6 @@ impl CudaBackend {
         };
         let stream = ctx.new_stream().map_err(|e| device_err("creating a CUDA stream", e))?;
         let gpu = ctx.name().unwrap_or_else(|_| "CUDA device".into());
-        let shared_limits = (
-            ctx.attribute(driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-            ctx.attribute(driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
-        );
         let memory = Arc::new(DeviceMemory::new(ctx, stream));
 
         let attention = AttentionPath::from_env()?;
@@ -303,10 +296,6 @@ impl CudaBackend {
         }
         let kernels = Kernels::load(&arch, precision.act())?;
         flash::allow_shared_memory(&kernels)?;
-        let staged_loss_row_bytes = match shared_limits {
-            (Ok(per_block), Ok(per_sm)) => allow_staged_loss_rows(&kernels, per_block, per_sm)?,
-            _ => 0,
-        };
         let blas_workspace = memory.alloc(BLAS_WORKSPACE_BYTES / 4)?;
         let blas = Blas::new(
             memory.stream.cu_stream(),
@@ -341,7 +330,6 @@ impl CudaBackend {
             fused_loss: fused_from_env("GPT2_CUDA_LOSS")?,
             one_pass_layernorm: fused_from_env("GPT2_CUDA_LN_BWD")?,
             chunked_wte: fused_from_env("GPT2_CUDA_WTE_BWD")?,
-            staged_loss_row_bytes,
             relu_epilogue,
             mlp_tiles,
         })
@@ -562,32 +550,6 @@ impl Drop for CudaBackend {
         let _ = self.bind();
         let _ = self.memory.stream.synchronize();
     }
-}
-
-/// Allows `crossentropy_fused_staged_kernel` the dynamic shared memory of the largest row that
-/// leaves room for two blocks a multiprocessor (`per_block`: the opt-in limit of one block,
-/// `per_sm`: a multiprocessor's; bytes), once, when the kernels are loaded; returns that row
-/// size in bytes (H100: 113 KiB, a row of 50,304 bf16 logits is 98 KiB).
-fn allow_staged_loss_rows(kernels: &nvrtc::Kernels, per_block: i32, per_sm: i32) -> Result<usize> {
-    const STATIC: i32 = 256; // the kernel's own 64 floats
-    const RESERVED: i32 = 1024; // what the driver keeps a block
-    let bytes = (per_sm / 2 - RESERVED - STATIC).min(per_block - STATIC);
-    let Some(function) = kernels.get("crossentropy_fused_staged_kernel") else {
-        return Ok(0);
-    };
-    if bytes <= 0 {
-        return Ok(0);
-    }
-    // SAFETY: a function of the current context's loaded module; an attribute, not a launch.
-    unsafe {
-        driver::function::set_function_attribute(
-            function,
-            driver_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes,
-        )
-    }
-    .map_err(|e| device_err("allowing the staged loss kernel its shared memory", e))?;
-    Ok(bytes as usize)
 }
 
 /// cudarc panics when a library it loads lazily is missing; check each one first.

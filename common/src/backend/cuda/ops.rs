@@ -1040,22 +1040,6 @@ impl Backend for CudaBackend {
         // 8-element (16-byte for bf16) accesses when every row starts aligned to 8 elements.
         let width = 8 * self.act().bytes() as u64;
         let vec = (vp.is_multiple_of(8) && logits.addr().is_multiple_of(width)) as usize;
-        let row_bytes = vp * self.act().bytes();
-        if vec == 1 && row_bytes <= self.staged_loss_row_bytes {
-            // The row staged in shared memory as it is first read: read once from memory.
-            let args = args![losses, logits, targets, dloss, bt, v, vp];
-            let grid = (bt as u32, 1, 1);
-            if let Err(e) = self.try_launch_shared(
-                "crossentropy_fused_staged_kernel",
-                grid,
-                (1024, 1, 1),
-                row_bytes as u32,
-                args,
-            ) {
-                self.fail(e);
-            }
-            return;
-        }
         let args = args![losses, logits, targets, dloss, bt, v, vp, vec];
         self.launch("crossentropy_fused_kernel", (bt as u32, 1, 1), (1024, 1, 1), args);
     }
