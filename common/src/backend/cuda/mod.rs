@@ -49,6 +49,9 @@ pub struct CudaBackend {
     lt: Option<LtMatmul>,
     #[allow(dead_code, reason = "owned here, used by cuBLAS through its raw pointer")]
     blas_workspace: CudaBuffer,
+    /// Zeroed counters (one a column tile) with which the last block of a column reduction
+    /// finds that it is last (`bias_backward_vec4_last_kernel`); each goes back to 0 after use.
+    tickets: CudaBuffer<i32>,
     /// (MAX_REDUCE_BLOCKS) partial sums of `sum_squares`.
     reduce_partials: CudaBuffer,
     /// Attention's intermediates; grown to the largest call seen, then reused.
@@ -297,6 +300,7 @@ impl CudaBackend {
         let kernels = Kernels::load(&arch, precision.act())?;
         flash::allow_shared_memory(&kernels)?;
         let blas_workspace = memory.alloc(BLAS_WORKSPACE_BYTES / 4)?;
+        let tickets = memory.alloc(TICKETS)?;
         let blas = Blas::new(
             memory.stream.cu_stream(),
             precision,
@@ -313,6 +317,7 @@ impl CudaBackend {
             blas,
             lt,
             blas_workspace,
+            tickets,
             reduce_partials,
             scratch: Mutex::new(None),
             scratch_epoch: Default::default(),
@@ -544,6 +549,10 @@ impl CudaBackend {
         Ok(slot.as_ref().map(|buf| buf.ptr()).unwrap_or_default())
     }
 }
+
+/// Column tiles a one-launch column reduction can count (`CudaBackend::tickets`): 128
+/// columns each, so up to 524,288 columns.
+const TICKETS: usize = 4096;
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {

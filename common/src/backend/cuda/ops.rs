@@ -285,7 +285,8 @@ impl CudaBackend {
     }
 
     /// dbias (OC) += Σ_rows dout (BT,OC) in two deterministic passes: per-chunk column sums
-    /// into the scratch (float4 loads where the rows allow), then the chunks added in order.
+    /// into the scratch (float4 loads where the rows allow), then the chunks added in order
+    /// (by the last block of each column tile, in the same launch, where it can).
     ///
     /// # Safety
     /// `dbias`: OC f32s; `dout`: BT·OC activations.
@@ -295,7 +296,17 @@ impl CudaBackend {
             None => ("bias_backward_kernel", column_reduce_launch(bt, oc), COLUMN_CHUNK_ROWS),
         };
         let chunks = bt.div_ceil(rows);
+        // One launch where the float4 kernel runs, its column tiles have tickets and dbias
+        // takes float4 stores: the last block of a tile finishes it.
+        let one_launch = name == "bias_backward_vec4_kernel"
+            && (grid.0 as usize) <= super::TICKETS
+            && dbias.addr().is_multiple_of(16);
         match self.scratch(chunks * oc) {
+            Ok(part) if one_launch => {
+                let tickets = self.tickets.ptr();
+                let args = args![dbias, part, tickets, dout, bt, oc, rows];
+                self.launch("bias_backward_vec4_last_kernel", grid, block, args);
+            }
             Ok(part) => {
                 self.launch(name, grid, block, args![part, dout, bt, oc, rows]);
                 self.finish_column_sums(dbias, part, chunks, oc);
