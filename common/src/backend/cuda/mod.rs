@@ -50,7 +50,7 @@ pub struct CudaBackend {
     #[allow(dead_code, reason = "owned here, used by cuBLAS through its raw pointer")]
     blas_workspace: CudaBuffer,
     /// Zeroed counters (one a column tile) with which the last block of a column reduction
-    /// finds that it is last (`bias_backward_vec4_last_kernel`); each goes back to 0 after use.
+    /// finds that it is last (`bias_backward_vec4_kernel`); each goes back to 0 after use.
     tickets: CudaBuffer<i32>,
     /// (MAX_REDUCE_BLOCKS) partial sums of `sum_squares`.
     reduce_partials: CudaBuffer,

@@ -291,28 +291,39 @@ impl CudaBackend {
     /// # Safety
     /// `dbias`: OC f32s; `dout`: BT·OC activations.
     unsafe fn column_sums(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
-        let (name, (grid, block), rows) = match vec4_column_reduce(bt, oc, &[dout], self.act()) {
-            Some(shape) => ("bias_backward_vec4_kernel", shape, VEC4_CHUNK_ROWS),
-            None => ("bias_backward_kernel", column_reduce_launch(bt, oc), COLUMN_CHUNK_ROWS),
+        let vec4 = vec4_column_reduce(bt, oc, &[dout], self.act());
+        let rows = if vec4.is_some() {
+            VEC4_CHUNK_ROWS
+        } else {
+            COLUMN_CHUNK_ROWS
         };
         let chunks = bt.div_ceil(rows);
-        // One launch where the float4 kernel runs, its column tiles have tickets and dbias
-        // takes float4 stores: the last block of a tile finishes it.
-        let one_launch = name == "bias_backward_vec4_kernel"
-            && (grid.0 as usize) <= super::TICKETS
-            && dbias.addr().is_multiple_of(16);
-        match self.scratch(chunks * oc) {
-            Ok(part) if one_launch => {
-                let tickets = self.tickets.ptr();
+        let part = match self.scratch(chunks * oc) {
+            Ok(part) => part,
+            Err(e) => return self.fail(e),
+        };
+        match vec4 {
+            Some((grid, block)) => {
+                // The finishing pass in the same launch where the column tiles have tickets
+                // and dbias takes float4 stores (null tickets: the finishing kernel after it).
+                let one_launch = (grid.0 as usize) <= super::TICKETS && dbias.addr().is_multiple_of(16);
+                let tickets = if one_launch {
+                    self.tickets.ptr()
+                } else {
+                    DevPtr::default()
+                };
                 let args = args![dbias, part, tickets, dout, bt, oc, rows];
-                self.launch("bias_backward_vec4_last_kernel", grid, block, args);
+                self.launch("bias_backward_vec4_kernel", grid, block, args);
+                if one_launch {
+                    return;
+                }
             }
-            Ok(part) => {
-                self.launch(name, grid, block, args![part, dout, bt, oc, rows]);
-                self.finish_column_sums(dbias, part, chunks, oc);
+            None => {
+                let (grid, block) = column_reduce_launch(bt, oc);
+                self.launch("bias_backward_kernel", grid, block, args![part, dout, bt, oc, rows]);
             }
-            Err(e) => self.fail(e),
         }
+        self.finish_column_sums(dbias, part, chunks, oc);
     }
 }
 

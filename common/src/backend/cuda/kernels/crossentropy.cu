@@ -116,12 +116,6 @@ extern "C" __global__ void crossentropy_backward_in_place_kernel(act_t* logits, 
 }
 
 #define LOG2E_F 1.4426950408889634f
-// 2^x by the hardware's approximation (flushing subnormal results to 0).
-__device__ __forceinline__ float ex2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // The forward and the in-place backward in one kernel, for a training step (the loss's
 // gradient dloss known when the forward runs): losses[row] = logsumexp - x[target], then
@@ -149,7 +143,7 @@ extern "C" __global__ void crossentropy_fused_kernel(float* losses, act_t* logit
         float part = 0.0f;
         float mx2 = mx * LOG2E_F;
 #pragma unroll
-        for (int k = 0; k < 8; k++) part += ex2_approx(fmaf(v[k], LOG2E_F, -mx2));
+        for (int k = 0; k < 8; k++) part += fast_exp2(fmaf(v[k], LOG2E_F, -mx2));
         online_merge(m, s, mx, part);
     }
     for (int i = head + threadIdx.x; i < V; i += blockDim.x) online_add(m, s, to_f(x[i]));
@@ -166,7 +160,7 @@ extern "C" __global__ void crossentropy_fused_kernel(float* losses, act_t* logit
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 int i = 8 * j + k;
-                float p = i < V ? ex2_approx(fmaf(v[k], LOG2E_F, -lse2)) : 0.0f;
+                float p = i < V ? fast_exp2(fmaf(v[k], LOG2E_F, -lse2)) : 0.0f;
                 v[k] = (p - (i == target ? 1.0f : 0.0f)) * dloss;
             }
             store8(x + 8 * j, v);

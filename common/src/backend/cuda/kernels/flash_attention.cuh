@@ -87,12 +87,6 @@ __device__ __forceinline__ Frag<2, SPLIT> b_col(const float* p, int ld) {
     return Frag<2, SPLIT>(b);
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // The global operands are E: float, or bf16_t (act_t of a bf16 build), read into f32 (exact:
 // a bf16 is a TF32 with its low mantissa bits 0) and written back rounded.
 __device__ __forceinline__ void store_e(float* p, float v) { *p = v; }

@@ -5,7 +5,7 @@
 // stay bf16 in shared memory (half the bytes of the f32 tiles) and each product step covers 16
 // of the reduced dimension (twice TF32's 8, at twice its rate). P and dS are rounded to bf16
 // before they multiply V, dO, Q or K, as FlashAttention does; everything else is f32.
-// Needs flash_attention.cuh first (FLASH_THREADS, fast_exp2, cp.async helpers, store_e, add_e,
+// Needs flash_attention.cuh first (FLASH_THREADS, cp.async helpers, store_e, add_e,
 // and the steps both families share: softmax_step, forward_epilogue, probs_t, ds_t, probs, ds_rows,
 // add_rows).
 //

@@ -245,21 +245,6 @@ extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_parti
     }
 }
 
-// Four activations as loaded (bf16: 8 bytes, two registers; f32: a float4), kept between a
-// row's loads and its use after the row's sums, widened by unpack4.
-#if ACT_BF16
-typedef uint2 raw4_t;
-__device__ __forceinline__ raw4_t load_raw4(const act_t* p) { return *reinterpret_cast<const uint2*>(p); }
-__device__ __forceinline__ float4 unpack4(raw4_t u) {
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                       __uint_as_float(u.y & 0xffff0000u));
-}
-#else
-typedef float4 raw4_t;
-__device__ __forceinline__ raw4_t load_raw4(const act_t* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 unpack4(raw4_t u) { return u; }
-#endif
-
 // layernorm_backward_dinp_vec4_kernel and layernorm_backward_params_vec4_kernel in one pass over
 // dout and inp: a block of 8 warps takes `rows_per_block` rows (a warp every 8th, one row at a
 // time, its dinp exactly as the dinp kernel computes it, from one load of the row's input,

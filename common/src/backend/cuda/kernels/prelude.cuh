@@ -58,6 +58,13 @@ __device__ __forceinline__ void online_add(float& m, float& s, float v) {
     }
 }
 
+// 2^x by the hardware's approximation (relative error ~2^-22; subnormal results flushed to 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ---- element types -------------------------------------------------------------------
 // bf16 as its bits in a struct, so that arithmetic on it does not compile: every use goes
 // through to_f / from_f (no cuda_bf16.h: NVRTC has no include path).
@@ -84,13 +91,25 @@ typedef float act_t;
 __device__ __forceinline__ act_t from_f(float x) { return x; }
 #endif
 
+// Four consecutive activations as loaded (bf16: 8 bytes, two registers; f32: a float4), to
+// keep between a load and its use, and widened to floats by unpack4; `p` aligned to that size.
+#if ACT_BF16
+typedef uint2 raw4_t;
+#else
+typedef float4 raw4_t;
+#endif
+__device__ __forceinline__ raw4_t load_raw4(const act_t* p) { return *reinterpret_cast<const raw4_t*>(p); }
+__device__ __forceinline__ float4 unpack4(float4 u) { return u; }
+__device__ __forceinline__ float4 unpack4(uint2 u) {
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
 // Four consecutive activations as floats: one 16-byte (f32) or 8-byte (bf16) load; `p` must
 // be aligned to that size.
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load4(const bf16_t* p) {
-    uint2 u = *reinterpret_cast<const uint2*>(p);
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+__device__ __forceinline__ float4 load4(const bf16_t* p) { return unpack4(*reinterpret_cast<const uint2*>(p)); }
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 // Eight consecutive activations as floats: 16-byte loads and stores (one for bf16, two for
 // f32); `p` must be aligned to 8 elements.
