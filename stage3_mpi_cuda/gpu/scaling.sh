@@ -4,7 +4,10 @@
 # without --overlap, and --zero 0 op by op (no CUDA graph, to time the sums); PyTorch DDP + torch.compile on N GPUs; torch.compile on one GPU. Writes
 # $OUT/scaling.jsonl (one bench line per run) and $OUT/scaling.md (the table), printed last.
 # From the project root, after `../shared/gpu/bundle.sh`:
-#   [BUCKETS="25 100"] stage3_mpi_cuda/gpu/scaling.sh [N]      # N: GPUs (default: all that nvidia-smi lists)
+#   [BUCKETS="25 100"] [CTAS="8"] stage3_mpi_cuda/gpu/scaling.sh [N]   # N: GPUs (default: all that nvidia-smi lists)
+# CTAS: --overlap (and each bucket size) again with NCCL held to that many thread blocks a
+# collective (NCCL_MAX_CTAS), so that the sums take fewer multiprocessors from the backward
+# kernels they run beside (they were slower overlapped than after backward: results/scaling.md).
 # Takes about 5-8 minutes (each run compiles its kernels or graphs, then 3 warm-up + 10 steps).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
@@ -44,6 +47,12 @@ for zero in 0 1; do
 done
 for mb in ${BUCKETS:-}; do  # BUCKETS="25 100": --overlap with buckets of at least that many MiB
   run "ours-zero0-bucket$mb" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 0 --bucket-mb "$mb"
+done
+for ctas in ${CTAS:-}; do
+  NCCL_MAX_CTAS=$ctas run "ours-zero0-overlap-ctas$ctas" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 0 --overlap
+  for mb in ${BUCKETS:-}; do
+    NCCL_MAX_CTAS=$ctas run "ours-zero0-bucket$mb-ctas$ctas" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 0 --bucket-mb "$mb"
+  done
 done
 run ddp-compile "$n" python3 -m torch.distributed.run --standalone --nproc_per_node "$n" \
   "$gpu_dir/pytorch_ddp.py" --precision bf16 --batch 16 --seq-len 1024 --steps 10 --warmup 3

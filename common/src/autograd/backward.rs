@@ -37,6 +37,16 @@ impl<B: Backend> Graph<'_, B> {
         Ok(g.cast())
     }
 
+    /// `x`'s gradient slot and whether it is its first: then a pooled buffer, not zeroed, that
+    /// the caller's op OVERWRITES (`act_grad_overwritten`); else the slot it adds to.
+    fn act_grad_or_first(&mut self, x: Tensor) -> Result<(DevPtr<Act>, bool)> {
+        if self.values[x.0].grad.is_none() {
+            Ok((self.act_grad_overwritten(x)?, true))
+        } else {
+            Ok((self.act_grad(x)?, false))
+        }
+    }
+
     /// Gradient slot of parameter `x` (f32): its view of the gradient buffer, or a zeroed
     /// pooled buffer when the graph was given none.
     fn param_grad(&mut self, x: Tensor) -> Result<DevPtr> {
@@ -159,10 +169,14 @@ impl<B: Backend> Graph<'_, B> {
             }
             Op::Matmul { inp, w, bias } => {
                 let [_, ic] = self.shape(inp);
-                let (dinp, dw) = (self.act_grad(inp)?, self.param_grad(w)?);
+                let ((dinp, first), dw) = (self.act_grad_or_first(inp)?, self.param_grad(w)?);
                 let dbias = bias.map(|b| self.param_grad(b)).transpose()?;
                 let x = self.data(inp);
-                be.matmul_backward(dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
+                if first {
+                    be.matmul_backward_overwrite(dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
+                } else {
+                    be.matmul_backward(dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
+                }
             }
             Op::LayerNorm { inp, w, b, mean, rstd } => {
                 let (dinp, dw, db) = (self.act_grad(inp)?, self.param_grad(w)?, self.param_grad(b)?);
@@ -172,11 +186,10 @@ impl<B: Backend> Graph<'_, B> {
             Op::Attention { qkv, saved, b, t, nh } => {
                 let x = self.data(qkv);
                 // qkv's first gradient (in GPT-2 its only one): written, not zeroed and added to.
-                if self.values[qkv.0].grad.is_none() {
-                    let dqkv = self.act_grad_overwritten(qkv)?;
+                let (dqkv, first) = self.act_grad_or_first(qkv)?;
+                if first {
                     be.attention_backward_overwrite(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
                 } else {
-                    let dqkv = self.act_grad(qkv)?;
                     be.attention_backward(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
                 }
             }
@@ -206,10 +219,14 @@ impl<B: Backend> Graph<'_, B> {
                 let a = self.data(act);
                 be.matmul_backward_dgelu(dpre, dw, dbias, dout, a, self.ptr(pre), self.ptr(w_proj), r, h, c);
                 // The first product.
-                let (dinp, dw) = (self.act_grad(inp)?, self.param_grad(w_fc)?);
+                let ((dinp, first), dw) = (self.act_grad_or_first(inp)?, self.param_grad(w_fc)?);
                 let dbias = b_fc.map(|b| self.param_grad(b)).transpose()?;
                 let x = self.data(inp);
-                be.matmul_backward(dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
+                if first {
+                    be.matmul_backward_overwrite(dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
+                } else {
+                    be.matmul_backward(dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
+                }
                 self.pool.give(dpre_buf);
             }
             Op::Relu { inp } => {

@@ -565,6 +565,30 @@ pub trait Backend {
         c: usize,
         oc: usize,
     );
+    /// As `matmul_backward`, but dinp = dout · w is WRITTEN, not added to: the input's first
+    /// gradient (in GPT-2 every product's input has only one), which saves zeroing dinp and
+    /// the product reading it back. By default, the zeroing then `matmul_backward`.
+    /// # Safety
+    /// As `matmul_backward`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul_backward_overwrite(
+        &self,
+        dinp: DevPtr<Act>,
+        dw: DevPtr,
+        dbias: Option<DevPtr>,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.zero_act(dinp, bt * c);
+            self.matmul_backward(dinp, dw, dbias, dout, inp, w, bt, c, oc);
+        }
+    }
     /// dbias (OC) += Σ_rows dout (BT,OC): the bias gradient alone, as a pass of its own
     /// (`matmul_backward` computes it too, the CUDA backend inside the weight gradient's
     /// product; this is the unfused form that benchmarks set beside it).

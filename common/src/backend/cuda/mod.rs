@@ -84,6 +84,9 @@ pub struct CudaBackend {
     /// where C allows (`GPT2_CUDA_WTE_BWD`, `fused` by default, or `unfused`: one thread sums a
     /// token's whole run of rows, a serial chain as long as text's commonest token's count).
     chunked_wte: bool,
+    /// A product's first input gradient written by the product (beta = 0), not zeroed and
+    /// then added to (`GPT2_CUDA_DGRAD`, `fused` by default, or `unfused`).
+    overwrite_dgrad: bool,
     /// The MLP's ReLU in its products' epilogues (cuBLASLt's RELU_BIAS; `GPT2_CUDA_RELU`).
     relu_epilogue: bool,
     mlp_tiles: MlpTiles,
@@ -335,6 +338,7 @@ impl CudaBackend {
             fused_loss: fused_from_env("GPT2_CUDA_LOSS")?,
             one_pass_layernorm: fused_from_env("GPT2_CUDA_LN_BWD")?,
             chunked_wte: fused_from_env("GPT2_CUDA_WTE_BWD")?,
+            overwrite_dgrad: fused_from_env("GPT2_CUDA_DGRAD")?,
             relu_epilogue,
             mlp_tiles,
         })

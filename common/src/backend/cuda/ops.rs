@@ -74,17 +74,19 @@ impl CudaBackend {
     /// # Safety
     /// `g`'s pointers cover its shapes (the contract of the calling op).
     /// `out[c] += Σ_k partials[k, c]` over `chunks` rows of per-chunk column sums, in order:
-    /// the second, deterministic pass of a column reduction (no atomics).
+    /// the second, deterministic pass of a column reduction (no atomics). With `out2`, a second
+    /// reduction in the same launch: `out2[c] += Σ_k partials[chunks + k, c]`.
     ///
     /// # Safety
-    /// `out`: `c` values; `partials`: `chunks · c`.
-    unsafe fn finish_column_sums(&self, out: DevPtr, partials: DevPtr, chunks: usize, c: usize) {
-        let grid = (c.div_ceil(32) as u32, 1, 1);
+    /// `out`, `out2`: `c` values; `partials`: `chunks · c`, twice that with `out2`.
+    unsafe fn finish_column_sums(&self, out: DevPtr, out2: Option<DevPtr>, partials: DevPtr, chunks: usize, c: usize) {
+        let grid = (c.div_ceil(32) as u32, 1 + out2.is_some() as u32, 1);
+        let out2 = out2.unwrap_or_default(); // null: one reduction
         self.launch(
             "column_sums_finish_kernel",
             grid,
             (32, 8, 1),
-            args![out, partials, chunks, c],
+            args![out, out2, partials, chunks, c],
         );
     }
 
@@ -151,8 +153,7 @@ impl CudaBackend {
                             LN_FUSED_ROWS
                         ],
                     );
-                    self.finish_column_sums(dw, dw_part, chunks, c);
-                    self.finish_column_sums(db, db_part, chunks, c);
+                    self.finish_column_sums(dw, Some(db), dw_part, chunks, c);
                 }
                 Err(e) => self.fail(e),
             }
@@ -184,8 +185,7 @@ impl CudaBackend {
                     block,
                     args![dw_part, db_part, dout, inp, mean, rstd, bt, c, rows],
                 );
-                self.finish_column_sums(dw, dw_part, chunks, c);
-                self.finish_column_sums(db, db_part, chunks, c);
+                self.finish_column_sums(dw, Some(db), dw_part, chunks, c);
             }
             Err(e) => self.fail(e),
         }
@@ -217,30 +217,8 @@ impl CudaBackend {
         c: usize,
         oc: usize,
     ) {
-        // dinp (BT,C) = beta · dinp + dout (BT,OC) · w (OC,C).
-        let act = self.act();
-        let (dout_f, inp_f, w_f) = (dout.cast::<f32>(), inp.cast(), w.cast());
         if let Some((dinp, beta)) = dinp {
-            self.gemm(Gemm {
-                ab: act,
-                c_type: act,
-                trans_a: false,
-                trans_b: false,
-                m: c,
-                n: bt,
-                k: oc,
-                a: w_f,
-                lda: c,
-                stride_a: 0,
-                b: dout_f,
-                ldb: oc,
-                stride_b: 0,
-                beta,
-                c: dinp.cast(),
-                ldc: c,
-                stride_c: 0,
-                batch: 1,
-            });
+            self.input_grad_gemm(dinp, beta, dout, w, bt, c, oc);
         }
         if let (Some(dbias), Some(lt)) = (dbias, self.bias_grad_epilogue()) {
             // dw += doutᵀ · inp with Σ_rows dout in the product's epilogue, into an OC-word
@@ -259,26 +237,7 @@ impl CudaBackend {
             } // else the epilogue cannot run here: cuBLAS, then the column sums
         }
         // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
-        self.gemm(Gemm {
-            ab: act,
-            c_type: ActType::F32,
-            trans_a: false,
-            trans_b: true,
-            m: c,
-            n: oc,
-            k: bt,
-            a: inp_f,
-            lda: c,
-            stride_a: 0,
-            b: dout_f,
-            ldb: oc,
-            stride_b: 0,
-            beta: 1.0,
-            c: dw,
-            ldc: c,
-            stride_c: 0,
-            batch: 1,
-        });
+        self.weight_grad_gemm(dw, 1.0, dout, inp, bt, c, oc);
         if let Some(dbias) = dbias {
             self.column_sums(dbias, dout, bt, oc);
         }
@@ -323,19 +282,21 @@ impl CudaBackend {
                 self.launch("bias_backward_kernel", grid, block, args![part, dout, bt, oc, rows]);
             }
         }
-        self.finish_column_sums(dbias, part, chunks, oc);
+        self.finish_column_sums(dbias, None, part, chunks, oc);
     }
 }
 
 impl CudaBackend {
-    /// `dinp (BT,C) = dout (BT,OC) · w (OC,C)`, OVERWRITTEN (beta 0): `matmul_backward_with`'s
-    /// input-gradient product.
+    /// `dinp (BT,C) = beta · dinp + dout (BT,OC) · w (OC,C)`: the input-gradient product
+    /// (beta 1 accumulates, 0 overwrites).
     ///
     /// # Safety
     /// `dinp`: BT·C, `dout`: BT·OC, `w`: OC·C activations.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn input_grad_gemm(
         &self,
         dinp: DevPtr<Act>,
+        beta: f32,
         dout: DevPtr<Act>,
         w: DevPtr<Act>,
         bt: usize,
@@ -357,7 +318,7 @@ impl CudaBackend {
             b: dout.cast(),
             ldb: oc,
             stride_b: 0,
-            beta: 0.0,
+            beta,
             c: dinp.cast(),
             ldc: c,
             stride_c: 0,
@@ -365,12 +326,22 @@ impl CudaBackend {
         });
     }
 
-    /// `dw (OC,C) = doutᵀ (OC,BT) · inp (BT,C)` in f32, OVERWRITTEN (beta 0): `matmul_backward_with`'s
-    /// weight-gradient product.
+    /// `dw (OC,C) = beta · dw + doutᵀ (OC,BT) · inp (BT,C)` in f32: the weight-gradient
+    /// product (beta 1 accumulates, 0 overwrites).
     ///
     /// # Safety
     /// `dw`: OC·C f32s; `dout`: BT·OC, `inp`: BT·C activations.
-    unsafe fn weight_grad_gemm(&self, dw: DevPtr, dout: DevPtr<Act>, inp: DevPtr<Act>, bt: usize, c: usize, oc: usize) {
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weight_grad_gemm(
+        &self,
+        dw: DevPtr,
+        beta: f32,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
         self.gemm(Gemm {
             ab: self.act(),
             c_type: ActType::F32,
@@ -385,7 +356,7 @@ impl CudaBackend {
             b: dout.cast(),
             ldb: oc,
             stride_b: 0,
-            beta: 0.0,
+            beta,
             c: dw,
             ldc: c,
             stride_c: 0,
@@ -708,6 +679,27 @@ impl Backend for CudaBackend {
     ) {
         // dinp += dout · w: beta = 1 accumulates.
         self.matmul_backward_with(Some((dinp, 1.0)), dw, dbias, dout, inp, w, bt, c, oc);
+    }
+
+    unsafe fn matmul_backward_overwrite(
+        &self,
+        dinp: DevPtr<Act>,
+        dw: DevPtr,
+        dbias: Option<DevPtr>,
+        dout: DevPtr<Act>,
+        inp: DevPtr<Act>,
+        w: DevPtr<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        if self.overwrite_dgrad {
+            // dinp = dout · w: beta = 0, dinp neither zeroed nor read.
+            self.matmul_backward_with(Some((dinp, 0.0)), dw, dbias, dout, inp, w, bt, c, oc);
+        } else {
+            self.zero_act(dinp, bt * c);
+            self.matmul_backward(dinp, dw, dbias, dout, inp, w, bt, c, oc);
+        }
     }
 
     unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
@@ -1156,7 +1148,7 @@ impl Backend for CudaBackend {
                 args![dinp, dout, w, act, bt, c, oc],
             );
         } else {
-            self.input_grad_gemm(dinp, dout, w, bt, c, oc);
+            self.input_grad_gemm(dinp, 0.0, dout, w, bt, c, oc);
             self.launch_1d("mlp_relu_mask_kernel", bt * c, args![dinp, act, bt * c]);
         }
     }
@@ -1182,7 +1174,7 @@ impl Backend for CudaBackend {
             let args = args![params, velocity, copy, dout, inp, state, momentum, decay, bt, c, oc];
             self.launch("mlp_linear_sgd_kernel", grid, block, args);
         } else {
-            self.weight_grad_gemm(grads, dout, inp, bt, c, oc);
+            self.weight_grad_gemm(grads, 0.0, dout, inp, bt, c, oc);
             let wblocks = (oc * c).div_ceil(THREADS);
             let grid = ((wblocks + oc.div_ceil(32)) as u32, 1, 1);
             let args = args![params, velocity, grads, copy, dout, state, momentum, decay, bt, c, oc, wblocks];
