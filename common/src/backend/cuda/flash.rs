@@ -230,13 +230,25 @@ impl CudaBackend {
             crate::backend::Backend::zero_act(self, dqkv, b * t * 3 * c);
         }
         let delta = self.scratch(b * nh * t)?;
-        // One warp per position, 8 per block.
-        self.try_launch(
-            "flash_backward_delta_kernel",
-            blocks(b * t, 8),
-            (256, 1, 1),
-            args![delta, dout, out, b, t, nh, hs],
-        )?;
+        let rows_of_8 = (8 * crate::backend::Backend::act(self).bytes()) as u64;
+        let vec8 = hs.is_multiple_of(8) && (hs / 8).is_power_of_two() && hs / 8 <= 32;
+        if vec8 && [dout, out].iter().all(|p| p.addr().is_multiple_of(rows_of_8)) {
+            // 8 values a thread, HS / 8 threads a head's row.
+            self.try_launch(
+                "flash_backward_delta_vec8_kernel",
+                blocks(b * t * c / 8, 256),
+                (256, 1, 1),
+                args![delta, dout, out, b, t, nh, hs],
+            )?;
+        } else {
+            // One warp per position, 8 per block.
+            self.try_launch(
+                "flash_backward_delta_kernel",
+                blocks(b * t, 8),
+                (256, 1, 1),
+                args![delta, dout, out, b, t, nh, hs],
+            )?;
+        }
         let scale = 1.0 / (hs as f32).sqrt();
         let scale_log2 = std::f32::consts::LOG2_E * scale;
         let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
