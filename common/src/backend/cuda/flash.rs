@@ -17,7 +17,7 @@
 use super::memory::device_err;
 use super::{args, blocks, AttentionPath, CudaBackend};
 use crate::backend::Precision;
-use crate::backend::{Act, DevPtr};
+use crate::backend::{Act, Backend as _, DevPtr};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys};
 
@@ -227,28 +227,19 @@ impl CudaBackend {
         let hopper = v.suffix == "d64_wgmma";
         let store = overwrite && hopper && self.hopper_backward == HopperBackward::Overwrite;
         if overwrite && !store {
-            crate::backend::Backend::zero_act(self, dqkv, b * t * 3 * c);
+            self.zero_act(dqkv, b * t * 3 * c);
         }
         let delta = self.scratch(b * nh * t)?;
-        let rows_of_8 = (8 * crate::backend::Backend::act(self).bytes()) as u64;
+        // 8 values a thread and HS / 8 threads a head's row where HS and the rows allow, else
+        // a warp a position; 256 threads a block.
+        let rows_of_8 = (8 * self.act().bytes()) as u64;
         let vec8 = hs.is_multiple_of(8) && (hs / 8).is_power_of_two() && hs / 8 <= 32;
-        if vec8 && [dout, out].iter().all(|p| p.addr().is_multiple_of(rows_of_8)) {
-            // 8 values a thread, HS / 8 threads a head's row.
-            self.try_launch(
-                "flash_backward_delta_vec8_kernel",
-                blocks(b * t * c / 8, 256),
-                (256, 1, 1),
-                args![delta, dout, out, b, t, nh, hs],
-            )?;
+        let (kernel, grid) = if vec8 && [dout, out].iter().all(|p| p.addr().is_multiple_of(rows_of_8)) {
+            ("flash_backward_delta_vec8_kernel", blocks(b * t * c / 8, 256))
         } else {
-            // One warp per position, 8 per block.
-            self.try_launch(
-                "flash_backward_delta_kernel",
-                blocks(b * t, 8),
-                (256, 1, 1),
-                args![delta, dout, out, b, t, nh, hs],
-            )?;
-        }
+            ("flash_backward_delta_kernel", blocks(b * t, 8))
+        };
+        self.try_launch(kernel, grid, (256, 1, 1), args![delta, dout, out, b, t, nh, hs])?;
         let scale = 1.0 / (hs as f32).sqrt();
         let scale_log2 = std::f32::consts::LOG2_E * scale;
         let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;

@@ -69,10 +69,6 @@ fn vec4_rows(c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> bool {
 }
 
 impl CudaBackend {
-    /// Queues `g` on cuBLAS; a failure is latched for `synchronize`.
-    ///
-    /// # Safety
-    /// `g`'s pointers cover its shapes (the contract of the calling op).
     /// `out[c] += Σ_k partials[k, c]` over `chunks` rows of per-chunk column sums, in order:
     /// the second, deterministic pass of a column reduction (no atomics). With `out2`, a second
     /// reduction in the same launch: `out2[c] += Σ_k partials[chunks + k, c]`.
@@ -191,6 +187,10 @@ impl CudaBackend {
         }
     }
 
+    /// Queues `g` on cuBLAS; a failure is latched for `synchronize`.
+    ///
+    /// # Safety
+    /// `g`'s pointers cover its shapes (the contract of the calling op).
     unsafe fn gemm(&self, g: Gemm) {
         if let Err(e) = self.bind().and_then(|()| self.blas.gemm(&g)) {
             self.fail(e);
@@ -693,13 +693,15 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
-        if self.overwrite_dgrad {
-            // dinp = dout · w: beta = 0, dinp neither zeroed nor read.
-            self.matmul_backward_with(Some((dinp, 0.0)), dw, dbias, dout, inp, w, bt, c, oc);
+        // dinp = dout · w with beta 0, neither zeroed nor read (`GPT2_CUDA_DGRAD=unfused`: the
+        // trait's default, zeroed and then added to).
+        let beta = if self.overwrite_dgrad {
+            0.0
         } else {
             self.zero_act(dinp, bt * c);
-            self.matmul_backward(dinp, dw, dbias, dout, inp, w, bt, c, oc);
-        }
+            1.0
+        };
+        self.matmul_backward_with(Some((dinp, beta)), dw, dbias, dout, inp, w, bt, c, oc);
     }
 
     unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {

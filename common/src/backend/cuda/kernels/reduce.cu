@@ -71,7 +71,6 @@ extern "C" __global__ void sum_squares_finish_kernel(float* out, const float* pa
     if (threadIdx.x == 0) out[0] += sum;
 }
 
-
 // out[c] += Σ_k partials[k, c] over `chunks` rows of partial column sums in a fixed order: the
 // second pass of the bias and layernorm-parameter gradients. Block (32, 8), 32 columns a block;
 // row lane j sums chunks j, j + 8, j + 16, ... in order, then lane 0 adds the eight lanes' sums in
