@@ -301,6 +301,7 @@ fn mlp_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, h: usize, oc: us
         be.matmul_backward_dgelu(
             act(&dpre),
             dw.ptr(),
+            false,
             dbias_ptr,
             act(&dout),
             act(&act_b),

@@ -8,7 +8,7 @@
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{CudaBackend, GeluPath, ResidualPath};
-use common::backend::Backend;
+use common::backend::{Backend, DeviceBuffer};
 use common::backend::Precision;
 use common::comm::Single;
 use common::data::Batch;
@@ -422,4 +422,46 @@ fn bf16_forward_reads_the_parameters_it_was_given() {
     let err = rel_err(&got, &want);
     eprintln!("PARITY model char bf16 logits from set_params rel_err={err:.2e} (bound 5e-2)");
     assert!(err < 5e-2, "bf16 logits off by {err:.3e}");
+}
+
+/// Every gradient after one backward pass from the seeded init into a gradient buffer full of
+/// NaN: the whole buffer zeroed first, or (`first_writes`) only what the products' first
+/// writes leave (`Graph::zero_grads_except_first_products`).
+fn grads_after_backward<B: Backend>(be: &B, first_writes: bool) -> Vec<f32> {
+    // T = 64 of the char model's 256 positions: wpe's later rows must come out zero.
+    let cfg = config("char", ConfigOverrides::default());
+    let (b, t) = (4, 64);
+    let batch = &batches(1, b, t)[0];
+    let model = Gpt2::new(be, cfg).expect("model");
+    model.init_weights(be, 1337).expect("init");
+    be.write(&model.grads, 0, &vec![f32::NAN; model.grads.len()]).expect("write");
+    let mut pool = Pool::default();
+    let mut g = Graph::new(be, &mut pool, true);
+    let fwd = model.forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false).expect("forward");
+    if first_writes {
+        g.zero_grads_except_first_products(&model.grads).expect("zero");
+    } else {
+        be.zero_buffer(&model.grads);
+    }
+    g.backward(fwd.loss.expect("targets given"), 1.0).expect("backward");
+    drop(g);
+    let mut grads = vec![0.0f32; model.grads.len()];
+    be.read(&model.grads, 0, &mut grads).expect("grads");
+    be.synchronize().expect("synchronize");
+    grads
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn first_product_writes_equal_gradients_added_to_zeros() {
+    // The weight-gradient products with beta 0 into NaN against beta 1 into zeros: the same
+    // numbers in every precision (a zero's sign aside), nothing left of the NaN.
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let be = CudaBackend::new(0, precision).expect("cuda");
+        let (want, got) = (grads_after_backward(&be, false), grads_after_backward(&be, true));
+        assert!(want.iter().all(|x| x.is_finite()), "{precision:?}: the zeroed run is finite");
+        let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        eprintln!("FIRST_WRITES {precision:?}: {differ} of {} gradients differ", want.len());
+        assert_eq!(differ, 0, "{precision:?}: gradients differ");
+    }
 }

@@ -991,3 +991,47 @@ fn a_released_value_cannot_be_read() {
     g.release(x);
     let _ = g.ptr(x);
 }
+
+/// The whole model's gradients after one backward pass into a gradient buffer full of NaN,
+/// where only what `zero_grads_except_first_products` leaves to a product's first write is
+/// not zeroed (`first_writes`), or after zeroing all of it.
+fn model_gradients(be: &CpuBackend, first_writes: bool) -> Vec<f32> {
+    // T = 12 of a 32-position model: wpe's rows past T get no gradient and must be zero.
+    let ov = ConfigOverrides {
+        n_layer: Some(2),
+        n_head: Some(2),
+        n_embd: Some(16),
+        max_seq_len: Some(32),
+    };
+    let cfg = ModelConfig::from_preset("char", 40, ov).unwrap();
+    let (b, t) = (2, 12);
+    let model = Gpt2::new(be, cfg).unwrap();
+    model.init_weights(be, 7).unwrap();
+    be.write(&model.grads, 0, &vec![f32::NAN; model.grads.len()]).unwrap();
+    let mut r = rng(3);
+    let ids: Vec<i32> = (0..b * t + 1).map(|_| (r.next_u32() % 40) as i32).collect();
+    let mut pool = Pool::default();
+    let mut g = Graph::new(be, &mut pool, true);
+    let fwd = model.forward(&mut g, &ids[..b * t], Some(&ids[1..]), b, t, false).unwrap();
+    if first_writes {
+        g.zero_grads_except_first_products(&model.grads).unwrap();
+    } else {
+        be.zero_buffer(&model.grads);
+    }
+    g.backward(fwd.loss.unwrap(), 1.0).unwrap();
+    drop(g);
+    read(be, &model.grads)
+}
+
+#[test]
+fn first_product_writes_equal_gradients_added_to_zeros() {
+    // The matrices' gradients written by their products (wte's by the LM head, before the
+    // encoder adds to it), the rest zeroed first: the same numbers as the whole buffer zeroed
+    // and every gradient added (equal as numbers: 0 + g and g differ only in a zero's sign),
+    // and no NaN left of what the buffer held.
+    let be = be();
+    let (want, got) = (model_gradients(&be, false), model_gradients(&be, true));
+    assert!(want.iter().all(|x| x.is_finite()), "the zeroed run is finite");
+    let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 0, "{differ} of {} gradients differ", want.len());
+}

@@ -2,8 +2,10 @@
 //! inputs' gradients, activation gradients recycled as soon as they are consumed.
 
 use super::{Graph, Kind, Node, Op, Tensor};
-use crate::backend::{Act, Backend, DevPtr, DeviceBuffer};
+use crate::backend::{Act, Backend, DevPtr, DeviceBuffer, Overwrite};
 use crate::error::{Error, Result};
+use std::collections::HashSet;
+use std::ops::Range;
 
 impl<B: Backend> Graph<'_, B> {
     // ---- backward -------------------------------------------------------------------
@@ -48,10 +50,82 @@ impl<B: Backend> Graph<'_, B> {
     }
 
     /// Gradient slot of parameter `x` (f32): its view of the gradient buffer, or a zeroed
-    /// pooled buffer when the graph was given none.
+    /// pooled buffer when the graph was given none. The caller's op adds to it; a slot left
+    /// for a product to write (`zero_grads_except_first_products`) that no product wrote is
+    /// zeroed first.
     fn param_grad(&mut self, x: Tensor) -> Result<DevPtr> {
+        let (g, first) = self.param_grad_or_first(x)?;
+        if first {
+            // SAFETY: x's gradient view holds numel(x) f32s.
+            unsafe { self.be.zero(g, self.numel(x)) };
+        }
+        Ok(g)
+    }
+
+    /// `x`'s gradient slot and whether the caller's product WRITES it (its first write of the
+    /// step, left unzeroed by `zero_grads_except_first_products`); else the slot it adds to.
+    fn param_grad_or_first(&mut self, x: Tensor) -> Result<(DevPtr, bool)> {
         assert_eq!(self.values[x.0].kind, Kind::Param, "an op's weight is a parameter");
-        self.grad_slot(x, self.numel(x), |be, p, n| unsafe { be.zero(p, n) })
+        let g = self.grad_slot(x, self.numel(x), |be, p, n| unsafe { be.zero(p, n) })?;
+        Ok((g, self.first_writes.remove(&g.addr()).is_some()))
+    }
+
+    /// For a step's first backward pass, in place of zeroing the whole flat gradient buffer
+    /// `grads`: each parameter whose first gradient write (in backward's order) is a product's
+    /// weight gradient (`Op::Matmul`, `Op::Mlp`: in GPT-2 every matrix, the tied wte by the
+    /// LM head) is left for that product to WRITE, and only the rest of the buffer is zeroed
+    /// (GPT-2: wpe, each block's vectors, the last layernorm's: 14 ranges). Saves the products
+    /// reading the matrices' gradients back and most of the zeroing. Call between the forward
+    /// pass and backward. Parameters whose views overlap without being equal are all zeroed.
+    pub fn zero_grads_except_first_products(&mut self, grads: &B::Buffer<f32>) -> Result<()> {
+        self.first_writes.clear();
+        let (base, len) = (grads.ptr().addr(), grads.len());
+        // Every parameter's gradient range in the buffer (element offsets), by address.
+        let range = |g: &Self, x: Tensor| -> Option<Range<usize>> {
+            let addr = g.values[x.0].grad?;
+            let start = (addr.checked_sub(base)? / 4) as usize;
+            (addr % 4 == base % 4 && start + g.numel(x) <= len).then(|| start..start + g.numel(x))
+        };
+        let mut seen = HashSet::new();
+        for node in self.tape.iter().rev() {
+            for (x, product) in param_writes(&node.op) {
+                if let Some(r) = range(self, x) {
+                    if seen.insert(r.start) && product {
+                        self.first_writes.insert(base + 4 * r.start as u64, r.len());
+                    }
+                }
+            }
+        }
+        // Left out: a range that overlaps another parameter's without being the same.
+        let mut all: Vec<Range<usize>> = (0..self.values.len())
+            .filter(|&i| self.values[i].kind == Kind::Param)
+            .filter_map(|i| range(self, Tensor(i)))
+            .collect();
+        all.sort_by_key(|r| (r.start, r.end));
+        all.dedup();
+        for pair in all.windows(2) {
+            if pair[1].start < pair[0].end {
+                for r in pair {
+                    self.first_writes.remove(&(base + 4 * r.start as u64));
+                }
+            }
+        }
+        let mut skip: Vec<Range<usize>> = (self.first_writes.iter())
+            .map(|(&addr, &n)| {
+                let start = ((addr - base) / 4) as usize;
+                start..start + n
+            })
+            .collect();
+        skip.sort_by_key(|r| r.start);
+        let mut at = 0;
+        for r in skip.iter().chain(std::iter::once(&(len..len))) {
+            if r.start > at {
+                // SAFETY: at..r.start lies inside `grads` (the ranges were checked against len).
+                unsafe { self.be.zero(grads.ptr().add(at), r.start - at) };
+            }
+            at = at.max(r.end);
+        }
+        Ok(())
     }
 
     fn numel(&self, x: Tensor) -> usize {
@@ -133,6 +207,12 @@ impl<B: Backend> Graph<'_, B> {
             }
         }
         self.tape = tape;
+        // A gradient left for a product that never ran (nothing downstream needed its op) is
+        // zero, as if the buffer had been zeroed.
+        for (addr, n) in std::mem::take(&mut self.first_writes) {
+            // SAFETY: a parameter's gradient view of n f32s (zero_grads_except_first_products).
+            unsafe { self.be.zero(DevPtr::<f32>::from_addr(addr), n) };
+        }
         Ok(())
     }
 
@@ -169,11 +249,15 @@ impl<B: Backend> Graph<'_, B> {
             }
             Op::Matmul { inp, w, bias } => {
                 let [_, ic] = self.shape(inp);
-                let ((dinp, first), dw) = (self.act_grad_or_first(inp)?, self.param_grad(w)?);
+                let ((dinp, dinp_first), (dw, dw_first)) = (self.act_grad_or_first(inp)?, self.param_grad_or_first(w)?);
                 let dbias = bias.map(|b| self.param_grad(b)).transpose()?;
                 let x = self.data(inp);
-                if first {
-                    be.matmul_backward_overwrite(dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
+                let overwrite = Overwrite {
+                    dinp: dinp_first,
+                    dw: dw_first,
+                };
+                if overwrite != Overwrite::default() {
+                    be.matmul_backward_overwrite(overwrite, dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
                 } else {
                     be.matmul_backward(dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
                 }
@@ -210,20 +294,25 @@ impl<B: Backend> Graph<'_, B> {
                 let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
                 // The second product back to the hidden layer, through GELU, into a buffer
                 // that lives for this op only: d(pre) = gelu'(pre) ⊙ (dout · w_proj).
-                let (dw, dbias) = (
-                    self.param_grad(w_proj)?,
+                let ((dw, dw_first), dbias) = (
+                    self.param_grad_or_first(w_proj)?,
                     b_proj.map(|b| self.param_grad(b)).transpose()?,
                 );
                 let dpre_buf = self.pool.take(be, self.act().words(r * h))?;
                 let dpre = dpre_buf.ptr().cast::<Act>();
                 let a = self.data(act);
-                be.matmul_backward_dgelu(dpre, dw, dbias, dout, a, self.ptr(pre), self.ptr(w_proj), r, h, c);
+                let (p, w) = (self.ptr(pre), self.ptr(w_proj));
+                be.matmul_backward_dgelu(dpre, dw, dw_first, dbias, dout, a, p, w, r, h, c);
                 // The first product.
-                let ((dinp, first), dw) = (self.act_grad_or_first(inp)?, self.param_grad(w_fc)?);
+                let ((dinp, dinp_first), (dw, dw_first)) = (self.act_grad_or_first(inp)?, self.param_grad_or_first(w_fc)?);
                 let dbias = b_fc.map(|b| self.param_grad(b)).transpose()?;
                 let x = self.data(inp);
-                if first {
-                    be.matmul_backward_overwrite(dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
+                let overwrite = Overwrite {
+                    dinp: dinp_first,
+                    dw: dw_first,
+                };
+                if overwrite != Overwrite::default() {
+                    be.matmul_backward_overwrite(overwrite, dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
                 } else {
                     be.matmul_backward(dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
                 }
@@ -341,6 +430,33 @@ impl<B: Backend> Graph<'_, B> {
             }
         }
         Ok(())
+    }
+}
+
+/// The parameters whose gradients `op`'s backward writes, in the order it writes them, each
+/// with whether a product writes it (its weight gradient: one that can overwrite).
+fn param_writes(op: &Op) -> Vec<(Tensor, bool)> {
+    let vector = |b: Option<Tensor>| b.map(|b| (b, false));
+    match *op {
+        Op::Encoder { wte, wpe, .. } => vec![(wte, false), (wpe, false)],
+        Op::Matmul { w, bias, .. } => [Some((w, true)), vector(bias)].into_iter().flatten().collect(),
+        Op::LayerNorm { w, b, .. } | Op::AddLayerNorm { w, bias: b, .. } => vec![(w, false), (b, false)],
+        Op::Mlp {
+            w_fc,
+            b_fc,
+            w_proj,
+            b_proj,
+            ..
+        } => [Some((w_proj, true)), vector(b_proj), Some((w_fc, true)), vector(b_fc)]
+            .into_iter()
+            .flatten()
+            .collect(),
+        Op::Attention { .. }
+        | Op::Gelu { .. }
+        | Op::Relu { .. }
+        | Op::Add { .. }
+        | Op::CrossEntropy { .. }
+        | Op::Mark { .. } => Vec::new(),
     }
 }
 

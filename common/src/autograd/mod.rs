@@ -187,6 +187,10 @@ pub struct Graph<'a, B: Backend> {
     staged: Option<&'a TokenStage<B>>,
     /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
     loss_seed: Option<f32>,
+    /// Parameter gradients (address, elements) left unzeroed for their first writer, a
+    /// product, to WRITE ([`Graph::zero_grads_except_first_products`]); each leaves as it
+    /// is written.
+    first_writes: HashMap<u64, usize>,
 }
 
 /// A position in a generated sequence: on the host for checks, in backend memory for the
@@ -279,6 +283,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             scratch: HashMap::new(),
             staged: None,
             loss_seed: None,
+            first_writes: HashMap::new(),
         }
     }
 

@@ -214,6 +214,16 @@ pub fn refresh_bf16_copy<B: Backend>(
     Ok(())
 }
 
+/// Which of a product's gradients its backward WRITES rather than adds to
+/// (`Backend::matmul_backward_overwrite`): those it writes first in a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overwrite {
+    /// The input's gradient (the activation-typed dinp).
+    pub dinp: bool,
+    /// The weight's gradient (the f32 dw).
+    pub dw: bool,
+}
+
 /// Arithmetic precision of a backend (the CPU backend is always fp32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
@@ -565,14 +575,17 @@ pub trait Backend {
         c: usize,
         oc: usize,
     );
-    /// As `matmul_backward`, but dinp = dout · w is WRITTEN, not added to: the input's first
-    /// gradient (in GPT-2 every product's input has only one), which saves zeroing dinp and
-    /// the product reading it back. By default, the zeroing then `matmul_backward`.
+    /// As `matmul_backward`, but dinp = dout · w and/or dw = doutᵀ · inp (as `overwrite`
+    /// says) are WRITTEN, not added to: a gradient's first write (in GPT-2 every product's
+    /// input has only one gradient, and every weight matrix's first comes from a product),
+    /// which saves zeroing it and the product reading it back. dbias still accumulates. By
+    /// default, the zeroing then `matmul_backward`.
     /// # Safety
     /// As `matmul_backward`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn matmul_backward_overwrite(
         &self,
+        overwrite: Overwrite,
         dinp: DevPtr<Act>,
         dw: DevPtr,
         dbias: Option<DevPtr>,
@@ -585,7 +598,12 @@ pub trait Backend {
     ) {
         // SAFETY: the caller's contract.
         unsafe {
-            self.zero_act(dinp, bt * c);
+            if overwrite.dinp {
+                self.zero_act(dinp, bt * c);
+            }
+            if overwrite.dw {
+                self.zero(dw, oc * c);
+            }
             self.matmul_backward(dinp, dw, dbias, dout, inp, w, bt, c, oc);
         }
     }
@@ -807,9 +825,10 @@ pub trait Backend {
     /// Backward of `matmul_forward(out, gelu(pre), w, bias, …)` down to `pre`, the MLP's second
     /// product: `dpre (BT,C) = gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C))`, OVERWRITTEN (the
     /// gradient of `gelu(pre)` is never stored); `dw += doutᵀ · act` and `dbias += Σ dout`
-    /// accumulate as in `matmul_backward`. `act` is `gelu(pre)` as the forward product read
-    /// it. By default the two ops; a backend may fuse gelu' into the product's epilogue
-    /// (CUDA: cuBLASLt's DGELU).
+    /// accumulate as in `matmul_backward` (dw is WRITTEN with `overwrite_dw`, as in
+    /// `matmul_backward_overwrite`). `act` is `gelu(pre)` as the forward product read it. By
+    /// default the two ops; a backend may fuse gelu' into the product's epilogue (CUDA:
+    /// cuBLASLt's DGELU).
     /// # Safety
     /// As `matmul_backward` with `dpre` for `dinp` and `act` for `inp`; `pre`: BT·C; `dpre`
     /// overlaps nothing else.
@@ -818,6 +837,7 @@ pub trait Backend {
         &self,
         dpre: DevPtr<Act>,
         dw: DevPtr,
+        overwrite_dw: bool,
         dbias: Option<DevPtr>,
         dout: DevPtr<Act>,
         act: DevPtr<Act>,
@@ -827,8 +847,11 @@ pub trait Backend {
         c: usize,
         oc: usize,
     ) {
-        self.zero_act(dpre, bt * c);
-        self.matmul_backward(dpre, dw, dbias, dout, act, w, bt, c, oc);
+        let overwrite = Overwrite {
+            dinp: true,
+            dw: overwrite_dw,
+        };
+        self.matmul_backward_overwrite(overwrite, dpre, dw, dbias, dout, act, w, bt, c, oc);
         self.gelu_backward_in_place(dpre, pre, bt * c);
     }
 

@@ -9,7 +9,7 @@ use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::{Checkpoint, HostState};
 use crate::comm::{broadcast_f32, device_order, Comm};
 use crate::data::Batch;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions};
 use crate::grad_sync::{GradSync, Shards, SyncMode};
 use crate::model::{Gpt2, ModelConfig};
@@ -46,6 +46,11 @@ pub struct Trainer<'a, B: Backend> {
     /// Checkpoints take the state through a copy on the device where the backend has one
     /// ([`Trainer::checkpoint_state`]); `GPT2_CKPT_SNAPSHOT=0` turns that off.
     snapshots: bool,
+    /// A step's first backward pass WRITES the matrices' gradients (their products' first
+    /// writes) and only the rest of the gradient buffer is zeroed
+    /// ([`Graph::zero_grads_except_first_products`]); `GPT2_WGRAD=zeroed` zeroes all of it
+    /// and every write adds, as before (the same values).
+    first_writes: bool,
 }
 
 /// A step recorded once and replayed (on GPUs: the step as a CUDA graph, NCCL's sums in it), and the
@@ -117,6 +122,15 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 read_at: Instant::now(),
             },
             snapshots: !std::env::var("GPT2_CKPT_SNAPSHOT").is_ok_and(|v| v == "0"),
+            first_writes: match std::env::var("GPT2_WGRAD").as_deref() {
+                Err(_) | Ok("") | Ok("overwrite") => true,
+                Ok("zeroed") => false,
+                Ok(other) => {
+                    return Err(Error::Input(format!(
+                        "GPT2_WGRAD={other}: expected `overwrite` or `zeroed`"
+                    )))
+                }
+            },
         })
     }
 
@@ -190,11 +204,15 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     /// Queues zero grads → (forward → backward) per micro-batch → gradients summed over
-    /// ranks → norm, clipping factor and mean loss on the device. `staged`: the token ids
-    /// come from `self.tokens`. Returns the seconds spent communicating.
+    /// ranks → norm, clipping factor and mean loss on the device. The first micro-batch's
+    /// products write the matrices' gradients, so the zeroing skips them (`first_writes`).
+    /// `staged`: the token ids come from `self.tokens`. Returns the seconds spent
+    /// communicating.
     fn queue_gradients(&mut self, batch: &Batch, b: usize, t: usize, staged: bool) -> Result<f64> {
         let (be, comm) = (self.be, self.comm);
-        be.zero_buffer(&self.model.grads);
+        if !self.first_writes {
+            be.zero_buffer(&self.model.grads);
+        }
         let (k, mut comm_s) = (self.micro_batches, 0.0);
         let n = (b / k) * t; // tokens of a micro-batch
         for micro in 0..k {
@@ -207,6 +225,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 g = g.with_tokens(&self.tokens);
             }
             let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
+            if micro == 0 && self.first_writes {
+                g.zero_grads_except_first_products(&self.model.grads)?;
+            }
             let loss = fwd.loss.expect("targets given");
             comm_s += self.sync.backward(&mut g, loss, comm, &self.model.grads, (micro, k))?;
             let (slot, at) = self.opt.meter.loss_slot();

@@ -9,7 +9,8 @@ use super::Arg;
 use super::Recording;
 use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, ResidualPath, MAX_REDUCE_BLOCKS, THREADS};
 use crate::backend::{
-    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Precision, SgdHyper, Snapshot,
+    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Overwrite, Precision, SgdHyper,
+    Snapshot,
 };
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -197,10 +198,11 @@ impl CudaBackend {
         }
     }
 
-    /// `matmul_backward` with dinp's product as `(dinp, beta)`: beta 1 accumulates, 0
-    /// overwrites; `None` leaves dinp to the caller (the DGELU epilogue computed it). The
-    /// bias gradient comes from the weight gradient's product (BGRADB) on `BiasGradPath::Fused`
-    /// where cuBLASLt can run it, else from `column_sums` after cuBLAS's product.
+    /// `matmul_backward` with dinp's product as `(dinp, beta)` and dw's as `(dw, beta)`: beta 1
+    /// accumulates, 0 overwrites; `None` leaves dinp to the caller (the DGELU epilogue computed
+    /// it). The bias gradient comes from the weight gradient's product (BGRADB) on
+    /// `BiasGradPath::Fused` where cuBLASLt can run it, else from `column_sums` after cuBLAS's
+    /// product.
     ///
     /// # Safety
     /// As `matmul_backward`.
@@ -208,7 +210,7 @@ impl CudaBackend {
     unsafe fn matmul_backward_with(
         &self,
         dinp: Option<(DevPtr<Act>, f32)>,
-        dw: DevPtr,
+        (dw, dw_beta): (DevPtr, f32),
         dbias: Option<DevPtr>,
         dout: DevPtr<Act>,
         inp: DevPtr<Act>,
@@ -226,6 +228,9 @@ impl CudaBackend {
             // The scratch is live only between these two launches, inside this op.
             let fused = self.fused_epilogue(|| {
                 let part = self.scratch(oc)?;
+                if dw_beta == 0.0 {
+                    self.zero(dw, oc * c); // the epilogue's product accumulates (beta 1)
+                }
                 let queued = lt.matmul_bgrad(self.stream(), dw, part, dout, inp, bt, c, oc)?;
                 if queued {
                     self.accumulate(dbias, part, oc);
@@ -236,8 +241,8 @@ impl CudaBackend {
                 return;
             } // else the epilogue cannot run here: cuBLAS, then the column sums
         }
-        // dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
-        self.weight_grad_gemm(dw, 1.0, dout, inp, bt, c, oc);
+        // dw (OC,C) (+)= doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
+        self.weight_grad_gemm(dw, dw_beta, dout, inp, bt, c, oc);
         if let Some(dbias) = dbias {
             self.column_sums(dbias, dout, bt, oc);
         }
@@ -677,12 +682,13 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
-        // dinp += dout · w: beta = 1 accumulates.
-        self.matmul_backward_with(Some((dinp, 1.0)), dw, dbias, dout, inp, w, bt, c, oc);
+        // dinp += dout · w, dw += doutᵀ · inp: beta = 1 accumulates.
+        self.matmul_backward_with(Some((dinp, 1.0)), (dw, 1.0), dbias, dout, inp, w, bt, c, oc);
     }
 
     unsafe fn matmul_backward_overwrite(
         &self,
+        overwrite: Overwrite,
         dinp: DevPtr<Act>,
         dw: DevPtr,
         dbias: Option<DevPtr>,
@@ -693,15 +699,18 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
-        // dinp = dout · w with beta 0, neither zeroed nor read (`GPT2_CUDA_DGRAD=unfused`: the
-        // trait's default, zeroed and then added to).
-        let beta = if self.overwrite_dgrad {
+        // An overwritten gradient is the product's with beta 0, neither zeroed nor read
+        // (`GPT2_CUDA_DGRAD=unfused`: dinp as the trait's default, zeroed and then added to).
+        let beta = if !overwrite.dinp {
+            1.0
+        } else if self.overwrite_dgrad {
             0.0
         } else {
             self.zero_act(dinp, bt * c);
             1.0
         };
-        self.matmul_backward_with(Some((dinp, beta)), dw, dbias, dout, inp, w, bt, c, oc);
+        let dw_beta = if overwrite.dw { 0.0 } else { 1.0 };
+        self.matmul_backward_with(Some((dinp, beta)), (dw, dw_beta), dbias, dout, inp, w, bt, c, oc);
     }
 
     unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
@@ -732,6 +741,7 @@ impl Backend for CudaBackend {
         &self,
         dpre: DevPtr<Act>,
         dw: DevPtr,
+        overwrite_dw: bool,
         dbias: Option<DevPtr>,
         dout: DevPtr<Act>,
         act: DevPtr<Act>,
@@ -741,6 +751,7 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
+        let dw = (dw, if overwrite_dw { 0.0 } else { 1.0 });
         if let Some(lt) = self.gelu_epilogues() {
             if self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc)) {
                 return self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc);
