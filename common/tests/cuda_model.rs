@@ -8,8 +8,8 @@
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{CudaBackend, GeluPath, ResidualPath};
-use common::backend::{Backend, DeviceBuffer};
 use common::backend::Precision;
+use common::backend::{Backend, DeviceBuffer};
 use common::comm::Single;
 use common::data::Batch;
 use common::grad_sync::SyncMode;
@@ -434,10 +434,13 @@ fn grads_after_backward<B: Backend>(be: &B, first_writes: bool) -> Vec<f32> {
     let batch = &batches(1, b, t)[0];
     let model = Gpt2::new(be, cfg).expect("model");
     model.init_weights(be, 1337).expect("init");
-    be.write(&model.grads, 0, &vec![f32::NAN; model.grads.len()]).expect("write");
+    be.write(&model.grads, 0, &vec![f32::NAN; model.grads.len()])
+        .expect("write");
     let mut pool = Pool::default();
     let mut g = Graph::new(be, &mut pool, true);
-    let fwd = model.forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false).expect("forward");
+    let fwd = model
+        .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)
+        .expect("forward");
     if first_writes {
         g.zero_grads_except_first_products(&model.grads).expect("zero");
     } else {
@@ -459,9 +462,15 @@ fn first_product_writes_equal_gradients_added_to_zeros() {
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
         let be = CudaBackend::new(0, precision).expect("cuda");
         let (want, got) = (grads_after_backward(&be, false), grads_after_backward(&be, true));
-        assert!(want.iter().all(|x| x.is_finite()), "{precision:?}: the zeroed run is finite");
+        assert!(
+            want.iter().all(|x| x.is_finite()),
+            "{precision:?}: the zeroed run is finite"
+        );
         let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-        eprintln!("FIRST_WRITES {precision:?}: {differ} of {} gradients differ", want.len());
+        eprintln!(
+            "FIRST_WRITES {precision:?}: {differ} of {} gradients differ",
+            want.len()
+        );
         assert_eq!(differ, 0, "{precision:?}: gradients differ");
     }
 }

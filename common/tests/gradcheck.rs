@@ -1012,7 +1012,9 @@ fn model_gradients(be: &CpuBackend, first_writes: bool) -> Vec<f32> {
     let ids: Vec<i32> = (0..b * t + 1).map(|_| (r.next_u32() % 40) as i32).collect();
     let mut pool = Pool::default();
     let mut g = Graph::new(be, &mut pool, true);
-    let fwd = model.forward(&mut g, &ids[..b * t], Some(&ids[1..]), b, t, false).unwrap();
+    let fwd = model
+        .forward(&mut g, &ids[..b * t], Some(&ids[1..]), b, t, false)
+        .unwrap();
     if first_writes {
         g.zero_grads_except_first_products(&model.grads).unwrap();
     } else {

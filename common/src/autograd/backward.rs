@@ -252,15 +252,13 @@ impl<B: Backend> Graph<'_, B> {
                 let ((dinp, dinp_first), (dw, dw_first)) = (self.act_grad_or_first(inp)?, self.param_grad_or_first(w)?);
                 let dbias = bias.map(|b| self.param_grad(b)).transpose()?;
                 let x = self.data(inp);
+                // A first gradient (in GPT-2 the input's only one; the weight's in a step's first
+                // backward) is written by the product, not zeroed and added to.
                 let overwrite = Overwrite {
                     dinp: dinp_first,
                     dw: dw_first,
                 };
-                if overwrite != Overwrite::default() {
-                    be.matmul_backward_overwrite(overwrite, dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
-                } else {
-                    be.matmul_backward(dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
-                }
+                be.matmul_backward_overwrite(overwrite, dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
             }
             Op::LayerNorm { inp, w, b, mean, rstd } => {
                 let (dinp, dw, db) = (self.act_grad(inp)?, self.param_grad(w)?, self.param_grad(b)?);
@@ -304,18 +302,15 @@ impl<B: Backend> Graph<'_, B> {
                 let (p, w) = (self.ptr(pre), self.ptr(w_proj));
                 be.matmul_backward_dgelu(dpre, dw, dw_first, dbias, dout, a, p, w, r, h, c);
                 // The first product.
-                let ((dinp, dinp_first), (dw, dw_first)) = (self.act_grad_or_first(inp)?, self.param_grad_or_first(w_fc)?);
+                let ((dinp, dinp_first), (dw, dw_first)) =
+                    (self.act_grad_or_first(inp)?, self.param_grad_or_first(w_fc)?);
                 let dbias = b_fc.map(|b| self.param_grad(b)).transpose()?;
                 let x = self.data(inp);
                 let overwrite = Overwrite {
                     dinp: dinp_first,
                     dw: dw_first,
                 };
-                if overwrite != Overwrite::default() {
-                    be.matmul_backward_overwrite(overwrite, dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
-                } else {
-                    be.matmul_backward(dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
-                }
+                be.matmul_backward_overwrite(overwrite, dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
                 self.pool.give(dpre_buf);
             }
             Op::Relu { inp } => {

@@ -576,10 +576,10 @@ pub trait Backend {
         oc: usize,
     );
     /// As `matmul_backward`, but dinp = dout · w and/or dw = doutᵀ · inp (as `overwrite`
-    /// says) are WRITTEN, not added to: a gradient's first write (in GPT-2 every product's
-    /// input has only one gradient, and every weight matrix's first comes from a product),
-    /// which saves zeroing it and the product reading it back. dbias still accumulates. By
-    /// default, the zeroing then `matmul_backward`.
+    /// says; with neither, exactly `matmul_backward`) are WRITTEN, not added to: a gradient's
+    /// first write (in GPT-2 every product's input has only one gradient, and every weight
+    /// matrix's first comes from a product), which saves zeroing it and the product reading
+    /// it back. dbias still accumulates. By default, the zeroing then `matmul_backward`.
     /// # Safety
     /// As `matmul_backward`.
     #[allow(clippy::too_many_arguments)]
