@@ -14,7 +14,9 @@
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, BiasGradPath, CudaBackend, GeluPath, HopperBackward, ResidualPath};
 use common::backend::Precision;
-use common::backend::{bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
+use common::backend::{
+    bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Overwrite, SgdHyper, StepState,
+};
 
 const FP32_TOL: f32 = 1e-4;
 
@@ -223,6 +225,7 @@ fn matmul_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, oc: usize, wi
     let dbias_ptr = with_bias.then(|| dbias.ptr());
     unsafe {
         be.matmul_backward(
+            Overwrite::ACCUMULATE,
             act(&dinp),
             dw.ptr(),
             dbias_ptr,
@@ -405,6 +408,7 @@ fn backward_with_bias<B: Backend>(be: &B, bufs: [&B::Buffer<f32>; 6], (bt, c, oc
     // SAFETY: the callers' buffers hold the op's shapes.
     unsafe {
         be.matmul_backward(
+            Overwrite::ACCUMULATE,
             act(dinp),
             dw.ptr(),
             Some(dbias.ptr()),
@@ -665,10 +669,10 @@ fn layernorm_matches_cpu() {
 // ---- the residual add fused into layernorm --------------------------------------------
 
 /// `add_layernorm_forward` (sum, out, mean, rstd), then `add_layernorm_backward` with a copy
-/// (dsum, copy, dw, db). The backward reads its own sum (bf16-exact under bf16) and that sum's
+/// (dsum, copy, dw, db, and dbias: a product's bias gradient from dsum). The backward reads its own sum (bf16-exact under bf16) and that sum's
 /// statistics from `layernorm_forward`, so that its error does not include the forward's
-/// rounding of the sum; dsum, dw and db start random (they accumulate), the copy too (it is
-/// overwritten).
+/// rounding of the sum; dsum, dw, db and dbias start random (they accumulate), the copy too
+/// (it is overwritten).
 fn add_layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec<Vec<f32>> {
     // The residual stream with a small offset per row, and a branch output to add to it.
     let offset = |i: usize| ((i / c) % 10) as f32 * 0.1;
@@ -727,10 +731,12 @@ fn add_layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec
     let copy = upload_act(be, &rnd(q, bt * c, 38, 1.0));
     let dw = upload(be, &rnd(q, c, 39, 1.0));
     let db = upload(be, &rnd(q, c, 40, 1.0));
+    let dbias = upload(be, &rnd(q, c, 41, 1.0));
     unsafe {
         be.add_layernorm_backward(
             act(&dsum),
             Some(act(&copy)),
+            Some(dbias.ptr()),
             dw.ptr(),
             db.ptr(),
             act(&dout),
@@ -751,6 +757,7 @@ fn add_layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec
         download_act(be, &copy, bt * c),
         download(be, &dw),
         download(be, &db),
+        download(be, &dbias),
     ]
 }
 
@@ -762,23 +769,31 @@ fn rnd_to(q: Inputs, v: Vec<f32>) -> Vec<f32> {
     }
 }
 
-const ADD_LN_NAMES: [&str; 8] = ["sum", "out", "mean", "rstd", "dsum", "copy", "dw", "db"];
+const ADD_LN_NAMES: [&str; 9] = ["sum", "out", "mean", "rstd", "dsum", "copy", "dw", "db", "dbias"];
 
 /// (BT, C): C = 48 and 768 run the fused forward kernel; C = 33 (not a multiple of 4) falls
 /// back to the two ops forward and the scalar dinp kernel (which writes the copy too).
 const ADD_LN_SHAPES: [(usize, usize); 4] = [(74, 48), (1, 8), (300, 768), (600, 33)];
 
+/// The residual path, and whether the one-pass kernel sums the bias gradient.
+const ADD_LN_PATHS: [(ResidualPath, bool); 3] = [
+    (ResidualPath::Fused, true),
+    (ResidualPath::Fused, false),
+    (ResidualPath::Unfused, false),
+];
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn add_layernorm_matches_cpu() {
-    // fp32 and tf32 (no product here: the same kernels) at the file's tolerance, both paths.
+    // fp32 and tf32 (no product here: the same kernels) at the file's tolerance, every path
+    // (the bias gradient summed in the layernorm kernel or by the column sums after it).
     for precision in [Precision::Fp32, Precision::Tf32] {
-        for path in [ResidualPath::Fused, ResidualPath::Unfused] {
-            let gpu = gpu(precision).with_residual(path);
+        for (path, sums) in ADD_LN_PATHS {
+            let gpu = gpu(precision).with_residual(path).with_layernorm_bias_sums(sums);
             for (bt, c) in ADD_LN_SHAPES {
                 let want = add_layernorm_case(&cpu(), Inputs::F32, bt, c);
                 let got = add_layernorm_case(&gpu, Inputs::F32, bt, c);
-                let test = format!("add_layernorm {precision:?} {path:?} {bt}x{c}");
+                let test = format!("add_layernorm {precision:?} {path:?} sums {sums} {bt}x{c}");
                 check(&test, &ADD_LN_NAMES, &got, &want, FP32_TOL);
             }
         }
@@ -792,14 +807,15 @@ fn bf16_add_layernorm_is_within_bound() {
     // (relative 2⁻⁹ of |x| ≤ 3, against a row spread of about 1) through the normalisation,
     // then its own rounding (k = 2); mean, rstd: f32 statistics of the rounded sum (k = 2);
     // backward as `layernorm_backward` (dsum read back and updated, k = 2; the copy is the
-    // same values; dw and db f32 sums over rows, k = 1).
-    for path in [ResidualPath::Fused, ResidualPath::Unfused] {
-        let gpu = gpu(Precision::Bf16).with_residual(path);
+    // same values; dw and db f32 sums over rows, k = 1; dbias f32 sums of the rounded dsum,
+    // whose error relative to its largest value is dsum's, as dsum's bound).
+    for (path, sums) in ADD_LN_PATHS {
+        let gpu = gpu(Precision::Bf16).with_residual(path).with_layernorm_bias_sums(sums);
         for (bt, c) in [(300, 768), (74, 48), (600, 33)] {
             let want = add_layernorm_case(&cpu(), Inputs::Bf16, bt, c);
             let got = add_layernorm_case(&gpu, Inputs::Bf16, bt, c);
             check_bf16(
-                &format!("add_layernorm {path:?} {bt}x{c}"),
+                &format!("add_layernorm {path:?} sums {sums} {bt}x{c}"),
                 &ADD_LN_NAMES,
                 &got,
                 &want,
@@ -812,6 +828,7 @@ fn bf16_add_layernorm_is_within_bound() {
                     (2.0, c),
                     (1.0, bt),
                     (1.0, bt),
+                    (2.0, c),
                 ],
             );
         }
@@ -824,14 +841,17 @@ fn add_layernorm_fused_equals_unfused() {
     // The fused forward rounds the sum as add_vec4_kernel does and runs layernorm_forward_vec4's
     // row code on it; the fused backward is the same dinp kernel with a second store. So the
     // two paths give the same numbers in every precision (compared as numbers: the unfused
-    // copy is 0 + g, which may differ from g in the sign of a zero).
+    // copy is 0 + g, which may differ from g in the sign of a zero). The bias gradient by the
+    // column sums after both (the sums in the kernel run in another order: the next test).
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
         let q = if precision == Precision::Bf16 {
             Inputs::Bf16
         } else {
             Inputs::F32
         };
-        let fused = gpu(precision).with_residual(ResidualPath::Fused);
+        let fused = gpu(precision)
+            .with_residual(ResidualPath::Fused)
+            .with_layernorm_bias_sums(false);
         let unfused = gpu(precision).with_residual(ResidualPath::Unfused);
         for (bt, c) in ADD_LN_SHAPES {
             let want = add_layernorm_case(&unfused, q, bt, c);
@@ -844,6 +864,36 @@ fn add_layernorm_fused_equals_unfused() {
                 );
                 assert_eq!(differ, 0, "{precision:?} {bt}x{c} {name}: fused and unfused differ");
             }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn layernorm_bias_sums_equal_column_sums() {
+    // The one-pass kernel's column sums of the dsum it stores (as rounded) against the column
+    // sums reading it back: the same terms in another order, so within f32 rounding of the
+    // sums in every precision; every other output the same bits.
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let q = if precision == Precision::Bf16 {
+            Inputs::Bf16
+        } else {
+            Inputs::F32
+        };
+        let on = |sums| {
+            gpu(precision)
+                .with_residual(ResidualPath::Fused)
+                .with_layernorm_bias_sums(sums)
+        };
+        for (bt, c) in ADD_LN_SHAPES {
+            let want = add_layernorm_case(&on(false), q, bt, c);
+            let got = add_layernorm_case(&on(true), q, bt, c);
+            let last = ADD_LN_NAMES.len() - 1;
+            for (i, name) in ADD_LN_NAMES.iter().enumerate().take(last) {
+                assert_eq!(got[i], want[i], "{precision:?} {bt}x{c} {name}: kernel sums changed it");
+            }
+            let test = format!("layernorm bias sums {precision:?} {bt}x{c}");
+            check(&test, &["dbias"], &got[last..], &want[last..], 1e-5);
         }
     }
 }

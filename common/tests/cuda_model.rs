@@ -13,7 +13,7 @@ use common::backend::{Backend, DeviceBuffer};
 use common::comm::Single;
 use common::data::Batch;
 use common::grad_sync::SyncMode;
-use common::model::{ConfigOverrides, Gpt2, ModelConfig};
+use common::model::{ConfigOverrides, Gpt2, ModelConfig, Param};
 use common::optim::OptimConfig;
 use common::train::{Trainer, TrainerSettings};
 use rand_chacha::ChaCha8Rng;
@@ -156,13 +156,61 @@ fn residual_fused_equals_unfused_at_step0() {
     let (b, t) = (4, 64);
     let batch = &batches(1, b, t)[0];
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        // The projections' bias gradients by the column sums on both (the layernorm kernel's
+        // own sums of them run in another order: the next test).
         let on = |path| {
-            let be = CudaBackend::new(0, precision).expect("cuda").with_residual(path);
+            let be = CudaBackend::new(0, precision)
+                .expect("cuda")
+                .with_residual(path)
+                .with_layernorm_bias_sums(false);
             step0(&be, cfg, batch, b, t)
         };
         let what = format!("residual fused vs unfused, {precision:?}");
         assert_same_step0(&what, &on(ResidualPath::Fused), &on(ResidualPath::Unfused), false);
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn layernorm_bias_sums_equal_column_sums_at_step0() {
+    // The attention and MLP projections' bias gradients summed by the add-layernorm backward's
+    // kernel from the dsum it stores, against the column-sum kernels reading it back after:
+    // those gradients within f32 rounding of their sums, every other value the same bits. The
+    // two orders give other bits somewhere (else the graph handed the kernel no bias to sum).
+    let mut reordered = 0;
+    let cfg = config("char", ConfigOverrides::default());
+    let (b, t) = (4, 64);
+    let batch = &batches(1, b, t)[0];
+    let lay = common::model::ParamLayout::new(&cfg);
+    let summed: Vec<std::ops::Range<usize>> = (0..cfg.n_layer)
+        .flat_map(|l| [Param::AttProjB, Param::FcProjB].map(|p| lay.block(l, p).range.clone()))
+        .collect();
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        let on = |sums| {
+            let be = CudaBackend::new(0, precision)
+                .expect("cuda")
+                .with_layernorm_bias_sums(sums);
+            step0(&be, cfg, batch, b, t)
+        };
+        let ((loss, got), (want_loss, want)) = (on(true), on(false));
+        assert_eq!(loss.to_bits(), want_loss.to_bits(), "{precision:?}: loss");
+        let in_summed = |i: &usize| summed.iter().any(|r| r.contains(i));
+        let differ = (0..got.len())
+            .filter(|i| !in_summed(i) && got[*i].to_bits() != want[*i].to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "{precision:?}: gradients other than the projections' biases differ"
+        );
+        for r in &summed {
+            let err = rel_err(&got[r.clone()], &want[r.clone()]);
+            eprintln!("LN BIAS SUMS {precision:?} {r:?}: rel_err {err:.2e}");
+            assert!(err <= 1e-5, "{precision:?} {r:?}: {err:.3e}");
+            reordered += r.clone().filter(|&i| got[i].to_bits() != want[i].to_bits()).count();
+        }
+    }
+    eprintln!("LN BIAS SUMS: {reordered} bias gradient values with other bits");
+    assert!(reordered > 0, "no bias gradient was summed in the layernorm kernel");
 }
 
 #[test]

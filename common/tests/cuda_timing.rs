@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
-use common::backend::{token_order, AdamWHyper, Backend, DeviceBuffer, StepState};
+use common::backend::{token_order, AdamWHyper, Backend, DeviceBuffer, Overwrite, StepState};
 
 const B: usize = 16;
 const T: usize = 1024;
@@ -165,6 +165,7 @@ fn gpt2_step_table(precision: Precision) {
         }
         let bwd = time(&be, || unsafe {
             be.matmul_backward(
+                Overwrite::ACCUMULATE,
                 dinp.ptr().cast(),
                 dwt.ptr().cast(),
                 dbias_ptr,

@@ -5,7 +5,7 @@
 
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::{CpuBackend, CpuBuffer};
-use common::backend::{token_order, AdamWHyper, Backend, DeviceBuffer, StepState};
+use common::backend::{token_order, AdamWHyper, Backend, DeviceBuffer, Overwrite, StepState};
 use common::model::{ConfigOverrides, Gpt2, ModelConfig};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -153,6 +153,7 @@ fn matmul_backward_matches_finite_differences() {
     be.write(&db, 0, &pre).unwrap();
     unsafe {
         be.matmul_backward(
+            Overwrite::ACCUMULATE,
             dinp.ptr().cast(),
             dw.ptr().cast(),
             Some(db.ptr().cast()),

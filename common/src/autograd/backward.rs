@@ -70,6 +70,16 @@ impl<B: Backend> Graph<'_, B> {
         Ok((g, self.first_writes.remove(&g.addr()).is_some()))
     }
 
+    /// The gradient slot of `bias`, the bias of the product whose output is `out`, for that
+    /// product's backward to add to; `None` without a bias, or when an add-layernorm's backward
+    /// has summed it already (`bias_summed`).
+    fn output_bias_grad(&mut self, out: Tensor, bias: Option<Tensor>) -> Result<Option<DevPtr>> {
+        if self.bias_summed.remove(&out.0) {
+            return Ok(None);
+        }
+        bias.map(|b| self.param_grad(b)).transpose()
+    }
+
     /// For a step's first backward pass, in place of zeroing the whole flat gradient buffer
     /// `grads`: each parameter whose first gradient write (in backward's order) is a product's
     /// weight gradient (`Op::Matmul`, `Op::Mlp`: in GPT-2 every matrix, the tied wte by the
@@ -182,6 +192,7 @@ impl<B: Backend> Graph<'_, B> {
             .expect("backward: empty tape (graph built without recording?)");
         assert_eq!(last.out, loss, "backward: the loss must be the last op");
         let tape = std::mem::take(&mut self.tape);
+        self.bias_summed.clear();
         for node in tape.iter().rev() {
             if let Op::Mark { label } = node.op {
                 on_mark(label)?;
@@ -250,7 +261,7 @@ impl<B: Backend> Graph<'_, B> {
             Op::Matmul { inp, w, bias } => {
                 let [_, ic] = self.shape(inp);
                 let ((dinp, dinp_first), (dw, dw_first)) = (self.act_grad_or_first(inp)?, self.param_grad_or_first(w)?);
-                let dbias = bias.map(|b| self.param_grad(b)).transpose()?;
+                let dbias = self.output_bias_grad(node.out, bias)?;
                 let x = self.data(inp);
                 // A first gradient (in GPT-2 the input's only one; the weight's in a step's first
                 // backward) is written by the product, not zeroed and added to.
@@ -258,7 +269,7 @@ impl<B: Backend> Graph<'_, B> {
                     dinp: dinp_first,
                     dw: dw_first,
                 };
-                be.matmul_backward_overwrite(overwrite, dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
+                be.matmul_backward(overwrite, dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
             }
             Op::LayerNorm { inp, w, b, mean, rstd } => {
                 let (dinp, dw, db) = (self.act_grad(inp)?, self.param_grad(w)?, self.param_grad(b)?);
@@ -294,7 +305,7 @@ impl<B: Backend> Graph<'_, B> {
                 // that lives for this op only: d(pre) = gelu'(pre) ⊙ (dout · w_proj).
                 let ((dw, dw_first), dbias) = (
                     self.param_grad_or_first(w_proj)?,
-                    b_proj.map(|b| self.param_grad(b)).transpose()?,
+                    self.output_bias_grad(node.out, b_proj)?,
                 );
                 let dpre_buf = self.pool.take(be, self.act().words(r * h))?;
                 let dpre = dpre_buf.ptr().cast::<Act>();
@@ -310,7 +321,7 @@ impl<B: Backend> Graph<'_, B> {
                     dinp: dinp_first,
                     dw: dw_first,
                 };
-                be.matmul_backward_overwrite(overwrite, dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
+                be.matmul_backward(overwrite, dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
                 self.pool.give(dpre_buf);
             }
             Op::Relu { inp } => {
@@ -336,7 +347,7 @@ impl<B: Backend> Graph<'_, B> {
                 bias,
                 mean,
                 rstd,
-            } => self.add_layernorm_backward(be, [a, b], sum, [w, bias], [mean, rstd], dout, r, c)?,
+            } => self.add_layernorm_backward(be, (tape, node), [a, b], sum, [w, bias], [mean, rstd], dout, r, c)?,
             Op::CrossEntropy {
                 logits,
                 targets,
@@ -387,6 +398,7 @@ impl<B: Backend> Graph<'_, B> {
     unsafe fn add_layernorm_backward(
         &mut self,
         be: &B,
+        (tape, node): (&[Node], &Node),
         [a, b]: [Tensor; 2],
         sum: Tensor,
         [w, bias]: [Tensor; 2],
@@ -396,6 +408,20 @@ impl<B: Backend> Graph<'_, B> {
         c: usize,
     ) -> Result<()> {
         let n = r * c;
+        // An input that is a product's output read by nothing else has the sum's whole
+        // gradient as its own: its bias gradient, that gradient's column sums, is taken
+        // here, in the same pass (GPT-2: the attention and MLP projections' biases).
+        let mut dbias = None;
+        let inputs: &[Tensor] = if a != b && dout.addr() != 0 { &[a, b] } else { &[] };
+        for &x in inputs {
+            if dbias.is_some() || self.is_param(x) || self.values[x.0].grad.is_some() || read_by_others(tape, x, node) {
+                continue;
+            }
+            if let Some(bias) = tape.iter().find(|n| n.out == x).and_then(|n| output_bias(&n.op)) {
+                dbias = Some(self.param_grad(bias)?);
+                self.bias_summed.insert(x.0);
+            }
+        }
         let dsum = self.act_grad(sum)?;
         let heir = if a != b { self.hand_down(sum, [b, a]) } else { None };
         let other = heir.map(|h| if h == b { a } else { b });
@@ -406,7 +432,7 @@ impl<B: Backend> Graph<'_, B> {
         if dout.addr() != 0 {
             let (dw, db) = (self.param_grad(w)?, self.param_grad(bias)?);
             let s = self.data(sum);
-            be.add_layernorm_backward(dsum, copy, dw, db, dout, s, self.ptr(w), mean, rstd, r, c);
+            be.add_layernorm_backward(dsum, copy, dbias, dw, db, dout, s, self.ptr(w), mean, rstd, r, c);
         } else if let Some(copy) = copy {
             be.zero_act(copy, n);
             be.accumulate_act(copy, dsum, n);
@@ -425,6 +451,16 @@ impl<B: Backend> Graph<'_, B> {
             }
         }
         Ok(())
+    }
+}
+
+/// The bias added to `op`'s output, where it is a product's (`Op::Matmul`, `Op::Mlp`'s second):
+/// its gradient is the column sums of the output's gradient.
+fn output_bias(op: &Op) -> Option<Tensor> {
+    match *op {
+        Op::Matmul { bias, .. } => bias,
+        Op::Mlp { b_proj, .. } => b_proj,
+        _ => None,
     }
 }
 

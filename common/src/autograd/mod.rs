@@ -27,7 +27,7 @@ pub use pool::Pool;
 use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer};
 use crate::error::{Error, Result};
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 /// Handle to a value in a [`Graph`]: an index, cheap to copy.
@@ -191,6 +191,10 @@ pub struct Graph<'a, B: Backend> {
     /// product, to WRITE ([`Graph::zero_grads_except_first_products`]); each leaves as it
     /// is written.
     first_writes: HashMap<u64, usize>,
+    /// Products (by output value) whose bias gradient an add-layernorm's backward has
+    /// already summed from their output's gradient ([`Backend::add_layernorm_backward`]'s
+    /// `dbias`): their own backward leaves the bias out.
+    bias_summed: HashSet<usize>,
 }
 
 /// A position in a generated sequence: on the host for checks, in backend memory for the
@@ -284,6 +288,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             staged: None,
             loss_seed: None,
             first_writes: HashMap::new(),
+            bias_summed: HashSet::new(),
         }
     }
 

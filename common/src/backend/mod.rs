@@ -215,13 +215,18 @@ pub fn refresh_bf16_copy<B: Backend>(
 }
 
 /// Which of a product's gradients its backward WRITES rather than adds to
-/// (`Backend::matmul_backward_overwrite`): those it writes first in a step.
+/// (`Backend::matmul_backward`): those it writes first in a step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Overwrite {
     /// The input's gradient (the activation-typed dinp).
     pub dinp: bool,
     /// The weight's gradient (the f32 dw).
     pub dw: bool,
+}
+
+impl Overwrite {
+    /// Both gradients added to (`+=`), the backward of a product on its own.
+    pub const ACCUMULATE: Overwrite = Overwrite { dinp: false, dw: false };
 }
 
 /// Arithmetic precision of a backend (the CPU backend is always fp32).
@@ -559,31 +564,17 @@ pub trait Backend {
         c: usize,
         oc: usize,
     );
+    /// Backward of `matmul_forward`: `dinp (BT,C) += dout · w`, `dw (OC,C) += doutᵀ · inp`,
+    /// `dbias (OC) += Σ_rows dout`. Each of dinp and dw that `overwrite` names is WRITTEN
+    /// instead (`=`, not `+=`): a gradient's first write in a step (in GPT-2 every product's
+    /// input has only one gradient, and every weight matrix's first comes from a product),
+    /// which saves zeroing it and the product reading it back. dbias always accumulates.
+    /// [`Overwrite::ACCUMULATE`] adds to both.
     /// # Safety
     /// As `matmul_forward`; `dinp`, `dw`, `dbias`, `dout` have the shapes of `inp`, `w`,
     /// `bias`, `out`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn matmul_backward(
-        &self,
-        dinp: DevPtr<Act>,
-        dw: DevPtr,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    );
-    /// As `matmul_backward`, but dinp = dout · w and/or dw = doutᵀ · inp (as `overwrite`
-    /// says; with neither, exactly `matmul_backward`) are WRITTEN, not added to: a gradient's
-    /// first write (in GPT-2 every product's input has only one gradient, and every weight
-    /// matrix's first comes from a product), which saves zeroing it and the product reading
-    /// it back. dbias still accumulates. By default, the zeroing then `matmul_backward`.
-    /// # Safety
-    /// As `matmul_backward`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn matmul_backward_overwrite(
         &self,
         overwrite: Overwrite,
         dinp: DevPtr<Act>,
@@ -595,18 +586,7 @@ pub trait Backend {
         bt: usize,
         c: usize,
         oc: usize,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            if overwrite.dinp {
-                self.zero_act(dinp, bt * c);
-            }
-            if overwrite.dw {
-                self.zero(dw, oc * c);
-            }
-            self.matmul_backward(dinp, dw, dbias, dout, inp, w, bt, c, oc);
-        }
-    }
+    );
     /// dbias (OC) += Σ_rows dout (BT,OC): the bias gradient alone, as a pass of its own
     /// (`matmul_backward` computes it too, the CUDA backend inside the weight gradient's
     /// product; this is the unfused form that benchmarks set beside it).
@@ -674,18 +654,22 @@ pub trait Backend {
     /// layernorm_backward(dout)` in place, after which `dsum` holds the whole gradient of the
     /// sum, which is the gradient of `a` and of `b` alike; with `copy`, that gradient is also
     /// written there (OVERWRITTEN, not accumulated), so that the second input gets its gradient
-    /// in the same pass instead of a zero fill and an accumulate. `dw`, `db` accumulate. By
-    /// default `layernorm_backward`, then `copy` zeroed and `accumulate_act` into it (the ops
-    /// an `add` and a `layernorm` ran); a backend may write `copy` from the layernorm
-    /// backward's own pass (CUDA: the dinp kernel's second output).
+    /// in the same pass instead of a zero fill and an accumulate; with `dbias`, `dbias += Σ_rows
+    /// dsum` (its new value): the bias gradient of the product whose output is `a` or `b`
+    /// (`bias_backward` of that gradient), which the product's backward then leaves out. `dw`,
+    /// `db` accumulate. By default `layernorm_backward`, then `copy` zeroed and
+    /// `accumulate_act` into it (the ops an `add` and a `layernorm` ran), then `bias_backward`;
+    /// a backend may write `copy` and sum `dbias` in the layernorm backward's own pass (CUDA:
+    /// the one-pass kernel's extra outputs).
     /// # Safety
     /// As `layernorm_backward` with `dsum` for `dinp` and `sum` for `inp`; `copy`: BT·C
-    /// activations, overlapping no other operand.
+    /// activations, overlapping no other operand; `dbias`: C f32s.
     #[allow(clippy::too_many_arguments)]
     unsafe fn add_layernorm_backward(
         &self,
         dsum: DevPtr<Act>,
         copy: Option<DevPtr<Act>>,
+        dbias: Option<DevPtr>,
         dw: DevPtr,
         db: DevPtr,
         dout: DevPtr<Act>,
@@ -700,6 +684,9 @@ pub trait Backend {
         if let Some(copy) = copy {
             self.zero_act(copy, bt * c);
             self.accumulate_act(copy, dsum, bt * c);
+        }
+        if let Some(dbias) = dbias {
+            self.bias_backward(dbias, dsum, bt, c);
         }
     }
 
@@ -825,8 +812,7 @@ pub trait Backend {
     /// Backward of `matmul_forward(out, gelu(pre), w, bias, …)` down to `pre`, the MLP's second
     /// product: `dpre (BT,C) = gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C))`, OVERWRITTEN (the
     /// gradient of `gelu(pre)` is never stored); `dw += doutᵀ · act` and `dbias += Σ dout`
-    /// accumulate as in `matmul_backward` (dw is WRITTEN with `overwrite_dw`, as in
-    /// `matmul_backward_overwrite`). `act` is `gelu(pre)` as the forward product read it. By
+    /// accumulate as in `matmul_backward` (dw is WRITTEN with `overwrite_dw`). `act` is `gelu(pre)` as the forward product read it. By
     /// default the two ops; a backend may fuse gelu' into the product's epilogue (CUDA:
     /// cuBLASLt's DGELU).
     /// # Safety
@@ -851,7 +837,7 @@ pub trait Backend {
             dinp: true,
             dw: overwrite_dw,
         };
-        self.matmul_backward_overwrite(overwrite, dpre, dw, dbias, dout, act, w, bt, c, oc);
+        self.matmul_backward(overwrite, dpre, dw, dbias, dout, act, w, bt, c, oc);
         self.gelu_backward_in_place(dpre, pre, bt * c);
     }
 

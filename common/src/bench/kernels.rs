@@ -13,7 +13,7 @@
 //! against. Every row runs on [`KernelOpts::tokens`] rows (B·T): 16,384 on a GPU, fewer on
 //! the CPU, where the whole bench must stay near a minute on 2 cores (see [`KernelOpts`]).
 
-use crate::backend::{Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, StepState};
+use crate::backend::{Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Overwrite, StepState};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -217,7 +217,7 @@ fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>)
         // SAFETY: as above. dinp, dw and dbias accumulate over the calls, which changes their
         // values, not the work.
         let ms = time_ms(be, 10, || unsafe {
-            be.matmul_backward(dinp, dw, dbias, dout, inp, w, r, c_in, oc)
+            be.matmul_backward(Overwrite::ACCUMULATE, dinp, dw, dbias, dout, inp, w, r, c_in, oc)
         })?;
         row(bwd, shape, ms, 2.0 * flop);
     }
@@ -358,7 +358,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         // SAFETY: as above; sum, mean and rstd were written by the forward. dinp (the sum's
         // gradient) accumulates over the calls, which changes its values, not the work.
         let fused = time_ms(be, 20, || unsafe {
-            be.add_layernorm_backward(dinp, Some(copy), dw, db, dout, sum, w, mean, rstd, r, c)
+            be.add_layernorm_backward(dinp, Some(copy), None, dw, db, dout, sum, w, mean, rstd, r, c)
         })?;
         row("ours", "add_layernorm_bwd", shape.clone(), fused, None, bwd_floor);
         // SAFETY: as above.
@@ -423,7 +423,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         row("ours", "matmul_dgelu_bwd", shape.clone(), fused, Some(2.0 * flop), None);
         // SAFETY: as above.
         let apart = time_ms(be, 10, || unsafe {
-            be.matmul_backward(dact, dw, Some(db), dout, out, w_proj, r, h, c);
+            be.matmul_backward(Overwrite::ACCUMULATE, dact, dw, Some(db), dout, out, w_proj, r, h, c);
             be.gelu_backward(dpre, pre, dact, r * h);
         })?;
         row("ours-unfused", "matmul_dgelu_bwd", shape, apart, Some(2.0 * flop), None);
@@ -447,12 +447,12 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         let flop = 4.0 * (r * c_in * oc) as f64;
         // SAFETY: every buffer holds what the op's contract asks at this shape.
         let fused = time_ms(be, 10, || unsafe {
-            be.matmul_backward(dinp, dw, Some(db), dout, inp, w, r, c_in, oc)
+            be.matmul_backward(Overwrite::ACCUMULATE, dinp, dw, Some(db), dout, inp, w, r, c_in, oc)
         })?;
         row("ours", "matmul_bwd_bias", shape.clone(), fused, Some(flop), None);
         // SAFETY: as above.
         let apart = time_ms(be, 10, || unsafe {
-            be.matmul_backward(dinp, dw, None, dout, inp, w, r, c_in, oc);
+            be.matmul_backward(Overwrite::ACCUMULATE, dinp, dw, None, dout, inp, w, r, c_in, oc);
             be.bias_backward(db, dout, r, oc);
         })?;
         row("ours-unfused", "matmul_bwd_bias", shape, apart, Some(flop), None);

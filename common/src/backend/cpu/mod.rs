@@ -21,7 +21,7 @@ mod matmul;
 mod mlp;
 mod optim;
 
-use super::{bf16, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, SgdHyper, StepState};
+use super::{bf16, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Overwrite, SgdHyper, StepState};
 use crate::error::{Error, Result};
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -262,6 +262,7 @@ impl Backend for CpuBackend {
 
     unsafe fn matmul_backward(
         &self,
+        overwrite: Overwrite,
         dinp: DevPtr<Act>,
         dw: DevPtr,
         dbias: Option<DevPtr>,
@@ -272,6 +273,16 @@ impl Backend for CpuBackend {
         c: usize,
         oc: usize,
     ) {
+        // A written gradient is zeroed and then added to: the same bits as into zeros.
+        // SAFETY: dinp holds BT·C activations and dw OC·C f32s (the caller's contract).
+        unsafe {
+            if overwrite.dinp {
+                self.zero_act(dinp, bt * c);
+            }
+            if overwrite.dw {
+                self.zero(dw, oc * c);
+            }
+        }
         let grads = matmul::Grads {
             dinp: view_mut(dinp, bt * c),
             dw: view_mut(dw, oc * c),

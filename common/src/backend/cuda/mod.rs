@@ -80,6 +80,11 @@ pub struct CudaBackend {
     /// the width (`GPT2_CUDA_LN_BWD`, `fused` by default, or `unfused`: the dinp kernel, then
     /// the parameter kernel reading dout and the input again).
     one_pass_layernorm: bool,
+    /// A product's bias gradient, where the add-layernorm backward writes its output gradient
+    /// (`Backend::add_layernorm_backward`'s `dbias`), summed in the one-pass layernorm kernel
+    /// from the values it stores (`GPT2_CUDA_LN_BIAS`, `fused` by default, or `unfused`: the
+    /// column-sum kernels reading that gradient back, as the product's backward ran them).
+    layernorm_bias_sums: bool,
     /// The token embedding's gradient in chunks of 32 positions, then the chunks in order,
     /// where C allows (`GPT2_CUDA_WTE_BWD`, `fused` by default, or `unfused`: one thread sums a
     /// token's whole run of rows, a serial chain as long as text's commonest token's count).
@@ -337,6 +342,7 @@ impl CudaBackend {
             residual,
             fused_loss: fused_from_env("GPT2_CUDA_LOSS")?,
             one_pass_layernorm: fused_from_env("GPT2_CUDA_LN_BWD")?,
+            layernorm_bias_sums: fused_from_env("GPT2_CUDA_LN_BIAS")?,
             chunked_wte: fused_from_env("GPT2_CUDA_WTE_BWD")?,
             overwrite_dgrad: fused_from_env("GPT2_CUDA_DGRAD")?,
             relu_epilogue,
@@ -384,6 +390,13 @@ impl CudaBackend {
 
     pub fn residual_path(&self) -> ResidualPath {
         self.residual
+    }
+
+    /// The same backend with bias gradients summed in the layernorm backward's pass (`true`)
+    /// or by the column-sum kernels after it (tests compare the two).
+    pub fn with_layernorm_bias_sums(mut self, fused: bool) -> Self {
+        self.layernorm_bias_sums = fused;
+        self
     }
 
     /// The same backend with the MLP's ReLU in its products' epilogues (`true`) or in its own

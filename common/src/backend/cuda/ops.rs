@@ -70,20 +70,21 @@ fn vec4_rows(c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> bool {
 }
 
 impl CudaBackend {
-    /// `out[c] += Σ_k partials[k, c]` over `chunks` rows of per-chunk column sums, in order:
-    /// the second, deterministic pass of a column reduction (no atomics). With `out2`, a second
-    /// reduction in the same launch: `out2[c] += Σ_k partials[chunks + k, c]`.
+    /// `outs[j][c] += Σ_k partials[j · chunks + k, c]` over `chunks` rows of per-chunk column sums,
+    /// in order: the second, deterministic pass of a column reduction (no atomics), for up to
+    /// three reductions (one launch; their partials one after another).
     ///
     /// # Safety
-    /// `out`, `out2`: `c` values; `partials`: `chunks · c`, twice that with `out2`.
-    unsafe fn finish_column_sums(&self, out: DevPtr, out2: Option<DevPtr>, partials: DevPtr, chunks: usize, c: usize) {
-        let grid = (c.div_ceil(32) as u32, 1 + out2.is_some() as u32, 1);
-        let out2 = out2.unwrap_or_default(); // null: one reduction
+    /// Each of `outs`: `c` values; `partials`: `outs.len() · chunks · c`.
+    unsafe fn finish_column_sums(&self, outs: &[DevPtr], partials: DevPtr, chunks: usize, c: usize) {
+        assert!((1..=3).contains(&outs.len()), "one to three column reductions a launch");
+        let grid = (c.div_ceil(32) as u32, outs.len() as u32, 1);
+        let out = |j: usize| outs.get(j).copied().unwrap_or_default(); // null: not launched
         self.launch(
             "column_sums_finish_kernel",
             grid,
             (32, 8, 1),
-            args![out, out2, partials, chunks, c],
+            args![out(0), out(1), out(2), partials, chunks, c],
         );
     }
 
@@ -102,15 +103,18 @@ impl CudaBackend {
     }
 
     /// `layernorm_backward`, and with `copy` the updated dinp also written there (OVERWRITTEN)
-    /// by the same kernel: `add_layernorm_backward`'s second input gradient.
+    /// by the same kernel: `add_layernorm_backward`'s second input gradient; with `dinp_sums`,
+    /// `dinp_sums += Σ_rows dinp` (its new value): `add_layernorm_backward`'s `dbias`.
     ///
     /// # Safety
-    /// As `layernorm_backward`; `copy`: BT·C activations, overlapping no other operand.
+    /// As `layernorm_backward`; `copy`: BT·C activations, overlapping no other operand;
+    /// `dinp_sums`: C f32s.
     #[allow(clippy::too_many_arguments)]
     unsafe fn layernorm_backward_with(
         &self,
         dinp: DevPtr<Act>,
         copy: Option<DevPtr<Act>>,
+        dinp_sums: Option<DevPtr>,
         dw: DevPtr,
         db: DevPtr,
         dout: DevPtr<Act>,
@@ -126,13 +130,23 @@ impl CudaBackend {
             .one_pass_layernorm
             .then(|| fused_layernorm_width(c, &[dinp, copy, dout, inp, w], self.act()));
         if let Some(k) = one_pass.flatten() {
-            // One pass: dinp and the blocks' partial parameter sums, then the sums in order.
+            // One pass: dinp and the blocks' partial parameter sums (and dinp's own, for a
+            // bias gradient, where `bias_sums` allows), then the sums in order.
             let chunks = bt.div_ceil(LN_FUSED_ROWS);
-            match self.scratch(2 * chunks * c) {
+            let fused_sums = dinp_sums.filter(|_| self.layernorm_bias_sums);
+            let outs: &[DevPtr] = match fused_sums {
+                Some(sums) => &[dw, db, sums],
+                None => &[dw, db],
+            };
+            match self.scratch(outs.len() * chunks * c) {
                 Ok(dw_part) => {
-                    let db_part = dw_part.add(chunks * c);
+                    let (db_part, sums_part) = (dw_part.add(chunks * c), dw_part.add(2 * chunks * c));
+                    let (name, sums_part) = match fused_sums {
+                        Some(_) => (format!("layernorm_backward_fused_k{k}_sum_kernel"), sums_part),
+                        None => (format!("layernorm_backward_fused_k{k}_kernel"), DevPtr::default()),
+                    };
                     self.launch(
-                        &format!("layernorm_backward_fused_k{k}_kernel"),
+                        &name,
                         (chunks as u32, 1, 1),
                         (256, 1, 1),
                         args![
@@ -140,6 +154,7 @@ impl CudaBackend {
                             copy,
                             dw_part,
                             db_part,
+                            sums_part,
                             dout,
                             inp,
                             w,
@@ -150,41 +165,48 @@ impl CudaBackend {
                             LN_FUSED_ROWS
                         ],
                     );
-                    self.finish_column_sums(dw, Some(db), dw_part, chunks, c);
+                    self.finish_column_sums(outs, dw_part, chunks, c);
+                    if fused_sums.is_some() {
+                        return;
+                    }
                 }
-                Err(e) => self.fail(e),
+                Err(e) => return self.fail(e),
             }
-            return;
-        }
-        let grid = blocks(bt, ROWS_PER_BLOCK);
-        let args = args![dinp, copy, dout, inp, w, mean, rstd, bt, c];
-        let name = if vec4_rows(c, &[dinp, copy, dout, inp, w], self.act()) {
-            "layernorm_backward_dinp_vec4_kernel"
         } else {
-            "layernorm_backward_dinp_kernel"
-        };
-        self.launch(name, grid, (THREADS as u32, 1, 1), args);
-        let (name, (grid, block), rows) = match vec4_column_reduce(bt, c, &[dout, inp], self.act()) {
-            Some(shape) => ("layernorm_backward_params_vec4_kernel", shape, VEC4_CHUNK_ROWS),
-            None => (
-                "layernorm_backward_params_kernel",
-                column_reduce_launch(bt, c),
-                COLUMN_CHUNK_ROWS,
-            ),
-        };
-        let chunks = bt.div_ceil(rows);
-        match self.scratch(2 * chunks * c) {
-            Ok(dw_part) => {
-                let db_part = dw_part.add(chunks * c);
-                self.launch(
-                    name,
-                    grid,
-                    block,
-                    args![dw_part, db_part, dout, inp, mean, rstd, bt, c, rows],
-                );
-                self.finish_column_sums(dw, Some(db), dw_part, chunks, c);
+            let grid = blocks(bt, ROWS_PER_BLOCK);
+            let args = args![dinp, copy, dout, inp, w, mean, rstd, bt, c];
+            let name = if vec4_rows(c, &[dinp, copy, dout, inp, w], self.act()) {
+                "layernorm_backward_dinp_vec4_kernel"
+            } else {
+                "layernorm_backward_dinp_kernel"
+            };
+            self.launch(name, grid, (THREADS as u32, 1, 1), args);
+            let (name, (grid, block), rows) = match vec4_column_reduce(bt, c, &[dout, inp], self.act()) {
+                Some(shape) => ("layernorm_backward_params_vec4_kernel", shape, VEC4_CHUNK_ROWS),
+                None => (
+                    "layernorm_backward_params_kernel",
+                    column_reduce_launch(bt, c),
+                    COLUMN_CHUNK_ROWS,
+                ),
+            };
+            let chunks = bt.div_ceil(rows);
+            match self.scratch(2 * chunks * c) {
+                Ok(dw_part) => {
+                    let db_part = dw_part.add(chunks * c);
+                    self.launch(
+                        name,
+                        grid,
+                        block,
+                        args![dw_part, db_part, dout, inp, mean, rstd, bt, c, rows],
+                    );
+                    self.finish_column_sums(&[dw, db], dw_part, chunks, c);
+                }
+                Err(e) => return self.fail(e),
             }
-            Err(e) => self.fail(e),
+        }
+        if let Some(sums) = dinp_sums {
+            // A pass of its own over the new dinp, as the product's backward would have run it.
+            self.column_sums(sums, dinp, bt, c);
         }
     }
 
@@ -287,7 +309,7 @@ impl CudaBackend {
                 self.launch("bias_backward_kernel", grid, block, args![part, dout, bt, oc, rows]);
             }
         }
-        self.finish_column_sums(dbias, None, part, chunks, oc);
+        self.finish_column_sums(&[dbias], part, chunks, oc);
     }
 }
 
@@ -672,22 +694,6 @@ impl Backend for CudaBackend {
 
     unsafe fn matmul_backward(
         &self,
-        dinp: DevPtr<Act>,
-        dw: DevPtr,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        // dinp += dout · w, dw += doutᵀ · inp: beta = 1 accumulates.
-        self.matmul_backward_with(Some((dinp, 1.0)), (dw, 1.0), dbias, dout, inp, w, bt, c, oc);
-    }
-
-    unsafe fn matmul_backward_overwrite(
-        &self,
         overwrite: Overwrite,
         dinp: DevPtr<Act>,
         dw: DevPtr,
@@ -700,7 +706,7 @@ impl Backend for CudaBackend {
         oc: usize,
     ) {
         // An overwritten gradient is the product's with beta 0, neither zeroed nor read
-        // (`GPT2_CUDA_DGRAD=unfused`: dinp as the trait's default, zeroed and then added to).
+        // (`GPT2_CUDA_DGRAD=unfused`: dinp zeroed and then added to, as before).
         let beta = if !overwrite.dinp {
             1.0
         } else if self.overwrite_dgrad {
@@ -800,7 +806,7 @@ impl Backend for CudaBackend {
         bt: usize,
         c: usize,
     ) {
-        self.layernorm_backward_with(dinp, None, dw, db, dout, inp, w, mean, rstd, bt, c);
+        self.layernorm_backward_with(dinp, None, None, dw, db, dout, inp, w, mean, rstd, bt, c);
     }
 
     unsafe fn add_layernorm_forward(
@@ -831,6 +837,7 @@ impl Backend for CudaBackend {
         &self,
         dsum: DevPtr<Act>,
         copy: Option<DevPtr<Act>>,
+        dbias: Option<DevPtr>,
         dw: DevPtr,
         db: DevPtr,
         dout: DevPtr<Act>,
@@ -842,13 +849,17 @@ impl Backend for CudaBackend {
         c: usize,
     ) {
         if self.residual == ResidualPath::Fused {
-            // The dinp kernel writes the copy beside dsum: no zero fill, no accumulate.
-            self.layernorm_backward_with(dsum, copy, dw, db, dout, sum, w, mean, rstd, bt, c);
+            // The dinp kernel writes the copy beside dsum (no zero fill, no accumulate) and
+            // sums dbias's columns from the same registers.
+            self.layernorm_backward_with(dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c);
         } else {
-            self.layernorm_backward_with(dsum, None, dw, db, dout, sum, w, mean, rstd, bt, c);
+            self.layernorm_backward_with(dsum, None, None, dw, db, dout, sum, w, mean, rstd, bt, c);
             if let Some(copy) = copy {
                 self.zero_act(copy, bt * c);
                 self.accumulate_act(copy, dsum, bt * c);
+            }
+            if let Some(dbias) = dbias {
+                self.column_sums(dbias, dsum, bt, c);
             }
         }
     }

@@ -252,17 +252,23 @@ extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_parti
 // db = dout per column in registers, then writes the block's partial sums (warps added in
 // order) into dw_partials[blockIdx.x, c], db_partials[blockIdx.x, c]; column_sums_finish_kernel
 // adds the blocks in order (no atomics). K: float4 columns a lane (C a multiple of 4, C ≤ 128 K).
+// SUM_DINP (the `_sum` instances): also the column sums of the new dinp as stored (rounded to
+// act_t), into dinp_partials[blockIdx.x, c]: the bias gradient of the product whose output
+// gradient dinp is (Backend::add_layernorm_backward's dbias), from the registers that write it.
 // Grid ceil(N / rows_per_block), 256 threads.
-template <int K>
+template <int K, bool SUM_DINP>
 __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* copy, float* dw_partials,
-                                                         float* db_partials, const act_t* dout, const act_t* inp,
-                                                         const act_t* w, const float* mean, const float* rstd, int N,
-                                                         int C, int rows_per_block) {
+                                                         float* db_partials, float* dinp_partials,
+                                                         const act_t* dout, const act_t* inp, const act_t* w,
+                                                         const float* mean, const float* rstd, int N, int C,
+                                                         int rows_per_block) {
     __shared__ float4 part[8][32];
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    float4 dw[K], db[K];
+    float4 dw[K], db[K], dd[SUM_DINP ? K : 1];
 #pragma unroll
     for (int k = 0; k < K; k++) dw[k] = db[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < (SUM_DINP ? K : 1); k++) dd[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     int row_end = min((blockIdx.x + 1) * rows_per_block, N);
     for (int row = blockIdx.x * rows_per_block + warp; row < row_end; row += 8) {
         size_t off = (size_t)row * C;
@@ -319,14 +325,23 @@ __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* cop
                 float4 v = make_float4(ds[0], ds[1], ds[2], ds[3]);
                 store4(d + c, v);
                 if (copy) store4(copy + off + c, v);  // the same rounding as d's
+                if (SUM_DINP) {
+                    // As stored: the values a column sum over dinp would read back.
+                    dd[k].x += to_f(from_f(v.x));
+                    dd[k].y += to_f(from_f(v.y));
+                    dd[k].z += to_f(from_f(v.z));
+                    dd[k].w += to_f(from_f(v.w));
+                }
             }
         }
     }
 #pragma unroll
     for (int k = 0; k < K; k++) {
         int c = 4 * lane + 128 * k;
-        for (int which = 0; which < 2; which++) {
-            part[warp][lane] = which ? db[k] : dw[k];
+#pragma unroll
+        for (int which = 0; which < (SUM_DINP ? 3 : 2); which++) {
+            float* out = which == 0 ? dw_partials : which == 1 ? db_partials : dinp_partials;
+            part[warp][lane] = which == 0 ? dw[k] : which == 1 ? db[k] : dd[SUM_DINP ? k : 0];
             __syncthreads();
             if (warp == 0 && c < C) {
                 float4 sum = part[0][lane];
@@ -337,7 +352,7 @@ __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* cop
                     sum.z += v.z;
                     sum.w += v.w;
                 }
-                *reinterpret_cast<float4*>((which ? db_partials : dw_partials) + (size_t)blockIdx.x * C + c) = sum;
+                *reinterpret_cast<float4*>(out + (size_t)blockIdx.x * C + c) = sum;
             }
             __syncthreads();
         }
@@ -345,11 +360,24 @@ __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* cop
 }
 
 #define LN_FUSED_PARAMS                                                                                          \
-    act_t *dinp, act_t *copy, float *dw_partials, float *db_partials, const act_t *dout, const act_t *inp,        \
-        const act_t *w, const float *mean, const float *rstd, int N, int C, int rows_per_block
-#define LN_FUSED_ARGS dinp, copy, dw_partials, db_partials, dout, inp, w, mean, rstd, N, C, rows_per_block
-// Instances for C up to 768 (GPT-2 small), 1024 (medium), 1280 (large) and 1664 (XL's 1600).
-extern "C" __global__ void layernorm_backward_fused_k6_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<6>(LN_FUSED_ARGS); }
-extern "C" __global__ void layernorm_backward_fused_k8_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<8>(LN_FUSED_ARGS); }
-extern "C" __global__ void layernorm_backward_fused_k10_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<10>(LN_FUSED_ARGS); }
-extern "C" __global__ void layernorm_backward_fused_k13_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<13>(LN_FUSED_ARGS); }
+    act_t *dinp, act_t *copy, float *dw_partials, float *db_partials, float *dinp_partials, const act_t *dout,     \
+        const act_t *inp, const act_t *w, const float *mean, const float *rstd, int N, int C, int rows_per_block
+#define LN_FUSED_ARGS dinp, copy, dw_partials, db_partials, dinp_partials, dout, inp, w, mean, rstd, N, C, rows_per_block
+// In bf16 the k6 instance without dinp's sums fits two blocks a multiprocessor (122 registers);
+// the sums' 24 registers more would leave one, so they are held to 128 (a few bytes spilled).
+// In fp32 (float4 loads held) neither fits two.
+#if ACT_BF16
+#define LN_K6_SUM_BLOCKS 2
+#else
+#define LN_K6_SUM_BLOCKS 1
+#endif
+// Instances for C up to 768 (GPT-2 small), 1024 (medium), 1280 (large) and 1664 (XL's 1600), each
+// without and with dinp's column sums (written out: the loader reads kernel names from the source).
+extern "C" __global__ void layernorm_backward_fused_k6_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<6, false>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k8_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<8, false>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k10_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<10, false>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k13_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<13, false>(LN_FUSED_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, LN_K6_SUM_BLOCKS) layernorm_backward_fused_k6_sum_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<6, true>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k8_sum_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<8, true>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k10_sum_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<10, true>(LN_FUSED_ARGS); }
+extern "C" __global__ void layernorm_backward_fused_k13_sum_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<13, true>(LN_FUSED_ARGS); }

@@ -75,13 +75,14 @@ extern "C" __global__ void sum_squares_finish_kernel(float* out, const float* pa
 // second pass of the bias and layernorm-parameter gradients. Block (32, 8), 32 columns a block;
 // row lane j sums chunks j, j + 8, j + 16, ... in order, then lane 0 adds the eight lanes' sums in
 // order (one thread a column walking every chunk in turn is latency-bound past a few dozen).
-// gridDim.y = 2 finishes two reductions in one launch (the layernorm's dw and db): blocks with
-// blockIdx.y = 1 add the second `chunks` rows of partials into out2.
-extern "C" __global__ void column_sums_finish_kernel(float* out, float* out2, const float* partials, int chunks,
-                                                     int C) {
-    if (blockIdx.y == 1) {
-        out = out2;
-        partials += (size_t)chunks * C;
+// gridDim.y = 2 or 3 finishes two or three reductions in one launch (the layernorm's dw and db,
+// and the bias gradient from its dinp): blocks with blockIdx.y = j add the (j+1)-th `chunks` rows
+// of partials into out2 (j = 1) or out3 (j = 2).
+extern "C" __global__ void column_sums_finish_kernel(float* out, float* out2, float* out3, const float* partials,
+                                                     int chunks, int C) {
+    if (blockIdx.y > 0) {
+        out = blockIdx.y == 1 ? out2 : out3;
+        partials += (size_t)blockIdx.y * chunks * C;
     }
     __shared__ float part[8][33];
     int tx = threadIdx.x, ty = threadIdx.y;
