@@ -1584,6 +1584,88 @@ fn bf16_attention_errors_by_tile() {
     }
 }
 
+/// The model's attention backward with the qkv product's bias gradient: forward, then
+/// `attention_backward_overwrite` into a random dqkv with `dbias` (random: it accumulates).
+/// Returns [dqkv, dbias].
+fn attention_bias_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, nh: usize) -> Vec<Vec<f32>> {
+    let qkv = upload_act(be, &rnd(q, b * t * 3 * c, 51, 1.0));
+    let out = alloc_act(be, b * t * c);
+    let saved = be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap();
+    let dout = upload_act(be, &rnd(q, b * t * c, 52, 1.0));
+    let dqkv = upload_act(be, &rnd(q, b * t * 3 * c, 53, 100.0));
+    let dbias = upload(be, &rnd(q, 3 * c, 54, 1.0));
+    unsafe {
+        be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh);
+        be.attention_backward_overwrite(
+            act(&dqkv),
+            Some(dbias.ptr()),
+            act(&dout),
+            act(&qkv),
+            act(&out),
+            saved.ptr(),
+            b,
+            t,
+            c,
+            nh,
+        );
+    }
+    vec![download_act(be, &dqkv, b * t * 3 * c), download(be, &dbias)]
+}
+
+const ATTENTION_BIAS_SHAPES: [(usize, usize, usize, usize); 4] =
+    [(1, 200, 64, 1), (2, 256, 128, 2), (1, 129, 768, 12), (2, 1024, 768, 12)];
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_bias_sums_match_cpu_and_column_sums() {
+    // The qkv bias gradient from the attention backward: against the CPU (fp32 at the file's
+    // tolerance; bf16 as dqkv's own bound: a sum of dqkv's values, its error relative to the
+    // largest that of dqkv), and on Hopper the warpgroup kernels' tile sums against the column
+    // sums reading dqkv back: dqkv the same bits, dbias the same terms in another order (and
+    // some of its bits other, else the kernels summed nothing).
+    for (b, t, c, nh) in ATTENTION_BIAS_SHAPES {
+        let want = attention_bias_case(&cpu(), Inputs::F32, b, t, c, nh);
+        let got = attention_bias_case(&gpu(Precision::Fp32), Inputs::F32, b, t, c, nh);
+        check(
+            &format!("attention bias fp32 b{b} t{t} c{c}"),
+            &["dqkv", "dbias"],
+            &got,
+            &want,
+            FP32_TOL,
+        );
+    }
+    let mut reordered = 0;
+    for (b, t, c, nh) in ATTENTION_BIAS_SHAPES {
+        let want = attention_bias_case(&cpu(), Inputs::Bf16, b, t, c, nh);
+        let on = |sums| gpu(Precision::Bf16).with_attention_bias_sums(sums);
+        let (fused, apart) = (on(true), on(false));
+        let got = attention_bias_case(&fused, Inputs::Bf16, b, t, c, nh);
+        let test = format!("attention bias b{b} t{t} c{c}");
+        check_bf16(&test, &["dqkv", "dbias"], &got, &want, &[(4.0, t), (4.0, t)]);
+        let plain = attention_bias_case(&apart, Inputs::Bf16, b, t, c, nh);
+        assert_eq!(got[0], plain[0], "{test}: the bias sums changed dqkv");
+        check(
+            &format!("{test} fused vs apart"),
+            &["dbias"],
+            &got[1..],
+            &plain[1..],
+            1e-5,
+        );
+        reordered += got[1]
+            .iter()
+            .zip(&plain[1])
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+    }
+    eprintln!(
+        "ATTENTION BIAS: {reordered} values with other bits (wgmma: {})",
+        gpu(Precision::Bf16).has_wgmma()
+    );
+    if gpu(Precision::Bf16).has_wgmma() {
+        assert!(reordered > 0, "the warpgroup kernels summed no bias gradient");
+    }
+}
+
 /// attention_case with a zeroed gradient buffer, over any backend.
 /// `overwrite`: through `attention_backward_overwrite`, into a gradient buffer of random values.
 trait ErasedAttention {
@@ -1600,7 +1682,18 @@ impl<B: Backend> ErasedAttention for B {
         if overwrite {
             let dqkv = upload_act(be, &rnd(Inputs::Bf16, b * t * 3 * c, 33, 100.0));
             unsafe {
-                be.attention_backward_overwrite(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh)
+                be.attention_backward_overwrite(
+                    act(&dqkv),
+                    None,
+                    act(&dout),
+                    act(&qkv),
+                    act(&out),
+                    saved.ptr(),
+                    b,
+                    t,
+                    c,
+                    nh,
+                )
             };
             return vec![
                 download_act(be, &out, b * t * c),

@@ -172,24 +172,31 @@ fn residual_fused_equals_unfused_at_step0() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn layernorm_bias_sums_equal_column_sums_at_step0() {
-    // The attention and MLP projections' bias gradients summed by the add-layernorm backward's
-    // kernel from the dsum it stores, against the column-sum kernels reading it back after:
-    // those gradients within f32 rounding of their sums, every other value the same bits. The
-    // two orders give other bits somewhere (else the graph handed the kernel no bias to sum).
-    let mut reordered = 0;
-    let cfg = config("char", ConfigOverrides::default());
+fn bias_sums_in_kernels_equal_column_sums_at_step0() {
+    // The bias gradients summed by the kernels that write their products' output gradients
+    // (the add-layernorm backward: the attention and MLP projections; the attention backward,
+    // on Hopper: qkv), against the column-sum kernels reading those gradients back: those
+    // gradients within f32 rounding of their sums, every other value the same bits. The two
+    // orders give other bits somewhere (else the graph handed the kernels no bias to sum). Two
+    // heads of 64 so that the Hopper attention kernels take the shape.
+    let ov = ConfigOverrides {
+        n_head: Some(2),
+        ..Default::default()
+    };
+    let cfg = config("char", ov);
     let (b, t) = (4, 64);
     let batch = &batches(1, b, t)[0];
     let lay = common::model::ParamLayout::new(&cfg);
     let summed: Vec<std::ops::Range<usize>> = (0..cfg.n_layer)
-        .flat_map(|l| [Param::AttProjB, Param::FcProjB].map(|p| lay.block(l, p).range.clone()))
+        .flat_map(|l| [Param::QkvB, Param::AttProjB, Param::FcProjB].map(|p| lay.block(l, p).range.clone()))
         .collect();
+    let mut reordered = 0;
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
         let on = |sums| {
             let be = CudaBackend::new(0, precision)
                 .expect("cuda")
-                .with_layernorm_bias_sums(sums);
+                .with_layernorm_bias_sums(sums)
+                .with_attention_bias_sums(sums);
             step0(&be, cfg, batch, b, t)
         };
         let ((loss, got), (want_loss, want)) = (on(true), on(false));
@@ -200,17 +207,17 @@ fn layernorm_bias_sums_equal_column_sums_at_step0() {
             .count();
         assert_eq!(
             differ, 0,
-            "{precision:?}: gradients other than the projections' biases differ"
+            "{precision:?}: gradients other than the summed biases differ"
         );
         for r in &summed {
             let err = rel_err(&got[r.clone()], &want[r.clone()]);
-            eprintln!("LN BIAS SUMS {precision:?} {r:?}: rel_err {err:.2e}");
+            eprintln!("BIAS SUMS {precision:?} {r:?}: rel_err {err:.2e}");
             assert!(err <= 1e-5, "{precision:?} {r:?}: {err:.3e}");
             reordered += r.clone().filter(|&i| got[i].to_bits() != want[i].to_bits()).count();
         }
     }
-    eprintln!("LN BIAS SUMS: {reordered} bias gradient values with other bits");
-    assert!(reordered > 0, "no bias gradient was summed in the layernorm kernel");
+    eprintln!("BIAS SUMS: {reordered} bias gradient values with other bits");
+    assert!(reordered > 0, "no bias gradient was summed in a kernel");
 }
 
 #[test]

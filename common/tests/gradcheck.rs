@@ -291,6 +291,7 @@ fn attention_backward_matches_finite_differences() {
         be.attention_forward(out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), b, t, c, nh);
         be.attention_backward_overwrite(
             filled.ptr().cast(),
+            None,
             dout.ptr().cast(),
             qkv.ptr().cast(),
             out.ptr().cast(),

@@ -70,6 +70,22 @@ impl<B: Backend> Graph<'_, B> {
         Ok((g, self.first_writes.remove(&g.addr()).is_some()))
     }
 
+    /// Where `node`'s backward will write the whole gradient of its input `x` (no gradient yet,
+    /// no other reader), and `x` is a product's output with a bias: that bias's gradient slot,
+    /// for `node`'s backward to add the column sums of `x`'s gradient into as it writes it
+    /// (a product's bias gradient is those sums); the product's backward then leaves its bias
+    /// out (`output_bias_grad`). Else `None`.
+    fn take_output_bias(&mut self, tape: &[Node], node: &Node, x: Tensor) -> Result<Option<DevPtr>> {
+        if self.is_param(x) || self.values[x.0].grad.is_some() || read_by_others(tape, x, node) {
+            return Ok(None);
+        }
+        let Some(bias) = tape.iter().find(|n| n.out == x).and_then(|n| output_bias(&n.op)) else {
+            return Ok(None);
+        };
+        self.bias_summed.insert(x.0);
+        self.param_grad(bias).map(Some)
+    }
+
     /// The gradient slot of `bias`, the bias of the product whose output is `out`, for that
     /// product's backward to add to; `None` without a bias, or when an add-layernorm's backward
     /// has summed it already (`bias_summed`).
@@ -278,10 +294,12 @@ impl<B: Backend> Graph<'_, B> {
             }
             Op::Attention { qkv, saved, b, t, nh } => {
                 let x = self.data(qkv);
-                // qkv's first gradient (in GPT-2 its only one): written, not zeroed and added to.
+                // qkv's first gradient (in GPT-2 its only one): written, not zeroed and added to,
+                // and with it the qkv product's bias gradient (its column sums).
+                let dbias = self.take_output_bias(tape, node, qkv)?;
                 let (dqkv, first) = self.act_grad_or_first(qkv)?;
                 if first {
-                    be.attention_backward_overwrite(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
+                    be.attention_backward_overwrite(dqkv, dbias, dout, x, self.ptr(node.out), saved, b, t, c, nh);
                 } else {
                     be.attention_backward(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
                 }
@@ -408,18 +426,14 @@ impl<B: Backend> Graph<'_, B> {
         c: usize,
     ) -> Result<()> {
         let n = r * c;
-        // An input that is a product's output read by nothing else has the sum's whole
-        // gradient as its own: its bias gradient, that gradient's column sums, is taken
-        // here, in the same pass (GPT-2: the attention and MLP projections' biases).
+        // An input that is a product's output read by nothing else has the sum's whole gradient
+        // as its own: its bias gradient is summed here, in the same pass (GPT-2: the attention
+        // and MLP projections' biases).
         let mut dbias = None;
-        let inputs: &[Tensor] = if a != b && dout.addr() != 0 { &[a, b] } else { &[] };
-        for &x in inputs {
-            if dbias.is_some() || self.is_param(x) || self.values[x.0].grad.is_some() || read_by_others(tape, x, node) {
-                continue;
-            }
-            if let Some(bias) = tape.iter().find(|n| n.out == x).and_then(|n| output_bias(&n.op)) {
-                dbias = Some(self.param_grad(bias)?);
-                self.bias_summed.insert(x.0);
+        if a != b && dout.addr() != 0 {
+            dbias = self.take_output_bias(tape, node, a)?;
+            if dbias.is_none() {
+                dbias = self.take_output_bias(tape, node, b)?;
             }
         }
         let dsum = self.act_grad(sum)?;

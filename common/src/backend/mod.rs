@@ -724,13 +724,17 @@ pub trait Backend {
     );
     /// `attention_backward` into a `dqkv` whose contents are ignored and OVERWRITTEN (qkv's
     /// first and only gradient): no zero fill first, and a backend may skip reading it (the
-    /// Hopper kernels do). By default: zero, then accumulate.
+    /// Hopper kernels do). With `dbias`, also `dbias += Σ_rows dqkv` (the gradient written):
+    /// the bias gradient of the product whose output is qkv, which its backward then leaves
+    /// out. By default: zero, then accumulate, then `bias_backward`; a backend may sum the
+    /// bias from the tiles it writes (CUDA: the Hopper kernels).
     /// # Safety
-    /// As `attention_backward`.
+    /// As `attention_backward`; `dbias`: 3C f32s.
     #[allow(clippy::too_many_arguments)]
     unsafe fn attention_backward_overwrite(
         &self,
         dqkv: DevPtr<Act>,
+        dbias: Option<DevPtr>,
         dout: DevPtr<Act>,
         qkv: DevPtr<Act>,
         out: DevPtr<Act>,
@@ -741,7 +745,12 @@ pub trait Backend {
         nh: usize,
     ) {
         // SAFETY: the caller's contract.
-        unsafe { attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh) }
+        unsafe {
+            attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh);
+            if let Some(dbias) = dbias {
+                self.bias_backward(dbias, dqkv, b * t, 3 * c);
+            }
+        }
     }
 
     /// Causal attention of `t` new positions of one sequence against a key/value cache (text

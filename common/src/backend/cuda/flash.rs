@@ -127,7 +127,7 @@ fn pipe_shared_bytes(stages: usize, dkdv: bool) -> u32 {
 /// they take past the default 48 KiB: once, when the kernels are loaded (not between launches,
 /// which a CUDA graph being recorded would refuse).
 pub(super) fn allow_shared_memory(kernels: &super::nvrtc::Kernels) -> Result<()> {
-    for suffix in ["wgmma", "wgmma_store"] {
+    for suffix in ["wgmma", "wgmma_store", "wgmma_store_bias"] {
         for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
             let name = format!("flash_backward_{kernel}_d64_{suffix}");
             let Some(function) = kernels.get(&name) else { continue };
@@ -196,10 +196,14 @@ impl CudaBackend {
     /// delta = rowsum(dout·out), then dK/dV per key tile and dQ per query tile, added into
     /// dqkv, or with `overwrite` in place of what it held: written over it by the Hopper
     /// kernels where they take the shape and `GPT2_CUDA_ATTN_BWD` is `overwrite`, otherwise
-    /// zero-filled first and added into.
+    /// zero-filled first and added into. With `dbias` (only with `overwrite`), `dbias +=
+    /// Σ_rows dqkv`: from the Hopper kernels' tiles as they store them (partial sums a tile of
+    /// 64 positions, then those in order), or where they do not run or `GPT2_CUDA_ATTN_BIAS`
+    /// is `unfused`, by the column sums reading dqkv back.
     ///
     /// # Safety
-    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward).
+    /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward);
+    /// `dbias`: 3C f32s.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn attention_backward_flash(
         &self,
@@ -213,7 +217,12 @@ impl CudaBackend {
         c: usize,
         nh: usize,
         overwrite: bool,
+        dbias: Option<DevPtr>,
     ) -> Result<()> {
+        assert!(
+            overwrite || dbias.is_none(),
+            "a bias gradient from an overwritten dqkv only"
+        );
         let hs = super::attention::head_size(c, nh)?;
         if b * t == 0 {
             return Ok(());
@@ -229,7 +238,13 @@ impl CudaBackend {
         if overwrite && !store {
             self.zero_act(dqkv, b * t * 3 * c);
         }
-        let delta = self.scratch(b * nh * t)?;
+        // The Hopper kernels' bias partials, a row of 3C a tile of 64 positions, after delta.
+        let tiles = b * t.div_ceil(ROWS_PER_BLOCK);
+        let fused_bias = dbias.filter(|_| store && self.attention_bias_sums);
+        let part_words = if fused_bias.is_some() { tiles * 3 * c } else { 0 };
+        let delta_words = (b * nh * t).next_multiple_of(4);
+        let delta = self.scratch(delta_words + part_words)?;
+        let part = delta.add(delta_words);
         // 8 values a thread and HS / 8 threads a head's row where HS and the rows allow, else
         // a warp a position; 256 threads a block.
         let rows_of_8 = (8 * self.act().bytes()) as u64;
@@ -246,25 +261,35 @@ impl CudaBackend {
         let vec = vectorizable(hs, &[qkv, dout], v.vector);
         let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
         if hopper {
-            let suffix = if store { "d64_wgmma_store" } else { "d64_wgmma" };
+            let suffix = match (store, fused_bias) {
+                (true, Some(_)) => "d64_wgmma_store_bias",
+                (true, None) => "d64_wgmma_store",
+                (false, _) => "d64_wgmma",
+            };
+            let bias_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec, part];
             for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
                 self.try_launch_shared(
                     &format!("flash_backward_{kernel}_{suffix}"),
                     grid,
                     (THREADS, 1, 1),
                     pipe_shared_bytes(PIPE_STAGES, dkdv),
+                    if fused_bias.is_some() { bias_args } else { bwd_args },
+                )?;
+            }
+        } else {
+            for kernel in ["dkdv", "dq"] {
+                self.try_launch(
+                    &format!("flash_backward_{kernel}_{}", v.suffix),
+                    grid,
+                    (THREADS, 1, 1),
                     bwd_args,
                 )?;
             }
-            return Ok(());
         }
-        for kernel in ["dkdv", "dq"] {
-            self.try_launch(
-                &format!("flash_backward_{kernel}_{}", v.suffix),
-                grid,
-                (THREADS, 1, 1),
-                bwd_args,
-            )?;
+        match (fused_bias, dbias) {
+            (Some(dbias), _) => self.finish_column_sums(&[dbias], part, tiles, 3 * c),
+            (None, Some(dbias)) => self.column_sums(dbias, dqkv, b * t, 3 * c),
+            (None, None) => {}
         }
         Ok(())
     }

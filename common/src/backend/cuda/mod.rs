@@ -85,6 +85,11 @@ pub struct CudaBackend {
     /// from the values it stores (`GPT2_CUDA_LN_BIAS`, `fused` by default, or `unfused`: the
     /// column-sum kernels reading that gradient back, as the product's backward ran them).
     layernorm_bias_sums: bool,
+    /// The qkv product's bias gradient, where the attention backward writes qkv's gradient
+    /// (`Backend::attention_backward_overwrite`'s `dbias`), summed by the Hopper kernels from
+    /// the tiles they store (`GPT2_CUDA_ATTN_BIAS`, `fused` by default, or `unfused`: the
+    /// column-sum kernels reading that gradient back).
+    attention_bias_sums: bool,
     /// The token embedding's gradient in chunks of 32 positions, then the chunks in order,
     /// where C allows (`GPT2_CUDA_WTE_BWD`, `fused` by default, or `unfused`: one thread sums a
     /// token's whole run of rows, a serial chain as long as text's commonest token's count).
@@ -343,6 +348,7 @@ impl CudaBackend {
             fused_loss: fused_from_env("GPT2_CUDA_LOSS")?,
             one_pass_layernorm: fused_from_env("GPT2_CUDA_LN_BWD")?,
             layernorm_bias_sums: fused_from_env("GPT2_CUDA_LN_BIAS")?,
+            attention_bias_sums: fused_from_env("GPT2_CUDA_ATTN_BIAS")?,
             chunked_wte: fused_from_env("GPT2_CUDA_WTE_BWD")?,
             overwrite_dgrad: fused_from_env("GPT2_CUDA_DGRAD")?,
             relu_epilogue,
@@ -396,6 +402,13 @@ impl CudaBackend {
     /// or by the column-sum kernels after it (tests compare the two).
     pub fn with_layernorm_bias_sums(mut self, fused: bool) -> Self {
         self.layernorm_bias_sums = fused;
+        self
+    }
+
+    /// The same backend with the qkv bias gradient summed in the attention backward's kernels
+    /// (`true`) or by the column-sum kernels after them (tests compare the two).
+    pub fn with_attention_bias_sums(mut self, fused: bool) -> Self {
+        self.attention_bias_sums = fused;
         self
     }
 

@@ -75,15 +75,24 @@ fn flash_source(d: usize, act: ActType) -> String {
             src += "extern \"C\" __global__ void flash_forward_d64_wgmma(FWD_PARAMS) \
                     { FLASH_WGMMA_BODY(flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec)); }\n";
             // The backward adding into dqkv (`_wgmma`) and overwriting it (`_wgmma_store`, the
-            // model's call), two loop tiles in flight (flash.rs `PIPE_STAGES`). dK/dV is held
-            // to 168 registers, so that three blocks (12 warps) fit a multiprocessor instead of
-            // two (176 unbounded; a few bytes spill).
-            for (suffix, accumulate) in [("wgmma", true), ("wgmma_store", false)] {
+            // model's call; `_wgmma_store_bias` also writes its tiles' column sums for the qkv
+            // product's bias gradient), two loop tiles in flight (flash.rs `PIPE_STAGES`). dK/dV
+            // is held to 168 registers, so that three blocks (12 warps) fit a multiprocessor
+            // instead of two (176 unbounded; a few bytes spill).
+            for (suffix, accumulate, part) in [
+                ("wgmma", true, None),
+                ("wgmma_store", false, None),
+                ("wgmma_store_bias", false, Some(", float* bias_part")),
+            ] {
+                let (param, arg) = match part {
+                    Some(param) => (param, "bias_part"),
+                    None => ("", "nullptr"),
+                };
                 for (kernel, bounds) in [("dkdv", "__launch_bounds__(128, 3) "), ("dq", "")] {
                     src += &format!(
-                        "extern \"C\" {bounds}__global__ void flash_backward_{kernel}_d64_{suffix}(BWD_PARAMS) \
+                        "extern \"C\" {bounds}__global__ void flash_backward_{kernel}_d64_{suffix}(BWD_PARAMS{param}) \
                          {{ FLASH_WGMMA_BODY((flashwg_backward_{kernel}<2, {accumulate}>(dqkv, dout, qkv, lse, \
-                         delta, T, NH, HS, scale, scale_log2, vec))); }}\n"
+                         delta, T, NH, HS, scale, scale_log2, vec, {arg}))); }}\n"
                     );
                 }
             }

@@ -76,7 +76,7 @@ impl CudaBackend {
     ///
     /// # Safety
     /// Each of `outs`: `c` values; `partials`: `outs.len() · chunks · c`.
-    unsafe fn finish_column_sums(&self, outs: &[DevPtr], partials: DevPtr, chunks: usize, c: usize) {
+    pub(super) unsafe fn finish_column_sums(&self, outs: &[DevPtr], partials: DevPtr, chunks: usize, c: usize) {
         assert!((1..=3).contains(&outs.len()), "one to three column reductions a launch");
         let grid = (c.div_ceil(32) as u32, outs.len() as u32, 1);
         let out = |j: usize| outs.get(j).copied().unwrap_or_default(); // null: not launched
@@ -276,7 +276,7 @@ impl CudaBackend {
     ///
     /// # Safety
     /// `dbias`: OC f32s; `dout`: BT·OC activations.
-    unsafe fn column_sums(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
+    pub(super) unsafe fn column_sums(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
         let vec4 = vec4_column_reduce(bt, oc, &[dout], self.act());
         let rows = if vec4.is_some() {
             VEC4_CHUNK_ROWS
@@ -907,7 +907,7 @@ impl Backend for CudaBackend {
     ) {
         let queued = match self.attention {
             AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
-                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, false)
+                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, false, None)
             }
             AttentionPath::Gemm => {
                 self.attention_backward_gemm(dqkv.cast(), dout.cast(), qkv.cast(), saved, b, t, c, nh)
@@ -921,6 +921,7 @@ impl Backend for CudaBackend {
     unsafe fn attention_backward_overwrite(
         &self,
         dqkv: DevPtr<Act>,
+        dbias: Option<DevPtr>,
         dout: DevPtr<Act>,
         qkv: DevPtr<Act>,
         out: DevPtr<Act>,
@@ -932,12 +933,15 @@ impl Backend for CudaBackend {
     ) {
         match self.attention {
             AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
-                if let Err(e) = self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, true) {
+                if let Err(e) = self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, true, dbias) {
                     self.fail(e);
                 }
             }
             AttentionPath::Gemm => {
-                crate::backend::attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh)
+                crate::backend::attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh);
+                if let Some(dbias) = dbias {
+                    self.column_sums(dbias, dqkv, b * t, 3 * c);
+                }
             }
         }
     }

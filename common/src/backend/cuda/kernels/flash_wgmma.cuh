@@ -301,11 +301,13 @@ __device__ __forceinline__ void wg_issue_ss_nt(float (&d)[8][4], const bf16_t* a
 // Rows [row0, row0 + 64) (those below T) x 64 columns of a (T, stride) bf16 matrix set to (or,
 // with ACCUMULATE, added to) mul · acc (the block's 64x64 accumulator tile, 16 rows a warp),
 // rounded once: through `stage` (64 rows of 72 floats: 8 of padding keep the float2 writes at
-// two-way bank conflicts) and out in 16-byte accesses. Starts and ends with a barrier (the stage
-// is shared memory the loop used; it is free for the next call after).
+// two-way bank conflicts) and out in 16-byte accesses. With `part` (not with ACCUMULATE), also
+// the tile's 64 column sums of the values as stored (rounded to bf16), rows in order, into
+// part[0..64): a bias gradient's partial sums (the product whose output is qkv). Starts and ends
+// with a barrier (the stage is shared memory the loop used; it is free for the next call after).
 template <bool ACCUMULATE>
 __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const float (&acc)[8][4], float* stage,
-                                           int row0, int T, float mul) {
+                                           int row0, int T, float mul, float* part) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
     int lr = warp * 16 + g;
     __syncthreads();
@@ -315,6 +317,14 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
         *(float2*)&stage[(lr + 8) * 72 + n * 8 + 2 * t] = make_float2(mul * acc[n][2], mul * acc[n][3]);
     }
     __syncthreads();
+    if (!ACCUMULATE && part != nullptr && threadIdx.x < 64) {
+        // Two warps, a column each thread (consecutive words: no bank conflicts).
+        float sum = 0.0f;
+#pragma unroll 16
+        for (int r = 0; r < 64; r++)
+            if (row0 + r < T) sum += to_f(to_bf16(stage[r * 72 + threadIdx.x]));
+        part[threadIdx.x] = sum;
+    }
 #pragma unroll
     for (int i = threadIdx.x; i < 64 * 8; i += FLASH_THREADS) {
         int r = i >> 3, c = i & 7;
@@ -337,10 +347,13 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
 
 // dK and dV for one tile of 64 keys (16 per warp), over every later query in tiles of 64.
 // Grid (B·NH, ceil(T/64)); dynamic shared memory: flash.rs `pipe_shared_bytes`.
+// With `bias_part` (B·ceil(T/64) rows of 3C partial column sums of dqkv, a row per tile of 64
+// positions), each block writes its tiles' sums there (store_tile's `part`).
 template <int STAGES, bool ACCUMULATE>
 __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                            const float* lse, const float* delta, int T, int NH,
-                                                           int HS, float scale, float scale_log2, int /*vec*/) {
+                                                           int HS, float scale, float scale_log2, int /*vec*/,
+                                                           float* bias_part) {
     bf16_t* k_s = (bf16_t*)shared_1k();       // this block's keys, swizzled
     bf16_t* v_s = k_s + 64 * 64;              // and values
     bf16_t* qs = v_s + 64 * 64;               // [STAGES][64 * 64] query tiles, swizzled
@@ -417,16 +430,18 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
     }
     bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
     float* stage = (float*)qs;  // the ring, free now (store_tile's first barrier)
-    store_tile<ACCUMULATE>(dk_base, stride, dk, stage, k_start, T, scale);
-    store_tile<ACCUMULATE>(dk_base + C, stride, dv, stage, k_start, T, 1.0f);
+    float* part = bias_part ? bias_part + ((size_t)b * gridDim.y + blockIdx.y) * stride + C + (size_t)h * HS : nullptr;
+    store_tile<ACCUMULATE>(dk_base, stride, dk, stage, k_start, T, scale, part);
+    store_tile<ACCUMULATE>(dk_base + C, stride, dv, stage, k_start, T, 1.0f, part ? part + C : nullptr);
 }
 
 // dQ for one tile of 64 queries (16 per warp), over keys in tiles of 64.
 // Grid (B·NH, ceil(T/64)); late (heavy) query tiles first; dynamic shared memory: flash.rs.
+// `bias_part` as in flashwg_backward_dkdv.
 template <int STAGES, bool ACCUMULATE>
 __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                          const float* lse, const float* delta, int T, int NH, int HS,
-                                                         float scale, float scale_log2, int /*vec*/) {
+                                                         float scale, float scale_log2, int /*vec*/, float* bias_part) {
     bf16_t* q_s = (bf16_t*)shared_1k();   // this block's queries, swizzled
     bf16_t* do_s = q_s + 64 * 64;         // and their output gradients
     bf16_t* ks = do_s + 64 * 64;          // [STAGES][64 * 64] key tiles, swizzled
@@ -490,8 +505,9 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
         wg_hold(dq);
         wg_keep(da);
     }
+    float* part = bias_part ? bias_part + ((size_t)b * gridDim.y + qt) * stride + (size_t)h * HS : nullptr;
     store_tile<ACCUMULATE>(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, (float*)ks, qt * 64, T,
-                           scale);
+                           scale, part);
 }
 
 #define FLASH_WGMMA_BODY(call) call
