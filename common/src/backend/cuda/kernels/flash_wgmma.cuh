@@ -302,9 +302,11 @@ __device__ __forceinline__ void wg_issue_ss_nt(float (&d)[8][4], const bf16_t* a
 // with ACCUMULATE, added to) mul · acc (the block's 64x64 accumulator tile, 16 rows a warp),
 // rounded once: through `stage` (64 rows of 72 floats: 8 of padding keep the float2 writes at
 // two-way bank conflicts) and out in 16-byte accesses. With `part` (not with ACCUMULATE), also
-// the tile's 64 column sums of the values as stored (rounded to bf16), rows in order, into
+// the tile's 64 column sums of the values as stored (rounded to bf16), in a fixed order, into
 // part[0..64): a bias gradient's partial sums (the product whose output is qkv). Starts and ends
-// with a barrier (the stage is shared memory the loop used; it is free for the next call after).
+// with a barrier (the stage is shared memory the loop used; it is free for the next call after;
+// the column sums' last step reads `col` after the closing barrier, and the next call writes it
+// only past its own barriers).
 template <bool ACCUMULATE>
 __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const float (&acc)[8][4], float* stage,
                                            int row0, int T, float mul, float* part) {
@@ -317,14 +319,12 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
         *(float2*)&stage[(lr + 8) * 72 + n * 8 + 2 * t] = make_float2(mul * acc[n][2], mul * acc[n][3]);
     }
     __syncthreads();
-    if (!ACCUMULATE && part != nullptr && threadIdx.x < 64) {
-        // Two warps, a column each thread (consecutive words: no bank conflicts).
-        float sum = 0.0f;
-#pragma unroll 16
-        for (int r = 0; r < 64; r++)
-            if (row0 + r < T) sum += to_f(to_bf16(stage[r * 72 + threadIdx.x]));
-        part[threadIdx.x] = sum;
-    }
+    // With `part`: thread x stores columns 8 (x & 7) .. + 8 of rows x / 8 + 16 j (j = 0..3) and
+    // sums them as it goes; the four threads of a warp with the same columns are added by
+    // shuffles, then the four warps in order through `col` (after the closing barrier).
+    __shared__ float col[4][64];
+    bool sums = !ACCUMULATE && part != nullptr;
+    float cs[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = threadIdx.x; i < 64 * 8; i += FLASH_THREADS) {
         int r = i >> 3, c = i & 7;
@@ -338,11 +338,26 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
                 load8(p, old);
 #pragma unroll
                 for (int k = 0; k < 8; k++) v[k] = old[k] + v[k];
+            } else if (sums) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) cs[k] += to_f(to_bf16(v[k]));  // as stored
             }
             store8(p, v);
         }
     }
+    if (sums) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 8);
+            cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 16);
+        }
+        if (lane < 8) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) col[warp][lane * 8 + k] = cs[k];
+        }
+    }
     __syncthreads();
+    if (sums && threadIdx.x < 64) part[threadIdx.x] = ((col[0][threadIdx.x] + col[1][threadIdx.x]) + col[2][threadIdx.x]) + col[3][threadIdx.x];
 }
 
 // dK and dV for one tile of 64 keys (16 per warp), over every later query in tiles of 64.
