@@ -87,8 +87,8 @@ impl<B: Backend> Graph<'_, B> {
     }
 
     /// The gradient slot of `bias`, the bias of the product whose output is `out`, for that
-    /// product's backward to add to; `None` without a bias, or when an add-layernorm's backward
-    /// has summed it already (`bias_summed`).
+    /// product's backward to add to; `None` without a bias, or when the op reading `out` has
+    /// summed it already (`take_output_bias`).
     fn output_bias_grad(&mut self, out: Tensor, bias: Option<Tensor>) -> Result<Option<DevPtr>> {
         if self.bias_summed.remove(&out.0) {
             return Ok(None);

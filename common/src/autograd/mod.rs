@@ -191,9 +191,10 @@ pub struct Graph<'a, B: Backend> {
     /// product, to WRITE ([`Graph::zero_grads_except_first_products`]); each leaves as it
     /// is written.
     first_writes: HashMap<u64, usize>,
-    /// Products (by output value) whose bias gradient an add-layernorm's backward has
-    /// already summed from their output's gradient ([`Backend::add_layernorm_backward`]'s
-    /// `dbias`): their own backward leaves the bias out.
+    /// Products (by output value) whose bias gradient the backward of the one op reading
+    /// their output has already summed from that output's gradient as it wrote it (the
+    /// `dbias` of [`Backend::add_layernorm_backward`] and
+    /// [`Backend::attention_backward_overwrite`]): their own backward leaves the bias out.
     bias_summed: HashSet<usize>,
 }
 

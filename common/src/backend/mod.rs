@@ -821,9 +821,9 @@ pub trait Backend {
     /// Backward of `matmul_forward(out, gelu(pre), w, bias, …)` down to `pre`, the MLP's second
     /// product: `dpre (BT,C) = gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C))`, OVERWRITTEN (the
     /// gradient of `gelu(pre)` is never stored); `dw += doutᵀ · act` and `dbias += Σ dout`
-    /// accumulate as in `matmul_backward` (dw is WRITTEN with `overwrite_dw`). `act` is `gelu(pre)` as the forward product read it. By
-    /// default the two ops; a backend may fuse gelu' into the product's epilogue (CUDA:
-    /// cuBLASLt's DGELU).
+    /// accumulate as in `matmul_backward` (dw is WRITTEN with `overwrite_dw`). `act` is
+    /// `gelu(pre)` as the forward product read it. By default the two ops; a backend may fuse
+    /// gelu' into the product's epilogue (CUDA: cuBLASLt's DGELU).
     /// # Safety
     /// As `matmul_backward` with `dpre` for `dinp` and `act` for `inp`; `pre`: BT·C; `dpre`
     /// overlaps nothing else.

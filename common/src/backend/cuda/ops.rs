@@ -129,9 +129,11 @@ impl CudaBackend {
         let one_pass = self
             .one_pass_layernorm
             .then(|| fused_layernorm_width(c, &[dinp, copy, dout, inp, w], self.act()));
+        // dinp's column sums in the one-pass kernel (`layernorm_bias_sums`), else a pass after.
+        let mut dinp_sums_left = dinp_sums;
         if let Some(k) = one_pass.flatten() {
-            // One pass: dinp and the blocks' partial parameter sums (and dinp's own, for a
-            // bias gradient, where `bias_sums` allows), then the sums in order.
+            // One pass: dinp and the blocks' partial parameter sums (and dinp's own), then the
+            // sums in order.
             let chunks = bt.div_ceil(LN_FUSED_ROWS);
             let fused_sums = dinp_sums.filter(|_| self.layernorm_bias_sums);
             let outs: &[DevPtr] = match fused_sums {
@@ -167,7 +169,7 @@ impl CudaBackend {
                     );
                     self.finish_column_sums(outs, dw_part, chunks, c);
                     if fused_sums.is_some() {
-                        return;
+                        dinp_sums_left = None;
                     }
                 }
                 Err(e) => return self.fail(e),
@@ -204,7 +206,7 @@ impl CudaBackend {
                 Err(e) => return self.fail(e),
             }
         }
-        if let Some(sums) = dinp_sums {
+        if let Some(sums) = dinp_sums_left {
             // A pass of its own over the new dinp, as the product's backward would have run it.
             self.column_sums(sums, dinp, bt, c);
         }
