@@ -934,7 +934,21 @@ fn attention_case_scaled<B: Backend>(
     unsafe { be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh) };
     let dout = upload_act(be, &rnd(q, b * t * c, 32, 1.0));
     let dqkv = upload_act(be, &rnd(q, b * t * 3 * c, 33, 1.0));
-    unsafe { be.attention_backward(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh) };
+    unsafe {
+        be.attention_backward(
+            false,
+            act(&dqkv),
+            None,
+            act(&dout),
+            act(&qkv),
+            act(&out),
+            saved.ptr(),
+            b,
+            t,
+            c,
+            nh,
+        )
+    };
     vec![
         download_act(be, &out, b * t * c),
         download_act(be, &dqkv, b * t * 3 * c),
@@ -1531,7 +1545,7 @@ fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
 fn bf16_attention_errors_by_tile() {
     for (b, t, c, nh) in [(1, 200, 64, 1), (2, 256, 128, 2), (1, 1024, 128, 2)] {
         let want = cpu().run(b, t, c, nh, false);
-        // (path, Hopper backward, through attention_backward_overwrite): the Hopper kernels
+        // (path, Hopper backward, through attention_backward with `overwrite`): the Hopper kernels
         // adding into dqkv, writing it, and zero + adding; the mma.sync kernels (zero + adding)
         let paths = [
             (AttentionPath::Flash, HopperBackward::Accumulate, false),
@@ -1585,7 +1599,7 @@ fn bf16_attention_errors_by_tile() {
 }
 
 /// The model's attention backward with the qkv product's bias gradient: forward, then
-/// `attention_backward_overwrite` into a random dqkv with `dbias` (random: it accumulates).
+/// `attention_backward` with `overwrite` into a random dqkv with `dbias` (random: it accumulates).
 /// Returns [dqkv, dbias].
 fn attention_bias_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usize, nh: usize) -> Vec<Vec<f32>> {
     let qkv = upload_act(be, &rnd(q, b * t * 3 * c, 51, 1.0));
@@ -1596,7 +1610,8 @@ fn attention_bias_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usi
     let dbias = upload(be, &rnd(q, 3 * c, 54, 1.0));
     unsafe {
         be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh);
-        be.attention_backward_overwrite(
+        be.attention_backward(
+            true,
             act(&dqkv),
             Some(dbias.ptr()),
             act(&dout),
@@ -1667,7 +1682,7 @@ fn attention_bias_sums_match_cpu_and_column_sums() {
 }
 
 /// attention_case with a zeroed gradient buffer, over any backend.
-/// `overwrite`: through `attention_backward_overwrite`, into a gradient buffer of random values.
+/// `overwrite`: written by `attention_backward` over a gradient buffer of random values.
 trait ErasedAttention {
     fn run(&self, b: usize, t: usize, c: usize, nh: usize, overwrite: bool) -> Vec<Vec<f32>>;
 }
@@ -1682,7 +1697,8 @@ impl<B: Backend> ErasedAttention for B {
         if overwrite {
             let dqkv = upload_act(be, &rnd(Inputs::Bf16, b * t * 3 * c, 33, 100.0));
             unsafe {
-                be.attention_backward_overwrite(
+                be.attention_backward(
+                    true,
                     act(&dqkv),
                     None,
                     act(&dout),
@@ -1701,7 +1717,21 @@ impl<B: Backend> ErasedAttention for B {
             ];
         }
         let dqkv = upload_act(be, &vec![0.0; b * t * 3 * c]);
-        unsafe { be.attention_backward(act(&dqkv), act(&dout), act(&qkv), act(&out), saved.ptr(), b, t, c, nh) };
+        unsafe {
+            be.attention_backward(
+                false,
+                act(&dqkv),
+                None,
+                act(&dout),
+                act(&qkv),
+                act(&out),
+                saved.ptr(),
+                b,
+                t,
+                c,
+                nh,
+            )
+        };
         vec![
             download_act(be, &out, b * t * c),
             download_act(be, &dqkv, b * t * 3 * c),

@@ -200,7 +200,9 @@ fn gpt2_step_table(precision: Precision) {
     );
     let att_b = || unsafe {
         be.attention_backward(
+            false,
             dqkv.ptr().cast(),
+            None,
             x.ptr().cast(),
             qkv.ptr().cast(),
             att_out.ptr().cast(),
@@ -224,7 +226,9 @@ fn gpt2_step_table(precision: Precision) {
         row("(attention fwd, gemm)", time(&plain, fwd), 0);
         let bwd = || unsafe {
             plain.attention_backward(
+                false,
                 dqkv.ptr().cast(),
+                None,
                 x.ptr().cast(),
                 qkv.ptr().cast(),
                 att_out.ptr().cast(),

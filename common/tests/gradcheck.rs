@@ -268,7 +268,9 @@ fn attention_backward_matches_finite_differences() {
     let dqkv = be.alloc::<f32>(b * t * 3 * c).unwrap();
     unsafe {
         be.attention_backward(
+            false,
             dqkv.ptr().cast(),
+            None,
             upload(&be, &rw).ptr().cast(),
             qkv.ptr().cast(),
             out.ptr().cast(),
@@ -289,7 +291,8 @@ fn attention_backward_matches_finite_differences() {
     let filled = upload(&be, &randn(b * t * 3 * c, 100.0, &mut r));
     unsafe {
         be.attention_forward(out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), b, t, c, nh);
-        be.attention_backward_overwrite(
+        be.attention_backward(
+            true,
             filled.ptr().cast(),
             None,
             dout.ptr().cast(),

@@ -298,11 +298,7 @@ impl<B: Backend> Graph<'_, B> {
                 // and with it the qkv product's bias gradient (its column sums).
                 let dbias = self.take_output_bias(tape, node, qkv)?;
                 let (dqkv, first) = self.act_grad_or_first(qkv)?;
-                if first {
-                    be.attention_backward_overwrite(dqkv, dbias, dout, x, self.ptr(node.out), saved, b, t, c, nh);
-                } else {
-                    be.attention_backward(dqkv, dout, x, self.ptr(node.out), saved, b, t, c, nh);
-                }
+                be.attention_backward(first, dqkv, dbias, dout, x, self.ptr(node.out), saved, b, t, c, nh);
             }
             Op::Gelu { inp } => {
                 let dinp = self.act_grad(inp)?;

@@ -194,7 +194,7 @@ pub struct Graph<'a, B: Backend> {
     /// Products (by output value) whose bias gradient the backward of the one op reading
     /// their output has already summed from that output's gradient as it wrote it (the
     /// `dbias` of [`Backend::add_layernorm_backward`] and
-    /// [`Backend::attention_backward_overwrite`]): their own backward leaves the bias out.
+    /// [`Backend::attention_backward`]): their own backward leaves the bias out.
     bias_summed: HashSet<usize>,
 }
 

@@ -707,32 +707,20 @@ pub trait Backend {
         c: usize,
         nh: usize,
     );
+    /// The backward of `attention_forward`: `dqkv += ∂loss/∂qkv` from `dout`. With
+    /// `overwrite`, dqkv's contents are ignored and OVERWRITTEN (qkv's first and only
+    /// gradient): no zero fill first, and a backend may skip reading it (the Hopper kernels
+    /// do). With `dbias` (only with `overwrite`), also `dbias += Σ_rows dqkv`, the gradient
+    /// written: the bias gradient of the product whose output is qkv, which its backward then
+    /// leaves out. A backend without overwriting kernels zeroes dqkv, accumulates into it and
+    /// runs `bias_backward` after (the CPU); CUDA's Hopper kernels sum the bias from the tiles
+    /// they store.
     /// # Safety
-    /// As `attention_forward`; `dqkv`: B·T·3C; `dout`: B·T·C.
+    /// As `attention_forward`; `dqkv`: B·T·3C; `dout`: B·T·C; `dbias`: 3C f32s.
     #[allow(clippy::too_many_arguments)]
     unsafe fn attention_backward(
         &self,
-        dqkv: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        qkv: DevPtr<Act>,
-        out: DevPtr<Act>,
-        saved: DevPtr,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    );
-    /// `attention_backward` into a `dqkv` whose contents are ignored and OVERWRITTEN (qkv's
-    /// first and only gradient): no zero fill first, and a backend may skip reading it (the
-    /// Hopper kernels do). With `dbias`, also `dbias += Σ_rows dqkv` (the gradient written):
-    /// the bias gradient of the product whose output is qkv, which its backward then leaves
-    /// out. By default: zero, then accumulate, then `bias_backward`; a backend may sum the
-    /// bias from the tiles it writes (CUDA: the Hopper kernels).
-    /// # Safety
-    /// As `attention_backward`; `dbias`: 3C f32s.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn attention_backward_overwrite(
-        &self,
+        overwrite: bool,
         dqkv: DevPtr<Act>,
         dbias: Option<DevPtr>,
         dout: DevPtr<Act>,
@@ -743,15 +731,7 @@ pub trait Backend {
         t: usize,
         c: usize,
         nh: usize,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh);
-            if let Some(dbias) = dbias {
-                self.bias_backward(dbias, dqkv, b * t, 3 * c);
-            }
-        }
-    }
+    );
 
     /// Causal attention of `t` new positions of one sequence against a key/value cache (text
     /// generation): writes the new keys and values of qkv (T,3C) into rows `pos..pos + T` of
@@ -1086,30 +1066,4 @@ pub trait Backend {
         hp: SgdHyper,
         copy: Option<DevPtr<bf16>>,
     );
-}
-
-/// [`Backend::attention_backward_overwrite`] where no kernel overwrites: zero `dqkv`, then
-/// accumulate into it (the trait's default, and a backend's fallback where its overwriting
-/// kernels do not take the shape).
-///
-/// # Safety
-/// As [`Backend::attention_backward_overwrite`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn attention_backward_zeroed<B: Backend + ?Sized>(
-    be: &B,
-    dqkv: DevPtr<Act>,
-    dout: DevPtr<Act>,
-    qkv: DevPtr<Act>,
-    out: DevPtr<Act>,
-    saved: DevPtr,
-    b: usize,
-    t: usize,
-    c: usize,
-    nh: usize,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        be.zero_act(dqkv, b * t * 3 * c);
-        be.attention_backward(dqkv, dout, qkv, out, saved, b, t, c, nh);
-    }
 }

@@ -278,7 +278,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             // SAFETY: as above; `lse` and `out` were written by the forward. The model's call:
             // dqkv is qkv's first gradient, overwritten.
             let bwd = time_ms(be, 10, || unsafe {
-                be.attention_backward_overwrite(dqkv, None, dout, qkv, out, lse, b, t, c, nh)
+                be.attention_backward(true, dqkv, None, dout, qkv, out, lse, b, t, c, nh)
             })?;
             row("ours", "attention_bwd", shape, bwd, Some(5.0 * causal), None);
         }

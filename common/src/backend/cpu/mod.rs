@@ -386,7 +386,9 @@ impl Backend for CpuBackend {
 
     unsafe fn attention_backward(
         &self,
+        overwrite: bool,
         dqkv: DevPtr<Act>,
+        dbias: Option<DevPtr>,
         dout: DevPtr<Act>,
         qkv: DevPtr<Act>,
         _out: DevPtr<Act>,
@@ -396,14 +398,22 @@ impl Backend for CpuBackend {
         c: usize,
         nh: usize,
     ) {
+        // A written gradient is zeroed and then added to: the same bits as into zeros.
+        if overwrite {
+            // SAFETY: dqkv holds B·T·3C activations (the caller's contract).
+            unsafe { self.zero_act(dqkv, b * t * 3 * c) };
+        }
         let dims = attention::Dims { b, t, c, nh };
-        let dqkv = view_mut(dqkv, b * t * 3 * c);
         let (dout, qkv, att) = (
             view(dout, b * t * c),
             view(qkv, b * t * 3 * c),
             view(saved, b * nh * t * t),
         );
-        self.run(|| attention::backward(dqkv, dout, qkv, att, dims));
+        self.run(|| attention::backward(view_mut(dqkv, b * t * 3 * c), dout, qkv, att, dims));
+        if let Some(dbias) = dbias {
+            // SAFETY: dbias holds 3C f32s (the caller's contract).
+            unsafe { self.bias_backward(dbias, dqkv, b * t, 3 * c) };
+        }
     }
 
     unsafe fn relu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {

@@ -91,8 +91,8 @@ pub enum HopperBackward {
     /// `overwrite`, the default: the kernels write dqkv (`_wgmma_store`): no zero fill before,
     /// no read of it.
     Overwrite,
-    /// `accumulate`: zero fill, then the kernels adding into dqkv (`_wgmma`, what the trait's
-    /// accumulating `attention_backward` runs): the same bits, for comparison.
+    /// `accumulate`: zero fill, then the kernels adding into dqkv (`_wgmma`, what
+    /// `attention_backward` runs where it accumulates): the same bits, for comparison.
     Accumulate,
 }
 

@@ -86,7 +86,7 @@ pub struct CudaBackend {
     /// column-sum kernels reading that gradient back, as the product's backward ran them).
     layernorm_bias_sums: bool,
     /// The qkv product's bias gradient, where the attention backward writes qkv's gradient
-    /// (`Backend::attention_backward_overwrite`'s `dbias`), summed by the Hopper kernels from
+    /// (`Backend::attention_backward`'s `dbias`), summed by the Hopper kernels from
     /// the tiles they store (`GPT2_CUDA_ATTN_BIAS`, `fused` by default, or `unfused`: the
     /// column-sum kernels reading that gradient back).
     attention_bias_sums: bool,

@@ -897,31 +897,7 @@ impl Backend for CudaBackend {
 
     unsafe fn attention_backward(
         &self,
-        dqkv: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        qkv: DevPtr<Act>,
-        out: DevPtr<Act>,
-        saved: DevPtr,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) {
-        let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
-                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, false, None)
-            }
-            AttentionPath::Gemm => {
-                self.attention_backward_gemm(dqkv.cast(), dout.cast(), qkv.cast(), saved, b, t, c, nh)
-            }
-        };
-        if let Err(e) = queued {
-            self.fail(e);
-        }
-    }
-
-    unsafe fn attention_backward_overwrite(
-        &self,
+        overwrite: bool,
         dqkv: DevPtr<Act>,
         dbias: Option<DevPtr>,
         dout: DevPtr<Act>,
@@ -933,18 +909,24 @@ impl Backend for CudaBackend {
         c: usize,
         nh: usize,
     ) {
-        match self.attention {
+        let queued = match self.attention {
             AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
-                if let Err(e) = self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, true, dbias) {
-                    self.fail(e);
-                }
+                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, overwrite, dbias)
             }
             AttentionPath::Gemm => {
-                crate::backend::attention_backward_zeroed(self, dqkv, dout, qkv, out, saved, b, t, c, nh);
+                // Accumulates only: a written gradient is zeroed first, its bias summed after.
+                if overwrite {
+                    self.zero_act(dqkv, b * t * 3 * c);
+                }
+                let queued = self.attention_backward_gemm(dqkv.cast(), dout.cast(), qkv.cast(), saved, b, t, c, nh);
                 if let Some(dbias) = dbias {
                     self.column_sums(dbias, dqkv, b * t, 3 * c);
                 }
+                queued
             }
+        };
+        if let Err(e) = queued {
+            self.fail(e);
         }
     }
 
