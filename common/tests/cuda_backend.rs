@@ -279,10 +279,10 @@ fn matmul_tf32_is_close_to_cpu() {
 
 // ---- the MLP's products through GELU (cuBLASLt epilogues) ---------------------------
 
-/// `matmul_gelu_forward` (pre, act) and `matmul_backward_dgelu` (dpre, dw, dbias). The
-/// backward reads its own random pre and act (bf16-exact under bf16), so that its error does
-/// not include the forward's; dpre starts random (it is overwritten), dw and dbias too (they
-/// accumulate).
+/// `matmul_gelu_forward` (pre, act) and `matmul_backward_dgelu` (dpre, dw, dbias, and with
+/// a bias the first product's, dpre_bias). The backward reads its own random pre and act
+/// (bf16-exact under bf16), so that its error does not include the forward's; dpre starts
+/// random (it is overwritten), dw and the bias gradients too (they accumulate).
 #[allow(clippy::too_many_arguments)]
 fn mlp_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, h: usize, oc: usize, with_bias: bool) -> Vec<Vec<f32>> {
     // Weights scaled by 3/√C: pre spreads over GELU's curved part (|x| up to ~4).
@@ -300,9 +300,11 @@ fn mlp_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, h: usize, oc: us
     let dw = upload(be, &rnd(q, oc * h, 99, 1.0));
     let dbias = upload(be, &rnd(q, oc, 100, 1.0));
     let dbias_ptr = with_bias.then(|| dbias.ptr());
+    let dpre_bias = upload(be, &rnd(q, h, 101, 1.0));
     unsafe {
         be.matmul_backward_dgelu(
             act(&dpre),
+            with_bias.then(|| dpre_bias.ptr()),
             dw.ptr(),
             false,
             dbias_ptr,
@@ -321,10 +323,11 @@ fn mlp_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, h: usize, oc: us
         download_act(be, &dpre, bt * h),
         download(be, &dw),
         download(be, &dbias),
+        download(be, &dpre_bias),
     ]
 }
 
-const MLP_NAMES: [&str; 5] = ["pre", "act", "dpre", "dw", "dbias"];
+const MLP_NAMES: [&str; 6] = ["pre", "act", "dpre", "dw", "dbias", "dpre_bias"];
 
 /// (BT, C, H, OC, bias): H a multiple of 8 runs the epilogues (the auxiliary matrix's
 /// leading dimension is H); H = 36 falls back to the GELU kernels; GPT-2's MLP at BT = 333;
@@ -337,18 +340,26 @@ const MLP_SHAPES: [(usize, usize, usize, usize, bool); 5] = [
     (5, 7, 8, 3, true),
 ];
 
+/// (GELU path, the hidden bias gradient in the DGELU epilogue): every way the MLP runs.
+const GELU_PATHS: [(GeluPath, bool); 3] = [
+    (GeluPath::Fused, true),
+    (GeluPath::Fused, false),
+    (GeluPath::Unfused, true),
+];
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn mlp_gelu_epilogues_match_cpu() {
     // fp32 at the file's tolerance (1e-4: cuBLASLt's GELU is the tanh form, as the CPU's),
-    // tf32 at 1e-2 as the matmul; fused (the default) and unfused.
+    // tf32 at 1e-2 as the matmul; fused (with the hidden bias gradient in the epilogue, the
+    // default, and after it) and unfused.
     for (precision, tol) in [(Precision::Fp32, FP32_TOL), (Precision::Tf32, 1e-2)] {
-        for path in [GeluPath::Fused, GeluPath::Unfused] {
-            let gpu = gpu(precision).with_gelu(path);
+        for (path, sums) in GELU_PATHS {
+            let gpu = gpu(precision).with_gelu(path).with_dgelu_bias_sums(sums);
             for (bt, c, h, oc, bias) in MLP_SHAPES {
                 let want = mlp_case(&cpu(), Inputs::F32, bt, c, h, oc, bias);
                 let got = mlp_case(&gpu, Inputs::F32, bt, c, h, oc, bias);
-                let test = format!("mlp {precision:?} {path:?} {bt}x{c}x{h}x{oc} bias={bias}");
+                let test = format!("mlp {precision:?} {path:?} sums={sums} {bt}x{c}x{h}x{oc} bias={bias}");
                 check(&test, &MLP_NAMES, &got, &want, tol);
             }
         }
@@ -359,8 +370,10 @@ fn mlp_gelu_epilogues_match_cpu() {
 #[ignore = "needs a CUDA device"]
 fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
     // GPT-2 124M's MLP (C = 768, H = 3072): cuBLASLt must have an algorithm for both GELU
-    // epilogues, or the fused path silently runs the kernels; GPT2_CUDA_GELU=unfused makes
-    // no GELU plan at all.
+    // epilogues, or the fused path silently runs the kernels, and in bf16 (where GELU is
+    // fused by default) for the backward one with the hidden bias gradient (DGELU_BGRAD;
+    // printed where another precision has none); GPT2_CUDA_GELU=unfused makes no GELU plan
+    // at all.
     let gelu_plans = |gpu: &CudaBackend| -> Vec<(String, [usize; 3], bool)> {
         let plans = gpu.epilogue_plans();
         plans.into_iter().filter(|(e, _, _)| e.contains("Gelu")).collect()
@@ -383,12 +396,18 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
         );
         let fused = gpu(precision).with_gelu(GeluPath::Fused);
         let _ = mlp_case(&fused, q, 1024, 768, 3072, 768, true);
+        let _ = mlp_case(&fused, q, 1024, 768, 3072, 768, false);
         let plans = gelu_plans(&fused);
         eprintln!("EPILOGUES {precision:?}: {plans:?}");
-        for epilogue in ["GeluAux { bias: true }", "DGelu"] {
+        for epilogue in ["GeluAux { bias: true }", "DGelu", "DGeluBGrad"] {
+            let found = plans.iter().any(|(e, _, found)| e == epilogue && *found);
+            if epilogue == "DGeluBGrad" && precision != Precision::Bf16 && !found {
+                eprintln!("DGELU_BGRAD {precision:?}: no algorithm, the hidden bias gradient ran unfused");
+                continue;
+            }
             assert!(
-                plans.iter().any(|(e, _, found)| e == epilogue && *found),
-                "{precision:?}: no cuBLASLt algorithm ran the {epilogue} epilogue, GELU ran unfused: {plans:?}"
+                found,
+                "{precision:?}: no cuBLASLt algorithm ran the {epilogue} epilogue, it ran unfused: {plans:?}"
             );
         }
         let unfused = gpu(precision).with_gelu(GeluPath::Unfused);
@@ -396,6 +415,49 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
         assert!(
             gelu_plans(&unfused).is_empty(),
             "{precision:?}: unfused made GELU plans"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn dgelu_bias_sums_repeat_bit_for_bit_and_match_column_sums() {
+    // The hidden layer's bias gradient from DGELU_BGRAD's epilogue is summed across the
+    // product's output tiles in a way cuBLASLt does not document: five equal calls at GPT-2's
+    // MLP (BT = 4096: 32 tiles of 128 along the sum) must give the same bits (deterministic
+    // steps, exact resume), and the sums agree with the column-sum kernels' (fp32 1e-4; tf32
+    // and bf16 1e-2: the epilogue may sum the values before rounding them for storage).
+    // The chosen algorithms are printed for the notes.
+    let bits =
+        |v: &[Vec<f32>]| -> Vec<Vec<u32>> { v.iter().map(|x| x.iter().map(|f| f.to_bits()).collect()).collect() };
+    for (precision, q, tol) in [
+        (Precision::Fp32, Inputs::F32, FP32_TOL),
+        (Precision::Tf32, Inputs::F32, 1e-2),
+        (Precision::Bf16, Inputs::Bf16, 1e-2),
+    ] {
+        let fused = gpu(precision).with_gelu(GeluPath::Fused).with_dgelu_bias_sums(true);
+        let first = mlp_case(&fused, q, 4096, 768, 3072, 768, true);
+        for call in 1..5 {
+            let again = mlp_case(&fused, q, 4096, 768, 3072, 768, true);
+            assert!(
+                bits(&first) == bits(&again),
+                "{precision:?}: call {call} differs from the first (a non-deterministic epilogue sum)"
+            );
+        }
+        let ran = fused
+            .epilogue_plans()
+            .iter()
+            .any(|(e, _, found)| e == "DGeluBGrad" && *found);
+        eprintln!(
+            "DGELU_BGRAD {precision:?} ran={ran}: {:#?}",
+            fused.epilogue_algorithms()
+        );
+        let apart = gpu(precision).with_gelu(GeluPath::Fused).with_dgelu_bias_sums(false);
+        let want = mlp_case(&apart, q, 4096, 768, 3072, 768, true);
+        check(&format!("dgelu sums {precision:?}"), &MLP_NAMES, &first, &want, tol);
+        assert!(
+            !apart.epilogue_plans().iter().any(|(e, _, _)| e == "DGeluBGrad"),
+            "{precision:?}: sums after the product made a DGELU_BGRAD plan"
         );
     }
 }
@@ -1442,18 +1504,20 @@ fn bf16_matmul_is_within_bound() {
 fn bf16_mlp_gelu_epilogues_are_within_bound() {
     // pre: a product with a bias, rounded once (k = 2, as the matmul's out); act: GELU (slope
     // at most 1.13) of pre's error, then its own rounding (k = 3); dpre: unfused, d(act) is
-    // rounded and then dpre (k = 2), fused only dpre; dw and dbias as the matmul's.
-    for path in [GeluPath::Fused, GeluPath::Unfused] {
-        let gpu = gpu(Precision::Bf16).with_gelu(path);
+    // rounded and then dpre (k = 2), fused only dpre; dw and dbias as the matmul's; dpre_bias
+    // sums BT values of dpre's error (k = 4: twice dpre's bound, for the largest values'
+    // errors against the sums' typical size).
+    for (path, sums) in GELU_PATHS {
+        let gpu = gpu(Precision::Bf16).with_gelu(path).with_dgelu_bias_sums(sums);
         for (bt, c, h, oc, bias) in MLP_SHAPES {
             let want = mlp_case(&cpu(), Inputs::Bf16, bt, c, h, oc, bias);
             let got = mlp_case(&gpu, Inputs::Bf16, bt, c, h, oc, bias);
             check_bf16(
-                &format!("mlp {path:?} {bt}x{c}x{h}x{oc}"),
+                &format!("mlp {path:?} sums={sums} {bt}x{c}x{h}x{oc}"),
                 &MLP_NAMES,
                 &got,
                 &want,
-                &[(2.0, c), (3.0, c), (2.0, oc), (2.0, bt), (1.0, bt)],
+                &[(2.0, c), (3.0, c), (2.0, oc), (2.0, bt), (1.0, bt), (4.0, oc)],
             );
         }
     }

@@ -321,21 +321,22 @@ impl<B: Backend> Graph<'_, B> {
                     self.param_grad_or_first(w_proj)?,
                     self.output_bias_grad(node.out, b_proj)?,
                 );
+                // The first product's bias gradient is d(pre)'s column sums, summed there too.
                 let dpre_buf = self.pool.take(be, self.act().words(r * h))?;
                 let dpre = dpre_buf.ptr().cast::<Act>();
+                let dpre_bias = b_fc.map(|b| self.param_grad(b)).transpose()?;
                 let a = self.data(act);
                 let (p, w) = (self.ptr(pre), self.ptr(w_proj));
-                be.matmul_backward_dgelu(dpre, dw, dw_first, dbias, dout, a, p, w, r, h, c);
-                // The first product.
+                be.matmul_backward_dgelu(dpre, dpre_bias, dw, dw_first, dbias, dout, a, p, w, r, h, c);
+                // The first product, its bias done.
                 let ((dinp, dinp_first), (dw, dw_first)) =
                     (self.act_grad_or_first(inp)?, self.param_grad_or_first(w_fc)?);
-                let dbias = b_fc.map(|b| self.param_grad(b)).transpose()?;
                 let x = self.data(inp);
                 let overwrite = Overwrite {
                     dinp: dinp_first,
                     dw: dw_first,
                 };
-                be.matmul_backward(overwrite, dinp, dw, dbias, dpre, x, self.ptr(w_fc), r, ic, h);
+                be.matmul_backward(overwrite, dinp, dw, None, dpre, x, self.ptr(w_fc), r, ic, h);
                 self.pool.give(dpre_buf);
             }
             Op::Relu { inp } => {
@@ -488,7 +489,7 @@ fn param_writes(op: &Op) -> Vec<(Tensor, bool)> {
             w_proj,
             b_proj,
             ..
-        } => [Some((w_proj, true)), vector(b_proj), Some((w_fc, true)), vector(b_fc)]
+        } => [Some((w_proj, true)), vector(b_proj), vector(b_fc), Some((w_fc, true))]
             .into_iter()
             .flatten()
             .collect(),

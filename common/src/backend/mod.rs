@@ -802,15 +802,19 @@ pub trait Backend {
     /// product: `dpre (BT,C) = gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C))`, OVERWRITTEN (the
     /// gradient of `gelu(pre)` is never stored); `dw += doutᵀ · act` and `dbias += Σ dout`
     /// accumulate as in `matmul_backward` (dw is WRITTEN with `overwrite_dw`). `act` is
-    /// `gelu(pre)` as the forward product read it. By default the two ops; a backend may fuse
-    /// gelu' into the product's epilogue (CUDA: cuBLASLt's DGELU).
+    /// `gelu(pre)` as the forward product read it. With `dpre_bias`, also `dpre_bias +=
+    /// Σ_rows dpre`: the bias gradient of the product whose output is pre (the MLP's first),
+    /// which its backward then leaves out. By default the two ops, then `bias_backward`; a
+    /// backend may fuse gelu' into the product's epilogue (CUDA: cuBLASLt's DGELU), and the
+    /// bias sums too (DGELU_BGRAD).
     /// # Safety
     /// As `matmul_backward` with `dpre` for `dinp` and `act` for `inp`; `pre`: BT·C; `dpre`
-    /// overlaps nothing else.
+    /// overlaps nothing else; `dpre_bias`: C f32s.
     #[allow(clippy::too_many_arguments)]
     unsafe fn matmul_backward_dgelu(
         &self,
         dpre: DevPtr<Act>,
+        dpre_bias: Option<DevPtr>,
         dw: DevPtr,
         overwrite_dw: bool,
         dbias: Option<DevPtr>,
@@ -828,6 +832,9 @@ pub trait Backend {
         };
         self.matmul_backward(overwrite, dpre, dw, dbias, dout, act, w, bt, c, oc);
         self.gelu_backward_in_place(dpre, pre, bt * c);
+        if let Some(dpre_bias) = dpre_bias {
+            self.bias_backward(dpre_bias, dpre, bt, c);
+        }
     }
 
     /// `losses (BT) = -log softmax(logits[:, :V])[target]`, logits (BT,Vp), targets (BT).

@@ -418,7 +418,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         );
         // SAFETY: as above (`out` stands for the GELU output the product read).
         let fused = time_ms(be, 10, || unsafe {
-            be.matmul_backward_dgelu(dpre, dw, false, Some(db), dout, out, pre, w_proj, r, h, c)
+            be.matmul_backward_dgelu(dpre, None, dw, false, Some(db), dout, out, pre, w_proj, r, h, c)
         })?;
         row("ours", "matmul_dgelu_bwd", shape.clone(), fused, Some(2.0 * flop), None);
         // SAFETY: as above.

@@ -90,6 +90,11 @@ pub struct CudaBackend {
     /// the tiles they store (`GPT2_CUDA_ATTN_BIAS`, `fused` by default, or `unfused`: the
     /// column-sum kernels reading that gradient back).
     attention_bias_sums: bool,
+    /// The MLP's first product's bias gradient, the column sums of the hidden layer's
+    /// gradient, in the epilogue of the product that writes that gradient (cuBLASLt's
+    /// DGELU_BGRAD, where the GELU epilogues run; `GPT2_CUDA_DGELU_BIAS`, `fused` by default,
+    /// or `unfused`: the column-sum kernels reading that gradient back).
+    dgelu_bias_sums: bool,
     /// The token embedding's gradient in chunks of 32 positions, then the chunks in order,
     /// where C allows (`GPT2_CUDA_WTE_BWD`, `fused` by default, or `unfused`: one thread sums a
     /// token's whole run of rows, a serial chain as long as text's commonest token's count).
@@ -349,6 +354,7 @@ impl CudaBackend {
             one_pass_layernorm: fused_from_env("GPT2_CUDA_LN_BWD")?,
             layernorm_bias_sums: fused_from_env("GPT2_CUDA_LN_BIAS")?,
             attention_bias_sums: fused_from_env("GPT2_CUDA_ATTN_BIAS")?,
+            dgelu_bias_sums: fused_from_env("GPT2_CUDA_DGELU_BIAS")?,
             chunked_wte: fused_from_env("GPT2_CUDA_WTE_BWD")?,
             overwrite_dgrad: fused_from_env("GPT2_CUDA_DGRAD")?,
             relu_epilogue,
@@ -409,6 +415,13 @@ impl CudaBackend {
     /// (`true`) or by the column-sum kernels after them (tests compare the two).
     pub fn with_attention_bias_sums(mut self, fused: bool) -> Self {
         self.attention_bias_sums = fused;
+        self
+    }
+
+    /// The same backend with the MLP's hidden bias gradient summed in the DGELU product's
+    /// epilogue (`true`) or by the column-sum kernels after it (tests compare the two).
+    pub fn with_dgelu_bias_sums(mut self, fused: bool) -> Self {
+        self.dgelu_bias_sums = fused;
         self
     }
 

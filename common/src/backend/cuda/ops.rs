@@ -748,6 +748,7 @@ impl Backend for CudaBackend {
     unsafe fn matmul_backward_dgelu(
         &self,
         dpre: DevPtr<Act>,
+        dpre_bias: Option<DevPtr>,
         dw: DevPtr,
         overwrite_dw: bool,
         dbias: Option<DevPtr>,
@@ -760,14 +761,37 @@ impl Backend for CudaBackend {
         oc: usize,
     ) {
         let dw = (dw, if overwrite_dw { 0.0 } else { 1.0 });
-        if let Some(lt) = self.gelu_epilogues() {
-            if self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc)) {
-                return self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc);
-            } // else the epilogue cannot run here: the product, then gelu' in place
+        // dpre = gelu'(pre) ⊙ (dout · w) in the product's epilogue where it runs, with dpre's
+        // column sums there too where asked (into a C-word scratch, as the epilogue overwrites
+        // and gradients accumulate, then added into dpre_bias); else the product, then gelu'
+        // in place; the sums left, by the column-sum kernels after.
+        let mut bias_left = dpre_bias;
+        let fused = self.gelu_epilogues().is_some_and(|lt| {
+            let with_bias = dpre_bias.filter(|_| self.dgelu_bias_sums).is_some_and(|dpre_bias| {
+                self.fused_epilogue(|| {
+                    let part = self.scratch(c)?;
+                    let queued = lt.matmul_dgelu_bgrad(self.stream(), dpre, part, dout, w, pre, bt, c, oc)?;
+                    if queued {
+                        self.accumulate(dpre_bias, part, c);
+                    }
+                    Ok(queued)
+                })
+            });
+            if with_bias {
+                bias_left = None;
+            }
+            with_bias || self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc))
+        });
+        if fused {
+            self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc);
+        } else {
+            // dpre = dout · w (beta = 0 overwrites), then dpre = gelu'(pre) ⊙ dpre.
+            self.matmul_backward_with(Some((dpre, 0.0)), dw, dbias, dout, act, w, bt, c, oc);
+            self.gelu_backward_in_place(dpre, pre, bt * c);
         }
-        // dpre = dout · w (beta = 0 overwrites), then dpre = gelu'(pre) ⊙ dpre.
-        self.matmul_backward_with(Some((dpre, 0.0)), dw, dbias, dout, act, w, bt, c, oc);
-        self.gelu_backward_in_place(dpre, pre, bt * c);
+        if let Some(dpre_bias) = bias_left {
+            self.column_sums(dpre_bias, dpre, bt, c);
+        }
     }
 
     unsafe fn layernorm_forward(
