@@ -12,7 +12,8 @@
 //! CUBLAS_COMPUTE_32F_FAST_TF32. A, B, D, the bias and the auxiliary matrix have the
 //! activation type (the auxiliary matrix's type is left at its default, D's), except in the
 //! weight gradient's product: D (the f32 parameter gradient, accumulated with beta = 1) and
-//! the bias gradient are f32; a bias gradient is f32 under DGELU_BGRAD too.
+//! the bias gradient are f32. DGELU_BGRAD's bias gradient has D's type (rounded once, in
+//! bf16, before it is added to the f32 gradient).
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::c_void;
@@ -41,7 +42,8 @@ enum Epilogue {
     /// D = gelu'(aux) ⊙ A·B, A as stored (the MLP's backward product into its hidden layer).
     DGelu,
     /// DGelu, and bias = Σ over D's columns (its m-vector of row sums: the bias gradient of
-    /// the product whose output is aux, OVERWRITTEN, f32).
+    /// the product whose output is aux, OVERWRITTEN), in D's type: with an f32 vector beside
+    /// a bf16 D, cuBLASLt 13 on an H100 had no algorithm (GPU test log, session 14).
     DGeluBGrad,
     /// D += A·op(B) with B transposed, and bias = Σ_k B (the bias gradient, OVERWRITTEN), A as
     /// stored: the weight gradient's product, D and the bias in f32.
@@ -301,18 +303,18 @@ impl LtMatmul {
         self.run(stream, Epilogue::DGelu, (c, bt, oc), ops)
     }
 
-    /// `matmul_dgelu`, and dbias (C) = Σ_rows dpre, OVERWRITTEN (f32; DGELU_BGRAD): the bias
-    /// gradient of the product whose output is pre. Column-major, dbias is dpreᵀ's (C,BT)
-    /// vector of row sums, over the GEMM's n = BT.
+    /// `matmul_dgelu`, and dbias (C) = Σ_rows dpre, OVERWRITTEN, in the activation type
+    /// (DGELU_BGRAD): the bias gradient of the product whose output is pre. Column-major,
+    /// dbias is dpreᵀ's (C,BT) vector of row sums, over the GEMM's n = BT.
     ///
     /// # Safety
-    /// As `matmul_dgelu`; `dbias`: C f32s of device memory.
+    /// As `matmul_dgelu`; `dbias`: C activations of device memory.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul_dgelu_bgrad(
         &self,
         stream: CUstream,
         dpre: DevPtr<Act>,
-        dbias: DevPtr,
+        dbias: DevPtr<Act>,
         dout: DevPtr<Act>,
         w: DevPtr<Act>,
         pre: DevPtr<Act>,
@@ -324,7 +326,7 @@ impl LtMatmul {
             a: w,
             b: dout,
             d: dpre,
-            bias: Some(dbias.cast()),
+            bias: Some(dbias),
             aux: Some(pre),
         };
         self.run(stream, Epilogue::DGeluBGrad, (c, bt, oc), ops)
@@ -554,9 +556,8 @@ impl LtMatmul {
                 std::mem::size_of::<cublasLtEpilogue_t>(),
             )
             .map_err(lt_err("epilogue"))?;
-            if key.epilogue.sums_bias() {
-                // The bias gradient's type said outright: its default is D's (f32 under
-                // BGRADB, the activation type under DGELU_BGRAD).
+            if key.epilogue.f32_output() {
+                // The bias gradient's type said outright (its default is D's, also f32).
                 let bias_t = f32_t;
                 lt::set_matmul_desc_attribute(
                     plan.desc,
@@ -666,7 +667,14 @@ impl LtMatmul {
             r.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= self.workspace_bytes
         };
         let first = results.iter().find(usable)?;
-        let pick = results.iter().filter(usable).find(|r| split_k(&r.algo) <= 1)?;
+        let Some(pick) = results.iter().filter(usable).find(|r| split_k(&r.algo) <= 1) else {
+            eprintln!(
+                "cuBLASLt: all {} candidate algorithms split k (the first: {})",
+                results.len(),
+                describe(&first.algo)
+            );
+            return None;
+        };
         let mut chosen = describe(&pick.algo);
         if first.algo.data != pick.algo.data {
             chosen.push_str(&format!(" (the heuristic's first: {})", describe(&first.algo)));

@@ -762,17 +762,17 @@ impl Backend for CudaBackend {
     ) {
         let dw = (dw, if overwrite_dw { 0.0 } else { 1.0 });
         // dpre = gelu'(pre) ⊙ (dout · w) in the product's epilogue where it runs, with dpre's
-        // column sums there too where asked (into a C-word scratch, as the epilogue overwrites
-        // and gradients accumulate, then added into dpre_bias); else the product, then gelu'
-        // in place; the sums left, by the column-sum kernels after.
+        // column sums there too where asked (into a C-activation scratch, as the epilogue
+        // overwrites and gradients accumulate, then added into the f32 dpre_bias); else the
+        // product, then gelu' in place; the sums left, by the column-sum kernels after.
         let mut bias_left = dpre_bias;
         let fused = self.gelu_epilogues().is_some_and(|lt| {
             let with_bias = dpre_bias.filter(|_| self.dgelu_bias_sums).is_some_and(|dpre_bias| {
                 self.fused_epilogue(|| {
-                    let part = self.scratch(c)?;
+                    let part = self.scratch(c)?.cast::<Act>();
                     let queued = lt.matmul_dgelu_bgrad(self.stream(), dpre, part, dout, w, pre, bt, c, oc)?;
                     if queued {
-                        self.accumulate(dpre_bias, part, c);
+                        self.launch_1d("accumulate_from_act_kernel", c, args![dpre_bias, part, c]);
                     }
                     Ok(queued)
                 })
