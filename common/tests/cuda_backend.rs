@@ -351,8 +351,8 @@ const GELU_PATHS: [(GeluPath, bool); 3] = [
 #[ignore = "needs a CUDA device"]
 fn mlp_gelu_epilogues_match_cpu() {
     // fp32 at the file's tolerance (1e-4: cuBLASLt's GELU is the tanh form, as the CPU's),
-    // tf32 at 1e-2 as the matmul; fused (with the hidden bias gradient in the epilogue, the
-    // default, and after it) and unfused.
+    // tf32 at 1e-2 as the matmul; fused (with the hidden bias gradient in the epilogue, and
+    // after it, the default) and unfused.
     for (precision, tol) in [(Precision::Fp32, FP32_TOL), (Precision::Tf32, 1e-2)] {
         for (path, sums) in GELU_PATHS {
             let gpu = gpu(precision).with_gelu(path).with_dgelu_bias_sums(sums);
@@ -371,9 +371,9 @@ fn mlp_gelu_epilogues_match_cpu() {
 fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
     // GPT-2 124M's MLP (C = 768, H = 3072): cuBLASLt must have an algorithm for both GELU
     // epilogues, or the fused path silently runs the kernels, and in bf16 (where GELU is
-    // fused by default) for the backward one with the hidden bias gradient (DGELU_BGRAD;
-    // printed where another precision has none); GPT2_CUDA_GELU=unfused makes no GELU plan
-    // at all.
+    // fused by default) for the backward one with the hidden bias gradient where asked
+    // (DGELU_BGRAD, opt-in: the default makes no such plan; printed where another precision
+    // has none); GPT2_CUDA_GELU=unfused makes no GELU plan at all.
     let gelu_plans = |gpu: &CudaBackend| -> Vec<(String, [usize; 3], bool)> {
         let plans = gpu.epilogue_plans();
         plans.into_iter().filter(|(e, _, _)| e.contains("Gelu")).collect()
@@ -394,7 +394,13 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
             default,
             "{precision:?}: fused is the default in bf16 only (GPT2_CUDA_GELU unset)"
         );
-        let fused = gpu(precision).with_gelu(GeluPath::Fused);
+        let by_default = gpu(precision).with_gelu(GeluPath::Fused);
+        let _ = mlp_case(&by_default, q, 1024, 768, 3072, 768, true);
+        assert!(
+            !gelu_plans(&by_default).iter().any(|(e, _, _)| e == "DGeluBGrad"),
+            "{precision:?}: the column sums are the default (GPT2_CUDA_DGELU_BIAS unset)"
+        );
+        let fused = gpu(precision).with_gelu(GeluPath::Fused).with_dgelu_bias_sums(true);
         let _ = mlp_case(&fused, q, 1024, 768, 3072, 768, true);
         let _ = mlp_case(&fused, q, 1024, 768, 3072, 768, false);
         let plans = gelu_plans(&fused);

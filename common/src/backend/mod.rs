@@ -806,7 +806,7 @@ pub trait Backend {
     /// Σ_rows dpre`: the bias gradient of the product whose output is pre (the MLP's first),
     /// which its backward then leaves out. By default the two ops, then `bias_backward`; a
     /// backend may fuse gelu' into the product's epilogue (CUDA: cuBLASLt's DGELU), and the
-    /// bias sums too (DGELU_BGRAD).
+    /// bias sums too (DGELU_BGRAD, opt-in: slower on an H100).
     /// # Safety
     /// As `matmul_backward` with `dpre` for `dinp` and `act` for `inp`; `pre`: BT·C; `dpre`
     /// overlaps nothing else; `dpre_bias`: C f32s.
