@@ -275,17 +275,21 @@ impl LtMatmul {
     }
 
     /// The MLP's backward product into its hidden layer, row-major: dpre (BT,C) =
-    /// gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C)), overwriting dpre (DGELU). Column-major:
-    /// dpreᵀ (C,BT) = w as stored (C,OC) · doutᵀ (OC,BT), pre laid out as dpre. False (having
-    /// queued nothing) when the epilogue cannot run here; the caller falls back.
+    /// gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C)), overwriting dpre (DGELU); with `dbias`, also
+    /// dbias (C) = Σ_rows dpre, OVERWRITTEN, in the activation type (DGELU_BGRAD): the bias
+    /// gradient of the product whose output is pre. Column-major: dpreᵀ (C,BT) = w as stored
+    /// (C,OC) · doutᵀ (OC,BT), pre laid out as dpre, dbias dpreᵀ's row sums over the GEMM's
+    /// n = BT. False (having queued nothing) when the epilogue cannot run here; the caller
+    /// falls back.
     ///
     /// # Safety
-    /// `dpre`, `pre`: BT·C, `dout`: BT·OC, `w`: OC·C elements of device memory.
+    /// `dpre`, `pre`: BT·C, `dout`: BT·OC, `w`: OC·C, `dbias`: C elements of device memory.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul_dgelu(
         &self,
         stream: CUstream,
         dpre: DevPtr<Act>,
+        dbias: Option<DevPtr<Act>>,
         dout: DevPtr<Act>,
         w: DevPtr<Act>,
         pre: DevPtr<Act>,
@@ -293,43 +297,19 @@ impl LtMatmul {
         c: usize,
         oc: usize,
     ) -> Result<bool> {
+        let epilogue = if dbias.is_some() {
+            Epilogue::DGeluBGrad
+        } else {
+            Epilogue::DGelu
+        };
         let ops = Operands {
             a: w,
             b: dout,
             d: dpre,
-            bias: None,
+            bias: dbias,
             aux: Some(pre),
         };
-        self.run(stream, Epilogue::DGelu, (c, bt, oc), ops)
-    }
-
-    /// `matmul_dgelu`, and dbias (C) = Σ_rows dpre, OVERWRITTEN, in the activation type
-    /// (DGELU_BGRAD): the bias gradient of the product whose output is pre. Column-major,
-    /// dbias is dpreᵀ's (C,BT) vector of row sums, over the GEMM's n = BT.
-    ///
-    /// # Safety
-    /// As `matmul_dgelu`; `dbias`: C activations of device memory.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn matmul_dgelu_bgrad(
-        &self,
-        stream: CUstream,
-        dpre: DevPtr<Act>,
-        dbias: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        w: DevPtr<Act>,
-        pre: DevPtr<Act>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) -> Result<bool> {
-        let ops = Operands {
-            a: w,
-            b: dout,
-            d: dpre,
-            bias: Some(dbias),
-            aux: Some(pre),
-        };
-        self.run(stream, Epilogue::DGeluBGrad, (c, bt, oc), ops)
+        self.run(stream, epilogue, (c, bt, oc), ops)
     }
 
     /// The weight gradient's product with the bias gradient in its epilogue, row-major:

@@ -770,7 +770,7 @@ impl Backend for CudaBackend {
             let with_bias = dpre_bias.filter(|_| self.dgelu_bias_sums).is_some_and(|dpre_bias| {
                 self.fused_epilogue(|| {
                     let part = self.scratch(c)?.cast::<Act>();
-                    let queued = lt.matmul_dgelu_bgrad(self.stream(), dpre, part, dout, w, pre, bt, c, oc)?;
+                    let queued = lt.matmul_dgelu(self.stream(), dpre, Some(part), dout, w, pre, bt, c, oc)?;
                     if queued {
                         self.launch_1d("accumulate_from_act_kernel", c, args![dpre_bias, part, c]);
                     }
@@ -780,7 +780,7 @@ impl Backend for CudaBackend {
             if with_bias {
                 bias_left = None;
             }
-            with_bias || self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc))
+            with_bias || self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, None, dout, w, pre, bt, c, oc))
         });
         if fused {
             self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc);
