@@ -63,6 +63,15 @@ fn bf16_tol(k: f32, reduction: usize) -> f32 {
     k * (2.0f32).powi(-8) * (reduction as f32).sqrt()
 }
 
+/// The inputs a precision's tests draw: bf16-exact values under bf16, any f32 otherwise.
+fn inputs_for(precision: Precision) -> Inputs {
+    if precision == Precision::Bf16 {
+        Inputs::Bf16
+    } else {
+        Inputs::F32
+    }
+}
+
 /// Activations (the backend's type) from f32 values, in a buffer of 4-byte words.
 fn upload_act<B: Backend>(be: &B, data: &[f32]) -> B::Buffer<f32> {
     let buf = alloc_act(be, data.len());
@@ -379,11 +388,7 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
         plans.into_iter().filter(|(e, _, _)| e.contains("Gelu")).collect()
     };
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-        let q = if precision == Precision::Bf16 {
-            Inputs::Bf16
-        } else {
-            Inputs::F32
-        };
+        let q = inputs_for(precision);
         let default = if precision == Precision::Bf16 {
             GeluPath::Fused
         } else {
@@ -609,11 +614,7 @@ fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
     // the heuristic's first pick where it split k) for the notes.
     let bt = 16_384;
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-        let q = if precision == Precision::Bf16 {
-            Inputs::Bf16
-        } else {
-            Inputs::F32
-        };
+        let q = inputs_for(precision);
         assert_eq!(
             gpu(precision).bias_grad_path(),
             BiasGradPath::Unfused,
@@ -912,11 +913,7 @@ fn add_layernorm_fused_equals_unfused() {
     // copy is 0 + g, which may differ from g in the sign of a zero). The bias gradient by the
     // column sums after both (the sums in the kernel run in another order: the next test).
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-        let q = if precision == Precision::Bf16 {
-            Inputs::Bf16
-        } else {
-            Inputs::F32
-        };
+        let q = inputs_for(precision);
         let fused = gpu(precision)
             .with_residual(ResidualPath::Fused)
             .with_layernorm_bias_sums(false);
@@ -943,11 +940,7 @@ fn layernorm_bias_sums_equal_column_sums() {
     // sums reading it back: the same terms in another order, so within f32 rounding of the
     // sums in every precision; every other output the same bits.
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-        let q = if precision == Precision::Bf16 {
-            Inputs::Bf16
-        } else {
-            Inputs::F32
-        };
+        let q = inputs_for(precision);
         let on = |sums| {
             gpu(precision)
                 .with_residual(ResidualPath::Fused)
