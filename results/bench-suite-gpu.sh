@@ -11,10 +11,12 @@
 #   threads  a GPT-2 124M training step on stage 0 at 1, 2, 4, 8, 16 threads (the host's
 #            cores: powers of two and nproc), speed-up against 1 thread
 #   stages   GPT-2 124M, 10 epochs of a slice of data/tinyshakespeare.txt (GPT-2 tokenizer,
-#            batch 8 x 64, same seed) on stage 0 (CORES threads), stage 1 (mpirun -n 2, CORES/2
-#            threads each), stage 2 (fp32) and stage 3 (mpirun -n 1: NCCL on the one GPU, one
-#            rank); the loss-per-epoch table (`report`), time per step and per epoch, and the
-#            speed-ups serial -> MPI, serial -> CUDA, CUDA -> MPI+CUDA.
+#            global batch 8 x 64, same seed) on stage 0 (one process, CORES/2 threads), stage 1
+#            (mpirun -n 2, CORES/2 threads each: MPI adds a second process of the same size),
+#            stage 2 (one GPU, fp32) and stage 3 (one rank per GPU the host has, fp32); the
+#            loss-per-epoch table (`report`), time per step and per epoch, and the speed-ups
+#            serial -> MPI, serial -> CUDA, CUDA -> MPI+CUDA. On one GPU stage 3 runs one rank
+#            (the label says so) and its gain over stage 2 is NCCL's overhead alone.
 #   nccl     where the host has 2 or more GPUs (nvidia-h200-x2): stage 3's NCCL all-reduce
 #            against message size, one rank per GPU (bench --allreduce, nccl-tests' busbw);
 #            skipped with a note on one GPU
@@ -94,13 +96,15 @@ if want stages; then
   flags=(train --data "$slice" --tokenizer gpt2 --model gpt2 --batch 8 --seq-len 64 --epochs "$EPOCHS"
          --lr 6e-4 --warmup 10 --seed 1337 --sample-len 0)
   half=$(( CORES / 2 > 0 ? CORES / 2 : 1 ))
-  labels=("stage0 (serial, $CORES threads)" "stage1 (MPI, 2 ranks x $half threads)" "stage2 (CUDA, fp32)" "stage3 (MPI+CUDA: mpirun -n 1, one GPU, fp32)")
+  ngpu=1; [ $gpu = yes ] && ngpu=$(nvidia-smi -L | wc -l)
+  labels=("stage0 (serial, $half threads)" "stage1 (MPI, 2 ranks x $half threads)" "stage2 (CUDA, 1 GPU, fp32)"
+          "stage3 (MPI+CUDA, $ngpu rank$([ "$ngpu" -gt 1 ] && echo s) x 1 GPU, fp32)")
   dirs=(stage0 stage1 stage2 stage3)
   cmds=(
-    "$(bin stage0_serial) ${flags[*]} --threads $CORES"
+    "$(bin stage0_serial) ${flags[*]} --threads $half"
     "mpirun -n 2 $(bin stage1_mpi) ${flags[*]} --threads $half"
     "$(bin stage2_cuda) ${flags[*]} --precision fp32"
-    "mpirun -n 1 $(bin stage3_mpi_cuda) ${flags[*]} --precision fp32"
+    "mpirun -n $ngpu $(bin stage3_mpi_cuda) ${flags[*]} --precision fp32"
   )
   specs=()
   for i in 0 1 2 3; do
@@ -158,4 +162,5 @@ for f in matmul-gpu threads-host stages-gpt2 allreduce-nccl; do
   [ -f "$OUT/$f.md" ] && { echo; echo "==== $f.md"; cat "$OUT/$f.md"; }
 done
 echo
-echo "==== failures"; grep -E "FAILED|error" "$log" | head -10
+echo "==== failures"; grep -E "FAILED|error" "$log" | head -10 || echo "(none)"
+exit 0

@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
-use crate::comm::Comm;
+use crate::comm::{leave_together, Comm};
 use crate::error::Result;
 use crate::generate::{self, SampleOptions, Stop};
 use crate::model::Gpt2;
@@ -35,7 +35,10 @@ pub fn main<B: Backend>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode 
                 String::new()
             };
             say(&format!("{}{who}: error: {e}", stage.name));
-            if !e.is_on_every_rank() {
+            if e.is_on_every_rank() {
+                // Every rank leaves: together, so none is taken for one that died.
+                let _ = leave_together(comm);
+            } else {
                 // The other ranks did not see this error: end the whole job, or they would
                 // wait forever in their next collective.
                 comm.abort(e.exit_code());

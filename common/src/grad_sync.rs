@@ -20,11 +20,12 @@
 //! per rank; the gradient sums above become reduce-scatters (each rank gets the sum of its
 //! own shard, bucket by bucket when overlapped), each rank's optimiser updates its shard
 //! ([`crate::optim::AdamW::sharded`]), and the updated shards are all-gathered after the
-//! update.
+//! update: under bf16 only the weights' bf16 copy (what forward reads; half the bytes), the
+//! f32 weights made whole only when something reads them all (a checkpoint).
 
 use crate::autograd::{Graph, Tensor};
 use crate::backend::{Backend, DeviceBuffer};
-use crate::comm::{device_order, even_parts, parts_within, Comm};
+use crate::comm::{device_order, even_parts, parts_within, Comm, Lane, Words};
 use crate::error::Result;
 use crate::model::{Gpt2, ParamLayout};
 use std::ops::Range;
@@ -54,22 +55,50 @@ const SHARD_ALIGN: usize = 32;
 pub struct Shards {
     parts: Vec<Range<usize>>,
     rank: usize,
+    /// The rounds of the gather after the update (see [`Shards::gather_rounds`]): made once.
+    rounds: Vec<Vec<Range<usize>>>,
 }
 
 impl Shards {
     /// `n` values cut over the ranks of `comm` (`zero`), or all on this rank (not).
     pub fn new(n: usize, comm: &dyn Comm, zero: bool) -> Self {
         if zero && comm.size() > 1 {
-            Shards {
-                parts: even_parts(n, comm.size(), SHARD_ALIGN),
-                rank: comm.rank(),
-            }
+            Shards::of(even_parts(n, comm.size(), SHARD_ALIGN), comm.rank())
         } else {
-            Shards {
-                parts: even_parts(n, 1, 1),
-                rank: 0,
-            }
+            Shards::of(even_parts(n, 1, 1), 0)
         }
+    }
+
+    /// `parts` (every rank's, in rank order) seen from `rank`, gathered in one round.
+    fn of(parts: Vec<Range<usize>>, rank: usize) -> Self {
+        let rounds = vec![parts.clone()];
+        Shards { parts, rank, rounds }
+    }
+
+    /// The shards updated and gathered in `pieces` rounds (at least 1): each rank updates
+    /// piece j of its shard, then piece j of every shard is gathered while piece j+1 is
+    /// updated (the update of one round and the gather of the one before run at once on the
+    /// GPU). The same values as one round: pieces change only the order of the work.
+    pub fn in_pieces(mut self, pieces: usize) -> Self {
+        let pieces = pieces.max(1);
+        let cut: Vec<Vec<Range<usize>>> = self
+            .parts
+            .iter()
+            .map(|p| {
+                let inner = even_parts(p.len(), pieces, SHARD_ALIGN);
+                inner.into_iter().map(|r| p.start + r.start..p.start + r.end).collect()
+            })
+            .collect();
+        self.rounds = (0..pieces)
+            .map(|j| cut.iter().map(|pieces| pieces[j].clone()).collect())
+            .collect();
+        self
+    }
+
+    /// The rounds of the gather after the update: in round j, piece j of every shard, in
+    /// rank order (pieces as even as 32-value alignment allows; some may be empty).
+    pub fn gather_rounds(&self) -> &[Vec<Range<usize>>] {
+        &self.rounds
     }
 
     /// Whether the buffers are cut over several ranks.
@@ -138,10 +167,7 @@ impl GradSync {
         );
         GradSync {
             mode,
-            shards: Shards {
-                parts: even_parts(total, 1, 1),
-                rank: 0,
-            },
+            shards: Shards::of(even_parts(total, 1, 1), 0),
             buckets: Vec::new(),
             closes: Vec::new(),
             outside: std::iter::once(0..total).collect(),
@@ -190,7 +216,7 @@ impl GradSync {
         // kernels queued so far on the backend's stream, on the device, with no host wait.
         // Elsewhere the host waits for the backend before each bucket (a no-op on the CPU).
         let after = device_order(be, comm);
-        let sum = |range: &Range<usize>, comm_s: &mut f64| {
+        let sum = |range: &Range<usize>, lane: Lane, comm_s: &mut f64| {
             if after.is_none() {
                 be.synchronize()?;
             }
@@ -201,9 +227,9 @@ impl GradSync {
             // done (host wait above) or queued on `after` before it.
             timed(comm_s, || unsafe {
                 if self.shards.sharded() {
-                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range), after)
+                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range), lane, after)
                 } else {
-                    comm.start_all_reduce_sum(at, range.len(), after)
+                    comm.start_all_reduce_sum(at, range.len(), lane, after)
                 }
             })
         };
@@ -214,11 +240,11 @@ impl GradSync {
                 // backward hands it over, and NCCL reads on its own stream: `sum` orders the
                 // bucket after them. A bucket goes once its lowest block is done.
                 g.backward_with(loss, seed, |block| match self.closes[block] {
-                    Some(b) => sum(&self.buckets[b], &mut comm_s),
+                    Some(b) => sum(&self.buckets[b], Lane::Beside, &mut comm_s),
                     None => Ok(()),
                 })?;
                 for range in &self.outside {
-                    sum(range, &mut comm_s)?;
+                    sum(range, Lane::Alone, &mut comm_s)?;
                 }
                 // What reads the sums (the norm, the optimiser) is queued on the backend's
                 // stream after this, which waits for them on the device (or the host waits).
@@ -227,7 +253,7 @@ impl GradSync {
             SyncMode::Allreduce | SyncMode::Overlapped { .. } if world > 1 && after.is_some() => {
                 // One bucket after backward, ordered on the device (no host wait).
                 g.backward(loss, seed)?;
-                sum(&(0..self.total), &mut comm_s)?;
+                sum(&(0..self.total), Lane::Alone, &mut comm_s)?;
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
             SyncMode::Allreduce | SyncMode::Overlapped { .. } if world > 1 => {
@@ -241,20 +267,22 @@ impl GradSync {
         Ok(comm_s)
     }
 
-    /// After the optimiser's update of 0-based `step`: ZeRO-1 gathers every rank's updated
-    /// shard; local SGD averages the parameters every K steps and after the last. Returns
-    /// the seconds spent communicating.
-    pub fn after_update<B: Backend>(
+    /// The optimiser's update of 0-based `step` (`update`, of a range of this rank's shard:
+    /// the whole shard, or under ZeRO-1 its pieces), then what follows it across ranks:
+    /// ZeRO-1 gathers every rank's updated shard; local SGD averages the parameters every K
+    /// steps and after the last. Returns the seconds spent communicating.
+    pub fn update_then_sync<B: Backend>(
         &self,
         be: &B,
         comm: &dyn Comm,
         model: &Gpt2<B>,
-        step: u64,
-        total_steps: u64,
+        (step, total_steps): (u64, u64),
+        update: &mut dyn FnMut(Range<usize>) -> Result<()>,
     ) -> Result<f64> {
         if self.shards.sharded() {
-            return self.gather_shards(be, comm, model);
+            return self.update_and_gather(be, comm, model, update);
         }
+        update(self.shards.own())?;
         let world = comm.size();
         let SyncMode::LocalSgd { every } = self.mode else {
             return Ok(0.0);
@@ -278,45 +306,91 @@ impl GradSync {
 }
 
 impl GradSync {
-    /// ZeRO-1, after the update: every rank's shard of the parameters to every rank, and the
-    /// bf16 copy (whose own shard the update wrote) rounded from the others' shards.
-    fn gather_shards<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<f64> {
-        let params = &model.params;
-        assert!(params.len() >= self.total, "parameter buffer smaller than the layout");
+    /// ZeRO-1: `update` (of a range of this rank's shard) in the rounds of
+    /// [`Shards::gather_rounds`], each followed by the gather of its pieces, so every rank's
+    /// updated shard reaches every rank. With a bf16 copy of the weights (what a bf16
+    /// forward pass reads), only the copy travels: each shard of it is its owner's rounding
+    /// of its updated weights, the bits every rank would round from the gathered f32 values,
+    /// in half the bytes. The f32 weights outside this rank's shard then lag until
+    /// [`GradSync::gather_params`] brings them (the update reads only the own shard).
+    fn update_and_gather<B: Backend>(
+        &self,
+        be: &B,
+        comm: &dyn Comm,
+        model: &Gpt2<B>,
+        update: &mut dyn FnMut(Range<usize>) -> Result<()>,
+    ) -> Result<f64> {
+        let words = self.gathered(model);
         let mut comm_s = 0.0;
         let after = device_order(be, comm);
-        if after.is_none() {
-            be.synchronize()?; // the update must be written before the gather reads it
+        for parts in self.shards.gather_rounds() {
+            update(parts[self.shards.rank].clone())?;
+            if after.is_none() {
+                be.synchronize()?; // the update must be written before the gather reads it
+            }
+            // SAFETY: the pieces lie inside the shards, which cover the layout, inside the
+            // gathered buffer (checked by `gathered`); the update that writes them is done
+            // (host wait) or queued on `after` before it.
+            timed(&mut comm_s, || unsafe { comm.start_all_gather(words, parts, after) })?;
         }
-        // SAFETY: the shards cover the layout, inside `params` (checked above); the update
-        // that writes them is done (host wait) or queued on `after` before the gather.
-        timed(&mut comm_s, || unsafe {
-            comm.start_all_gather(params.ptr(), self.shards.parts(), after)?;
-            comm.finish_all_reduces(after)
-        })?;
-        if let Some(copy) = &model.params_bf16 {
-            assert!(copy.len() >= self.total, "bf16 copy smaller than the layout");
-            let own = self.shards.own();
-            for part in self.shards.parts().iter().filter(|&p| *p != own && !p.is_empty()) {
-                // SAFETY: each part lies inside both buffers (checked above).
-                unsafe { be.round_to_bf16(copy.ptr().add(part.start), params.ptr().add(part.start), part.len()) };
+        timed(&mut comm_s, || comm.finish_all_reduces(after))?;
+        Ok(comm_s)
+    }
+
+    /// What ZeRO-1's steps gather after the update: the weights' bf16 copy where the forward
+    /// pass reads one (see `gather_shards`), else the f32 weights. Checks that the buffer
+    /// covers the layout.
+    fn gathered<B: Backend>(&self, model: &Gpt2<B>) -> Words {
+        match &model.params_bf16 {
+            Some(copy) => {
+                assert!(copy.len() >= self.total, "bf16 copy smaller than the layout");
+                Words::Bf16(copy.ptr())
+            }
+            None => {
+                assert!(
+                    model.params.len() >= self.total,
+                    "parameter buffer smaller than the layout"
+                );
+                Words::F32(model.params.ptr())
             }
         }
-        Ok(comm_s)
+    }
+
+    /// Makes the f32 weights whole on every rank where the steps gather only their bf16 copy
+    /// (ZeRO-1 under bf16: see `gather_shards`), before something reads them all (a
+    /// checkpoint, the final state). Between steps; a collective every rank calls.
+    pub fn gather_params<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<()> {
+        if !self.shards.sharded() || matches!(self.gathered(model), Words::F32(_)) {
+            return Ok(()); // whole already: gathered (ZeRO-1 in f32) or never cut
+        }
+        assert!(
+            model.params.len() >= self.total,
+            "parameter buffer smaller than the layout"
+        );
+        be.synchronize()?;
+        // SAFETY: the shards cover the layout, inside `params` (checked above), whose own
+        // shard holds the last update (written: the host waited); nothing else uses them
+        // between steps.
+        unsafe { comm.all_gather(Words::F32(model.params.ptr()), self.shards.parts()) }
     }
 }
 
 impl GradSync {
     /// Seconds one step's gradient sums take on their own, the host waiting for them (the
     /// mean of `reps`): the whole buffer's sum, or under ZeRO-1 its reduce-scatter and an
-    /// all-gather of the same size (on `grads` too: the parameters are left alone). 0 with
-    /// one rank or under local SGD. For the benchmark: what a step would add if computing
-    /// hid none of it.
-    pub fn time_sums<B: Backend>(&self, be: &B, comm: &dyn Comm, grads: &B::Buffer<f32>, reps: usize) -> Result<f64> {
+    /// all-gather of the words the steps gather (`GradSync::gathered`), on the model's
+    /// gradients too: the parameters are left alone. 0 with one rank or under local SGD.
+    /// For the benchmark: what a step would add if computing hid none of it.
+    pub fn time_sums<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>, reps: usize) -> Result<f64> {
         if comm.size() == 1 || matches!(self.mode, SyncMode::LocalSgd { .. }) || reps == 0 {
             return Ok(0.0);
         }
+        let grads = &model.grads;
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
+        let words = match self.gathered(model) {
+            Words::Bf16(_) => Words::Bf16(grads.ptr().cast()), // half the bytes of the f32 values
+            Words::F32(_) => Words::F32(grads.ptr()),
+        };
         be.synchronize()?;
         let mut seconds = 0.0;
         for _ in 0..reps {
@@ -325,7 +399,7 @@ impl GradSync {
             timed(&mut seconds, || unsafe {
                 self.sum_whole(comm, grads.ptr())?;
                 match self.shards.sharded() {
-                    true => comm.all_gather(grads.ptr(), self.shards.parts()),
+                    true => comm.all_gather(words, self.shards.parts()),
                     false => Ok(()),
                 }
             })?;
@@ -378,7 +452,32 @@ fn timed<T>(seconds: &mut f64, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::buckets_of;
+    use super::{buckets_of, Shards, SHARD_ALIGN};
+
+    #[test]
+    fn gather_rounds_cut_every_shard_into_its_pieces_in_order() {
+        let parts = vec![0..4096, 4096..8192, 8192..10000];
+        for pieces in [1, 2, 3, 7] {
+            let shards = Shards::of(parts.clone(), 1).in_pieces(pieces);
+            let rounds = shards.gather_rounds();
+            assert_eq!(rounds.len(), pieces);
+            for (r, part) in parts.iter().enumerate() {
+                // Piece j of shard r, for j in order, covers the shard exactly.
+                let mut at = part.start;
+                for round in rounds {
+                    assert_eq!(round.len(), parts.len());
+                    let piece = &round[r];
+                    assert_eq!(piece.start, at, "{pieces} pieces: {rounds:?}");
+                    assert!(piece.start <= piece.end && piece.end <= part.end);
+                    assert!(piece.is_empty() || (piece.start - part.start) % SHARD_ALIGN == 0);
+                    at = piece.end;
+                }
+                assert_eq!(at, part.end, "{pieces} pieces: {rounds:?}");
+            }
+        }
+        let one = Shards::of(parts.clone(), 0).in_pieces(1);
+        assert_eq!(one.gather_rounds(), vec![parts]);
+    }
 
     #[test]
     fn buckets_gather_blocks_from_the_last_down() {

@@ -9,7 +9,7 @@
 //! shard), and sums its shard's Σg² with the other ranks' before the global norm.
 
 use crate::backend::{bf16, check_range, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
-use crate::comm::{device_order, Comm};
+use crate::comm::{device_order, Comm, Lane};
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -175,7 +175,7 @@ impl<B: Backend> StepMeter<B> {
             // SAFETY: the state holds its words; nothing else touches the word meanwhile
             // (what reads it is queued on `after` after the sum).
             after @ Some(_) => unsafe {
-                comm.start_all_reduce_sum(word, 1, after)?;
+                comm.start_all_reduce_sum(word, 1, Lane::Alone, after)?;
                 comm.finish_all_reduces(after)
             },
             None => {
@@ -341,11 +341,38 @@ impl<B: Backend> AdamW<B> {
         copy: Option<&B::Buffer<bf16>>,
         grads: &B::Buffer<f32>,
     ) -> Result<()> {
+        self.update_range(be, params, copy, grads, self.shard())
+    }
+
+    /// [`AdamW::update`] of the parameters in `range` only (inside the shard, offsets in the
+    /// whole buffer): the same values as the whole shard's update gives them, element by
+    /// element, so a shard updated in pieces ends bit for bit as one updated at once.
+    pub fn update_range(
+        &self,
+        be: &B,
+        params: &B::Buffer<f32>,
+        copy: Option<&B::Buffer<bf16>>,
+        grads: &B::Buffer<f32>,
+        range: Range<usize>,
+    ) -> Result<()> {
         check_buffers::<B>((self.n, self.shard.len()), params, grads, &[&self.m, &self.v], copy)?;
-        if self.segments.is_empty() {
-            return Ok(()); // an empty shard (more ranks than aligned pieces)
+        assert!(
+            self.shard.start <= range.start && range.start <= range.end && range.end <= self.shard.end,
+            "update of {range:?} outside the shard {:?}",
+            self.shard
+        );
+        // The decay segments cut to the range, offsets from its start.
+        let (from, to) = (range.start - self.shard.start, range.end - self.shard.start);
+        let segments: Vec<(Range<usize>, bool)> = self
+            .segments
+            .iter()
+            .map(|(r, decay)| (r.start.clamp(from, to) - from..r.end.clamp(from, to) - from, *decay))
+            .filter(|(r, _)| !r.is_empty())
+            .collect();
+        if segments.is_empty() {
+            return Ok(()); // an empty shard (more ranks than aligned pieces), or range
         }
-        let (c, at) = (&self.config, self.shard.start);
+        let c = &self.config;
         let hp = AdamWHyper {
             beta1: c.beta1,
             beta2: c.beta2,
@@ -353,17 +380,18 @@ impl<B: Backend> AdamW<B> {
             weight_decay: c.weight_decay,
         };
         // SAFETY: params, grads and the copy hold the n values, m and v the shard's (checked
-        // above), and the segments cover the shard from its start; the state holds its words.
+        // above); the range lies inside the shard (asserted) and its segments cover it from
+        // its start; the state holds its words.
         unsafe {
             be.adamw(
-                params.ptr().add(at),
-                grads.ptr().add(at),
-                self.m.ptr(),
-                self.v.ptr(),
-                &self.segments,
+                params.ptr().add(range.start),
+                grads.ptr().add(range.start),
+                self.m.ptr().add(from),
+                self.v.ptr().add(from),
+                &segments,
                 self.meter.state(),
                 hp,
-                copy.map(|c| c.ptr().add(at)),
+                copy.map(|c| c.ptr().add(range.start)),
             );
         }
         Ok(())
@@ -484,7 +512,7 @@ mod tests {
     use crate::backend::cpu::CpuBackend;
 
     #[test]
-    fn shards_of_an_update_make_the_whole_update() {
+    fn shards_and_pieces_of_an_update_make_the_whole_update() {
         // Two halves updated by two sharded optimisers (the same gradients, the same state)
         // equal one optimiser over the whole, bit for bit, decay segments crossing the cut.
         let be = CpuBackend::new(1).unwrap();
@@ -496,7 +524,8 @@ mod tests {
         };
         let host: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
         let grads_host: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let run = |shards: &[Range<usize>]| {
+        // Each shard updated at once, or in the pieces `cut` makes of it (update_range).
+        let run = |shards: &[Range<usize>], cut: &dyn Fn(&Range<usize>) -> Vec<Range<usize>>| {
             let (params, grads) = (be.alloc::<f32>(n).unwrap(), be.alloc::<f32>(n).unwrap());
             be.write(&params, 0, &host).unwrap();
             be.write(&grads, 0, &grads_host).unwrap();
@@ -504,15 +533,25 @@ mod tests {
                 let opt = AdamW::sharded(&be, n, segments.clone(), config, shard.clone()).unwrap();
                 opt.begin_step(&be, 3).unwrap();
                 opt.meter.finish_gradients(&be, &grads, n, 0.0, 1.0).unwrap();
-                opt.update(&be, &params, None, &grads).unwrap();
+                for piece in cut(shard) {
+                    opt.update_range(&be, &params, None, &grads, piece).unwrap();
+                }
                 assert_eq!(opt.state_bytes(), 8 * shard.len());
             }
             let mut out = vec![0.0; n];
             be.read(&params, 0, &mut out).unwrap();
             out
         };
-        let whole = run(std::slice::from_ref(&(0..n)));
-        assert_eq!(run(&[0..40, 40..100]), whole);
+        let at_once = |shard: &Range<usize>| vec![shard.clone()];
+        let whole = run(std::slice::from_ref(&(0..n)), &at_once);
+        assert_eq!(run(&[0..40, 40..100], &at_once), whole);
+        // Pieces that cut the decay segments (at 30 and 45) and one that is empty.
+        let pieces = |shard: &Range<usize>| {
+            let (a, b) = (shard.start, shard.end);
+            vec![a..a + 7, a + 7..a + 7, a + 7..(a + 33).min(b), (a + 33).min(b)..b]
+        };
+        assert_eq!(run(&[0..40, 40..100], &pieces), whole);
+        assert_eq!(run(std::slice::from_ref(&(0..n)), &pieces), whole);
         assert_ne!(whole, host, "the update moved the parameters");
     }
 

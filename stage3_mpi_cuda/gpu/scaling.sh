@@ -4,7 +4,16 @@
 # without --overlap, and --zero 0 op by op (no CUDA graph, to time the sums); PyTorch DDP + torch.compile on N GPUs; torch.compile on one GPU. Writes
 # $OUT/scaling.jsonl (one bench line per run) and $OUT/scaling.md (the table), printed last.
 # From the project root, after `../shared/gpu/bundle.sh`:
-#   [BUCKETS="25 100"] [CTAS="8"] stage3_mpi_cuda/gpu/scaling.sh [N]   # N: GPUs (default: all that nvidia-smi lists)
+#   [BUCKETS="25 100"] [CTAS="8"] [TUNES="NCCL_MIN_CTAS=32"] [PIECES="4"] [QUICK=1] stage3_mpi_cuda/gpu/scaling.sh [N]
+# N: GPUs (default: all that nvidia-smi lists).
+# TUNES: NCCL settings (VAR=value, space-separated) under each of which `--zero 1` and NCCL's
+# all-reduce sweep run again, to choose stage 3's NCCL defaults on these GPUs.
+# PIECES="2 4": `--zero 1` again with each shard updated and gathered in that many pieces, the
+# gather of one beside the update of the next (GPT2_ZERO_GATHER_PIECES).
+# QUICK=1: leaves out the runs that earlier calls found slower (op by op, --overlap).
+# BESIDE="4 8": --overlap (and each bucket size) again with only the buckets summed beside
+# backward held to that many thread blocks (GPT2_NCCL_BESIDE_CTAS: a second communicator), the
+# sums after backward at NCCL's full width.
 # CTAS: --overlap (and each bucket size) again with NCCL held to that many thread blocks a
 # collective (NCCL_MAX_CTAS), so that the sums take fewer multiprocessors from the backward
 # kernels they run beside (they were slower overlapped than after backward: results/scaling.md).
@@ -40,20 +49,32 @@ print(json.dumps(r))" >>"$jsonl" 2>>"$log" || echo "$label FAILED (see $log)" | 
 }
 run ours-1gpu 1 stage2_cuda $gpt2
 # The step run op by op (no CUDA graph), to show what replaying it as a graph gains.
-GPT2_CUDA_GRAPH=0 run ours-zero0-eager "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 0
+[ -z "${QUICK:-}" ] && GPT2_CUDA_GRAPH=0 run ours-zero0-eager "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 0
 for zero in 0 1; do
   run "ours-zero$zero" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero $zero
-  run "ours-zero$zero-overlap" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero $zero --overlap
+  [ -z "${QUICK:-}" ] && run "ours-zero$zero-overlap" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero $zero --overlap
+done
+for tune in ${TUNES:-}; do  # e.g. NCCL_MIN_CTAS=32: label ours-zero1-nccl_min_ctas-32
+  tag=$(echo "${tune//=/-}" | tr 'A-Z' 'a-z')
+  (export "$tune"; run "ours-zero1-$tag" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 1)
+done
+for k in ${PIECES:-}; do
+  (export GPT2_ZERO_GATHER_PIECES=$k; run "ours-zero1-pieces$k" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 1)
 done
 for mb in ${BUCKETS:-}; do  # BUCKETS="25 100": --overlap with buckets of at least that many MiB
   run "ours-zero0-bucket$mb" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 0 --bucket-mb "$mb"
 done
-for ctas in ${CTAS:-}; do
-  NCCL_MAX_CTAS=$ctas run "ours-zero0-overlap-ctas$ctas" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 0 --overlap
-  for mb in ${BUCKETS:-}; do
-    NCCL_MAX_CTAS=$ctas run "ours-zero0-bucket$mb-ctas$ctas" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero 0 --bucket-mb "$mb"
+overlap_variants() {  # VAR=value, tag: --overlap and each bucket size, --zero 0 and 1, under VAR=value
+  local setting=$1 tag=$2 zero mb
+  for zero in 0 1; do
+    (export "$setting"; run "ours-zero$zero-overlap-$tag" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero $zero --overlap)
+    for mb in ${BUCKETS:-}; do
+      (export "$setting"; run "ours-zero$zero-bucket$mb-$tag" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 --zero $zero --bucket-mb "$mb")
+    done
   done
-done
+}
+for ctas in ${CTAS:-}; do overlap_variants "NCCL_MAX_CTAS=$ctas" "ctas$ctas"; done
+for k in ${BESIDE:-}; do overlap_variants "GPT2_NCCL_BESIDE_CTAS=$k" "beside$k"; done
 run ddp-compile "$n" python3 -m torch.distributed.run --standalone --nproc_per_node "$n" \
   "$gpu_dir/pytorch_ddp.py" --precision bf16 --batch 16 --seq-len 1024 --steps 10 --warmup 3
 run torch-compile-1gpu 1 python3 "$gpu_dir/pytorch_gpt2.py" --precision bf16 --compile \
@@ -61,6 +82,14 @@ run torch-compile-1gpu 1 python3 "$gpu_dir/pytorch_gpt2.py" --precision bf16 --c
 
 # NCCL's all-reduce against message size on these GPUs (nccl-tests' bus-bandwidth convention).
 timeout 120 mpirun -n "$n" stage3_mpi_cuda bench --allreduce --steps 20 --warmup 5 2>>"$log" >"$OUT/nccl-allreduce.jsonl"
+for tune in ${TUNES:-}; do
+  (export "$tune"; timeout 120 mpirun -n "$n" stage3_mpi_cuda bench --allreduce --steps 20 --warmup 5 2>>"$log" |
+    python3 -c "
+import json, sys
+for l in sys.stdin:
+    if l.strip():
+        r = json.loads(l); r['tune'] = '$tune'; print(json.dumps(r))") >>"$OUT/nccl-allreduce.jsonl"
+done
 python3 "$here/scaling_table.py" "$jsonl" "$n" "$device" >"$OUT/scaling.md"
 echo; cat "$OUT/scaling.md"
 echo; echo "scaling.jsonl:"; cat "$jsonl"

@@ -38,8 +38,14 @@ fn sibling(name: &str) -> PathBuf {
 }
 
 fn mpirun(np: usize, args: &[&str]) -> Output {
+    mpirun_env(np, args, &[])
+}
+
+/// `mpirun -n np stage3_mpi_cuda args` with `env` set for every rank.
+fn mpirun_env(np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("timeout");
     cmd.args(["120", "mpirun", "-n", &np.to_string()]).arg(bin()).args(args);
+    cmd.envs(env.iter().copied());
     cmd.output().expect("mpirun runs (is MPICH installed? `make deps`)")
 }
 
@@ -155,7 +161,8 @@ fn first_columns(dir: &Path, n: usize) -> Vec<String> {
         .collect()
 }
 
-/// ZeRO-1 over NCCL (reduce-scatter, sharded AdamW, all-gather, the bf16 copy refreshed):
+/// ZeRO-1 over NCCL (reduce-scatter, sharded AdamW, all-gather of the weights, or in bf16 of
+/// their bf16 copy alone):
 /// the same losses as --zero 0 within LOSS_TOL in fp32 and bf16, overlapped or not, and a
 /// run stopped and resumed is the same run under either (stage 2 and two-rank NCCL sums are
 /// deterministic).
@@ -166,7 +173,7 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
     let data = d.join("corpus.txt");
     let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
     std::fs::write(&data, text).unwrap();
-    let run = |name: &str, precision: &str, extra: &[&str]| -> PathBuf {
+    let run_env = |name: &str, precision: &str, extra: &[&str], env: &[(&str, &str)]| -> PathBuf {
         let out = d.join(name);
         let s = format!(
             "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 30 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2",
@@ -175,11 +182,23 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
         );
         let mut args: Vec<&str> = s.split(' ').collect();
         args.extend_from_slice(extra);
-        let o = mpirun(2, &args);
+        let o = mpirun_env(2, &args, env);
         assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
         out
     };
+    let run = |name: &str, precision: &str, extra: &[&str]| run_env(name, precision, extra, &[]);
     for precision in ["fp32", "bf16"] {
+        // Updated and gathered in 4 pieces (each gather beside the next piece's update): the
+        // same run as in one round, bit for bit.
+        let one = run(&format!("zero1-one-round-{precision}"), precision, &["--zero", "1"]);
+        let pieces = [("GPT2_ZERO_GATHER_PIECES", "4")];
+        let four = run_env(
+            &format!("zero1-4-pieces-{precision}"),
+            precision,
+            &["--zero", "1"],
+            &pieces,
+        );
+        assert_eq!(table_without_times(&one), table_without_times(&four), "{precision}");
         let whole = table(&run(&format!("zero0-{precision}"), precision, &[]));
         for (name, extra) in [
             ("zero1", &["--zero", "1"][..]),
@@ -198,17 +217,18 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
         }
     }
     // Stopped and resumed, the same run: under --zero 1 the checkpoint gathers the moments'
-    // shards onto rank 0; under --zero 0 rank 0 copies its state within its GPU and writes it
-    // while the steps go on (a save every 5 steps too).
-    for zero in ["0", "1"] {
+    // shards onto rank 0 (in bf16 the weights' too: the steps gather only their bf16 copy);
+    // under --zero 0 rank 0 copies its state within its GPU and writes it while the steps go
+    // on (a save every 5 steps too).
+    for (zero, precision) in [("0", "fp32"), ("1", "fp32"), ("1", "bf16")] {
         let flags = ["--zero", zero, "--checkpoint-every", "5"];
-        let straight = run(&format!("zero{zero}-straight"), "fp32", &flags);
+        let straight = run(&format!("zero{zero}-{precision}-straight"), precision, &flags);
         let mut stop = flags.to_vec();
         stop.extend_from_slice(&["--stop-after", "17"]);
-        let stopped = run(&format!("zero{zero}-stopped"), "fp32", &stop);
+        let stopped = run(&format!("zero{zero}-{precision}-stopped"), precision, &stop);
         let ckpt = stopped.join("model.ckpt");
         let rest = format!(
-            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --eval-every 10 --sample-len 0 --precision fp32 --lr 1e-2 --zero {zero} --resume {}",
+            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2 --zero {zero} --resume {}",
             data.display(),
             stopped.display(),
             ckpt.display()
@@ -218,11 +238,11 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
         assert_eq!(
             table_without_times(&straight),
             table_without_times(&stopped),
-            "--zero {zero}"
+            "--zero {zero} {precision}"
         );
         assert!(
             state(&straight) == state(&stopped),
-            "--zero {zero}: the final checkpoints differ"
+            "--zero {zero} {precision}: the final checkpoints differ"
         );
     }
 }
@@ -286,7 +306,8 @@ fn losses(dir: &Path) -> Vec<String> {
 /// `--overlap` on NCCL (each block's sum on NCCL's stream, ordered by CUDA events, no host
 /// waits) runs the same collectives per bucket as the sums after backward: on two GPUs
 /// (where a sum is one addition, whatever NCCL's algorithm) the loss table is the same,
-/// digit for digit, in fp32 and bf16, with and without ZeRO-1.
+/// digit for digit, in fp32 and bf16, with and without ZeRO-1; and again with the buckets
+/// summed through a second communicator held to 2 thread blocks (`GPT2_NCCL_BESIDE_CTAS`).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn overlap_on_two_gpus_equals_no_overlap() {
@@ -299,7 +320,7 @@ fn overlap_on_two_gpus_equals_no_overlap() {
     let data = d.join("corpus.txt");
     let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
     std::fs::write(&data, text).unwrap();
-    let run = |name: &str, precision: &str, extra: &[&str]| -> Vec<String> {
+    let run = |name: &str, precision: &str, extra: &[&str], env: &[(&str, &str)]| -> Vec<String> {
         let out = d.join(name);
         let s = format!(
             "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 30 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2",
@@ -308,20 +329,55 @@ fn overlap_on_two_gpus_equals_no_overlap() {
         );
         let mut args: Vec<&str> = s.split(' ').collect();
         args.extend_from_slice(extra);
-        let o = mpirun(2, &args);
+        let o = mpirun_env(2, &args, env);
         assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
         losses(&out)
     };
     for precision in ["fp32", "bf16"] {
         for zero in ["0", "1"] {
             let name = format!("{precision}-zero{zero}");
-            let plain = run(&name, precision, &["--zero", zero]);
-            let overlapped = run(&format!("{name}-overlap"), precision, &["--zero", zero, "--overlap"]);
+            let plain = run(&name, precision, &["--zero", zero], &[]);
+            let overlap = ["--zero", zero, "--overlap"];
+            let overlapped = run(&format!("{name}-overlap"), precision, &overlap, &[]);
             assert!(plain.len() > 1, "{name}: no loss rows: {plain:?}");
             assert_eq!(plain, overlapped, "{name}: --overlap changed the losses");
-            println!("OVERLAP {name}: {} rows equal", plain.len() - 1);
+            let beside = run(
+                &format!("{name}-beside"),
+                precision,
+                &overlap,
+                &[("GPT2_NCCL_BESIDE_CTAS", "2")],
+            );
+            assert_eq!(plain, beside, "{name}: GPT2_NCCL_BESIDE_CTAS changed the losses");
+            println!(
+                "OVERLAP {name}: {} rows equal (and with 2 thread blocks beside)",
+                plain.len() - 1
+            );
         }
     }
+}
+
+/// `GPT2_NCCL_BESIDE_CTAS` on one GPU: a value out of range ends the job with one line naming
+/// the variable; a good one makes the second communicator (one rank) and the run trains.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn beside_ctas_is_checked_and_splits_on_one_gpu() {
+    let d = tmpdir("beside");
+    let data = d.join("corpus.txt");
+    std::fs::write(&data, "To be, or not to be, that is the question.\n".repeat(40)).unwrap();
+    let s = format!(
+        "train --data {} --out {} --model tiny --batch 4 --seq-len 16 --steps 4 --eval-every 2 --sample-len 0 --overlap",
+        data.display(),
+        d.join("run").display()
+    );
+    let args: Vec<&str> = s.split(' ').collect();
+    let bad = mpirun_env(1, &args, &[("GPT2_NCCL_BESIDE_CTAS", "0")]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "0 thread blocks was accepted");
+    assert!(err.contains("GPT2_NCCL_BESIDE_CTAS must be"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let good = mpirun_env(1, &args, &[("GPT2_NCCL_BESIDE_CTAS", "4")]);
+    assert!(good.status.success(), "{}", String::from_utf8_lossy(&good.stderr));
+    assert!(losses(&d.join("run")).len() > 1);
 }
 
 /// Starts a long two-GPU run with a checkpoint every 10 steps; returns the job, the lines

@@ -10,12 +10,12 @@ pub mod mpi;
 pub mod nccl;
 mod watchdog;
 
-use crate::backend::{DevPtr, DeviceStream};
+use crate::backend::{bf16, DevPtr, DeviceStream};
 use crate::error::Result;
 use std::ops::Range;
 
 pub use agree::{agree, broadcast_f32, check_same_everywhere, from_root};
-pub use watchdog::{pid_table, Watchdog};
+pub use watchdog::{leave_together, Ranks, Watchdog};
 
 pub trait Comm {
     fn rank(&self) -> usize;
@@ -35,7 +35,8 @@ pub trait Comm {
         false
     }
     /// Starts summing `n` values at `buf` over all ranks and returns at once, so the
-    /// caller can go on computing (gradient buckets during backward). With `after` (only
+    /// caller can go on computing (gradient buckets during backward: the [`Lane`] says whether
+    /// it runs beside computing). With `after` (only
     /// where [`Comm::orders_on_device`]), the sum reads `buf` only once the work queued so far
     /// on that stream is done, with no host wait; with `None`, `buf` must hold its final
     /// values now (the caller has synchronised its backend). Default: the blocking sum.
@@ -45,7 +46,13 @@ pub trait Comm {
     /// than by the work queued on `after` before this call) until
     /// [`Comm::finish_all_reduces`] returns, or, when that is given a stream, until work
     /// queued on that stream after it runs.
-    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+    unsafe fn start_all_reduce_sum(
+        &self,
+        buf: DevPtr,
+        n: usize,
+        _lane: Lane,
+        after: Option<DeviceStream>,
+    ) -> Result<()> {
         host_ordered(self, after)?;
         self.all_reduce_sum(buf, n)
     }
@@ -65,9 +72,9 @@ pub trait Comm {
     /// `buf` addresses the values `parts` cover, backend memory as in
     /// [`Comm::all_reduce_sum`], which nothing else reads or writes during the call.
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()>;
-    /// Starts [`Comm::reduce_scatter_sum`] and returns at once, ordered after `after` as
-    /// [`Comm::start_all_reduce_sum`] is; [`Comm::finish_all_reduces`] waits for it.
-    /// Default: the blocking call.
+    /// Starts [`Comm::reduce_scatter_sum`] and returns at once, in `lane` and ordered after
+    /// `after` as [`Comm::start_all_reduce_sum`] is; [`Comm::finish_all_reduces`] waits for
+    /// it. Default: the blocking call.
     ///
     /// # Safety
     /// As [`Comm::reduce_scatter_sum`], and `buf` is left alone as for
@@ -76,24 +83,27 @@ pub trait Comm {
         &self,
         buf: DevPtr,
         parts: &[Range<usize>],
+        _lane: Lane,
         after: Option<DeviceStream>,
     ) -> Result<()> {
         host_ordered(self, after)?;
         self.reduce_scatter_sum(buf, parts)
     }
     /// Rank r's `parts[r]` of `buf` replaces that part on every rank, in place (ZeRO-1's
-    /// all-gather of the updated weights). `parts` as in [`Comm::reduce_scatter_sum`].
+    /// all-gather of the updated weights: f32, or their bf16 copy). `parts` as in
+    /// [`Comm::reduce_scatter_sum`], counted in `buf`'s values, except that gaps may lie
+    /// between them (a piece of every rank's shard), left alone.
     ///
     /// # Safety
     /// As [`Comm::reduce_scatter_sum`].
-    unsafe fn all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()>;
+    unsafe fn all_gather(&self, buf: Words, parts: &[Range<usize>]) -> Result<()>;
     /// Starts [`Comm::all_gather`] and returns at once, ordered after `after` as
     /// [`Comm::start_all_reduce_sum`] is; [`Comm::finish_all_reduces`] waits for it.
     /// Default: the blocking call.
     ///
     /// # Safety
     /// As [`Comm::all_gather`], and `buf` is left alone as for [`Comm::start_all_reduce_sum`].
-    unsafe fn start_all_gather(&self, buf: DevPtr, parts: &[Range<usize>], after: Option<DeviceStream>) -> Result<()> {
+    unsafe fn start_all_gather(&self, buf: Words, parts: &[Range<usize>], after: Option<DeviceStream>) -> Result<()> {
         host_ordered(self, after)?;
         self.all_gather(buf, parts)
     }
@@ -119,6 +129,43 @@ pub trait Comm {
     }
 }
 
+/// What a started collective runs beside, for communicators whose collectives take the
+/// device's processors (NCCL's thread blocks): `Beside` computing (a gradient bucket while
+/// backward goes on), where it may take fewer of them and leave the rest to the kernels it
+/// runs beside (`GPT2_NCCL_BESIDE_CTAS`), or `Alone`, with nothing left to overlap (the last
+/// sums of a step), at full speed. The same result either way; only the speed differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    Beside,
+    Alone,
+}
+
+/// Backend memory that a gather copies: f32 values, or bf16 ones (a gather moves bits and
+/// computes nothing, so either is exact; bf16 moves half the bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Words {
+    F32(DevPtr),
+    Bf16(DevPtr<bf16>),
+}
+
+impl Words {
+    /// The address of the first value.
+    pub fn addr(self) -> u64 {
+        match self {
+            Words::F32(p) => p.addr(),
+            Words::Bf16(p) => p.addr(),
+        }
+    }
+
+    /// Bytes a value takes.
+    pub fn size(self) -> usize {
+        match self {
+            Words::F32(_) => 4,
+            Words::Bf16(_) => 2,
+        }
+    }
+}
+
 /// One process: every collective is the identity.
 pub struct Single;
 
@@ -135,8 +182,8 @@ impl Comm for Single {
     unsafe fn reduce_scatter_sum(&self, _buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         check_parts(self, parts)
     }
-    unsafe fn all_gather(&self, _buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
-        check_parts(self, parts)
+    unsafe fn all_gather(&self, _buf: Words, parts: &[Range<usize>]) -> Result<()> {
+        check_gather_parts(self, parts)
     }
     fn all_reduce_sum_host(&self, _v: &mut [f32]) -> Result<()> {
         Ok(())
@@ -166,13 +213,32 @@ pub(crate) fn host_ordered(comm: &(impl Comm + ?Sized), stream: Option<DeviceStr
 }
 
 /// Checks that `parts` holds one range per rank of `comm`, in rank order and contiguous, as
-/// [`Comm::reduce_scatter_sum`] and [`Comm::all_gather`] require (a caller's bug otherwise).
+/// [`Comm::reduce_scatter_sum`] requires (a caller's bug otherwise).
 pub(crate) fn check_parts(comm: &(impl Comm + ?Sized), parts: &[Range<usize>]) -> Result<()> {
-    let contiguous = parts.windows(2).all(|w| w[0].end == w[1].start);
-    let ordered = parts.iter().all(|p| p.start <= p.end);
-    if parts.len() != comm.size() || !contiguous || !ordered {
+    check_rank_parts(comm, parts, false)
+}
+
+/// The parts of an all-gather ([`Comm::all_gather`]): as [`check_parts`], but gaps may lie
+/// between them.
+pub(crate) fn check_gather_parts(comm: &(impl Comm + ?Sized), parts: &[Range<usize>]) -> Result<()> {
+    check_rank_parts(comm, parts, true)
+}
+
+/// One range per rank, in rank order, none overlapping the next; without `gaps`, each
+/// ending where the next starts.
+fn check_rank_parts(comm: &(impl Comm + ?Sized), parts: &[Range<usize>], gaps: bool) -> Result<()> {
+    let ordered = parts
+        .windows(2)
+        .all(|w| w[0].end == w[1].start || (gaps && w[0].end < w[1].start));
+    let forward = parts.iter().all(|p| p.start <= p.end);
+    if parts.len() != comm.size() || !ordered || !forward {
+        let how = if gaps {
+            "in order, not overlapping"
+        } else {
+            "contiguous"
+        };
         return Err(crate::error::Error::Device(format!(
-            "{}: a scatter/gather needs one contiguous part per rank ({} ranks), got {parts:?}",
+            "{}: a scatter/gather needs one part per rank ({} ranks), {how}; got {parts:?}",
             comm.describe(),
             comm.size()
         )));
@@ -261,11 +327,15 @@ mod tests {
         let stream = Some(DeviceStream::from_raw(1));
         // SAFETY: Single's collectives touch no memory.
         unsafe {
-            assert!(Single.start_all_reduce_sum(DevPtr::default(), 4, stream).is_err());
             assert!(Single
-                .start_reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1), stream)
+                .start_all_reduce_sum(DevPtr::default(), 4, Lane::Alone, stream)
                 .is_err());
-            assert!(Single.start_all_reduce_sum(DevPtr::default(), 4, None).is_ok());
+            assert!(Single
+                .start_reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1), Lane::Alone, stream)
+                .is_err());
+            assert!(Single
+                .start_all_reduce_sum(DevPtr::default(), 4, Lane::Alone, None)
+                .is_ok());
         }
         assert!(Single.finish_all_reduces(stream).is_err());
         assert!(Single.finish_all_reduces(None).is_ok());
@@ -286,7 +356,7 @@ mod tests {
         unsafe fn reduce_scatter_sum(&self, _: DevPtr, _: &[Range<usize>]) -> Result<()> {
             unreachable!()
         }
-        unsafe fn all_gather(&self, _: DevPtr, _: &[Range<usize>]) -> Result<()> {
+        unsafe fn all_gather(&self, _: Words, _: &[Range<usize>]) -> Result<()> {
             unreachable!()
         }
         fn all_reduce_sum_host(&self, _: &mut [f32]) -> Result<()> {

@@ -2,7 +2,7 @@
 //! Sums run in place on host memory: rsmpi has no in-place or borrow-free nonblocking
 //! collectives, so those few calls go straight to `mpi::ffi`, each wrapped and checked here.
 
-use super::Comm;
+use super::{Comm, Lane, Words};
 use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use mpi::ffi;
@@ -53,12 +53,15 @@ impl MpiComm {
         }
         let world = universe.world();
         let (rank, size) = (world.rank(), world.size());
+        let host = mpi::environment::processor_name().unwrap_or_else(|_| "unknown host".into());
+        if size > 1 {
+            pause_before_aborting();
+        }
         // Ranks sharing this host's memory: their count splits the cores (stage 1) and the
         // node-local rank picks the GPU (stage 3).
         let local = world.split_shared(rank);
         let (local_rank, local_size) = (local.rank() as usize, local.size() as usize);
         drop(local);
-        let host = mpi::environment::processor_name().unwrap_or_else(|_| "unknown host".into());
         abort_job_on_panic();
         Ok(MpiComm {
             world,
@@ -81,6 +84,23 @@ impl MpiComm {
     /// How many ranks run on this host.
     pub fn local_size(&self) -> usize {
         self.local_size
+    }
+
+    /// Each of `parts` of `buf` (values of MPI type `words`) from its rank to every rank: a
+    /// broadcast per part and piece (no arithmetic: exact).
+    ///
+    /// SAFETY: `buf` addresses host memory covering `parts`, which nothing else touches
+    /// during the call; `words` is the MPI type of `T`.
+    unsafe fn broadcast_parts<T>(&self, buf: *mut T, words: ffi::MPI_Datatype, parts: &[Range<usize>]) -> Result<()> {
+        for (root, part) in parts.iter().enumerate() {
+            for (piece, count) in pieces(buf.wrapping_add(part.start), part.len()) {
+                // SAFETY: `piece` lies inside the caller's host buffer.
+                check("MPI_Bcast", unsafe {
+                    ffi::MPI_Bcast(piece, count, words, root as c_int, self.world.as_raw())
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// The world communicator (e.g. to bootstrap NCCL).
@@ -186,6 +206,47 @@ fn abort_world(exit_code: u8) {
     // SAFETY: called while MPI is initialised (MpiComm's lifetime); like the panic hook's,
     // a last resort from a thread FUNNELED does not cover, which need not return.
     unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, exit_code as c_int) };
+    // MPI_Abort may return where the launcher does not end the job (Hydra's
+    // -disable-auto-cleanup): this process ends all the same, at once (no exit handlers,
+    // with other threads inside MPI).
+    // SAFETY: _exit ends the process; it cannot fail.
+    unsafe { libc::_exit(exit_code as c_int) }
+}
+
+/// How long a rank that aborts (its transport's reaction to a dead rank) waits first.
+const GRACE_BEFORE_ABORTING: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// When a rank dies, a survivor's transport may fail at once on the broken link and abort
+/// the process (UCX does, on reading a dead process's memory): the launcher would then
+/// name that survivor as the first process that failed. A survivor that aborts waits a few
+/// seconds first, so the launcher, which saw the death, names the dead rank and ends the
+/// job meanwhile. (A rank that aborts alone is named after the pause.)
+fn pause_before_aborting() {
+    extern "C" fn pause(sig: c_int) {
+        // SAFETY: only async-signal-safe calls: errno is saved and restored around nanosleep,
+        // and raise delivers the signal again (blocked during this handler, so on return),
+        // now with its default action (SA_RESETHAND): a SIGABRT sent from outside ends the
+        // process too, not only abort()'s.
+        unsafe {
+            let errno = *libc::__errno_location();
+            let wait = libc::timespec {
+                tv_sec: GRACE_BEFORE_ABORTING.as_secs() as libc::time_t,
+                tv_nsec: 0,
+            };
+            libc::nanosleep(&wait, std::ptr::null_mut());
+            libc::raise(sig);
+            *libc::__errno_location() = errno;
+        }
+    }
+    // SAFETY: a zeroed sigaction is valid; the handler only sleeps and raises the signal
+    // again; SA_RESETHAND leaves the default action in place after the first SIGABRT.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = pause as extern "C" fn(c_int) as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGABRT, &action, std::ptr::null_mut());
+    }
 }
 
 /// A panic on one rank (a bug) would unwind into MPI_Finalize while the other ranks wait
@@ -206,7 +267,7 @@ fn abort_job_on_panic() {
 }
 
 /// Splits `n` f32 at `ptr` into (address, count) pieces of at most [`MAX_COUNT`].
-fn pieces(ptr: *mut f32, n: usize) -> impl Iterator<Item = (*mut c_void, c_int)> {
+fn pieces<T>(ptr: *mut T, n: usize) -> impl Iterator<Item = (*mut c_void, c_int)> {
     (0..n).step_by(MAX_COUNT).map(move |start| {
         let count = (n - start).min(MAX_COUNT);
         (ptr.wrapping_add(start) as *mut c_void, count as c_int)
@@ -241,7 +302,7 @@ impl Comm for MpiComm {
         unsafe { self.all_reduce_in_place(v.as_mut_ptr(), v.len()) }
     }
 
-    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, _: Lane, after: Option<DeviceStream>) -> Result<()> {
         super::host_ordered(self, after)?;
         let mut pending = self.pending.borrow_mut();
         for (piece, count) in pieces(buf.addr() as *mut f32, n) {
@@ -281,6 +342,7 @@ impl Comm for MpiComm {
         &self,
         buf: DevPtr,
         parts: &[Range<usize>],
+        _: Lane,
         after: Option<DeviceStream>,
     ) -> Result<()> {
         super::host_ordered(self, after)?;
@@ -299,19 +361,16 @@ impl Comm for MpiComm {
         self.progress(&mut pending)
     }
 
-    unsafe fn all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
-        super::check_parts(self, parts)?;
-        let buf = buf.addr() as *mut f32;
-        // Each part from its rank: a broadcast per part and piece (no arithmetic: exact).
-        for (root, part) in parts.iter().enumerate() {
-            for (piece, count) in pieces(buf.wrapping_add(part.start), part.len()) {
-                // SAFETY: `piece` lies inside the caller's host buffer (the Comm contract).
-                check("MPI_Bcast", unsafe {
-                    ffi::MPI_Bcast(piece, count, ffi::RSMPI_FLOAT, root as c_int, self.world.as_raw())
-                })?;
+    unsafe fn all_gather(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
+        super::check_gather_parts(self, parts)?;
+        // SAFETY (both): the Comm contract; MpiComm's DevPtrs are host addresses. bf16 values
+        // travel as 16-bit words (a gather copies bits).
+        unsafe {
+            match buf {
+                Words::F32(p) => self.broadcast_parts(p.addr() as *mut f32, ffi::RSMPI_FLOAT, parts),
+                Words::Bf16(p) => self.broadcast_parts(p.addr() as *mut u16, ffi::RSMPI_UINT16_T, parts),
             }
         }
-        Ok(())
     }
 
     fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
@@ -355,9 +414,8 @@ impl Comm for MpiComm {
     }
 
     fn abort(&self, exit_code: u8) {
-        let_launcher_forward_output();
         // MPI_Abort makes mpirun end every rank, with this exit code.
-        self.world.abort(exit_code as c_int)
+        abort_world(exit_code)
     }
 
     fn job_abort(&self) -> Option<fn(u8)> {

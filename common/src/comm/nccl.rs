@@ -11,7 +11,7 @@
 //! stream after the last collective, before anything reads the sums.
 
 use super::mpi::MpiComm;
-use super::{agree, Comm};
+use super::{agree, Comm, Lane, Words};
 use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaEvent, CudaStream};
@@ -23,6 +23,10 @@ use std::sync::Arc;
 pub struct NcclComm {
     mpi: MpiComm,
     comm: sys::ncclComm_t,
+    /// The same ranks held to fewer thread blocks a collective (`GPT2_NCCL_BESIDE_CTAS`), for
+    /// the sums started beside computing ([`Lane::Beside`]): they leave the rest of the
+    /// multiprocessors to backward's kernels. `None`: every sum uses `comm`.
+    beside: Option<sys::ncclComm_t>,
     /// NCCL's own stream on this rank's GPU (the communication stream). Before a blocking
     /// collective the trainer synchronises its backend, and the collective waits for this
     /// stream before returning; a started one is ordered by the two events below. Either
@@ -78,6 +82,64 @@ fn nccl_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Device(format!("NCCL: {what}: {e:?}"))
 }
 
+/// `GPT2_NCCL_BESIDE_CTAS`: the thread blocks a collective started beside computing may take
+/// (unset: as many as NCCL chooses, no second communicator).
+fn beside_ctas() -> Result<Option<i32>> {
+    let Ok(v) = std::env::var("GPT2_NCCL_BESIDE_CTAS") else {
+        return Ok(None);
+    };
+    match v.trim().parse::<i32>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(Some(n)),
+        _ => Err(Error::Input(format!(
+            "GPT2_NCCL_BESIDE_CTAS must be a whole number from 1 to 64, not {v:?}"
+        ))),
+    }
+}
+
+/// A communicator of the same ranks as `comm` whose collectives take at most `ctas` thread
+/// blocks (ncclCommSplit with a config), where `ctas` is given. Every rank calls it.
+fn split_beside(comm: sys::ncclComm_t, ctas: Option<i32>) -> Result<Option<sys::ncclComm_t>> {
+    let Some(ctas) = ctas else {
+        return Ok(None);
+    };
+    let mut version = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::ncclGetVersion(&mut version) }
+        .result()
+        .map_err(|e| nccl_err("ncclGetVersion", e))?;
+    // NCCL_CONFIG_INITIALIZER: every field undefined (NCCL's defaults) but the CTA bounds.
+    const UNDEF: i32 = i32::MIN;
+    let mut config = sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: version as u32,
+        blocking: UNDEF,
+        cgaClusterSize: UNDEF,
+        minCTAs: 1,
+        maxCTAs: ctas,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    };
+    let mut beside = std::ptr::null_mut();
+    // SAFETY: `comm` is live; every rank splits with the same colour (one group, ranks in
+    // the same order); NCCL writes `beside` and reads `config` during the call.
+    unsafe { sys::ncclCommSplit(comm, 0, 0, &mut beside, &mut config) }
+        .result()
+        .map_err(|e| nccl_err("ncclCommSplit (GPT2_NCCL_BESIDE_CTAS)", e))?;
+    Ok(Some(beside))
+}
+
 impl NcclComm {
     /// Picks GPU `local rank` on this host, makes the NCCL communicator (rank 0 creates the
     /// unique id, MPI broadcasts its 128 bytes) and keeps `mpi` for host-side collectives.
@@ -119,6 +181,26 @@ impl NcclComm {
             mpi.abort(1);
             return Err(e);
         }
+        // The variable is read alike everywhere (a bad value: every rank leaves, none waits).
+        let ctas = match agree(&mpi, beside_ctas()) {
+            Ok(ctas) => ctas,
+            Err(e) => {
+                // SAFETY: made above, destroyed once, used by nothing else.
+                unsafe {
+                    let _ = nccl::comm_destroy(comm);
+                }
+                return Err(e);
+            }
+        };
+        let beside = match split_beside(comm, ctas) {
+            Ok(beside) => beside,
+            Err(e) => {
+                // The other ranks may be waiting inside ncclCommSplit: end the whole job.
+                eprintln!("stage3_mpi_cuda ({}): error: {e}", mpi.describe());
+                mpi.abort(1);
+                return Err(e);
+            }
+        };
         let events = ctx
             .new_event(None)
             .and_then(|ready| Ok((ready, ctx.new_event(None)?)))
@@ -128,6 +210,7 @@ impl NcclComm {
         Ok(NcclComm {
             mpi,
             comm,
+            beside,
             stream,
             ready,
             done,
@@ -144,6 +227,14 @@ impl NcclComm {
     /// Waits for what was queued on NCCL's stream (`what` names it in an error).
     fn wait(&self, what: &str) -> Result<()> {
         self.stream.synchronize().map_err(|e| nccl_err(what, e))
+    }
+
+    /// The communicator a collective in `lane` goes through.
+    fn comm_for(&self, lane: Lane) -> sys::ncclComm_t {
+        match (lane, self.beside) {
+            (Lane::Beside, Some(beside)) => beside,
+            _ => self.comm,
+        }
     }
 
     /// The NCCL stream as the raw handle the NCCL calls take.
@@ -175,7 +266,7 @@ impl NcclComm {
     ///
     /// # Safety
     /// As [`Comm::all_reduce_sum`].
-    unsafe fn queue_all_reduce(&self, buf: DevPtr, n: usize) -> Result<()> {
+    unsafe fn queue_all_reduce(&self, buf: DevPtr, n: usize, lane: Lane) -> Result<()> {
         let p = buf.addr() as *mut c_void;
         // SAFETY: `buf` is device memory of at least `n` floats on this rank's GPU (the
         // CUDA backend's gradient buffer); in place is allowed by NCCL.
@@ -186,7 +277,7 @@ impl NcclComm {
                 n,
                 sys::ncclDataType_t::ncclFloat32,
                 sys::ncclRedOp_t::ncclSum,
-                self.comm,
+                self.comm_for(lane),
                 self.raw_stream(),
             )
         }
@@ -199,8 +290,9 @@ impl NcclComm {
     ///
     /// # Safety
     /// As [`Comm::reduce_scatter_sum`].
-    unsafe fn queue_reduce_scatter(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+    unsafe fn queue_reduce_scatter(&self, buf: DevPtr, parts: &[Range<usize>], lane: Lane) -> Result<()> {
         super::check_parts(self, parts)?;
+        let comm = self.comm_for(lane);
         let base = buf.addr() as *mut f32;
         let (float, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
         // SAFETY (both arms): `buf` is device memory covering `parts` on this rank's GPU (the
@@ -208,17 +300,10 @@ impl NcclComm {
         match equal_parts(parts) {
             Some(len) => unsafe {
                 let own = base.add(parts[self.rank()].start) as *mut c_void;
-                nccl::reduce_scatter(
-                    base as *const c_void,
-                    own,
-                    len,
-                    float,
-                    sum,
-                    self.comm,
-                    self.raw_stream(),
-                )
-                .map(|_| ())
-                .map_err(|e| nccl_err("ncclReduceScatter", e))
+                let run = base.add(parts[0].start) as *const c_void;
+                nccl::reduce_scatter(run, own, len, float, sum, comm, self.raw_stream())
+                    .map(|_| ())
+                    .map_err(|e| nccl_err("ncclReduceScatter", e))
             },
             // Uneven parts: one reduce per part onto its rank, started together.
             None => grouped(|| {
@@ -226,7 +311,7 @@ impl NcclComm {
                     unsafe {
                         let p = base.add(part.start) as *mut c_void;
                         let stream = self.raw_stream();
-                        nccl::reduce(p, p, part.len(), float, sum, root as i32, self.comm, stream)
+                        nccl::reduce(p, p, part.len(), float, sum, root as i32, comm, stream)
                             .map_err(|e| nccl_err("ncclReduce", e))?;
                     }
                 }
@@ -240,22 +325,26 @@ impl NcclComm {
     ///
     /// # Safety
     /// As [`Comm::all_gather`].
-    unsafe fn queue_all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
-        super::check_parts(self, parts)?;
-        let base = buf.addr() as *mut f32;
-        let float = sys::ncclDataType_t::ncclFloat32;
-        // SAFETY (both arms): as in `reduce_scatter_sum`.
+    unsafe fn queue_all_gather(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
+        super::check_gather_parts(self, parts)?;
+        let (base, size) = (buf.addr() as *mut u8, buf.size());
+        let words = match buf {
+            Words::F32(_) => sys::ncclDataType_t::ncclFloat32,
+            Words::Bf16(_) => sys::ncclDataType_t::ncclBfloat16,
+        };
+        // SAFETY (both arms): as in `reduce_scatter_sum`; offsets in bytes of `size`-byte values.
         match equal_parts(parts) {
             Some(len) => unsafe {
-                let own = base.add(parts[self.rank()].start) as *const c_void;
-                nccl::all_gather(own, base as *mut c_void, len, float, self.comm, self.raw_stream())
+                let own = base.add(parts[self.rank()].start * size) as *const c_void;
+                let run = base.add(parts[0].start * size) as *mut c_void;
+                nccl::all_gather(own, run, len, words, self.comm, self.raw_stream())
                     .map_err(|e| nccl_err("ncclAllGather", e))?;
             },
             None => grouped(|| {
                 for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
                     unsafe {
-                        let p = base.add(part.start) as *mut c_void;
-                        nccl::broadcast(p, p, part.len(), float, root as i32, self.comm, self.raw_stream())
+                        let p = base.add(part.start * size) as *mut c_void;
+                        nccl::broadcast(p, p, part.len(), words, root as i32, self.comm, self.raw_stream())
                             .map_err(|e| nccl_err("ncclBroadcast", e))?;
                     }
                 }
@@ -266,11 +355,12 @@ impl NcclComm {
     }
 }
 
-/// The size of every part when all are equal (NCCL's native reduce-scatter and all-gather
-/// apply), else `None`.
+/// The size of every part when all are equal and without gaps, one run from `parts[0].start`
+/// (NCCL's native reduce-scatter and all-gather apply), else `None`.
 fn equal_parts(parts: &[Range<usize>]) -> Option<usize> {
     let len = parts.first()?.len();
-    parts.iter().all(|p| p.len() == len).then_some(len)
+    let run = parts.windows(2).all(|w| w[0].end == w[1].start);
+    (run && parts.iter().all(|p| p.len() == len)).then_some(len)
 }
 
 /// Runs the NCCL calls `queue` makes as one group (they start together).
@@ -293,28 +383,35 @@ impl Comm for NcclComm {
     }
     unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.queue_all_reduce(buf, n)? };
+        unsafe { self.queue_all_reduce(buf, n, Lane::Alone)? };
         self.wait("waiting for the all-reduce")
     }
-    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+    unsafe fn start_all_reduce_sum(
+        &self,
+        buf: DevPtr,
+        n: usize,
+        lane: Lane,
+        after: Option<DeviceStream>,
+    ) -> Result<()> {
         self.wait_for(after)?;
         // SAFETY: the caller's contract; the sum is queued after the work that writes `buf`.
-        unsafe { self.queue_all_reduce(buf, n) }
+        unsafe { self.queue_all_reduce(buf, n, lane) }
     }
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.queue_reduce_scatter(buf, parts)? };
+        unsafe { self.queue_reduce_scatter(buf, parts, Lane::Alone)? };
         self.wait("waiting for the reduce-scatter")
     }
     unsafe fn start_reduce_scatter_sum(
         &self,
         buf: DevPtr,
         parts: &[Range<usize>],
+        lane: Lane,
         after: Option<DeviceStream>,
     ) -> Result<()> {
         self.wait_for(after)?;
         // SAFETY: as in `start_all_reduce_sum`.
-        unsafe { self.queue_reduce_scatter(buf, parts) }
+        unsafe { self.queue_reduce_scatter(buf, parts, lane) }
     }
     fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
         let Some(compute) = then else {
@@ -332,12 +429,12 @@ impl Comm for NcclComm {
                 .map_err(|e| nccl_err("ordering the optimiser after the sums", e))
         }
     }
-    unsafe fn all_gather(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+    unsafe fn all_gather(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.queue_all_gather(buf, parts)? };
         self.wait("waiting for the all-gather")
     }
-    unsafe fn start_all_gather(&self, buf: DevPtr, parts: &[Range<usize>], after: Option<DeviceStream>) -> Result<()> {
+    unsafe fn start_all_gather(&self, buf: Words, parts: &[Range<usize>], after: Option<DeviceStream>) -> Result<()> {
         self.wait_for(after)?;
         // SAFETY: as in `start_all_reduce_sum`.
         unsafe { self.queue_all_gather(buf, parts) }
@@ -363,6 +460,9 @@ impl Drop for NcclComm {
     fn drop(&mut self) {
         // SAFETY: the communicator was initialised and is destroyed once.
         unsafe {
+            if let Some(beside) = self.beside {
+                let _ = nccl::comm_destroy(beside);
+            }
             let _ = nccl::comm_destroy(self.comm);
         }
     }

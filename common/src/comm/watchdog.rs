@@ -5,12 +5,19 @@
 //! - A rank stopped by a signal it can catch (SIGTERM, SIGHUP, SIGQUIT: a scheduler, a
 //!   user's `kill`) prints one line naming itself, the step and the last good checkpoint,
 //!   then ends the whole job (MPI_Abort), so no rank waits for it in a collective.
-//! - A rank killed outright (SIGKILL, the OOM killer) cannot speak: the launcher ends the
-//!   job and names a process by PID and host (the first it saw fail: the killed rank, or
-//!   a survivor that failed first on the broken link, whose transport then names the dead
-//!   PID). Rank 0's first lines map each PID to its rank ([`pid_table`]), and every
-//!   checkpoint rank 0 writes is announced, so the output says which rank died and where to
-//!   resume from.
+//! - A rank killed outright (SIGKILL, the OOM killer) cannot speak. The ranks on its host
+//!   hold a process handle of it (pidfd) and wake when it ends; the first to wake prints
+//!   one line naming it (rank and PID), the step and the last good checkpoint, and ends the
+//!   job a few seconds later unless the launcher has. Hydra's mpirun is quicker: it learns
+//!   of the death as the process closes its files and ends the job at once, most often
+//!   before a survivor can speak, and names the PID of the first process it reaped: usually
+//!   the killed rank, but in a race inside Hydra one of the survivors it ended. Rank 0's
+//!   first lines map each PID to its rank ([`Ranks::table`]), and every checkpoint rank 0
+//!   writes is announced. (A survivor whose transport aborts on the broken link waits a
+//!   few seconds first, so Hydra does not name it instead: `comm/mpi.rs`. Ranks on other
+//!   hosts are not watched this way: there the launcher's line, or `--comm-timeout`.) Ranks
+//!   leave in order only after all of them stopped watching ([`Watchdog::leaving`], then
+//!   [`leave_together`]), so a rank that ends normally is never reported.
 //! - A rank that stops making progress (a collective that never completes because another
 //!   rank is stopped or hung: `--comm-timeout` seconds without a step) prints one line
 //!   naming itself, the step and the last good checkpoint, then ends the job.
@@ -30,6 +37,8 @@ struct Progress {
     checkpoint: Option<(String, u64)>,
     /// The run is over (or stopping): no more timeouts.
     disarmed: bool,
+    /// The ranks are leaving together: another rank's end is no news.
+    leaving: bool,
 }
 
 impl Progress {
@@ -61,8 +70,9 @@ fn status_for(sig: i32) -> u8 {
 impl Watchdog {
     /// Starts watching, where there is a job to end (`None` for one process: there a
     /// signal's default action ends the run, and nobody waits for it). With `timeout`, a
-    /// rank that makes no progress for that long ends the job.
-    pub fn start(comm: &dyn Comm, timeout: Option<Duration>) -> Result<Option<Self>> {
+    /// rank that makes no progress for that long ends the job. `ranks` (every rank's PID and
+    /// host) names the ranks on this host to watch for an end without a word.
+    pub fn start(comm: &dyn Comm, timeout: Option<Duration>, ranks: Option<&Ranks>) -> Result<Option<Self>> {
         let Some(abort_job) = comm.job_abort() else {
             return Ok(None);
         };
@@ -74,6 +84,7 @@ impl Watchdog {
             last: Instant::now(),
             checkpoint: None,
             disarmed: false,
+            leaving: false,
         }));
         let (seen, who) = (Arc::clone(&progress), comm.describe());
         std::thread::Builder::new()
@@ -113,12 +124,28 @@ impl Watchdog {
                 })
                 .map_err(|e| Error::Device(format!("cannot start the timeout thread: {e}")))?;
         }
+        if let Some(ranks) = ranks {
+            watch_peers(
+                ranks.here(comm.rank()),
+                Arc::clone(&progress),
+                comm.describe(),
+                abort_job,
+            )?;
+        }
         Ok(Some(Watchdog { progress }))
     }
 
-    /// The run is over, or stopping on its own: no more timeouts (signals still end the job).
+    /// The run is over, or stopping on its own: no more timeouts, and the other ranks may
+    /// leave (signals still end the job).
     pub fn disarm(&self) {
-        self.progress.lock().unwrap_or_else(|e| e.into_inner()).disarmed = true;
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        (p.disarmed, p.leaving) = (true, true);
+    }
+
+    /// The ranks are about to leave together ([`leave_together`]): another rank's end is no
+    /// longer reported; the timeout still watches the barrier.
+    pub fn leaving(&self) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).leaving = true;
     }
 
     /// The run is at (0-based) `step`.
@@ -134,20 +161,155 @@ impl Watchdog {
     }
 }
 
-/// Rank 0's line mapping each rank to its process id ("ranks: 0 = PID 4107, 1 = PID
-/// 4108"), so the PID a launcher names when a process is killed reads as a rank. Every rank
-/// takes part; `None` for one process.
-pub fn pid_table(comm: &dyn Comm) -> Result<Option<String>> {
-    if comm.size() == 1 {
-        return Ok(None);
+impl Drop for Watchdog {
+    /// A run that ends with an error every rank saw leaves too ([`leave_together`], still
+    /// under the timeout).
+    fn drop(&mut self) {
+        self.leaving();
     }
-    // Two exact 16-bit halves per rank (an f32 holds integers below 2^24 exactly).
-    let pid = std::process::id();
-    let mut halves = vec![0.0f32; 2 * comm.size()];
-    halves[2 * comm.rank()] = (pid >> 16) as f32;
-    halves[2 * comm.rank() + 1] = (pid & 0xffff) as f32;
-    comm.all_reduce_sum_host(&mut halves)?;
-    let pids = halves.chunks(2).map(|h| ((h[0] as u32) << 16) | h[1] as u32);
-    let list: Vec<String> = pids.enumerate().map(|(r, p)| format!("{r} = PID {p}")).collect();
-    Ok(Some(format!("ranks: {}", list.join(", "))))
+}
+
+/// Every rank's process id and host, the same on every rank.
+pub struct Ranks {
+    pids: Vec<u32>,
+    /// A hash of each rank's host name, boot and PID namespace: ranks with equal values see
+    /// the same processes under the same PIDs.
+    hosts: Vec<u64>,
+}
+
+impl Ranks {
+    /// Every rank takes part; `None` for one process.
+    pub fn exchange(comm: &dyn Comm) -> Result<Option<Ranks>> {
+        if comm.size() == 1 {
+            return Ok(None);
+        }
+        // Six exact 16-bit words per rank: the PID's two, the host's four (an f32 holds
+        // integers below 2^24 exactly).
+        let (pid, host) = (std::process::id() as u64, host_id());
+        let mine = [
+            pid >> 16,
+            pid & 0xffff,
+            host >> 48,
+            (host >> 32) & 0xffff,
+            (host >> 16) & 0xffff,
+            host & 0xffff,
+        ];
+        let mut words = vec![0.0f32; 6 * comm.size()];
+        words[6 * comm.rank()..][..6].copy_from_slice(&mine.map(|w| w as f32));
+        comm.all_reduce_sum_host(&mut words)?;
+        let joined = |w: &[f32]| w.iter().fold(0u64, |acc, &x| (acc << 16) | x as u64);
+        Ok(Some(Ranks {
+            pids: words.chunks(6).map(|w| joined(&w[..2]) as u32).collect(),
+            hosts: words.chunks(6).map(|w| joined(&w[2..])).collect(),
+        }))
+    }
+
+    /// Rank 0's line mapping each rank to its process id ("ranks: 0 = PID 4107, 1 = PID
+    /// 4108"), so the PID a launcher names when a process is killed reads as a rank.
+    pub fn table(&self) -> String {
+        let list: Vec<String> = self
+            .pids
+            .iter()
+            .enumerate()
+            .map(|(r, p)| format!("{r} = PID {p}"))
+            .collect();
+        format!("ranks: {}", list.join(", "))
+    }
+
+    /// The other ranks on `me`'s host, with their PIDs.
+    fn here(&self, me: usize) -> Vec<(usize, u32)> {
+        (0..self.pids.len())
+            .filter(|&r| r != me && self.hosts[r] == self.hosts[me])
+            .map(|r| (r, self.pids[r]))
+            .collect()
+    }
+}
+
+/// 64-bit FNV-1a of the host name, the kernel's boot id and this process's PID namespace
+/// (containers on one kernel see other processes under other PIDs).
+fn host_id() -> u64 {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let namespace = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let text = read("/proc/sys/kernel/hostname") + &read("/proc/sys/kernel/random/boot_id") + &namespace;
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// How long a rank that saw another die waits for the launcher to end the job.
+const GRACE_AFTER_A_DEATH: Duration = Duration::from_secs(5);
+
+/// Watches `peers` (rank, PID) on a thread of its own: the first to end while the run is
+/// armed ends the job with a line naming it. Peers whose handle cannot be had (a kernel
+/// before 5.3, a PID already gone) are left to the launcher and `--comm-timeout`.
+fn watch_peers(peers: Vec<(usize, u32)>, progress: Arc<Mutex<Progress>>, who: String, abort_job: fn(u8)) -> Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let handles: Vec<(usize, u32, OwnedFd)> = peers
+        .into_iter()
+        .filter_map(|(rank, pid)| {
+            // SAFETY: pidfd_open takes a PID and flags and returns a new descriptor or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
+            // SAFETY: a non-negative result is a descriptor this process now owns.
+            (fd >= 0).then(|| (rank, pid, unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+        })
+        .collect();
+    if handles.is_empty() {
+        return Ok(());
+    }
+    std::thread::Builder::new()
+        .name("peer-watch".into())
+        .spawn(move || {
+            let mut fds: Vec<libc::pollfd> = handles
+                .iter()
+                .map(|(_, _, fd)| libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            loop {
+                // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
+                let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+                if ready < 0 {
+                    if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return; // cannot watch: the launcher and the timeout remain
+                }
+                let Some(i) = fds.iter().position(|f| f.revents != 0) else {
+                    continue;
+                };
+                let p = progress.lock().unwrap_or_else(|e| e.into_inner());
+                if p.leaving {
+                    return; // the ranks are leaving in order
+                }
+                let (rank, pid, _) = &handles[i];
+                let line = format!(
+                    "{who}: rank {rank} (PID {pid}) ended before the run did (killed, crashed or aborted) at step {}; ending the job: {}",
+                    p.step,
+                    p.last_checkpoint()
+                );
+                drop(p);
+                // Said at once; the job is ended a little later, so that the launcher
+                // (which ends the job when a process dies) names the dead rank first.
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
+                std::thread::sleep(GRACE_AFTER_A_DEATH);
+                abort_job(1);
+                return;
+            }
+        })
+        .map_err(|e| Error::Device(format!("cannot start the thread watching the other ranks: {e}")))?;
+    Ok(())
+}
+
+/// Where ranks end a run together (its end, or an error every rank saw): each has stopped
+/// watching the others ([`Watchdog::leaving`]) before this barrier, so none that leaves
+/// after it is taken for a rank killed outright.
+pub fn leave_together(comm: &dyn Comm) -> Result<()> {
+    if comm.size() > 1 {
+        comm.all_reduce_sum_host(&mut [0.0])?;
+    }
+    Ok(())
 }

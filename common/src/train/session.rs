@@ -7,7 +7,7 @@ use super::Run;
 use crate::backend::Backend;
 use crate::checkpoint::{BackgroundWriter, HostState, SaveReport};
 use crate::cli::{TrainArgs, DEFAULT_COMM_TIMEOUT};
-use crate::comm::{agree, pid_table, Comm, Watchdog};
+use crate::comm::{agree, leave_together, Comm, Ranks, Watchdog};
 use crate::error::{Error, Result};
 use crate::optim::StepStats;
 use crate::report::log::{LogState, LossLog, LossRow, Window};
@@ -70,12 +70,12 @@ impl<'a> Session<'a> {
         run.trainer.prepare_checkpoints();
         let prepared_s = preparing.elapsed().as_secs_f64();
         // Every rank takes part in the PID table; a rank stopped from outside ends the job.
-        let pids = pid_table(comm)?;
+        let ranks = Ranks::exchange(comm)?;
         let timeout = Duration::from_secs(args.comm_timeout.unwrap_or(DEFAULT_COMM_TIMEOUT));
-        let watchdog = Watchdog::start(comm, Some(timeout))?;
+        let watchdog = Watchdog::start(comm, Some(timeout), ranks.as_ref())?;
         if root {
             println!("{}", run.describe());
-            pids.into_iter().for_each(|line| println!("{line}"));
+            ranks.iter().for_each(|r| println!("{}", r.table()));
             println!("{}", LossLog::header());
         }
         Ok(Session {
@@ -114,6 +114,23 @@ impl<'a> Session<'a> {
         if let Some(w) = &self.watchdog {
             w.disarm();
         }
+    }
+
+    /// Every rank stops here (an error they all see, or the run's end): another rank's end
+    /// is no news from now on.
+    fn leaving(&self) {
+        if let Some(w) = &self.watchdog {
+            w.leaving();
+        }
+    }
+
+    /// The run ends here on every rank: the ranks leave together (a rank's end is no news
+    /// from now on; the timeout watches the barrier), then no more timeouts.
+    fn end_together(&self) -> Result<()> {
+        self.leaving();
+        leave_together(self.comm)?;
+        self.disarm();
+        Ok(())
     }
 
     pub fn elapsed(&self) -> f64 {
@@ -184,7 +201,7 @@ impl<'a> Session<'a> {
         if self.bad_in_a_row < self.args.max_bad_steps {
             return Ok(());
         }
-        self.disarm();
+        self.leaving(); // every rank sees the same stats, so all stop here
         self.bar.abandon();
         let last = match self.saved_at {
             Some(s) => format!("the last good checkpoint is {} (step {s})", self.ckpt.display()),
@@ -275,7 +292,7 @@ impl<'a> Session<'a> {
     /// Ends a run stopped early after `done` steps: Ctrl-C is an error (exit 130), the
     /// stop asked for by `--stop-after` is not.
     pub fn stop(mut self, why: Stop, done: u64) -> Result<()> {
-        self.disarm();
+        self.end_together()?;
         let written = self.writer.wait()?; // the file is complete before the run ends
         self.announce(written);
         self.bar.abandon();
@@ -295,7 +312,7 @@ impl<'a> Session<'a> {
     /// the checkpoint (rank 0). Rank 0 may sample for a while now, with the other ranks gone:
     /// no more timeouts.
     pub fn finish(&mut self) -> Result<()> {
-        self.disarm();
+        self.end_together()?;
         let written = self.writer.wait()?; // the last checkpoint, complete
         self.announce(written);
         self.bar.finish_and_clear();

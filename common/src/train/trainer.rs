@@ -7,7 +7,7 @@ use super::replay::Recorder;
 use crate::autograd::{check_ids, Graph, Pool, TokenStage};
 use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::{Checkpoint, HostState};
-use crate::comm::{broadcast_f32, device_order, Comm};
+use crate::comm::{broadcast_f32, device_order, from_root, Comm, Words};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions};
@@ -89,6 +89,27 @@ pub struct StepReport {
 const READ_EVERY: Duration = Duration::from_secs(1);
 const READ_EVERY_STEPS: u64 = 32;
 
+/// `GPT2_ZERO_GATHER_PIECES=K` (an experiment; 1 to 64, default 1): ZeRO-1 updates and
+/// gathers the shards in K pieces, the gather of one beside the update of the next
+/// ([`Shards::in_pieces`]). Rank 0's setting, on every rank (the ranks' gathers must match).
+fn gather_pieces(comm: &dyn Comm) -> Result<usize> {
+    let k = from_root(comm, || read_gather_pieces().map(|k| vec![k as u8]))?;
+    Ok(k.first().copied().unwrap_or(1) as usize)
+}
+
+fn read_gather_pieces() -> Result<usize> {
+    const VAR: &str = "GPT2_ZERO_GATHER_PIECES";
+    match std::env::var(VAR) {
+        Err(_) => Ok(1),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(k @ 1..=64) => Ok(k),
+            _ => Err(Error::Input(format!(
+                "{VAR} must be a whole number from 1 to 64, not {v:?}"
+            ))),
+        },
+    }
+}
+
 /// Whether a step can be recorded once and replayed: on a backend that records (the GPU),
 /// with one rank, or with ranks whose communicator orders its collectives on the device
 /// (NCCL) and the same work every step (not local SGD, which averages every K steps).
@@ -100,7 +121,8 @@ fn replayable<B: Backend>(be: &B, comm: &dyn Comm, sync: SyncMode) -> bool {
 impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
         let model = Gpt2::new(be, config)?;
-        let shards = Shards::new(model.layout.total, comm, settings.zero);
+        let pieces = gather_pieces(comm)?;
+        let shards = Shards::new(model.layout.total, comm, settings.zero).in_pieces(pieces);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
         let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own())?;
         let sync = GradSync::new(settings.sync, &model.layout, shards);
@@ -176,7 +198,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// step's (loss, norm) wait on the device until [`Trainer::flush`] (or a read now and
     /// then) brings them back.
     pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
-        let (be, comm) = (self.be, self.comm);
+        let be = self.be;
         let started = Instant::now();
         self.opt.begin_step(be, step)?;
         if self.replay.on {
@@ -191,10 +213,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let mut comm_s = self.queue_gradients(batch, b, t, false)?;
         // Averaged over micro-batches and ranks, the same on every rank.
         let (loss, norm) = self.opt.meter.read_loss_and_norm(be)?;
-        let copy = self.model.params_bf16.as_ref();
-        self.opt.update(be, &self.model.params, copy, &self.model.grads)?;
-        let total_steps = self.opt.config.total_steps;
-        comm_s += self.sync.after_update(be, comm, &self.model, step, total_steps)?;
+        comm_s += self.update(step)?;
         let total = started.elapsed().as_secs_f64();
         Ok(StepReport {
             finished: vec![(step, StepStats::of(&self.opt.config, step, loss, norm))],
@@ -297,12 +316,21 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// gathering of the updated shards.
     fn queue_step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<()> {
         self.queue_gradients(batch, b, t, true)?;
-        let copy = self.model.params_bf16.as_ref();
-        self.opt.update(self.be, &self.model.params, copy, &self.model.grads)?;
-        let total_steps = self.opt.config.total_steps;
-        self.sync
-            .after_update(self.be, self.comm, &self.model, step, total_steps)?;
+        self.update(step)?;
         Ok(())
+    }
+
+    /// The update of 0-based `step` and what follows it across ranks (ZeRO-1's gather of
+    /// the updated shards, in pieces where asked; local SGD's averaging). Returns the seconds
+    /// spent communicating.
+    fn update(&self, step: u64) -> Result<f64> {
+        let (be, opt, model) = (self.be, &self.opt, &self.model);
+        let copy = model.params_bf16.as_ref();
+        let schedule = (step, opt.config.total_steps);
+        self.sync
+            .update_then_sync(be, self.comm, model, schedule, &mut |range| {
+                opt.update_range(be, &model.params, copy, &model.grads, range)
+            })
     }
 
     /// The stats of the replayed steps not read yet (waits for them); none when steps run as
@@ -334,7 +362,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// [`GradSync::time_sums`]); 0 on one rank. Between steps only: it leaves the gradient
     /// buffer unspecified (the next step zeroes it first).
     pub fn time_gradient_sums(&self, reps: usize) -> Result<f64> {
-        self.sync.time_sums(self.be, self.comm, &self.model.grads, reps)
+        self.sync.time_sums(self.be, self.comm, &self.model, reps)
     }
 
     /// Each tensor's gradient norm after the last step (its name and √Σg², in buffer order),
@@ -360,12 +388,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     /// The whole training state in host memory, on rank 0 (`None` elsewhere): parameters
+    /// (made whole first where the steps gather only their bf16 copy: ZeRO-1 under bf16)
     /// and both moments, each rank's shard of the moments gathered under ZeRO-1, copied into
     /// `reuse` (arrays of an earlier copy, to spare fresh memory). Every rank calls it (a
     /// collective then).
     pub fn state_on_root(&self, reuse: [Vec<f32>; 3]) -> Result<Option<[Vec<f32>; 3]>> {
         let root = self.comm.is_root();
         let [mut p, mut m, mut v] = reuse;
+        self.sync.gather_params(self.be, self.comm, &self.model)?;
         if root {
             self.fetch_into(&self.model.params, &mut p)?;
         }
@@ -434,7 +464,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.be.synchronize()?;
         // SAFETY: the shards cover the layout, which `grads` holds; nothing else uses the
         // gradients between steps.
-        unsafe { self.comm.all_gather(grads.ptr(), self.sync.shards().parts())? };
+        unsafe {
+            self.comm
+                .all_gather(Words::F32(grads.ptr()), self.sync.shards().parts())?
+        };
         if self.comm.is_root() {
             self.fetch_into(grads, host)?;
         }

@@ -1,12 +1,13 @@
 //! `mpirun -n N comm_check`: the MPI communicator's reduce-scatter and all-gather (ZeRO-1's
 //! collectives) on host memory, blocking and started-then-finished, with even, uneven and
 //! empty parts, checked exactly against sums worked out here (small multiples of 1/4, which
-//! f32 adds without rounding). Prints one line per rank; exits 1 on a mismatch. Run by
-//! stage1_mpi's tests.
+//! f32 adds without rounding); and the all-gather of bf16 values (the weights' copy under
+//! ZeRO-1 in bf16), every bit pattern kept. Prints one line per rank; exits 1 on a mismatch.
+//! Run by stage1_mpi's tests.
 
-use common::backend::DevPtr;
+use common::backend::{bf16, DevPtr};
 use common::comm::mpi::MpiComm;
-use common::comm::{even_parts, Comm};
+use common::comm::{even_parts, Comm, Lane, Words};
 use std::ops::Range;
 use std::process::ExitCode;
 
@@ -28,7 +29,7 @@ fn check(comm: &MpiComm, parts: &[Range<usize>], started: bool) -> Result<(), St
     // SAFETY: `buf` holds the n values the parts cover, untouched until the call returns.
     let summed = unsafe {
         if started {
-            comm.start_reduce_scatter_sum(ptr(&mut buf), parts, None)
+            comm.start_reduce_scatter_sum(ptr(&mut buf), parts, Lane::Alone, None)
                 .and_then(|()| comm.finish_all_reduces(None))
         } else {
             comm.reduce_scatter_sum(ptr(&mut buf), parts)
@@ -46,11 +47,45 @@ fn check(comm: &MpiComm, parts: &[Range<usize>], started: bool) -> Result<(), St
         buf[part.clone()].fill(-(r as f32) - 1.0);
     }
     // SAFETY: as above.
-    unsafe { comm.all_gather(ptr(&mut buf), parts) }.map_err(|e| e.to_string())?;
+    unsafe { comm.all_gather(Words::F32(ptr(&mut buf)), parts) }.map_err(|e| e.to_string())?;
     for (i, &got) in buf.iter().enumerate() {
         let want: f32 = (0..world).map(|r| value(r, i)).sum();
         if got != want {
             return Err(format!("all-gather {parts:?}: [{i}] = {got} not {want}"));
+        }
+    }
+    gather_bf16(comm, parts)
+}
+
+/// Rank `r`'s bf16 bits at `i`: every 16-bit pattern turns up (NaNs and infinities too), so
+/// a gather that went through floats would show.
+fn bits(r: usize, i: usize) -> u16 {
+    ((i * 40_503 + r * 7_919) % 65_536) as u16
+}
+
+/// The all-gather of bf16 values: each rank's part, bit for bit, everywhere.
+fn gather_bf16(comm: &MpiComm, parts: &[Range<usize>]) -> Result<(), String> {
+    let rank = comm.rank();
+    let n = parts.last().map_or(0, |p| p.end);
+    let owner = |i: usize| {
+        parts
+            .iter()
+            .position(|p| p.contains(&i))
+            .expect("parts cover the buffer")
+    };
+    let mut buf: Vec<bf16> = (0..n)
+        .map(|i| bf16::from_bits(if owner(i) == rank { bits(rank, i) } else { 0 }))
+        .collect();
+    let at = Words::Bf16(DevPtr::from_addr(buf.as_mut_ptr() as u64));
+    // SAFETY: `buf` holds the n values the parts cover, untouched until the call returns.
+    unsafe { comm.all_gather(at, parts) }.map_err(|e| e.to_string())?;
+    for (i, got) in buf.iter().enumerate() {
+        let want = bits(owner(i), i);
+        if got.to_bits() != want {
+            return Err(format!(
+                "bf16 all-gather {parts:?}: [{i}] = {:#06x} not {want:#06x}",
+                got.to_bits()
+            ));
         }
     }
     Ok(())
@@ -83,7 +118,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "comm_check: rank {} of {world}: reduce-scatter and all-gather exact",
+        "comm_check: rank {} of {world}: reduce-scatter and all-gather (f32, bf16) exact",
         comm.rank()
     );
     ExitCode::SUCCESS
