@@ -3,8 +3,11 @@
 # executable that has ignored tests, with --include-ignored, but the two-GPU NCCL ones), the determinism check (two
 # same-seed runs per precision: identical loss.tsv and final state; run.sh determinism), and
 # the PyTorch side-by-side bench (GPT-2 124M B=16 T=1024: ours bf16 against torch.compile bf16,
-# two alternating rounds). cuda_model runs one test at a time: with several tests recording CUDA
-# graphs in one process it failed now and then (results/runs/gpu-032ef1e/README.md).
+# two alternating rounds). Every test executable runs one test at a time: cuBLASLt's heuristic
+# query (made once per new matrix shape) fails with CUBLAS_STATUS_INTERNAL_ERROR while another
+# thread's stream of the same context is being captured into a CUDA graph, so two tests in one
+# process, one recording a graph, failed now and then (cuda_model: results/runs/gpu-032ef1e;
+# cuda_mlp: results/runs/gpu-c3bee72). A training process has one backend on one thread.
 # Run from the project root after `../shared/gpu/bundle.sh`; outputs in $OUT, a table last.
 source stage2_cuda/gpu/cuda-env.sh >/dev/null 2>&1
 export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
@@ -16,8 +19,7 @@ for t in /tmp/gpu-rt/tests/*; do
   # GPU tests are the ignored ones; an executable without any is CPU-only (make test runs it,
   # and stage 0's call the binary at the build machine's path, which is not here).
   "$t" --list --ignored 2>/dev/null | grep -q ': test$' || continue
-  threads=4; [ "$name" = cuda_model ] && threads=1
-  res=$(timeout 400 "$t" --include-ignored --test-threads $threads 2>&1 | tee "$OUT/test-$file.log" | grep -E "^test result" | tail -1)
+  res=$(timeout 400 "$t" --include-ignored --test-threads 1 2>&1 | tee "$OUT/test-$file.log" | grep -E "^test result" | tail -1)
   printf 'TESTS %-18s %s\n' "$name" "${res:-NO RESULT (see test-$file.log)}" | tee -a "$OUT/check.txt"
   grep -E "^test .*FAILED|panicked" "$OUT/test-$file.log" | head -5 | tee -a "$OUT/check.txt"
 done
