@@ -3,11 +3,11 @@
 # executable that has ignored tests, with --include-ignored, but the two-GPU NCCL ones), the determinism check (two
 # same-seed runs per precision: identical loss.tsv and final state; run.sh determinism), and
 # the PyTorch side-by-side bench (GPT-2 124M B=16 T=1024: ours bf16 against torch.compile bf16,
-# two alternating rounds). Every test executable runs one test at a time: cuBLASLt's heuristic
-# query (made once per new matrix shape) fails with CUBLAS_STATUS_INTERNAL_ERROR while another
-# thread's stream of the same context is being captured into a CUDA graph, so two tests in one
-# process, one recording a graph, failed now and then (cuda_model: results/runs/gpu-032ef1e;
-# cuda_mlp: results/runs/gpu-c3bee72). A training process has one backend on one thread.
+# two alternating rounds). Every test executable runs one test at a time: two tests of one
+# process side by side, one recording a CUDA graph, failed now and then with
+# CUBLAS_STATUS_INTERNAL_ERROR in a cuBLASLt product (cuda_model: results/runs/gpu-032ef1e;
+# cuda_mlp: results/runs/gpu-c3bee72; cause not found: results/runs/gpu-8877c39). A training
+# process has one backend on one thread.
 # Run from the project root after `../shared/gpu/bundle.sh`; outputs in $OUT, a table last.
 source stage2_cuda/gpu/cuda-env.sh >/dev/null 2>&1
 export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1

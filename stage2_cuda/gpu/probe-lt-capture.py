@@ -16,22 +16,37 @@ x = torch.randn(64, 64, device="cuda")
 torch.cuda.synchronize()
 stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
 inside, leave = threading.Event(), threading.Event()
+capture_error = []
 
 
 def record():
-    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-        _ = x @ x
+    _ = x @ x  # this thread's cuBLAS handle, made before its capture
+    torch.cuda.synchronize()
+    try:
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            _ = x @ x
+            inside.set()
+            leave.wait(30)
+    except Exception as e:  # noqa: BLE001
+        capture_error.append(str(e).splitlines()[0][:120])
         inside.set()
-        leave.wait(30)
 
 
-def products(tag):
+def operands(tag):
+    """Operands made before any capture (the RNG may not advance during one)."""
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (40, 72, 136, 264, 520):
+            n += tag
+            out.append((torch.randn(n, n, device="cuda", dtype=dtype),
+                        torch.randn(n, device="cuda", dtype=dtype)))
+    return out
+
+
+def products(ops):
     fails, errors = 0, []
-    for n in (40, 72, 136, 264, 520):
-        n += tag
+    for a, b in ops:
         try:
-            a = torch.randn(n, n, device="cuda")
-            b = torch.randn(n, device="cuda")
             torch.addmm(b, a, a)
             torch.cuda.current_stream().synchronize()
         except Exception as e:  # noqa: BLE001 - the probe reports whatever failed
@@ -40,12 +55,16 @@ def products(tag):
     return fails, errors
 
 
-base_fails, _ = products(0)  # shapes first used with no capture anywhere
+first, second = operands(0), operands(1)
+torch.cuda.synchronize()
+base_fails, _ = products(first)  # shapes first used with no capture anywhere
 t = threading.Thread(target=record)
 t.start()
 inside.wait(30)
-fails, errors = products(1)  # new shapes while thread A records
+seen_fails, _ = products(first)  # shapes already used, while thread A records
+fails, errors = products(second)  # new shapes while thread A records
 leave.set()
 t.join()
-print(f"PROBE lt-during-capture: without capture {base_fails}/5 failed; "
-      f"during another thread's capture {fails}/5 failed; {errors[:2]}")
+print(f"PROBE lt-during-capture: new shapes, no capture: {base_fails}/10 failed; during another "
+      f"thread's capture: shapes used before {seen_fails}/10 failed, new shapes {fails}/10 failed "
+      f"{errors[:2]}; the capture itself: {capture_error or 'ok'}")
