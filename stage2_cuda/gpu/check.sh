@@ -6,8 +6,10 @@
 # two alternating rounds). Every test executable runs one test at a time: two tests of one
 # process side by side, one recording a CUDA graph, failed now and then with
 # CUBLAS_STATUS_INTERNAL_ERROR in a cuBLASLt product (cuda_model: results/runs/gpu-032ef1e;
-# cuda_mlp: results/runs/gpu-c3bee72; cause not found: results/runs/gpu-8877c39). A training
-# process has one backend on one thread.
+# cuda_mlp: results/runs/gpu-c3bee72). The cause (results/runs/gpu-8877c39): the tests share the
+# device's primary context, and one test synchronising it (opening a backend does) while
+# another's stream is being captured fails and invalidates that capture. A training
+# process queues all its device work and records its graphs on one thread.
 # Run from the project root after `../shared/gpu/bundle.sh`; outputs in $OUT, a table last.
 source stage2_cuda/gpu/cuda-env.sh >/dev/null 2>&1
 export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
