@@ -11,6 +11,8 @@
 //! Needs a CUDA device: run with `--include-ignored` on a GPU machine.
 #![cfg(feature = "cuda")]
 
+mod support;
+
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, BiasGradPath, CudaBackend, GeluPath, HopperBackward, ResidualPath};
 use common::backend::Precision;
@@ -203,6 +205,7 @@ const ENCODER_CASES: [(usize, usize, usize, usize, f32); 6] = [
 #[test]
 #[ignore = "needs a CUDA device"]
 fn encoder_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     for (b, t, c, v, share) in ENCODER_CASES {
         let ids = skewed_ids(b * t, 1, v, share);
         let want = encoder_case(&cpu(), Inputs::F32, &ids, t, c, v);
@@ -257,6 +260,7 @@ fn matmul_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, oc: usize, wi
 #[test]
 #[ignore = "needs a CUDA device"]
 fn matmul_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     let names = ["out", "dinp", "dw", "dbias"];
     for (bt, c, oc, bias) in [
         (74, 48, 144, true),
@@ -279,6 +283,7 @@ fn matmul_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn matmul_tf32_is_close_to_cpu() {
+    let _gpu = support::one_at_a_time();
     // TF32 keeps 10 mantissa bits: tolerance 1e-2 of the output's scale (reference: CPU fp32).
     let (bt, c, oc) = (256, 768, 768);
     let want = matmul_case(&cpu(), Inputs::F32, bt, c, oc, true);
@@ -359,6 +364,7 @@ const GELU_PATHS: [(GeluPath, bool); 3] = [
 #[test]
 #[ignore = "needs a CUDA device"]
 fn mlp_gelu_epilogues_match_cpu() {
+    let _gpu = support::one_at_a_time();
     // fp32 at the file's tolerance (1e-4: cuBLASLt's GELU is the tanh form, as the CPU's),
     // tf32 at 1e-2 as the matmul; fused (with the hidden bias gradient in the epilogue, and
     // after it, the default) and unfused.
@@ -378,6 +384,7 @@ fn mlp_gelu_epilogues_match_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
+    let _gpu = support::one_at_a_time();
     // GPT-2 124M's MLP (C = 768, H = 3072): cuBLASLt must have an algorithm for both GELU
     // epilogues, or the fused path silently runs the kernels, and in bf16 (where GELU is
     // fused by default) for the backward one with the hidden bias gradient where asked
@@ -433,6 +440,7 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_every_precision() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn dgelu_bias_sums_repeat_bit_for_bit_and_match_column_sums() {
+    let _gpu = support::one_at_a_time();
     // The hidden layer's bias gradient from DGELU_BGRAD's epilogue is summed across the
     // product's output tiles in a way cuBLASLt does not document: five equal calls at GPT-2's
     // MLP (BT = 4096: 32 tiles of 128 along the sum) must give the same bits (deterministic
@@ -552,6 +560,7 @@ fn bias_grad_plan(gpu: &CudaBackend, bt: usize, c: usize, oc: usize) -> Option<b
 #[test]
 #[ignore = "needs a CUDA device"]
 fn matmul_bias_grad_epilogue_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     // fp32 at the file's tolerance, tf32 at 1e-2 as the matmul; fused (the default) and
     // unfused; two accumulating calls each.
     for (precision, tol) in [(Precision::Fp32, FP32_TOL), (Precision::Tf32, 1e-2)] {
@@ -578,6 +587,7 @@ fn matmul_bias_grad_epilogue_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_matmul_bias_grad_epilogue_is_within_bound() {
+    let _gpu = support::one_at_a_time();
     // dinp: two cuBLAS products each rounded into the bf16 buffer (k = 3, one more rounding
     // than the matmul's single update); dw: f32, two products of K = BT (k = 2 as the
     // matmul's); dbias: f32 sums of bf16-exact values over 2·BT rows (k = 1).
@@ -605,6 +615,7 @@ fn bf16_matmul_bias_grad_epilogue_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bias_grad_epilogue_runs_at_gpt2_shapes_in_every_precision() {
+    let _gpu = support::one_at_a_time();
     // GPT-2 124M's four products with a bias at B·T = 16K (the GEMM's k), with the fused path
     // asked for: where cuBLASLt has an algorithm without split-K for BGRADB (not every
     // precision and shape has one: the first device run found a gap, printed below), the
@@ -717,6 +728,7 @@ fn layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec<Vec
 #[test]
 #[ignore = "needs a CUDA device"]
 fn layernorm_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     let names = ["out", "mean", "rstd", "dinp", "dw", "db"];
     // C a multiple of 4 up to 1664 takes the one-pass backward (each of its widths: 768, 1024,
     // 1280, 1664; rows past a block of 64 and a partial last block); 33 and 5 the two-pass one.
@@ -854,6 +866,7 @@ const ADD_LN_PATHS: [(ResidualPath, bool); 3] = [
 #[test]
 #[ignore = "needs a CUDA device"]
 fn add_layernorm_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     // fp32 and tf32 (no product here: the same kernels) at the file's tolerance, every path
     // (the bias gradient summed in the layernorm kernel or by the column sums after it).
     for precision in [Precision::Fp32, Precision::Tf32] {
@@ -872,6 +885,7 @@ fn add_layernorm_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_add_layernorm_is_within_bound() {
+    let _gpu = support::one_at_a_time();
     // sum: one rounding of a two-term sum (k = 1, K = 2, as `add`); out: the sum's rounding
     // (relative 2⁻⁹ of |x| ≤ 3, against a row spread of about 1) through the normalisation,
     // then its own rounding (k = 2); mean, rstd: f32 statistics of the rounded sum (k = 2);
@@ -907,6 +921,7 @@ fn bf16_add_layernorm_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn add_layernorm_fused_equals_unfused() {
+    let _gpu = support::one_at_a_time();
     // The fused forward rounds the sum as add_vec4_kernel does and runs layernorm_forward_vec4's
     // row code on it; the fused backward is the same dinp kernel with a second store. So the
     // two paths give the same numbers in every precision (compared as numbers: the unfused
@@ -936,6 +951,7 @@ fn add_layernorm_fused_equals_unfused() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn layernorm_bias_sums_equal_column_sums() {
+    let _gpu = support::one_at_a_time();
     // The one-pass kernel's column sums of the dsum it stores (as rounded) against the column
     // sums reading it back: the same terms in another order, so within f32 rounding of the
     // sums in every precision; every other output the same bits.
@@ -962,6 +978,7 @@ fn layernorm_bias_sums_equal_column_sums() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn residual_path_defaults_to_fused() {
+    let _gpu = support::one_at_a_time();
     assert_eq!(
         gpu(Precision::Bf16).residual_path(),
         ResidualPath::Fused,
@@ -1019,6 +1036,7 @@ fn attention_case_scaled<B: Backend>(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     // Head sizes 12, 32, 64 and 128 (flash pads them to 16/32/64/128); T = 1, odd T, T past
     // one tile (64 rows) and not a multiple of it. fp32 flash is the 3xTF32 split.
     let cases = [
@@ -1047,6 +1065,7 @@ fn attention_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_matches_cpu_when_peaked() {
+    let _gpu = support::one_at_a_time();
     // Peaked softmaxes (inputs at scale 4: scores far apart, rows' maxima moving between key
     // tiles), GPT-2's head size 64 and T past several tiles: the fp32 paths still to 1e-4.
     for path in [AttentionPath::Flash, AttentionPath::Gemm] {
@@ -1068,6 +1087,7 @@ fn attention_matches_cpu_when_peaked() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_flash_tf32_is_close_to_cpu() {
+    let _gpu = support::one_at_a_time();
     // TF32 operands (10 mantissa bits): tolerance 1e-2 of each output's scale, as for matmul.
     for (b, t, c, nh) in [(2, 70, 96, 3), (1, 129, 768, 12)] {
         let want = attention_case(&cpu(), Inputs::F32, b, t, c, nh);
@@ -1085,6 +1105,7 @@ fn attention_flash_tf32_is_close_to_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_scratch_is_reused_across_shapes() {
+    let _gpu = support::one_at_a_time();
     // A big call then a small one (scratch kept), then the first again: results must agree
     // bit for bit (the flash backward has no atomics, so it is deterministic too).
     for path in [AttentionPath::Flash, AttentionPath::Gemm] {
@@ -1105,6 +1126,7 @@ fn attention_scratch_is_reused_across_shapes() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn flash_attention_saves_one_value_per_row() {
+    let _gpu = support::one_at_a_time();
     let gpu = gpu(Precision::Fp32);
     assert_eq!(gpu.attention_path(), AttentionPath::Flash, "flash is the default");
     assert_eq!(gpu.attention_saved_len(16, 1024, 12), 16 * 12 * 1024);
@@ -1125,6 +1147,7 @@ fn gelu_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gelu_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     for n in [1, 1000, 12_345] {
         let want = gelu_case(&cpu(), Inputs::F32, n);
         let got = gelu_case(&gpu(Precision::Fp32), Inputs::F32, n);
@@ -1145,6 +1168,7 @@ fn relu_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn relu_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     // fp32 exactly (a comparison and an add); bf16: the accumulated gradient rounds once (k = 1).
     let n = 12_345;
     let want = relu_case(&cpu(), Inputs::F32, n);
@@ -1182,6 +1206,7 @@ fn crossentropy_case<B: Backend>(be: &B, q: Inputs, bt: usize, v: usize, vp: usi
 #[test]
 #[ignore = "needs a CUDA device"]
 fn crossentropy_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     for (bt, v, vp) in [(37, 101, 128), (5, 50_257, 50_304), (64, 7, 7)] {
         let want = crossentropy_case(&cpu(), Inputs::F32, bt, v, vp);
         let got = crossentropy_case(&gpu(Precision::Fp32), Inputs::F32, bt, v, vp);
@@ -1218,6 +1243,7 @@ fn reductions_case<B: Backend>(be: &B, n: usize, max_norm: f32) -> Vec<Vec<f32>>
 #[test]
 #[ignore = "needs a CUDA device"]
 fn reductions_and_clip_match_cpu() {
+    let _gpu = support::one_at_a_time();
     // max_norm below the norm (clips), above it (factor 1), and 0 (clipping off).
     for (n, max_norm) in [(100_003, 1.0), (1_000, 100.0), (3, 0.0), (3_000_001, 5.0)] {
         let want = reductions_case(&cpu(), n, max_norm);
@@ -1297,6 +1323,7 @@ fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn adamw_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     for (n, t) in [(1_001, 1), (50_000, 1_000)] {
         let want = adamw_case(&cpu(), n, t);
         let got = adamw_case(&gpu(Precision::Fp32), n, t);
@@ -1352,6 +1379,7 @@ fn sgd_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn sgd_matches_cpu() {
+    let _gpu = support::one_at_a_time();
     for n in [1_001, 50_000] {
         let (want, got) = (sgd_case(&cpu(), n), sgd_case(&gpu(Precision::Fp32), n));
         check(
@@ -1398,6 +1426,7 @@ fn memory_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn memory_ops_match_cpu() {
+    let _gpu = support::one_at_a_time();
     let want = memory_case(&cpu(), Inputs::F32, 10_007);
     let got = memory_case(&gpu(Precision::Fp32), Inputs::F32, 10_007);
     let names = ["alloc", "accumulate", "zero", "scale", "add", "acc_act", "to_bf16"];
@@ -1407,6 +1436,7 @@ fn memory_ops_match_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn peak_memory_counts_allocations() {
+    let _gpu = support::one_at_a_time();
     let gpu = gpu(Precision::Fp32);
     let before = gpu.peak_memory_bytes();
     let big = gpu.alloc::<f32>(1 << 24).unwrap();
@@ -1427,6 +1457,7 @@ fn peak_memory_counts_allocations() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn out_of_memory_is_a_device_error() {
+    let _gpu = support::one_at_a_time();
     let gpu = gpu(Precision::Fp32);
     let err = gpu.alloc::<f32>(1 << 40).err().expect("4 TiB must not fit"); // 4 TiB
     let msg = err.to_string();
@@ -1443,6 +1474,7 @@ fn out_of_memory_is_a_device_error() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_bad_launch_surfaces_at_synchronize() {
+    let _gpu = support::one_at_a_time();
     // C not divisible by NH cannot be run: the error waits for synchronize, then clears.
     let gpu = gpu(Precision::Fp32);
     unsafe { gpu.attention_forward(DevPtr::default(), DevPtr::default(), DevPtr::default(), 1, 4, 10, 3) };
@@ -1468,6 +1500,7 @@ fn check_bf16(test: &str, names: &[&str], got: &[Vec<f32>], want: &[Vec<f32>], b
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_encoder_is_within_bound() {
+    let _gpu = support::one_at_a_time();
     for (b, t, c, v, share) in ENCODER_CASES {
         let ids = skewed_ids(b * t, 1, v, share);
         let want = encoder_case(&cpu(), Inputs::Bf16, &ids, t, c, v);
@@ -1485,6 +1518,7 @@ fn bf16_encoder_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_matmul_is_within_bound() {
+    let _gpu = support::one_at_a_time();
     for (bt, c, oc, bias) in [(333, 768, 2304, true), (256, 768, 768, false), (74, 48, 144, true)] {
         let want = matmul_case(&cpu(), Inputs::Bf16, bt, c, oc, bias);
         let got = matmul_case(&gpu(Precision::Bf16), Inputs::Bf16, bt, c, oc, bias);
@@ -1501,6 +1535,7 @@ fn bf16_matmul_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_mlp_gelu_epilogues_are_within_bound() {
+    let _gpu = support::one_at_a_time();
     // pre: a product with a bias, rounded once (k = 2, as the matmul's out); act: GELU (slope
     // at most 1.13) of pre's error, then its own rounding (k = 3); dpre: unfused, d(act) is
     // rounded and then dpre (k = 2), fused only dpre; dw and dbias as the matmul's; dpre_bias
@@ -1525,6 +1560,7 @@ fn bf16_mlp_gelu_epilogues_are_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_layernorm_is_within_bound() {
+    let _gpu = support::one_at_a_time();
     for (bt, c) in [(300, 768), (74, 48)] {
         let want = layernorm_case(&cpu(), Inputs::Bf16, bt, c);
         let got = layernorm_case(&gpu(Precision::Bf16), Inputs::Bf16, bt, c);
@@ -1541,6 +1577,7 @@ fn bf16_layernorm_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_attention_is_within_bound() {
+    let _gpu = support::one_at_a_time();
     // The default kernels (on Hopper at head size 64 the backward is the warpgroup-product one):
     // T = 64 one tile, 129 a partial one, 1024 the benchmark's.
     let cases = [
@@ -1567,6 +1604,7 @@ fn bf16_attention_is_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
+    let _gpu = support::one_at_a_time();
     let n = 12_345;
     let want = gelu_case(&cpu(), Inputs::Bf16, n);
     let got = gelu_case(&gpu(Precision::Bf16), Inputs::Bf16, n);
@@ -1606,6 +1644,7 @@ fn bf16_gelu_crossentropy_and_elementwise_are_within_bound() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_attention_errors_by_tile() {
+    let _gpu = support::one_at_a_time();
     for (b, t, c, nh) in [(1, 200, 64, 1), (2, 256, 128, 2), (1, 1024, 128, 2)] {
         let want = cpu().run(b, t, c, nh, false);
         // (path, Hopper backward, through attention_backward with `overwrite`): the Hopper kernels
@@ -1696,6 +1735,7 @@ const ATTENTION_BIAS_SHAPES: [(usize, usize, usize, usize); 4] =
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_bias_sums_match_cpu_and_column_sums() {
+    let _gpu = support::one_at_a_time();
     // The qkv bias gradient from the attention backward: against the CPU (fp32 at the file's
     // tolerance; bf16 as dqkv's own bound: a sum of dqkv's values, its error relative to the
     // largest that of dqkv), and on Hopper the warpgroup kernels' tile sums against the column

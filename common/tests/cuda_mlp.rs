@@ -6,6 +6,8 @@
 //! Needs a CUDA device: run with `--include-ignored` on a GPU machine.
 #![cfg(feature = "cuda")]
 
+mod support;
+
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{CudaBackend, MlpTiles};
 use common::backend::{Backend, DeviceBuffer, Precision};
@@ -98,6 +100,7 @@ fn compare(what: &str, a: &Run, b: &Run) -> (f32, f32) {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_fused_step_matches_the_generic_step_on_the_gpu() {
+    let _gpu = support::one_at_a_time();
     let set = set();
     let generic = run(&gpu(Precision::Fp32), &set, None);
     assert!(generic.losses.last() < generic.losses.first(), "the generic run learns");
@@ -115,6 +118,7 @@ fn the_fused_step_matches_the_generic_step_on_the_gpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_fused_step_on_the_gpu_matches_the_cpu() {
+    let _gpu = support::one_at_a_time();
     let set = set();
     let cpu = run(&CpuBackend::new(0).unwrap(), &set, None);
     let fused = run(&gpu(Precision::Fp32), &set, Some(true));
@@ -127,6 +131,7 @@ fn the_fused_step_on_the_gpu_matches_the_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_replayed_step_computes_what_the_queued_step_computes_bit_for_bit() {
+    let _gpu = support::one_at_a_time();
     let set = set();
     let be = gpu(Precision::Fp32);
     let (replayed, queued) = (run(&be, &set, Some(true)), run(&be, &set, Some(false)));
@@ -141,6 +146,7 @@ fn a_replayed_step_computes_what_the_queued_step_computes_bit_for_bit() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_fused_step_tracks_its_generic_step() {
+    let _gpu = support::one_at_a_time();
     let set = set();
     let be = gpu(Precision::Bf16);
     let (fused, generic) = (run(&be, &set, Some(true)), run(&be, &set, None));

@@ -5,6 +5,8 @@
 //! Needs a CUDA device: run with `--include-ignored` on a GPU machine.
 #![cfg(feature = "cuda")]
 
+mod support;
+
 use common::autograd::{Graph, Pool};
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{CudaBackend, GeluPath, ResidualPath};
@@ -149,6 +151,7 @@ fn assert_same_step0(what: &str, (a_loss, a): &(f32, Vec<f32>), (b_loss, b): &(f
 #[test]
 #[ignore = "needs a CUDA device"]
 fn residual_fused_equals_unfused_at_step0() {
+    let _gpu = support::one_at_a_time();
     // The fused residual kernels compute what add + layernorm and layernorm_backward + zero +
     // accumulate compute (the same roundings, the same reduction order), so the whole model's
     // loss and gradients are the same numbers on either path, in every precision.
@@ -173,6 +176,7 @@ fn residual_fused_equals_unfused_at_step0() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bias_sums_in_kernels_equal_column_sums_at_step0() {
+    let _gpu = support::one_at_a_time();
     // The bias gradients summed by the kernels that write their products' output gradients
     // (the add-layernorm backward: the attention and MLP projections; the attention backward,
     // on Hopper: qkv), against the column-sum kernels reading those gradients back: those
@@ -226,6 +230,7 @@ fn bias_sums_in_kernels_equal_column_sums_at_step0() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn recompute_is_bit_for_bit_with_the_fused_residual() {
+    let _gpu = support::one_at_a_time();
     // Under --recompute each fused op's layernorm output is computed again by layernorm_forward
     // from the kept sum; the fused kernel shares that kernel's row code, so the run is the same
     // bit for bit (GELU unfused: the epilogue's GELU is recomputed by our kernel only to rounding).
@@ -273,6 +278,7 @@ fn gradients_match_on(name: &str, gpu: &CudaBackend, cfg: ModelConfig, b: usize,
 #[test]
 #[ignore = "needs a CUDA device"]
 fn whole_model_gradients_match_cpu_at_step0() {
+    let _gpu = support::one_at_a_time();
     // Head sizes 16 (tiny, odd T), 32 (char) and 64 (GPT-2's), vocabulary 256.
     gradients_match("tiny", config("tiny", ConfigOverrides::default()), 3, 37);
     gradients_match("char", config("char", ConfigOverrides::default()), 4, 64);
@@ -359,6 +365,7 @@ fn replay_run(precision: Precision, replay: bool, micro_batches: usize) -> (Vec<
 #[test]
 #[ignore = "needs a CUDA device"]
 fn replayed_steps_equal_steps_run_as_queued() {
+    let _gpu = support::one_at_a_time();
     // The step recorded once as a CUDA graph and replayed runs the same kernels on the same
     // memory as the step queued op by op: the same run, bit for bit, in every precision and
     // with gradient accumulation.
@@ -382,6 +389,7 @@ fn replayed_steps_equal_steps_run_as_queued() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn training_200_steps_tracks_cpu_losses() {
+    let _gpu = support::one_at_a_time();
     let (b, t) = (8, 64);
     let cfg = config("char", ConfigOverrides::default());
     let data = batches(200, b, t);
@@ -413,6 +421,7 @@ fn training_200_steps_tracks_cpu_losses() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_training_200_steps_stays_within_2_percent_of_cpu() {
+    let _gpu = support::one_at_a_time();
     // Mixed precision changes the rounding of every activation, so the losses are compared
     // relatively (2%, as the 500-step GPT-2 run), not to fp32 rounding.
     let (b, t) = (8, 64);
@@ -459,6 +468,7 @@ fn logits<B: Backend>(be: &B, model: &Gpt2<B>, batch: &Batch, b: usize, t: usize
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bf16_forward_reads_the_parameters_it_was_given() {
+    let _gpu = support::one_at_a_time();
     // Parameters set from the host (as `generate` and a resumed run load them) must reach the
     // bf16 copy the forward pass reads: the logits agree with fp32 to bf16 rounding, where a
     // stale copy gives other logits altogether.
@@ -515,6 +525,7 @@ fn grads_after_backward<B: Backend>(be: &B, first_writes: bool) -> Vec<f32> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn first_product_writes_equal_gradients_added_to_zeros() {
+    let _gpu = support::one_at_a_time();
     // The weight-gradient products with beta 0 into NaN against beta 1 into zeros: the same
     // numbers in every precision (a zero's sign aside), nothing left of the NaN.
     for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {

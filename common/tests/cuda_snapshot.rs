@@ -5,6 +5,8 @@
 //! Needs a CUDA device: run with `--include-ignored` on a GPU machine.
 #![cfg(feature = "cuda")]
 
+mod support;
+
 use common::backend::cuda::CudaBackend;
 use common::backend::{Backend, DeviceBuffer, Precision, Snapshot, SnapshotTimes};
 
@@ -51,6 +53,7 @@ fn read_elsewhere(snapshot: Box<dyn Snapshot>) -> (Vec<Vec<f32>>, SnapshotTimes)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_snapshot_holds_what_was_queued_before_it_and_nothing_after() {
+    let _gpu = support::one_at_a_time();
     let be = gpu();
     // Three parts of unequal lengths, the first large enough that its copies take a while.
     let lens = [3 << 22, 1000, 7];

@@ -4,6 +4,8 @@
 //! reference here: parity is `cuda_backend.rs`'s job. Needs a CUDA device.
 #![cfg(feature = "cuda")]
 
+mod support;
+
 use std::time::Instant;
 
 use common::backend::cuda::{AttentionPath, CudaBackend};
@@ -411,11 +413,13 @@ fn gpt2_step_table(precision: Precision) {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpt2_124m_ops_at_full_size_fp32() {
+    let _gpu = support::one_at_a_time();
     gpt2_step_table(Precision::Fp32);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpt2_124m_ops_at_full_size_tf32() {
+    let _gpu = support::one_at_a_time();
     gpt2_step_table(Precision::Tf32);
 }

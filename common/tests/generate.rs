@@ -2,6 +2,9 @@
 //! whole sequence again): the same greedy tokens, on the CPU in fp32 and (GPU test) for 64
 //! tokens on the GPU in fp32; and where generation stops at the model's context.
 
+#[cfg(feature = "cuda")]
+mod support;
+
 use common::autograd::Pool;
 use common::backend::cpu::CpuBackend;
 use common::backend::Backend;
@@ -71,6 +74,7 @@ fn greedy_with_the_cache_equals_greedy_without_it_on_the_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn greedy_with_the_cache_equals_greedy_without_it_on_the_gpu_fp32() {
+    let _gpu = support::one_at_a_time();
     use common::backend::cuda::CudaBackend;
     use common::backend::Precision;
     let gpu = CudaBackend::new(0, Precision::Fp32).unwrap_or_else(|e| panic!("CUDA backend: {e}"));

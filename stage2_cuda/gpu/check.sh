@@ -3,13 +3,9 @@
 # executable that has ignored tests, with --include-ignored, but the two-GPU NCCL ones), the determinism check (two
 # same-seed runs per precision: identical loss.tsv and final state; run.sh determinism), and
 # the PyTorch side-by-side bench (GPT-2 124M B=16 T=1024: ours bf16 against torch.compile bf16,
-# two alternating rounds). Every test executable runs one test at a time: two tests of one
-# process side by side, one recording a CUDA graph, failed now and then with
-# CUBLAS_STATUS_INTERNAL_ERROR in a cuBLASLt product (cuda_model: results/runs/gpu-032ef1e;
-# cuda_mlp: results/runs/gpu-c3bee72). The cause (results/runs/gpu-8877c39): the tests share the
-# device's primary context, and one test synchronising it (opening a backend does) while
-# another's stream is being captured fails and invalidates that capture. A training
-# process queues all its device work and records its graphs on one thread.
+# two alternating rounds). The GPU tests of one process take turns (common/tests/support: they
+# share the device's CUDA context, and one opening a backend while another records a CUDA graph
+# failed now and then: results/runs/gpu-8877c39), so --test-threads only runs CPU tests beside.
 # Run from the project root after `../shared/gpu/bundle.sh`; outputs in $OUT, a table last.
 source stage2_cuda/gpu/cuda-env.sh >/dev/null 2>&1
 export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
@@ -21,7 +17,7 @@ for t in /tmp/gpu-rt/tests/*; do
   # GPU tests are the ignored ones; an executable without any is CPU-only (make test runs it,
   # and stage 0's call the binary at the build machine's path, which is not here).
   "$t" --list --ignored 2>/dev/null | grep -q ': test$' || continue
-  res=$(timeout 400 "$t" --include-ignored --test-threads 1 2>&1 | tee "$OUT/test-$file.log" | grep -E "^test result" | tail -1)
+  res=$(timeout 400 "$t" --include-ignored --test-threads 4 2>&1 | tee "$OUT/test-$file.log" | grep -E "^test result" | tail -1)
   printf 'TESTS %-18s %s\n' "$name" "${res:-NO RESULT (see test-$file.log)}" | tee -a "$OUT/check.txt"
   grep -E "^test .*FAILED|panicked" "$OUT/test-$file.log" | head -5 | tee -a "$OUT/check.txt"
 done

@@ -8,7 +8,7 @@ export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cat .gpu/commit
 for t in /tmp/gpu-rt/tests/cuda_backend-* /tmp/gpu-rt/tests/cuda_model-*; do
-  timeout 300 "$t" --include-ignored --test-threads 1 2>&1 | grep -E "^test result|FAILED|panicked|attention .*bf16|bf16:|REPLAY|PARITY"
+  timeout 300 "$t" --include-ignored --test-threads 4 2>&1 | grep -E "^test result|FAILED|panicked|attention .*bf16|bf16:|REPLAY|PARITY"
 done
 for t in /tmp/gpu-rt/tests/cli-*; do
   if "$t" --list 2>/dev/null | grep -q same_seed_runs_are_identical_on_the_gpu; then

@@ -76,7 +76,7 @@ if want tests; then
     # stage2's CLI tests only (other stages' CLI tests run the binaries of the machine that built them)
     case $(basename "$t") in cli-*) "$t" --list 2>/dev/null | grep -q "same_seed_runs_are_identical_on_the_gpu" || continue ;; esac
     echo "== test $(basename "$t")"
-    timeout 300 "$t" --include-ignored --nocapture --test-threads 1 >>"$OUT/tests.log" 2>&1 || rc=1
+    timeout 300 "$t" --include-ignored --nocapture --test-threads 4 >>"$OUT/tests.log" 2>&1 || rc=1
   done
 fi
 if want timing; then
