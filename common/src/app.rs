@@ -15,7 +15,6 @@ use crate::{autograd::Pool, data};
 use clap::FromArgMatches;
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::Path;
 use std::process::ExitCode;
 
 /// How a stage executes: its name, where it runs, how to make its backend.
@@ -213,7 +212,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
         }
         Command::Mnist(args) => {
             let be = (stage.backend)(&args.device, comm)?;
-            crate::mnist::train(&be, comm, &args)
+            crate::mnist::run(&be, comm, &args)
         }
         Command::Report(args) => {
             if comm.is_root() {
@@ -244,7 +243,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Import(args) if comm.is_root() => {
-            let ckpt = imported(&args.from)?;
+            let ckpt = crate::interop::import_checkpoint(&args.from)?;
             let n = ckpt.params.len();
             let zeros = vec![0.0f32; n];
             checkpoint::save(&args.out, &ckpt.meta, &ckpt.params, &zeros, &zeros)?;
@@ -260,32 +259,6 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
     }
 }
 
-/// The key of an imported checkpoint's settings that names the directory it came from: such
-/// a checkpoint is no run to `--resume`, only weights to start from (`--init-from`).
-pub const IMPORTED_FROM: &str = "imported_from";
-
-/// A Hugging Face GPT-2 directory (what `export` writes) as a checkpoint at step 0, without
-/// optimizer state (`m` and `v` empty).
-fn imported(dir: &Path) -> Result<checkpoint::Checkpoint> {
-    let model = crate::interop::import(dir)?;
-    let meta = checkpoint::CheckpointMeta {
-        config: model.config,
-        tokenizer: model.tokenizer.name().to_string(),
-        step: 0,
-        data_epoch: 0,
-        data_step_in_epoch: 0,
-        seed: 0,
-        train: serde_json::json!({ IMPORTED_FROM: dir.display().to_string() }),
-        progress: serde_json::json!({}),
-    };
-    Ok(checkpoint::Checkpoint {
-        meta,
-        params: model.params,
-        m: Vec::new(),
-        v: Vec::new(),
-    })
-}
-
 /// `generate --checkpoint`: a checkpoint file, or a Hugging Face directory; by default the
 /// model that ships in data/ (see [`GenerateArgs::checkpoint_or_shipped`]).
 fn generate_weights(args: &GenerateArgs) -> Result<checkpoint::Checkpoint> {
@@ -297,7 +270,7 @@ fn generate_weights(args: &GenerateArgs) -> Result<checkpoint::Checkpoint> {
         );
     }
     match path.is_dir() {
-        true => imported(&path),
+        true => crate::interop::import_checkpoint(&path),
         false => checkpoint::load(&path),
     }
 }

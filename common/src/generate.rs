@@ -8,10 +8,10 @@
 //! whose window slides past the context).
 
 use crate::autograd::{Graph, KvCache, Pool, TokenStage};
+use crate::backend::replay::Recorder;
 use crate::backend::{Backend, DeviceBuffer};
 use crate::error::Result;
 use crate::model::Gpt2;
-use crate::train::replay::Recorder;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::ops::ControlFlow;

@@ -23,6 +23,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod replay;
 
 use crate::error::{Error, Result};
 use std::marker::PhantomData;

@@ -3,7 +3,8 @@
 //! [`hf`]), `config.json` ([`config`]) and the tokenizer files (`vocab.json`, `merges.txt`,
 //! `tokenizer_config.json`: [`vocab`]), so that `GPT2LMHeadModel.from_pretrained(DIR)` and
 //! `AutoTokenizer.from_pretrained(DIR)` load it. [`import`] reads such a directory (ours, or
-//! Hugging Face's own GPT-2 checkpoints: f32, f16 or bf16) into parameters a checkpoint holds.
+//! Hugging Face's own GPT-2 checkpoints: f32, f16 or bf16) into parameters a checkpoint holds
+//! ([`import_checkpoint`]: as a checkpoint at step 0, for `--init-from` and `generate`).
 //!
 //! Files from outside are checked before anything is sized from them: the safetensors header
 //! must fit the file and the crate checks every offset against it, each tensor's shape must be
@@ -16,6 +17,7 @@ pub mod hf;
 pub mod vocab;
 
 use crate::atomic_file;
+use crate::checkpoint::{Checkpoint, CheckpointMeta};
 use crate::error::{io_err, Error, Result};
 use crate::model::{ModelConfig, ParamLayout};
 use crate::tokenizer::{Tokenizer, TokenizerKind};
@@ -87,6 +89,37 @@ pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     atomic_file::write(path, |f| f.write_all(bytes))
+}
+
+/// The key of an imported checkpoint's settings that names the directory it came from: such
+/// a checkpoint is no run to `--resume`, only weights to start from (`--init-from`).
+pub const IMPORTED_FROM: &str = "imported_from";
+
+/// Whether a checkpoint was made by [`import_checkpoint`] (not by a training run).
+pub fn is_imported(meta: &CheckpointMeta) -> bool {
+    meta.train.get(IMPORTED_FROM).is_some()
+}
+
+/// A Hugging Face GPT-2 directory (what `export` writes) as a checkpoint at step 0, without
+/// optimizer state (`m` and `v` empty).
+pub fn import_checkpoint(dir: &Path) -> Result<Checkpoint> {
+    let model = import(dir)?;
+    let meta = CheckpointMeta {
+        config: model.config,
+        tokenizer: model.tokenizer.name().to_string(),
+        step: 0,
+        data_epoch: 0,
+        data_step_in_epoch: 0,
+        seed: 0,
+        train: serde_json::json!({ IMPORTED_FROM: dir.display().to_string() }),
+        progress: serde_json::json!({}),
+    };
+    Ok(Checkpoint {
+        meta,
+        params: model.params,
+        m: Vec::new(),
+        v: Vec::new(),
+    })
 }
 
 /// Reads a Hugging Face GPT-2 directory (`config.json` and `model.safetensors`). The

@@ -31,10 +31,10 @@
 
 use super::data::Dataset;
 use super::mlp::Mlp;
+use crate::backend::replay::Recorder;
 use crate::backend::{bf16, check_range, Act, ActType, Backend, DevPtr, DeviceBuffer, SgdHyper};
 use crate::error::{Error, Result};
 use crate::optim::{OptimConfig, Sgd, StepMeter, StepStats};
-use crate::train::replay::Recorder;
 use std::ops::Range;
 
 /// The MLP's step on the device for batches of `rows` images, `steps` of them an epoch.

@@ -19,3 +19,20 @@ pub use data::{Dataset, CLASSES};
 pub use idx::{parse_images, parse_labels, read_images, read_labels, Images};
 pub use mlp::Mlp;
 pub use train::{train, MlpTrainer};
+
+use crate::backend::Backend;
+use crate::cli::MnistArgs;
+use crate::comm::{check_same_everywhere, Comm};
+use crate::error::Result;
+
+/// The `mnist` subcommand: trains ([`train()`]), or times steps with `--bench` ([`bench::bench`]).
+pub fn run<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()> {
+    // The same flags and binary on every rank (the thread count aside).
+    let mut same_everywhere = args.clone();
+    same_everywhere.device.threads = None;
+    check_same_everywhere(comm, &format!("mnist {same_everywhere:?}"))?;
+    match args.bench {
+        true => bench::bench(be, comm, args),
+        false => train(be, comm, args),
+    }
+}

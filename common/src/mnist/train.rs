@@ -16,7 +16,7 @@ use super::synthetic;
 use crate::autograd::{Graph, Pool};
 use crate::backend::Backend;
 use crate::cli::{MnistArgs, OptimizerFlag};
-use crate::comm::{check_same_everywhere, Comm};
+use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::grad_sync::{GradSync, SyncMode};
 use crate::optim::{AdamW, OptimConfig, Optimizer, Sgd, StepStats};
@@ -290,15 +290,8 @@ fn argmax(row: &[f32]) -> usize {
         .fold(0, |best, (i, &x)| if x > row[best] { i } else { best })
 }
 
-/// The `mnist` subcommand.
+/// The `mnist` subcommand without `--bench`: trains, tests after each epoch, prints the table.
 pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()> {
-    // The same flags and binary on every rank (the thread count aside).
-    let mut same_everywhere = args.clone();
-    same_everywhere.device.threads = None;
-    check_same_everywhere(comm, &format!("mnist {same_everywhere:?}"))?;
-    if args.bench {
-        return super::bench::bench(be, comm, args);
-    }
     // The same flags everywhere: every rank refuses them together.
     let momentum = args.momentum().map_err(Error::on_every_rank)?;
     let (train, test) = load_sets(comm, args)?;

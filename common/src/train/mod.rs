@@ -1,10 +1,10 @@
 //! THE training loop, shared by all four stages, generic over the backend (CPU or GPU) and
 //! the communicator (one process, MPI, NCCL). Rank 0 alone logs, evaluates, samples and
 //! writes checkpoints; every rank runs the same optimiser step. `setup` prepares a run,
-//! `trainer` holds the model and the step, `replay` records a step once and replays it.
+//! `trainer` holds the model and the step (recorded once and replayed:
+//! [`crate::backend::replay`]).
 
 pub mod dump;
-pub mod replay;
 mod session;
 mod setup;
 mod trainer;

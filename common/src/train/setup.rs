@@ -305,7 +305,7 @@ fn run_seed(args: &TrainArgs, resumed: Option<&CheckpointMeta>) -> Result<u64> {
 /// `--resume` takes a training run's checkpoint, not an imported one; `--init-from` fixes the
 /// model, so model flags are refused with it.
 fn weights_from(args: &TrainArgs, resumed: Option<&CheckpointMeta>, init: Option<&CheckpointMeta>) -> Result<()> {
-    if resumed.is_some_and(|m| m.train.get(crate::app::IMPORTED_FROM).is_some()) {
+    if resumed.is_some_and(crate::interop::is_imported) {
         crate::bail_input!(
             "cannot resume: this checkpoint was made by `import`, not by a run: start from it with --init-from"
         );

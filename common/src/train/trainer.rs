@@ -3,8 +3,8 @@
 //! of: one step, an evaluation, a sample, saving and restoring. `train` and `bench` both
 //! drive it.
 
-use super::replay::Recorder;
 use crate::autograd::{check_ids, Graph, Pool, TokenStage};
+use crate::backend::replay::Recorder;
 use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::{Checkpoint, HostState};
 use crate::comm::{broadcast_f32, device_order, from_root, Comm, Words};

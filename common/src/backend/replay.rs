@@ -4,7 +4,7 @@
 //! second time, and replayed from then on, one launch a step. GPT-2's [`Trainer`] and the MLP's
 //! fused step ([`crate::mnist::fused`]) both drive one.
 //!
-//! [`Trainer`]: super::Trainer
+//! [`Trainer`]: crate::train::Trainer
 
 use crate::backend::Backend;
 use crate::error::Result;
