@@ -157,11 +157,6 @@ fn install_interrupt_handler() {
     let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
 }
 
-/// Test hook for failure handling: `GPT2RS_FAIL_RANK=r GPT2RS_FAIL_AT_STEP=s` makes rank
-/// r exit(1) at once when it reaches step s, without telling the other ranks, as a crashed
-/// process would; with `GPT2RS_FAIL_MODE=error` it returns an error instead (an error on
-/// one rank alone), with `panic` it panics (a bug). The stage 1 tests check that the job
-/// then ends, and never hangs.
 /// A debugging aid: the 0-based steps of `GPT2_GRAD_NORMS=36,37,38`, after which rank 0
 /// prints every tensor's gradient norm ([`print_grad_norms_if_asked`]).
 fn grad_norm_steps() -> Vec<u64> {
@@ -182,6 +177,11 @@ fn print_grad_norms_if_asked<B: Backend>(run: &Run<B>, comm: &dyn Comm, step: u6
     Ok(())
 }
 
+/// Test hook for failure handling: `GPT2RS_FAIL_RANK=r GPT2RS_FAIL_AT_STEP=s` makes rank
+/// r exit(1) at once when it reaches step s, without telling the other ranks, as a crashed
+/// process would; with `GPT2RS_FAIL_MODE=error` it returns an error instead (an error on
+/// one rank alone), with `panic` it panics (a bug). The stage 1 tests check that the job
+/// then ends, and never hangs.
 fn fail_if_asked(comm: &dyn Comm, step: u64) -> Result<()> {
     let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
     if var("GPT2RS_FAIL_RANK") != Some(comm.rank() as u64) || var("GPT2RS_FAIL_AT_STEP") != Some(step) {
