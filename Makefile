@@ -68,7 +68,7 @@ test: deps
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH REQUIRE_NVRTC=1 $(CARGO) test --workspace
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --quiet
 
-# The CPU benchmark suite (results/bench-suite.sh; about 12 minutes on 2 cores): tables and
+# The CPU benchmark suite (results/bench-suite.sh; about 6 minutes on 2 quiet cores, more on busy ones): tables and
 # plots in results/bench/ (GPT-2 124M's matrix products against a square product's GFLOP/s,
 # thread scaling, end-to-end training tokens/s per preset and stage, the MPI all-reduce
 # against message size, the MLP against PyTorch eager) and results/cpu-bench.md (stages 0 and

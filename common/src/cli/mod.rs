@@ -1,5 +1,5 @@
 //! The command line shared by all four stages (clap): `train`, `generate`, `export`,
-//! `import`, `tokenize`, `bench`, `report` and `mnist`. Each stage binary parses this and runs
+//! `import`, `tokenize`, `bench`, `report`, `plot` and `mnist`. Each stage binary parses this and runs
 //! it on its own backend and comm.
 
 mod checks;

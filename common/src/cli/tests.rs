@@ -124,15 +124,16 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
 ];
 
 /// Arguments that make each subcommand parse, before the flag under test.
-fn base(sub: &'static str) -> Vec<&'static str> {
-    match sub {
+fn base(sub: &str) -> Vec<String> {
+    let line = match sub {
         "train" => vec!["train", "--data", "d", "--out", "o"],
         "generate" => vec!["generate", "--checkpoint", "c"],
         "tokenize" => vec!["tokenize", "--input", "i", "--output", "o"],
         "export" => vec!["export", "--checkpoint", "c", "--out", "o"],
         "report" => vec!["report", "--run", "a=b"],
         _ => vec![sub],
-    }
+    };
+    line.into_iter().map(String::from).collect()
 }
 
 #[test]
@@ -165,7 +166,7 @@ fn every_bad_value_is_refused_in_both_forms() {
         for value in values {
             for form in [vec![long.clone(), value.to_string()], vec![format!("{long}={value}")]] {
                 let mut line = vec!["stage".to_string()];
-                line.extend(base(sub).iter().map(|s| s.to_string()));
+                line.extend(base(sub));
                 line.extend(form.iter().cloned());
                 let err = Cli::grammar().try_get_matches_from(&line).err();
                 let err = err.unwrap_or_else(|| panic!("accepted: {line:?}"));
@@ -174,5 +175,110 @@ fn every_bad_value_is_refused_in_both_forms() {
                 assert!(first.contains(&long), "{line:?}: the message must name {long}: {first}");
             }
         }
+    }
+}
+
+/// A value each flag of `STAGE_FLAGS` and `CONFLICTS` accepts (switches take none).
+fn good_value(id: &str) -> &'static str {
+    match id {
+        "threads" | "steps" | "epochs" | "top_k" => "2",
+        "precision" => "fp32",
+        "bucket_mb" => "25",
+        "sync_every" => "4",
+        "zero" => "1",
+        "comm_timeout" => "60",
+        "temperature" => "0.5",
+        "top_p" => "0.9",
+        _ => "some-path", // prompts, files and checkpoints: parsed as text
+    }
+}
+
+/// The command line `stage <sub> <base> --a [v] --b [v]` for the first subcommand that has
+/// every flag of `ids`, and its matches.
+fn line_with(ids: &[&str]) -> (Vec<String>, clap::ArgMatches) {
+    let cli = Cli::grammar();
+    let sub = cli
+        .get_subcommands()
+        .find(|s| ids.iter().all(|id| s.get_arguments().any(|a| a.get_id() == *id)))
+        .unwrap_or_else(|| panic!("no subcommand has every flag of {ids:?}"));
+    let mut line = vec!["stage".to_string()];
+    line.extend(base(sub.get_name()));
+    for id in ids {
+        let arg = sub.get_arguments().find(|a| a.get_id() == *id).unwrap();
+        line.push(format!("--{}", arg.get_long().unwrap()));
+        if arg.get_action().takes_values() {
+            line.push(good_value(id).to_string());
+        }
+    }
+    let matches = Cli::grammar()
+        .try_get_matches_from(&line)
+        .unwrap_or_else(|e| panic!("{line:?} does not parse: {e}"));
+    (line, matches)
+}
+
+const STAGES: [(StageKind, &str); 4] = [
+    (
+        StageKind {
+            gpu: false,
+            distributed: false,
+        },
+        "stage0_serial",
+    ),
+    (
+        StageKind {
+            gpu: false,
+            distributed: true,
+        },
+        "stage1_mpi",
+    ),
+    (
+        StageKind {
+            gpu: true,
+            distributed: false,
+        },
+        "stage2_cuda",
+    ),
+    (
+        StageKind {
+            gpu: true,
+            distributed: true,
+        },
+        "stage3_mpi_cuda",
+    ),
+];
+
+#[test]
+fn every_stage_flag_is_refused_on_the_stages_it_does_not_apply_to() {
+    for &(id, applies_to, applies) in STAGE_FLAGS {
+        let (line, matches) = line_with(&[id]);
+        for (stage, name) in STAGES {
+            let checked = check_flags(&matches, stage, name);
+            match applies(stage) {
+                true => assert_eq!(checked, Ok(()), "{name} {line:?}"),
+                false => {
+                    let e = checked.expect_err(&format!("{name} accepted {line:?}"));
+                    assert!(
+                        e.starts_with(&flag_name(id)) && e.contains(applies_to) && e.contains(name),
+                        "{e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_conflicting_pair_is_refused_naming_both_flags() {
+    for &(a, b, why) in CONFLICTS {
+        // Each alone passes (on the stage where it applies), the two together do not.
+        let (_, alone) = line_with(&[a]);
+        let (line, both) = line_with(&[a, b]);
+        let stage = STAGES[3]; // the multi-process GPU stage: every STAGE_FLAGS flag applies
+        assert_eq!(check_flags(&alone, stage.0, stage.1), Ok(()), "{a} alone");
+        let e = check_flags(&both, stage.0, stage.1).expect_err(&format!("accepted {line:?}"));
+        assert_eq!(
+            e,
+            format!("{} cannot be used with {}: {why}", flag_name(a), flag_name(b))
+        );
     }
 }
