@@ -4,7 +4,7 @@
 # without --overlap, and --zero 0 op by op (no CUDA graph, to time the sums); PyTorch DDP + torch.compile on N GPUs; torch.compile on one GPU. Writes
 # $OUT/scaling.jsonl (one bench line per run) and $OUT/scaling.md (the table), printed last.
 # From the project root, after `../shared/gpu/bundle.sh`:
-#   [BUCKETS="25 100"] [CTAS="8"] [TUNES="NCCL_MIN_CTAS=32"] [PIECES="4"] [QUICK=1] stage3_mpi_cuda/gpu/scaling.sh [N]
+#   [BUCKETS="25 100"] [CTAS="8"] [BESIDE="4"] [POLICY="1"] [TUNES="NCCL_MIN_CTAS=32"] [PIECES="4"] [QUICK=1] stage3_mpi_cuda/gpu/scaling.sh [N]
 # N: GPUs (default: all that nvidia-smi lists).
 # TUNES: NCCL settings (VAR=value, space-separated) under each of which `--zero 1` and NCCL's
 # all-reduce sweep run again, to choose stage 3's NCCL defaults on these GPUs.
@@ -14,6 +14,8 @@
 # BESIDE="4 8": --overlap (and each bucket size) again with only the buckets summed beside
 # backward held to that many thread blocks (GPT2_NCCL_BESIDE_CTAS: a second communicator), the
 # sums after backward at NCCL's full width.
+# POLICY="1": --overlap (and each bucket size) again under NCCL_CTA_POLICY=K (NCCL 2.27+; 1 is
+# its "efficiency" policy: as few thread blocks as keep the bandwidth, for overlap).
 # CTAS: --overlap (and each bucket size) again with NCCL held to that many thread blocks a
 # collective (NCCL_MAX_CTAS), so that the sums take fewer multiprocessors from the backward
 # kernels they run beside (they were slower overlapped than after backward: results/scaling.md).
@@ -75,6 +77,7 @@ overlap_variants() {  # VAR=value, tag: --overlap and each bucket size, --zero 0
 }
 for ctas in ${CTAS:-}; do overlap_variants "NCCL_MAX_CTAS=$ctas" "ctas$ctas"; done
 for k in ${BESIDE:-}; do overlap_variants "GPT2_NCCL_BESIDE_CTAS=$k" "beside$k"; done
+for k in ${POLICY:-}; do overlap_variants "NCCL_CTA_POLICY=$k" "policy$k"; done
 run ddp-compile "$n" python3 -m torch.distributed.run --standalone --nproc_per_node "$n" \
   "$gpu_dir/pytorch_ddp.py" --precision bf16 --batch 16 --seq-len 1024 --steps 10 --warmup 3
 run torch-compile-1gpu 1 python3 "$gpu_dir/pytorch_gpt2.py" --precision bf16 --compile \
