@@ -250,13 +250,13 @@ impl GradSync {
                 // stream after this, which waits for them on the device (or the host waits).
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
-            SyncMode::Allreduce | SyncMode::Overlapped { .. } if world > 1 && after.is_some() => {
+            SyncMode::Allreduce if world > 1 && after.is_some() => {
                 // One bucket after backward, ordered on the device (no host wait).
                 g.backward(loss, seed)?;
                 sum(&(0..self.total), Lane::Alone, &mut comm_s)?;
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
-            SyncMode::Allreduce | SyncMode::Overlapped { .. } if world > 1 => {
+            SyncMode::Allreduce if world > 1 => {
                 g.backward(loss, seed)?;
                 be.synchronize()?;
                 // SAFETY: the whole layout, inside `grads` (checked above).
@@ -294,8 +294,9 @@ impl GradSync {
         let params = &model.params;
         assert!(params.len() >= self.total, "parameter buffer smaller than the layout");
         let mut comm_s = 0.0;
-        be.synchronize()?; // the update must be written before the sum reads it
-                           // SAFETY: the whole layout, inside `params` (checked above).
+        // The update must be written before the sum reads it.
+        be.synchronize()?;
+        // SAFETY: the whole layout, inside `params` (checked above).
         unsafe {
             timed(&mut comm_s, || comm.all_reduce_sum(params.ptr(), self.total))?;
             be.scale(params.ptr(), self.total, 1.0 / world as f32);
@@ -338,7 +339,7 @@ impl GradSync {
     }
 
     /// What ZeRO-1's steps gather after the update: the weights' bf16 copy where the forward
-    /// pass reads one (see `gather_shards`), else the f32 weights. Checks that the buffer
+    /// pass reads one (see `update_and_gather`), else the f32 weights. Checks that the buffer
     /// covers the layout.
     fn gathered<B: Backend>(&self, model: &Gpt2<B>) -> Words {
         match &model.params_bf16 {
@@ -357,7 +358,7 @@ impl GradSync {
     }
 
     /// Makes the f32 weights whole on every rank where the steps gather only their bf16 copy
-    /// (ZeRO-1 under bf16: see `gather_shards`), before something reads them all (a
+    /// (ZeRO-1 under bf16: see `update_and_gather`), before something reads them all (a
     /// checkpoint, the final state). Between steps; a collective every rank calls.
     pub fn gather_params<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<()> {
         if !self.shards.sharded() || matches!(self.gathered(model), Words::F32(_)) {

@@ -254,6 +254,10 @@ pub struct AdamW<B: Backend> {
     n: usize,
     /// The parameters this optimiser updates: all of them, or this rank's ZeRO-1 shard.
     shard: Range<usize>,
+    /// Whether the parameters are cut over the ranks (ZeRO-1): the gradient norm's Σg² is then
+    /// summed over them. Known alike on every rank, whatever its own shard holds (with few
+    /// parameters one rank may own all of them).
+    across_ranks: bool,
 }
 
 impl<B: Backend> AdamW<B> {
@@ -263,17 +267,19 @@ impl<B: Backend> AdamW<B> {
 
     /// For `n` parameters whose weight decay applies to the `segments` flagged true.
     pub fn with_segments(be: &B, n: usize, segments: Vec<(Range<usize>, bool)>, config: OptimConfig) -> Result<Self> {
-        Self::sharded(be, n, segments, config, 0..n)
+        Self::sharded(be, n, segments, config, 0..n, false)
     }
 
-    /// The optimiser of `shard` of `n` parameters (ZeRO-1: this rank's share): moments for
-    /// the shard only, updates of the shard only.
+    /// The optimiser of `shard` of `n` parameters (ZeRO-1: this rank's share, `across_ranks`
+    /// true when the parameters are cut over several ranks): moments for the shard only,
+    /// updates of the shard only.
     pub fn sharded(
         be: &B,
         n: usize,
         segments: Vec<(Range<usize>, bool)>,
         config: OptimConfig,
         shard: Range<usize>,
+        across_ranks: bool,
     ) -> Result<Self> {
         assert!(shard.end <= n, "shard {shard:?} outside the {n} parameters");
         let within = |i: usize| i.clamp(shard.start, shard.end) - shard.start;
@@ -290,6 +296,7 @@ impl<B: Backend> AdamW<B> {
             segments,
             n,
             shard,
+            across_ranks,
         })
     }
 
@@ -313,7 +320,7 @@ impl<B: Backend> AdamW<B> {
     /// is summed over the ranks of `comm` (each holds its shard's summed gradients).
     /// With several ranks the loss is averaged over them too ([`StepMeter::sum_loss_across`]).
     pub fn finish_gradients(&self, be: &B, grads: &B::Buffer<f32>, loss_scale: f32, comm: &dyn Comm) -> Result<()> {
-        let across = (self.shard.len() < self.n).then_some(comm);
+        let across = self.across_ranks.then_some(comm);
         let clip = self.config.grad_clip;
         check_range("gradients", grads.len(), 0, self.n)?;
         let mut loss_scale = loss_scale;
@@ -530,7 +537,7 @@ mod tests {
             be.write(&params, 0, &host).unwrap();
             be.write(&grads, 0, &grads_host).unwrap();
             for shard in shards {
-                let opt = AdamW::sharded(&be, n, segments.clone(), config, shard.clone()).unwrap();
+                let opt = AdamW::sharded(&be, n, segments.clone(), config, shard.clone(), shards.len() > 1).unwrap();
                 opt.begin_step(&be, 3).unwrap();
                 opt.meter.finish_gradients(&be, &grads, n, 0.0, 1.0).unwrap();
                 for piece in cut(shard) {

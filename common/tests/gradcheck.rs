@@ -1030,6 +1030,39 @@ fn model_gradients(be: &CpuBackend, first_writes: bool) -> Vec<f32> {
     read(be, &model.grads)
 }
 
+/// A gradient left for a product that never ran (its output unused) is zero by the time
+/// backward hands over the mark below that product: what `on_mark` passes on (a bucket summed
+/// on another stream while backward goes on) must be whole, not wait for the end of backward.
+#[test]
+fn a_mark_hands_over_zeros_for_a_product_that_never_ran() {
+    let be = be();
+    let params = be.alloc::<f32>(32).unwrap();
+    let grads = be.alloc::<f32>(32).unwrap();
+    let values: Vec<f32> = (0..32).map(|i| (i as f32 * 0.37).sin()).collect();
+    be.write(&params, 0, &values).unwrap();
+    be.write(&grads, 0, &[f32::NAN; 32]).unwrap();
+    let mut pool = Pool::default();
+    let mut g = Graph::new(&be, &mut pool, true);
+    let x = g.input(&[0.5, -1.0, 2.0, 0.25, 1.5, 0.0, -0.5, 1.0], 2, 4).unwrap();
+    g.mark(0);
+    let unused = g.param(&params, None, Some(&grads), 0..16, [4, 4]).unwrap();
+    let used = g.param(&params, None, Some(&grads), 16..32, [4, 4]).unwrap();
+    let _never_read = g.matmul(x, unused, None).unwrap();
+    let logits = g.matmul(x, used, None).unwrap();
+    let loss = g.cross_entropy(logits, &[1, 3], 4).unwrap();
+    g.zero_grads_except_first_products(&grads).unwrap();
+    let mut at_mark = Vec::new();
+    g.backward_with(loss, 1.0, |_| {
+        at_mark = read(&be, &grads);
+        Ok(())
+    })
+    .unwrap();
+    drop(g);
+    assert_eq!(at_mark[..16], [0.0; 16], "the unused product's gradient at the mark");
+    assert!(at_mark[16..].iter().all(|v| v.is_finite() && *v != 0.0), "{at_mark:?}");
+    assert_eq!(read(&be, &grads), at_mark, "nothing changes after the mark");
+}
+
 #[test]
 fn first_product_writes_equal_gradients_added_to_zeros() {
     // The matrices' gradients written by their products (wte's by the LM head, before the

@@ -113,11 +113,11 @@ impl<B: Backend> Graph<'_, B> {
             (addr % 4 == base % 4 && start + g.numel(x) <= len).then(|| start..start + g.numel(x))
         };
         let mut seen = HashSet::new();
-        for node in self.tape.iter().rev() {
+        for (at, node) in self.tape.iter().enumerate().rev() {
             for (x, product) in param_writes(&node.op) {
                 if let Some(r) = range(self, x) {
                     if seen.insert(r.start) && product {
-                        self.first_writes.insert(base + 4 * r.start as u64, r.len());
+                        self.first_writes.insert(base + 4 * r.start as u64, (r.len(), at));
                     }
                 }
             }
@@ -137,7 +137,7 @@ impl<B: Backend> Graph<'_, B> {
             }
         }
         let mut skip: Vec<Range<usize>> = (self.first_writes.iter())
-            .map(|(&addr, &n)| {
+            .map(|(&addr, &(n, _))| {
                 let start = ((addr - base) / 4) as usize;
                 start..start + n
             })
@@ -209,8 +209,11 @@ impl<B: Backend> Graph<'_, B> {
         assert_eq!(last.out, loss, "backward: the loss must be the last op");
         let tape = std::mem::take(&mut self.tape);
         self.bias_summed.clear();
-        for node in tape.iter().rev() {
+        for (at, node) in tape.iter().enumerate().rev() {
             if let Op::Mark { label } = node.op {
+                // What `on_mark` hands over (a bucket summed on another stream) must be whole:
+                // a gradient below this mark left for a product that never ran is zeroed now.
+                self.zero_unwritten(|by| by > at);
                 on_mark(label)?;
                 continue;
             }
@@ -234,13 +237,23 @@ impl<B: Backend> Graph<'_, B> {
             }
         }
         self.tape = tape;
-        // A gradient left for a product that never ran (nothing downstream needed its op) is
-        // zero, as if the buffer had been zeroed.
-        for (addr, n) in std::mem::take(&mut self.first_writes) {
+        self.zero_unwritten(|_| true);
+        Ok(())
+    }
+
+    /// Zeroes the gradients left for a product that never ran (nothing downstream needed its
+    /// op), as if the buffer had been zeroed: those whose product's place on the tape
+    /// satisfies `passed` (backward has gone by it).
+    fn zero_unwritten(&mut self, passed: impl Fn(usize) -> bool) {
+        let unwritten: Vec<u64> = (self.first_writes.iter())
+            .filter(|(_, &(_, by))| passed(by))
+            .map(|(&addr, _)| addr)
+            .collect();
+        for addr in unwritten {
+            let (n, _) = self.first_writes.remove(&addr).expect("listed above");
             // SAFETY: a parameter's gradient view of n f32s (zero_grads_except_first_products).
             unsafe { self.be.zero(DevPtr::<f32>::from_addr(addr), n) };
         }
-        Ok(())
     }
 
     fn backward_op(&mut self, tape: &[Node], node: &Node, dout: DevPtr<Act>, seed: f32) -> Result<()> {

@@ -187,10 +187,10 @@ pub struct Graph<'a, B: Backend> {
     staged: Option<&'a TokenStage<B>>,
     /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
     loss_seed: Option<f32>,
-    /// Parameter gradients (address, elements) left unzeroed for their first writer, a
-    /// product, to WRITE ([`Graph::zero_grads_except_first_products`]); each leaves as it
-    /// is written.
-    first_writes: HashMap<u64, usize>,
+    /// Parameter gradients left unzeroed for their first writer, a product, to WRITE
+    /// ([`Graph::zero_grads_except_first_products`]): address -> (elements, the product's
+    /// place on the tape); each leaves as it is written.
+    first_writes: HashMap<u64, (usize, usize)>,
     /// Products (by output value) whose bias gradient the backward of the one op reading
     /// their output has already summed from that output's gradient as it wrote it (the
     /// `dbias` of [`Backend::add_layernorm_backward`] and

@@ -56,7 +56,8 @@ pub trait Comm {
         host_ordered(self, after)?;
         self.all_reduce_sum(buf, n)
     }
-    /// Waits for every sum started with the `start_*` calls. With `then` (only where
+    /// Waits for every collective started with the `start_*` calls (sums, reduce-scatters,
+    /// all-gathers). With `then` (only where
     /// [`Comm::orders_on_device`]) the host does not wait: work queued on that stream from
     /// now on runs after the sums (the summed values are read there).
     fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
@@ -66,7 +67,9 @@ pub trait Comm {
     /// rank r, in place (ZeRO-1's gradient reduce-scatter): `parts` holds one range per
     /// rank, in rank order, contiguous, offsets from `buf`, the same on every rank (a part
     /// may be empty). What the other parts of `buf` hold afterwards is unspecified. Each
-    /// part is summed in a fixed order (no float atomics), the same at every call.
+    /// part is summed in a fixed order (no float atomics), the same at every call of the
+    /// same parts and lane (another communicator, or parts cut otherwise, may order the sums
+    /// of 3 or more ranks otherwise; on 2 ranks a sum is one addition, always the same).
     ///
     /// # Safety
     /// `buf` addresses the values `parts` cover, backend memory as in
@@ -133,7 +136,9 @@ pub trait Comm {
 /// device's processors (NCCL's thread blocks): `Beside` computing (a gradient bucket while
 /// backward goes on), where it may take fewer of them and leave the rest to the kernels it
 /// runs beside (`GPT2_NCCL_BESIDE_CTAS`), or `Alone`, with nothing left to overlap (the last
-/// sums of a step), at full speed. The same result either way; only the speed differs.
+/// sums of a step), at full speed. On 2 ranks the same result either way (a sum is one
+/// addition); on more, NCCL may cut and order the sums otherwise on the narrower lane, so
+/// results agree to float rounding. Mostly the speed differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lane {
     Beside,

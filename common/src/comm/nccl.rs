@@ -11,7 +11,7 @@
 //! stream after the last collective, before anything reads the sums.
 
 use super::mpi::MpiComm;
-use super::{agree, Comm, Lane, Words};
+use super::{agree, from_root, Comm, Lane, Words};
 use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaEvent, CudaStream};
@@ -181,8 +181,14 @@ impl NcclComm {
             mpi.abort(1);
             return Err(e);
         }
-        // The variable is read alike everywhere (a bad value: every rank leaves, none waits).
-        let ctas = match agree(&mpi, beside_ctas()) {
+        // Rank 0's setting, on every rank: ncclCommSplit waits for every rank, so a rank that
+        // did not see the variable (not passed on to another host) would otherwise hang the
+        // others (a bad value: every rank leaves, none waits).
+        let ctas = from_root(&mpi, || {
+            Ok(beside_ctas()?.map_or(Vec::new(), |c| c.to_le_bytes().to_vec()))
+        })
+        .map(|bytes| <[u8; 4]>::try_from(bytes).ok().map(i32::from_le_bytes));
+        let ctas = match ctas {
             Ok(ctas) => ctas,
             Err(e) => {
                 // SAFETY: made above, destroyed once, used by nothing else.
@@ -256,9 +262,9 @@ impl NcclComm {
         // (the one `_ctx` retains); both events and our stream live as long as `self`.
         unsafe {
             driver::event::record(self.ready.cu_event(), compute.raw() as driver_sys::CUstream)
-                .map_err(|e| nccl_err("recording the gradients' event", e))?;
+                .map_err(|e| nccl_err("recording the compute stream's event", e))?;
             driver::stream::wait_event(self.stream.cu_stream(), self.ready.cu_event(), wait)
-                .map_err(|e| nccl_err("ordering the sum after backward", e))
+                .map_err(|e| nccl_err("ordering the collective after the compute stream", e))
         }
     }
 

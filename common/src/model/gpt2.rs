@@ -152,10 +152,11 @@ impl<B: Backend> Gpt2<B> {
             Attend::Cached { pos, .. } => Some(g.position(pos)?),
         };
         let (wte, wpe) = (param(g, lay.get(Param::Wte))?, param(g, lay.get(Param::Wpe))?);
-        let mut x = g.encoder(inputs, first, wte, wpe, b, t)?; // (BT, C)
-                                                               // In backward, passing mark l means block l's gradients are complete. Block l's first
-                                                               // layernorm is fused with the residual add that ends block l - 1, so its mark goes
-                                                               // before that op.
+        // The residual stream, (BT, C).
+        let mut x = g.encoder(inputs, first, wte, wpe, b, t)?;
+        // In backward, passing mark l means block l's gradients are complete. Block l's first
+        // layernorm is fused with the residual add that ends block l - 1, so its mark goes
+        // before that op.
         g.mark(0);
         let (w, bias) = (block(g, 0, Param::Ln1W)?, block(g, 0, Param::Ln1B)?);
         let mut h = g.layernorm(x, w, bias)?;

@@ -124,7 +124,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let pieces = gather_pieces(comm)?;
         let shards = Shards::new(model.layout.total, comm, settings.zero).in_pieces(pieces);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
-        let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own())?;
+        let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own(), shards.sharded())?;
         let sync = GradSync::new(settings.sync, &model.layout, shards);
         let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
