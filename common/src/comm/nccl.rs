@@ -11,7 +11,7 @@
 //! stream after the last collective, before anything reads the sums.
 
 use super::mpi::MpiComm;
-use super::{agree, from_root, Comm, Lane, Words};
+use super::{agree, root_env_number, Comm, Lane, Words};
 use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaEvent, CudaStream};
@@ -80,20 +80,6 @@ fn open_device(mpi: &MpiComm) -> Result<(Arc<CudaContext>, Arc<CudaStream>, usiz
 
 fn nccl_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Device(format!("NCCL: {what}: {e:?}"))
-}
-
-/// `GPT2_NCCL_BESIDE_CTAS`: the thread blocks a collective started beside computing may take
-/// (unset: as many as NCCL chooses, no second communicator).
-fn beside_ctas() -> Result<Option<i32>> {
-    let Ok(v) = std::env::var("GPT2_NCCL_BESIDE_CTAS") else {
-        return Ok(None);
-    };
-    match v.trim().parse::<i32>() {
-        Ok(n) if (1..=64).contains(&n) => Ok(Some(n)),
-        _ => Err(Error::Input(format!(
-            "GPT2_NCCL_BESIDE_CTAS must be a whole number from 1 to 64, not {v:?}"
-        ))),
-    }
 }
 
 /// A communicator of the same ranks as `comm` whose collectives take at most `ctas` thread
@@ -181,13 +167,11 @@ impl NcclComm {
             mpi.abort(1);
             return Err(e);
         }
-        // Rank 0's setting, on every rank: ncclCommSplit waits for every rank, so a rank that
-        // did not see the variable (not passed on to another host) would otherwise hang the
-        // others (a bad value: every rank leaves, none waits).
-        let ctas = from_root(&mpi, || {
-            Ok(beside_ctas()?.map_or(Vec::new(), |c| c.to_le_bytes().to_vec()))
-        })
-        .map(|bytes| <[u8; 4]>::try_from(bytes).ok().map(i32::from_le_bytes));
+        // `GPT2_NCCL_BESIDE_CTAS`: the thread blocks a collective started beside computing may
+        // take (unset: as many as NCCL chooses, no second communicator). Rank 0's setting on
+        // every rank: ncclCommSplit waits for every rank, so a rank that did not see the
+        // variable would hang the others (a bad value: every rank leaves, none waits).
+        let ctas = root_env_number(&mpi, "GPT2_NCCL_BESIDE_CTAS", 1..=64).map(|c| c.map(|c| c as i32));
         let ctas = match ctas {
             Ok(ctas) => ctas,
             Err(e) => {

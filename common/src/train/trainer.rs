@@ -7,7 +7,7 @@ use crate::autograd::{check_ids, Graph, Pool, TokenStage};
 use crate::backend::replay::Recorder;
 use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::{Checkpoint, HostState};
-use crate::comm::{broadcast_f32, device_order, from_root, Comm, Words};
+use crate::comm::{broadcast_f32, device_order, root_env_number, Comm, Words};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions};
@@ -93,21 +93,7 @@ const READ_EVERY_STEPS: u64 = 32;
 /// gathers the shards in K pieces, the gather of one beside the update of the next
 /// ([`Shards::in_pieces`]). Rank 0's setting, on every rank (the ranks' gathers must match).
 fn gather_pieces(comm: &dyn Comm) -> Result<usize> {
-    let k = from_root(comm, || read_gather_pieces().map(|k| vec![k as u8]))?;
-    Ok(k.first().copied().unwrap_or(1) as usize)
-}
-
-fn read_gather_pieces() -> Result<usize> {
-    const VAR: &str = "GPT2_ZERO_GATHER_PIECES";
-    match std::env::var(VAR) {
-        Err(_) => Ok(1),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(k @ 1..=64) => Ok(k),
-            _ => Err(Error::Input(format!(
-                "{VAR} must be a whole number from 1 to 64, not {v:?}"
-            ))),
-        },
-    }
+    Ok(root_env_number(comm, "GPT2_ZERO_GATHER_PIECES", 1..=64)?.unwrap_or(1) as usize)
 }
 
 /// Whether a step can be recorded once and replayed: on a backend that records (the GPU),
