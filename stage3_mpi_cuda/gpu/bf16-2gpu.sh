@@ -4,9 +4,7 @@
 # without --overlap), and torch.compile bf16 on one GPU in the same call. From the project root
 # after `../shared/gpu/bundle.sh`; $OUT/bench-2gpu.jsonl and a table last.
 set -uo pipefail
-source .gpu/env.sh >/dev/null 2>&1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
+source stage3_mpi_cuda/gpu/multi-gpu-env.sh
 here=$(cd "$(dirname "$0")" && pwd)
 cat .gpu/commit 2>/dev/null; nvidia-smi --query-gpu=name --format=csv,noheader | head -2
 for t in /tmp/gpu-rt/tests/*; do

@@ -10,10 +10,7 @@
 # Prints the loss-per-epoch tables and the comparison last; the runs (loss.tsv, log, env.txt;
 # no checkpoints) go to $OUT/docs-run.tgz. Knobs: EPOCHS, PARITY_STEPS (200), DATA.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0   # never NVLink multicast
-source .gpu/env.sh >/dev/null 2>&1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export REQUIRE_NVRTC=1
+source stage3_mpi_cuda/gpu/multi-gpu-env.sh
 DATA=${DATA:-data/docs-gpt2.bin}
 EPOCHS=${EPOCHS:-1}
 PARITY_STEPS=${PARITY_STEPS:-200}

@@ -4,8 +4,15 @@
 # without --overlap, and --zero 0 op by op (no CUDA graph, to time the sums); PyTorch DDP + torch.compile on N GPUs; torch.compile on one GPU. Writes
 # $OUT/scaling.jsonl (one bench line per run) and $OUT/scaling.md (the table), printed last.
 # From the project root, after `../shared/gpu/bundle.sh`:
-#   [BUCKETS="25 100"] [CTAS="8"] [BESIDE="4"] [POLICY="1"] [TUNES="NCCL_MIN_CTAS=32"] [PIECES="4"] [QUICK=1] stage3_mpi_cuda/gpu/scaling.sh [N]
+#   [BUCKETS="25 100"] [CTAS="8"] [BESIDE="4"] [POLICY="1"] [TUNES="NCCL_MIN_CTAS=32"] [PIECES="4"] [QUICK=1]
+#   [VARIANTS="label|VAR=value ...|flags; ..."] [STEPS=10] stage3_mpi_cuda/gpu/scaling.sh [N]
 # N: GPUs (default: all that nvidia-smi lists).
+# VARIANTS: further stage 3 runs, `;`-separated, each `label|settings|flags`: run as
+# ours-<label>, under the space-separated VAR=value settings (`-` for none), with stage 3's
+# bench flags (e.g. "zero1-ov-b4-p4|GPT2_NCCL_BESIDE_CTAS=4 GPT2_ZERO_GATHER_PIECES=4|--zero 1
+# --overlap"): combinations the settings above do not cross. Stage 2 runs again at the end
+# (ours-1gpu-end); the table's weak scaling is against the mean of its two runs.
+# STEPS: timed steps a run (10), after 3 warm-up steps.
 # TUNES: NCCL settings (VAR=value, space-separated) under each of which `--zero 1` and NCCL's
 # all-reduce sweep run again, to choose stage 3's NCCL defaults on these GPUs.
 # PIECES="2 4": `--zero 1` again with each shard updated and gathered in that many pieces, the
@@ -19,12 +26,10 @@
 # CTAS: --overlap (and each bucket size) again with NCCL held to that many thread blocks a
 # collective (NCCL_MAX_CTAS), so that the sums take fewer multiprocessors from the backward
 # kernels they run beside (they were slower overlapped than after backward: results/scaling.md).
-# Takes about 5-8 minutes (each run compiles its kernels or graphs, then 3 warm-up + 10 steps).
+# About 15 s a run (each compiles its kernels or graphs, then 3 warm-up + STEPS steps): session
+# 14's 9 runs and the sweep took 133 s.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
-source .gpu/env.sh >/dev/null 2>&1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
+source stage3_mpi_cuda/gpu/multi-gpu-env.sh
 here=$(cd "$(dirname "$0")" && pwd)
 gpu_dir=$here/../../stage2_cuda/gpu
 found=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
@@ -36,7 +41,8 @@ fi
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "commit $(cat .gpu/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null), $n x $device"
 
-gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3 --precision bf16"
+steps=${STEPS:-10}
+gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps $steps --warmup 3 --precision bf16"
 jsonl=$OUT/scaling.jsonl log=$OUT/scaling.log
 : >"$jsonl"; : >"$log"
 run() {  # label, GPUs, command...: the command's last stdout line (JSON) with label and gpus added
@@ -78,10 +84,19 @@ overlap_variants() {  # VAR=value, tag: --overlap and each bucket size, --zero 0
 for ctas in ${CTAS:-}; do overlap_variants "NCCL_MAX_CTAS=$ctas" "ctas$ctas"; done
 for k in ${BESIDE:-}; do overlap_variants "GPT2_NCCL_BESIDE_CTAS=$k" "beside$k"; done
 for k in ${POLICY:-}; do overlap_variants "NCCL_CTA_POLICY=$k" "policy$k"; done
+IFS=';' read -ra variants <<< "${VARIANTS:-}"
+for variant in "${variants[@]}"; do
+  IFS='|' read -r label settings flags <<< "$variant"
+  label=$(echo $label)
+  [ -n "$label" ] || continue
+  (for s in $settings; do [ "$s" = - ] || export "$s"; done
+   run "ours-$label" "$n" mpirun -n "$n" stage3_mpi_cuda $gpt2 $flags)
+done
 run ddp-compile "$n" python3 -m torch.distributed.run --standalone --nproc_per_node "$n" \
-  "$gpu_dir/pytorch_ddp.py" --precision bf16 --batch 16 --seq-len 1024 --steps 10 --warmup 3
+  "$gpu_dir/pytorch_ddp.py" --precision bf16 --batch 16 --seq-len 1024 --steps "$steps" --warmup 3
 run torch-compile-1gpu 1 python3 "$gpu_dir/pytorch_gpt2.py" --precision bf16 --compile \
-  --batch 16 --seq-len 1024 --steps 10 --warmup 3
+  --batch 16 --seq-len 1024 --steps "$steps" --warmup 3
+run ours-1gpu-end 1 stage2_cuda $gpt2  # stage 2 again: the drift over the call
 
 # NCCL's all-reduce against message size on these GPUs (nccl-tests' bus-bandwidth convention).
 timeout 120 mpirun -n "$n" stage3_mpi_cuda bench --allreduce --steps 20 --warmup 5 2>>"$log" >"$OUT/nccl-allreduce.jsonl"
@@ -93,7 +108,7 @@ for l in sys.stdin:
     if l.strip():
         r = json.loads(l); r['tune'] = '$tune'; print(json.dumps(r))") >>"$OUT/nccl-allreduce.jsonl"
 done
-python3 "$here/scaling_table.py" "$jsonl" "$n" "$device" >"$OUT/scaling.md"
+python3 "$here/scaling_table.py" "$jsonl" "$n" "$device" "$log" >"$OUT/scaling.md"
 echo; cat "$OUT/scaling.md"
 echo; echo "scaling.jsonl:"; cat "$jsonl"
 echo; echo "nccl-allreduce.jsonl:"; cat "$OUT/nccl-allreduce.jsonl"   # the device returns few files: keep the data on stdout too

@@ -12,10 +12,7 @@
 # Writes $OUT/timeline.jsonl (one line per recorded process) and prints the tables. From the
 # project root after `../shared/gpu/bundle.sh`. About 15 s per run.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
-source .gpu/env.sh >/dev/null 2>&1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
+source stage3_mpi_cuda/gpu/multi-gpu-env.sh
 here=$(cd "$(dirname "$0")" && pwd)
 cuda=${CUDA_HOME:-/usr/local/cuda}
 lib=/tmp/libtimeline.so
