@@ -145,12 +145,12 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
                 let started = std::time::Instant::now();
                 let be = (stage.backend)(&args.device, comm)?;
                 let r = crate::bench::generate(&be, &args, started)?;
-                println!(
+                crate::say!(
                     "{}: {} | {} params | start-up {:.2} s | prompt {} tokens: {:.1} ms, {:.0} tokens/s | decode {} tokens: {:.2} ms/token, {:.1} tokens/s",
                     stage.name, r.device, r.params, r.startup_s, r.prompt_tokens, r.prefill_ms,
                     r.prefill_tokens_per_s, r.new_tokens, r.decode_ms_per_token, r.decode_tokens_per_s
                 );
-                println!("{}", serde_json::to_string(&r).expect("plain data serialises"));
+                crate::say!("{}", serde_json::to_string(&r).expect("plain data serialises"));
             }
             Ok(())
         }
@@ -159,7 +159,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             let max = args.allreduce_max_mb << 20;
             for row in crate::bench::allreduce(&be, comm, max, args.steps as usize, args.warmup as usize)? {
                 if comm.is_root() {
-                    println!("{}", serde_json::to_string(&row).expect("plain data serialises"));
+                    crate::say!("{}", serde_json::to_string(&row).expect("plain data serialises"));
                 }
             }
             Ok(())
@@ -179,7 +179,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             }
             for row in crate::bench::kernels(&be, &opts)? {
                 if comm.is_root() {
-                    println!("{}", serde_json::to_string(&row).expect("plain data serialises"));
+                    crate::say!("{}", serde_json::to_string(&row).expect("plain data serialises"));
                 }
             }
             Ok(())
@@ -188,12 +188,12 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             let be = (stage.backend)(&args.device, comm)?;
             let report = crate::bench::bench(&be, comm, &args, stage.kind.gpu)?;
             if comm.is_root() {
-                println!(
+                crate::say!(
                     "{}: {} | {} params | batch {}x{} x {} rank(s) | {:.1} ms/step ({:.1} compute, {:.1} comm) | {:.0} tokens/s | {:.1} GFLOP/s",
                     stage.name, report.device, report.params, report.batch, report.seq_len, report.ranks,
                     report.ms_per_step, report.compute_ms_per_step, report.comm_ms_per_step, report.tokens_per_s, report.gflops
                 );
-                println!("{}", serde_json::to_string(&report).expect("plain data serialises"));
+                crate::say!("{}", serde_json::to_string(&report).expect("plain data serialises"));
             }
             Ok(())
         }
@@ -217,14 +217,14 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
         Command::Report(args) => {
             if comm.is_root() {
                 let path = crate::report::report(&args.runs, &args.out)?;
-                println!("wrote {}", path.display());
+                crate::say!("wrote {}", path.display());
             }
             Ok(())
         }
         Command::Plot(args) => {
             if comm.is_root() {
                 crate::report::plot_table(&args)?;
-                println!("wrote {}", args.out.display());
+                crate::say!("wrote {}", args.out.display());
             }
             Ok(())
         }
@@ -239,7 +239,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             let ckpt = checkpoint::load(&args.checkpoint)?;
             let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
             crate::interop::export(&args.out, &ckpt.meta.config, kind, &ckpt.params)?;
-            println!("{}: written from {}", args.out.display(), args.checkpoint.display());
+            crate::say!("{}: written from {}", args.out.display(), args.checkpoint.display());
             Ok(())
         }
         Command::Import(args) if comm.is_root() => {
@@ -247,7 +247,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             let n = ckpt.params.len();
             let zeros = vec![0.0f32; n];
             checkpoint::save(&args.out, &ckpt.meta, &ckpt.params, &zeros, &zeros)?;
-            println!(
+            crate::say!(
                 "{}: {n} parameters ({} tokenizer) from {}",
                 args.out.display(),
                 ckpt.meta.tokenizer,
@@ -310,6 +310,9 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
     let mut pool = Pool::default();
     let mut out = std::io::stdout().lock();
     for (i, prompt) in prompts.iter().enumerate() {
+        if crate::stop::stdout_gone() {
+            break; // the reader has gone: nothing more to generate for
+        }
         let ids = tok.encode(prompt);
         if ids.is_empty() {
             crate::bail_input!("--prompt is empty: give at least one character");
@@ -329,8 +332,10 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
                 Some(stop) => stop.push(&piece),
                 None => (piece, false),
             };
-            let _ = write!(out, "{piece}");
-            let _ = out.flush();
+            if write!(out, "{piece}").and_then(|()| out.flush()).is_err() {
+                crate::stop::lost_stdout(); // a closed pipe: stop generating
+                return true;
+            }
             stopped
         };
         let opts = SampleOptions {
@@ -385,7 +390,7 @@ fn dump_logits<B: Backend>(be: &B, model: &Gpt2<B>, text: &str, prompt: &[u32], 
     let json = serde_json::json!({ "prompt": text, "tokens": prompt, "logits": rows });
     let bytes = serde_json::to_vec(&json).expect("plain data serialises");
     crate::atomic_file::write(path, |f| f.write_all(&bytes))?;
-    println!("{}: logits of {} positions", path.display(), prompt.len());
+    crate::say!("{}: logits of {} positions", path.display(), prompt.len());
     Ok(())
 }
 
@@ -406,7 +411,7 @@ fn tokenize_cmd(args: &TokenizeArgs) -> Result<()> {
     let tok = Tokenizer::new(args.tokenizer)?;
     let tokens = data::load_tokens(&args.input, &tok)?;
     data::write_bin(&args.output, &tokens)?;
-    println!(
+    crate::say!(
         "{}: {} tokens ({}) written to {}",
         args.input.display(),
         tokens.len(),

@@ -86,7 +86,13 @@ fn parse_bin(path: &Path, bytes: &[u8], vocab_size: usize) -> Result<Vec<u32>> {
         .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
         .collect();
     if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab_size) {
-        bail_input!("{p}: token {t} at index {i} is outside the vocabulary of {vocab_size}");
+        // `tokenize` writes GPT-2 tokens by default, `train` reads bytes by default.
+        let gpt2 = crate::tokenizer::GPT2_VOCAB;
+        let hint = match tokens.iter().all(|&t| (t as usize) < gpt2) && vocab_size < gpt2 {
+            true => " (GPT-2 tokens? train on them with --tokenizer gpt2)",
+            false => "",
+        };
+        bail_input!("{p}: token {t} at index {i} is outside the vocabulary of {vocab_size}{hint}");
     }
     Ok(tokens)
 }

@@ -24,6 +24,7 @@ pub mod mnist;
 pub mod model;
 pub mod optim;
 pub mod report;
+pub mod stop;
 pub mod text;
 pub mod tokenizer;
 pub mod train;

@@ -141,8 +141,9 @@ impl<B: Backend> StepMeter<B> {
     }
 
     /// [`StepMeter::finish_gradients`] from the gradients in `shard` of `grads`, with Σg²
-    /// summed over the ranks of `across` (each holding its own shard) before the norm; the
-    /// host waits for the sum of squares then (a round trip only where there is a shard).
+    /// summed over the ranks of `across` (each holding its own shard) before the norm: on the
+    /// device where the communicator orders its work there (NCCL), else after the host waits
+    /// for the backend (MPI).
     pub fn finish_shard_gradients(
         &self,
         be: &B,

@@ -8,6 +8,9 @@ use tiktoken_rs::CoreBPE;
 use crate::error::{Error, Result};
 
 /// Which vocabulary to use; chosen on the command line and saved in checkpoints.
+/// Symbols of the GPT-2 tokenizer (50,000 merges, 256 bytes, `<|endoftext|>`).
+pub const GPT2_VOCAB: usize = 50257;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 pub enum TokenizerKind {
     /// One token per UTF-8 byte (vocabulary 256).
@@ -70,7 +73,7 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         match self.kind {
             TokenizerKind::Byte => 256,
-            TokenizerKind::Gpt2 => 50257,
+            TokenizerKind::Gpt2 => GPT2_VOCAB,
         }
     }
 

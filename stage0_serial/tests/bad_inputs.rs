@@ -403,6 +403,31 @@ const CASES: &[(&str, &str, &str)] = &[
         "plot --data table.tsv --x threads --y note --out p.png",
         "not a number",
     ),
+    (
+        "plot: a value that is not finite",
+        "plot --data infinite.tsv --x threads --y speed --out p.png",
+        "not finite",
+    ),
+    (
+        "more steps than any run (--epochs 1e300)",
+        "train --data corpus.txt --out o --model tiny --batch 4 --seq-len 16 --epochs 1e300",
+        "ask for fewer",
+    ),
+    (
+        "a batch dump over the corpus",
+        "train --data corpus.txt --out o --dump-batches corpus.txt",
+        "inputs",
+    ),
+    (
+        "an all-reduce message past 64 GiB",
+        "bench --allreduce --allreduce-max-mb 17592186044416",
+        "65536",
+    ),
+    (
+        "a prompt and new tokens past the counters' range",
+        "bench --model tiny --generate --seq-len 60 --new-tokens 18446744073709551615",
+        "--new-tokens",
+    ),
     ("unknown subcommand", "fly", "fly"),
     ("unknown flag", "train --data corpus.txt --out o --lr-max 1", "--lr-max"),
 ];
@@ -441,6 +466,7 @@ fn fixtures() -> PathBuf {
         "table.tsv",
         b"threads\tspeedup\tnote\n1\t1.0\tbase\n2\t1.9\tquiet\n",
     );
+    write(&dir, "infinite.tsv", b"threads\tspeed\n1\tinf\n2\t3\n");
     let tokens: Vec<u16> = (0..2000).map(|i| (i % 200) as u16).collect();
     write(&dir, "magic.bin", &bin_file(12345, 2000, &tokens));
     write(&dir, "size.bin", &bin_file(20240520, 3000, &tokens));

@@ -154,15 +154,10 @@ fn same_seed_gives_identical_losses_and_stop_after_resumes_as_the_same_run() {
         2,
         "rows of steps 10 only, no partial row"
     );
+    // Only --resume: the warmup, the evaluation interval and every other setting of the run
+    // come from the checkpoint (the defaults would be another run).
     let ckpt = b.join("model.ckpt");
-    let resume = [
-        "--resume",
-        ckpt.to_str().unwrap(),
-        "--warmup",
-        "5",
-        "--eval-every",
-        "10",
-    ];
+    let resume = ["--resume", ckpt.to_str().unwrap()];
     let o = run(&train_args(data, b.to_str().unwrap(), &resume));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(
@@ -250,6 +245,60 @@ fn resuming_with_another_length_says_so() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("schedule changes from 40 to 30 steps"), "{stdout}");
+}
+
+#[test]
+fn resuming_with_other_settings_says_so_or_refuses() {
+    let d = tmpdir("resettings");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    let out = d.join("run");
+    let first = [&SCHEDULE[..], &["--stop-after", "12", "--lr", "2e-3"]].concat();
+    assert!(run(&train_args(data, out.to_str().unwrap(), &first)).status.success());
+    let ckpt = out.join("model.ckpt");
+    let resume = |stop: &str, extra: &[&str]| {
+        let flags = [&["--resume", ckpt.to_str().unwrap(), "--stop-after", stop][..], extra].concat();
+        run(&train_args(data, out.to_str().unwrap(), &flags))
+    };
+    // Another held-out fraction would move the split the data cursor points into: refused.
+    assert_bad_input(&resume("14", &["--val-fraction", "0.2"]), "--val-fraction 0.1");
+    // Another learning rate is the user's to choose: taken, and said.
+    let o = resume("14", &["--lr", "1e-3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("note: --lr 0.001 from here on (the checkpoint's run had 0.002)"),
+        "{stdout}"
+    );
+    // The same value as the checkpoint's says nothing.
+    let o = resume("16", &["--lr", "1e-3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("note: --lr"));
+}
+
+#[test]
+fn a_stop_at_the_last_step_ends_the_run_as_finished() {
+    // --stop-after at the last step (as Ctrl-C there) changes nothing: the run ends as a
+    // finished one, with its summary, not as one to resume (a resume would be refused).
+    let d = tmpdir("stoplast");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    let out = d.join("run");
+    // A temporary file an interrupted checkpoint write left (no process has this PID).
+    std::fs::create_dir_all(&out).unwrap();
+    let stale = out.join(".model.ckpt.999999999.tmp");
+    std::fs::write(&stale, b"torn").unwrap();
+    let o = run(&train_args(
+        data,
+        out.to_str().unwrap(),
+        &["--steps", "6", "--stop-after", "6"],
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(!stdout.contains("stopped after"), "{stdout}");
+    assert!(out.join("summary.json").exists() && out.join("model.ckpt").exists());
+    assert!(!stale.exists(), "the leftover temporary file is removed");
+    assert!(stdout.contains("removed 1 temporary file(s)"), "{stdout}");
 }
 
 #[test]
@@ -527,11 +576,63 @@ fn ctrl_c_saves_a_checkpoint_and_the_resumed_run_is_the_same_run() {
     let o = run(&train_args(data, out_s, &["--steps", "1", "--resume", ck]));
     assert_bad_input(&o, "--steps");
     // ...and without --steps the run continues its own schedule, as if never stopped.
-    let rest = ["--resume", ck, "--warmup", "5", "--eval-every", "100"];
-    let o = run(&train_args(data, out_s, &rest));
+    let o = run(&train_args(data, out_s, &["--resume", ck]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(table_without_times(&straight), table_without_times(&out));
     assert_eq!(params_of(&straight), params_of(&out));
+}
+
+#[test]
+fn sigterm_and_sighup_stop_a_run_with_a_checkpoint_as_ctrl_c_does() {
+    // `kill`, `timeout` or a closed terminal must not lose the run either.
+    let d = tmpdir("sigterm");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    for sig in ["TERM", "HUP"] {
+        let out = d.join(sig);
+        let child = Command::new(BIN)
+            .args(train_args(data, out.to_str().unwrap(), &["--steps", "100000"]))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let sent = Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status();
+        assert!(sent.unwrap().success());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(130), "SIG{sig}: {err}");
+        assert!(err.contains("--resume"), "SIG{sig}: {err}");
+        common::checkpoint::load(&out.join("model.ckpt")).expect("the checkpoint loads");
+    }
+}
+
+#[test]
+fn a_closed_stdout_stops_the_run_with_a_checkpoint_not_a_panic() {
+    // `train ... | head -3`: once the reader has gone, the run stops as Ctrl-C stops it.
+    use std::io::{BufRead, BufReader};
+    let d = tmpdir("pipe");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let flags = ["--steps", "100000", "--eval-every", "1"];
+    let mut child = Command::new(BIN)
+        .args(train_args(data.to_str().unwrap(), out.to_str().unwrap(), &flags))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for _ in 0..3 {
+        lines.next().expect("a line").expect("UTF-8");
+    }
+    drop(lines); // the reader goes
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    common::checkpoint::load(&out.join("model.ckpt")).expect("the checkpoint loads");
 }
 
 #[test]

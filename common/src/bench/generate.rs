@@ -38,7 +38,10 @@ pub struct GenerateReport {
 pub fn generate<B: Backend>(be: &B, args: &BenchArgs, started: Instant) -> Result<GenerateReport> {
     let config = args.model.config(args.vocab)?;
     let (prompt_len, new_tokens) = (args.seq_len, args.new_tokens);
-    if prompt_len + new_tokens > config.max_seq_len {
+    if prompt_len
+        .checked_add(new_tokens)
+        .is_none_or(|n| n > config.max_seq_len)
+    {
         crate::bail_input!(
             "--seq-len {prompt_len} (the prompt) + --new-tokens {new_tokens} must fit the model's {} positions",
             config.max_seq_len

@@ -140,6 +140,15 @@ pub(super) fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `bench --allreduce-max-mb`: 1 MiB to 64 GiB (more than any device holds; the byte count
+/// stays far from overflowing).
+pub(super) fn message_mb(s: &str) -> Result<usize, String> {
+    match number::<usize>(s)? {
+        n @ 1..=65536 => Ok(n),
+        _ => Err("must be 1 to 65536 (MiB)".into()),
+    }
+}
+
 pub(super) fn zero_stage(s: &str) -> Result<u8, String> {
     match number::<u8>(s) {
         Ok(stage @ (0 | 1)) => Ok(stage),
@@ -158,6 +167,13 @@ pub(super) fn at_least_one_u64(s: &str) -> Result<u64, String> {
 pub const DEFAULT_SEED: u64 = 1337;
 pub const DEFAULT_BATCH: usize = 32;
 pub const DEFAULT_SEQ_LEN: usize = 128;
+/// `train`'s optimiser and split when neither a flag nor a resumed checkpoint gives them.
+pub const DEFAULT_LR: f32 = 3e-3;
+pub const DEFAULT_WARMUP: u64 = 50;
+pub const DEFAULT_MIN_LR_FRAC: f32 = 0.1;
+pub const DEFAULT_WEIGHT_DECAY: f32 = 0.1;
+pub const DEFAULT_GRAD_CLIP: f32 = 1.0;
+pub const DEFAULT_VAL_FRACTION: f32 = 0.1;
 /// `train --comm-timeout` when none is given (multi-process stages), in seconds.
 pub const DEFAULT_COMM_TIMEOUT: u64 = 300;
 

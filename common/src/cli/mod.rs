@@ -5,16 +5,17 @@
 mod checks;
 
 pub use checks::{
-    check_flags, flag_name, StageFlag, StageKind, CONFLICTS, DEFAULT_BATCH, DEFAULT_COMM_TIMEOUT, DEFAULT_SEED,
-    DEFAULT_SEQ_LEN, MAX_NEW_TOKENS, STAGE_FLAGS,
+    check_flags, flag_name, StageFlag, StageKind, CONFLICTS, DEFAULT_BATCH, DEFAULT_COMM_TIMEOUT, DEFAULT_GRAD_CLIP,
+    DEFAULT_LR, DEFAULT_MIN_LR_FRAC, DEFAULT_SEED, DEFAULT_SEQ_LEN, DEFAULT_VAL_FRACTION, DEFAULT_WARMUP,
+    DEFAULT_WEIGHT_DECAY, MAX_NEW_TOKENS, STAGE_FLAGS,
 };
 
 use crate::backend::Precision;
 use crate::grad_sync::SyncMode;
 use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
-    at_least_one, at_least_one_u64, fraction_f32, mass_f32, non_negative_f32, open_fraction_f32, positive_f32,
-    positive_f64, thread_count, token_count, zero_stage,
+    at_least_one, at_least_one_u64, fraction_f32, mass_f32, message_mb, non_negative_f32, open_fraction_f32,
+    positive_f32, positive_f64, thread_count, token_count, zero_stage,
 };
 
 use clap::{Args, Parser, Subcommand};
@@ -280,33 +281,38 @@ pub struct TrainArgs {
     /// resuming, the checkpoint's].
     #[arg(long, value_parser = at_least_one)]
     pub seq_len: Option<usize>,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3, value_parser = positive_f32)]
-    pub lr: f32,
-    /// Linear warmup steps.
-    #[arg(long, default_value_t = 50)]
-    pub warmup: u64,
-    /// The cosine schedule ends at lr × this (0 to 1).
-    #[arg(long, default_value_t = 0.1, value_parser = fraction_f32)]
-    pub min_lr_frac: f32,
-    /// AdamW decoupled weight decay (matrices and embeddings only).
-    #[arg(long, default_value_t = 0.1, value_parser = non_negative_f32)]
-    pub weight_decay: f32,
-    /// Clip the global gradient norm to this (0: off).
-    #[arg(long, default_value_t = 1.0, value_parser = non_negative_f32)]
-    pub grad_clip: f32,
+    /// Peak learning rate [default: 3e-3; when resuming, the checkpoint's].
+    #[arg(long, value_parser = positive_f32)]
+    pub lr: Option<f32>,
+    /// Linear warmup steps [default: 50; when resuming, the checkpoint's].
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// The cosine schedule ends at lr × this, 0 to 1 [default: 0.1; when resuming, the
+    /// checkpoint's].
+    #[arg(long, value_parser = fraction_f32)]
+    pub min_lr_frac: Option<f32>,
+    /// AdamW decoupled weight decay, matrices and embeddings only [default: 0.1; when
+    /// resuming, the checkpoint's].
+    #[arg(long, value_parser = non_negative_f32)]
+    pub weight_decay: Option<f32>,
+    /// Clip the global gradient norm to this, 0: off [default: 1.0; when resuming, the
+    /// checkpoint's].
+    #[arg(long, value_parser = non_negative_f32)]
+    pub grad_clip: Option<f32>,
     /// Seed for initialisation and data order [default: 1337; when resuming, the checkpoint's].
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Evaluate and write a loss.tsv row every N steps (default: once per epoch).
+    /// Evaluate and write a loss.tsv row every N steps [default: once per epoch; when
+    /// resuming, the checkpoint's].
     #[arg(long, value_parser = at_least_one_u64)]
     pub eval_every: Option<u64>,
     /// Validation batches per evaluation (at most).
     #[arg(long, default_value_t = 20, value_parser = at_least_one)]
     pub eval_batches: usize,
-    /// Fraction of the corpus held out for validation (taken from the end; above 0, below 1).
-    #[arg(long, default_value_t = 0.1, value_parser = open_fraction_f32)]
-    pub val_fraction: f32,
+    /// Fraction of the corpus held out for validation, taken from the end; above 0, below 1
+    /// [default: 0.1; when resuming, the checkpoint's].
+    #[arg(long, value_parser = open_fraction_f32)]
+    pub val_fraction: Option<f32>,
     /// Save OUT/model.ckpt every N steps as well as at the end (0: only at the end).
     #[arg(long, default_value_t = 0)]
     pub checkpoint_every: u64,
@@ -633,8 +639,8 @@ pub struct BenchArgs {
     /// not used.
     #[arg(long, conflicts_with_all = ["kernels", "generate"])]
     pub allreduce: bool,
-    /// With --allreduce: the largest message, MiB.
-    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
+    /// With --allreduce: the largest message, MiB (1 to 65536).
+    #[arg(long, default_value_t = 512, value_parser = message_mb)]
     pub allreduce_max_mb: usize,
     #[command(flatten)]
     pub device: DeviceArgs,

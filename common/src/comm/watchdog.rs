@@ -35,6 +35,9 @@ struct Progress {
     last: Instant,
     /// The last checkpoint written: its path and step.
     checkpoint: Option<(String, u64)>,
+    /// A later checkpoint rank 0 is writing, as far as this rank knows (ranks other than 0
+    /// learn that a write has finished only at the step after it).
+    writing: Option<(String, u64)>,
     /// The run is over (or stopping): no more timeouts.
     disarmed: bool,
     /// The ranks are leaving together: another rank's end is no news.
@@ -44,9 +47,21 @@ struct Progress {
 impl Progress {
     /// "the last good checkpoint is ... (step N)", or that there is none.
     fn last_checkpoint(&self) -> String {
-        match &self.checkpoint {
-            Some((path, step)) => format!("the last good checkpoint is {path} (step {step})"),
-            None => "no checkpoint was written in this run".to_string(),
+        let later = self
+            .writing
+            .as_ref()
+            .filter(|(_, step)| self.checkpoint.as_ref().is_none_or(|(_, done)| step > done));
+        let written = match &self.checkpoint {
+            Some((path, step)) => format!("{path} (step {step})"),
+            None => "none of this run".to_string(),
+        };
+        match (later, &self.checkpoint) {
+            (Some((path, step)), _) => format!(
+                "the last good checkpoint is {path} (step {step}) if its write has finished (rank 0 says \
+                 so in a line), else {written}"
+            ),
+            (None, Some(_)) => format!("the last good checkpoint is {written}"),
+            (None, None) => "no checkpoint was written in this run".to_string(),
         }
     }
 }
@@ -83,6 +98,7 @@ impl Watchdog {
             step: 0,
             last: Instant::now(),
             checkpoint: None,
+            writing: None,
             disarmed: false,
             leaving: false,
         }));
@@ -158,6 +174,13 @@ impl Watchdog {
     pub fn saved(&self, path: &Path, step: u64) {
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         (p.checkpoint, p.last) = (Some((path.display().to_string(), step)), Instant::now());
+    }
+
+    /// Rank 0 has begun writing the checkpoint of `step` steps at `path` (named, if this rank
+    /// ends before it learns that the write finished, as the one that may be good).
+    pub fn writing(&self, path: &Path, step: u64) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        p.writing = Some((path.display().to_string(), step));
     }
 }
 

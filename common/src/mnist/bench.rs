@@ -71,7 +71,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
                 row.samples_per_s,
                 row.final_loss
             );
-            println!("{}", serde_json::to_string(&row).expect("plain data serialises"));
+            crate::say!("{}", serde_json::to_string(&row).expect("plain data serialises"));
         }
     }
     Ok(())

@@ -298,7 +298,13 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     let (world, b) = (comm.size(), args.batch);
     check_batch(&train, b, world)?;
     let steps_per_epoch = (train.len() / b) as u64;
-    let total_steps = args.epochs * steps_per_epoch;
+    let Some(total_steps) = args.epochs.checked_mul(steps_per_epoch) else {
+        let e = Error::Input(format!(
+            "--epochs {} of {steps_per_epoch} steps each is too many steps",
+            args.epochs
+        ));
+        return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
+    };
     let config = mnist_config(args.lr(), total_steps, args.weight_decay);
     let widths = widths(&train, &args.hidden);
     let mut trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
@@ -330,7 +336,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
             (Some(_), false) => " | fused step (SGD inside backward)",
             (None, _) => "",
         };
-        println!(
+        crate::say!(
             "{} | MLP {} ({} params) | {:?} lr {} | batch {b} over {world} rank(s) | {} training, {} test images | {steps_per_epoch} steps/epoch, {total_steps} steps{how}",
             be.name(),
             shape.join("→"),
@@ -340,7 +346,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
             train.len(),
             test.len(),
         );
-        println!("{}", EpochRow::HEADER.replace('\t', "  "));
+        crate::say!("{}", EpochRow::HEADER.replace('\t', "  "));
     }
     let bar = progress::bar(root, total_steps, 0);
     let started = Instant::now();
@@ -374,14 +380,14 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
                 samples_per_s,
                 elapsed_s: started.elapsed().as_secs_f64(),
             };
-            bar.suspend(|| println!("{}", row.display()));
+            bar.suspend(|| crate::say!("{}", row.display()));
             log.append_line(&row.tsv())?;
             last = Some(row);
         }
     }
     bar.finish_and_clear();
     if let Some(row) = last {
-        println!(
+        crate::say!(
             "test accuracy {:.2}% after {} epochs ({:.1} s); table in {}",
             100.0 * row.test_accuracy,
             row.epoch,

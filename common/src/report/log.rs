@@ -111,6 +111,13 @@ impl LossLog {
             },
             None => Vec::new(),
         };
+        if let Some(n) = keep_rows.filter(|&n| n > kept.len() as u64) {
+            eprintln!(
+                "note: {} holds {} of the {n} rows the checkpoint counted (lost since it was written): the table goes on from there",
+                path.display(),
+                kept.len()
+            );
+        }
         atomic_file::write(&path, |f| {
             writeln!(f, "{header}")?;
             kept.iter().try_for_each(|row| writeln!(f, "{row}"))
@@ -135,10 +142,12 @@ impl LossLog {
         self.append_line(&row.tsv())
     }
 
-    /// Writes one row (tab-separated values) and flushes it.
+    /// Writes one row (tab-separated values) and syncs it to disk, so that a checkpoint that
+    /// counts it never outlives it (a row comes with an evaluation, which takes far longer).
     pub fn append_line(&mut self, tsv: &str) -> Result<()> {
         writeln!(self.file, "{tsv}")
             .and_then(|_| self.file.flush())
+            .and_then(|_| self.file.sync_data())
             .map_err(io_err(&self.path))?;
         self.rows += 1;
         Ok(())
@@ -146,10 +155,14 @@ impl LossLog {
 }
 
 /// Where a run's log stands, saved in every checkpoint so that a resumed run continues the
-/// same table: the rows written, the training time so far and the open window.
+/// same table: the rows written, the training time so far, the open window, and the steps
+/// skipped in a row up to it (`--max-bad-steps` goes on counting them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LogState {
     pub rows: u64,
     pub elapsed_s: f64,
     pub window: Window,
+    /// Absent from checkpoints written before it was kept: 0.
+    #[serde(default)]
+    pub bad_in_a_row: u64,
 }

@@ -36,15 +36,19 @@ fn lines(text: &str, path: &Path, args: &PlotArgs) -> Result<Vec<Line>> {
         let cells: Vec<&str> = row.split('\t').collect();
         let cell = |c: usize| cells.get(c).copied().unwrap_or("");
         let number = |c: usize| {
-            cell(c).trim().parse::<f64>().map_err(|_| {
-                Error::Input(format!(
-                    "{}: line {}: '{}' ({}) is not a number",
-                    path.display(),
-                    i + 2,
-                    cell(c),
-                    header[c]
-                ))
-            })
+            let what = match cell(c).trim().parse::<f64>() {
+                Ok(v) if v.is_finite() => return Ok(v),
+                // An infinite value has no place on an axis (and made the axis endless).
+                Ok(_) => "is not finite",
+                Err(_) => "is not a number",
+            };
+            Err(Error::Input(format!(
+                "{}: line {}: '{}' ({}) {what}",
+                path.display(),
+                i + 2,
+                cell(c),
+                header[c]
+            )))
         };
         let xv = number(x)?;
         for &(yc, yname) in &ys {

@@ -20,15 +20,29 @@ use crate::error::{io_err, Error, Result};
 use crate::generate::SampleOptions;
 use crate::report::RunSummary;
 use session::Session;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// The `train` subcommand.
 pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()> {
-    install_interrupt_handler();
+    crate::stop::on_signals(comm);
     if args.dump_batches.is_some() && comm.size() > 1 {
         let e = Error::Input("--dump-batches writes one process's batches: run it on one rank".into());
         return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
+    }
+    if let Some(dump) = &args.dump_batches {
+        // The dump replaces its file: never one of the run's inputs.
+        let same = |p: &std::path::Path| match (std::fs::canonicalize(p), std::fs::canonicalize(dump)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => p == dump,
+        };
+        let inputs = [Some(&args.data), args.resume.as_ref(), args.init_from.as_ref()];
+        if let Some(input) = inputs.into_iter().flatten().find(|p| same(p)) {
+            crate::bail_input!(
+                "--dump-batches {} is one of the run's inputs ({}): give another path",
+                dump.display(),
+                input.display()
+            );
+        }
     }
     let mut run = Run::prepare(be, comm, args)?;
     // Before anything is written to OUT: a path that cannot be written is one line.
@@ -60,7 +74,12 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
 
         let done = step + 1;
         let last = done == run.total_steps;
-        let stop = session.stop_requested(&run, done)?;
+        // A stop asked for at the last step changes nothing: the run ends as a finished one
+        // (its summary and sample written), not as one to resume. Every rank knows `last`.
+        let stop = match last {
+            true => None,
+            false => session.stop_requested(&run, done)?,
+        };
         let log_point = done % run.eval_every == 0 || last;
         let periodic = args.checkpoint_every > 0 && done % args.checkpoint_every == 0;
         if log_point || periodic || last || stop.is_some() {
@@ -101,7 +120,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
 fn finish_dump(dump: Option<BatchDump>) -> Result<()> {
     if let Some(d) = dump {
         let (path, steps) = d.finish()?;
-        println!("wrote {} ({steps} steps)", path.display());
+        crate::say!("wrote {} ({steps} steps)", path.display());
     }
     Ok(())
 }
@@ -142,19 +161,11 @@ fn finish<B: Backend>(
         let started = Instant::now();
         summary.sample = run.trainer.sample(&run.tok, "\n", &opts)?;
         (summary.sample_tokens, summary.sample_time_s) = (args.sample_len, started.elapsed().as_secs_f64());
-        println!("---- sample ----\n{}\n----------------", summary.sample);
+        crate::say!("---- sample ----\n{}\n----------------", summary.sample);
     }
     let path = args.out.join("summary.json");
     let json = serde_json::to_string_pretty(&summary).expect("plain data serialises");
     std::fs::write(&path, json).map_err(io_err(&path))
-}
-
-/// Set by Ctrl-C; the loop saves a checkpoint and stops at the end of the current step.
-pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
-
-fn install_interrupt_handler() {
-    // A second handler is refused; one is enough (tests train several times in a process).
-    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
 }
 
 /// A debugging aid: the 0-based steps of `GPT2_GRAD_NORMS=36,37,38`, after which rank 0
@@ -172,7 +183,7 @@ fn print_grad_norms_if_asked<B: Backend>(run: &Run<B>, comm: &dyn Comm, step: u6
     if steps.contains(&step) && comm.is_root() {
         let norms = run.trainer.gradient_norms()?;
         let line: Vec<String> = norms.iter().map(|(name, n)| format!("{name}={n:.6e}")).collect();
-        println!("grad-norms step {step}: {}", line.join(" "));
+        crate::say!("grad-norms step {step}: {}", line.join(" "));
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! step, Ctrl-C, `--stop-after`, or too many non-finite steps).
 
 use super::Run;
+use crate::atomic_file;
 use crate::backend::Backend;
 use crate::checkpoint::{BackgroundWriter, HostState, SaveReport};
 use crate::cli::{TrainArgs, DEFAULT_COMM_TIMEOUT};
@@ -48,7 +49,8 @@ pub struct Session<'a> {
     pub step_time: f64,
     pub last_val: f32,
     bad_in_a_row: u64,
-    /// The step of the last checkpoint written.
+    /// The step of the last checkpoint whose file is complete (on rank 0 as its write ends;
+    /// on the others from rank 0, at the next step's stop check).
     saved_at: Option<u64>,
     /// Rank 0's checkpoint writes, in the background.
     writer: BackgroundWriter,
@@ -73,10 +75,18 @@ impl<'a> Session<'a> {
         let ranks = Ranks::exchange(comm)?;
         let timeout = Duration::from_secs(args.comm_timeout.unwrap_or(DEFAULT_COMM_TIMEOUT));
         let watchdog = Watchdog::start(comm, Some(timeout), ranks.as_ref())?;
+        let ckpt = args.out.join("model.ckpt");
         if root {
-            println!("{}", run.describe());
-            ranks.iter().for_each(|r| println!("{}", r.table()));
-            println!("{}", LossLog::header());
+            let removed = atomic_file::remove_stale_temps(&ckpt);
+            if removed > 0 {
+                crate::say!(
+                    "note: removed {removed} temporary file(s) that interrupted checkpoint writes left in {}",
+                    args.out.display()
+                );
+            }
+            crate::say!("{}", run.describe());
+            ranks.iter().for_each(|r| crate::say!("{}", r.table()));
+            crate::say!("{}", LossLog::header());
         }
         Ok(Session {
             comm,
@@ -84,7 +94,7 @@ impl<'a> Session<'a> {
             log,
             bar: progress::bar(root, run.total_steps, run.start_step),
             watchdog,
-            ckpt: args.out.join("model.ckpt"),
+            ckpt,
             window: run.log_state.window,
             clock: Clock {
                 earlier_s: run.log_state.elapsed_s,
@@ -92,7 +102,7 @@ impl<'a> Session<'a> {
             },
             step_time: 0.0,
             last_val: f32::NAN,
-            bad_in_a_row: 0,
+            bad_in_a_row: run.log_state.bad_in_a_row,
             saved_at: None,
             writer: match root && !run.trainer.snapshots_checkpoints() {
                 // Rank 0 copies the state into host memory at every checkpoint (one at the end
@@ -151,7 +161,7 @@ impl<'a> Session<'a> {
         };
         if let Some(path) = agree(self.comm, saved)? {
             self.bar
-                .suspend(|| println!("saved {} (the weights before step 0)", path.display()));
+                .suspend(|| crate::say!("saved {} (the weights before step 0)", path.display()));
         }
         Ok(())
     }
@@ -169,12 +179,18 @@ impl<'a> Session<'a> {
 
     /// Rank 0: one line for a checkpoint written (step, stall, write time, file), which is
     /// from now on the one a failure names.
-    fn announce(&self, written: Option<SaveReport>) {
+    fn announce(&mut self, written: Option<SaveReport>) {
         if let Some(report) = written {
-            self.bar.suspend(|| println!("{report}"));
-            if let Some(w) = &self.watchdog {
-                w.saved(&report.path, report.step);
-            }
+            self.bar.suspend(|| crate::say!("{report}"));
+            self.now_saved(report.step);
+        }
+    }
+
+    /// The checkpoint of `step` steps is complete: the one a failure names from now on.
+    fn now_saved(&mut self, step: u64) {
+        self.saved_at = Some(step);
+        if let Some(w) = &self.watchdog {
+            w.saved(&self.ckpt, step);
         }
     }
 
@@ -217,9 +233,20 @@ impl<'a> Session<'a> {
 
     /// Has the run been asked to stop after `done` steps? (Ctrl-C on any rank, agreed over
     /// all ranks so they stop at the same step; or `--stop-after`.)
-    pub fn stop_requested<B: Backend>(&self, run: &Run<B>, done: u64) -> Result<Option<Stop>> {
-        let mut v = [super::STOP.load(std::sync::atomic::Ordering::SeqCst) as u8 as f32];
+    /// The same sum tells the other ranks which checkpoint rank 0 has finished writing.
+    pub fn stop_requested<B: Backend>(&mut self, run: &Run<B>, done: u64) -> Result<Option<Stop>> {
+        let stop = crate::stop::asked() as u8 as f32;
+        // Rank 0's last complete checkpoint, as two whole floats (exact below 2^36 steps).
+        let written = match self.comm.is_root() {
+            true => self.saved_at.unwrap_or(0),
+            false => 0,
+        };
+        let mut v = [stop, (written >> 12) as f32, (written & 0xfff) as f32];
         self.comm.all_reduce_sum_host(&mut v)?;
+        let written = ((v[1] as u64) << 12) | v[2] as u64;
+        if written > 0 && self.saved_at != Some(written) {
+            self.now_saved(written);
+        }
         Ok(if v[0] > 0.0 {
             Some(Stop::Interrupted)
         } else {
@@ -242,7 +269,7 @@ impl<'a> Session<'a> {
             tokens_per_s,
             elapsed_s: self.clock.elapsed(),
         };
-        self.bar.suspend(|| println!("{}", row.display()));
+        self.bar.suspend(|| crate::say!("{}", row.display()));
         log.append(&row)
     }
 
@@ -264,6 +291,7 @@ impl<'a> Session<'a> {
                 rows: log.rows(),
                 elapsed_s: self.clock.elapsed(),
                 window: self.window,
+                bad_in_a_row: self.bad_in_a_row,
             };
             let meta = run.checkpoint_meta(done, &log_state);
             let kept = match &state {
@@ -275,7 +303,7 @@ impl<'a> Session<'a> {
                 self.snapshot_said = true;
                 let (gb, ms) = (bytes as f64 / 1e9, self.prepared_s * 1e3);
                 self.bar.suspend(|| {
-                    println!(
+                    crate::say!(
                         "checkpoints: the state is copied within the GPU, then to host memory and the file in the \
                          background ({gb:.2} GB of GPU memory and as much host memory kept for it; the host memory \
                          took {ms:.0} ms to make, before the first step)"
@@ -283,9 +311,8 @@ impl<'a> Session<'a> {
                 });
             }
         } else if let Some(w) = &self.watchdog {
-            w.saved(&self.ckpt, done); // rank 0 names it once written
+            w.writing(&self.ckpt, done); // complete once rank 0 says so (`stop_requested`)
         }
-        self.saved_at = Some(done);
         Ok(())
     }
 
@@ -293,19 +320,27 @@ impl<'a> Session<'a> {
     /// stop asked for by `--stop-after` is not.
     pub fn stop(mut self, why: Stop, done: u64) -> Result<()> {
         self.end_together()?;
-        let written = self.writer.wait()?; // the file is complete before the run ends
-        self.announce(written);
+        self.last_write()?;
         self.bar.abandon();
         let how = format!("saved {0} (continue with --resume {0})", self.ckpt.display());
         match why {
             Stop::Interrupted => Err(Error::Interrupted(format!("stopped after step {done}; {how}")).on_every_rank()),
             Stop::StopAfter => {
                 if self.log.is_some() {
-                    println!("stopped after step {done} as --stop-after asked; {how}");
+                    crate::say!("stopped after step {done} as --stop-after asked; {how}");
                 }
                 Ok(())
             }
         }
+    }
+
+    /// Rank 0 waits for the last checkpoint's write to end, and every rank learns how it
+    /// ended: a failed write ends every rank with its error, not rank 0 alone after the others
+    /// have left.
+    fn last_write(&mut self) -> Result<()> {
+        let written = agree(self.comm, self.writer.wait())?;
+        self.announce(written);
+        Ok(())
     }
 
     /// After the last step: waits for the last checkpoint's write, clears the bar and names
@@ -313,11 +348,10 @@ impl<'a> Session<'a> {
     /// no more timeouts.
     pub fn finish(&mut self) -> Result<()> {
         self.end_together()?;
-        let written = self.writer.wait()?; // the last checkpoint, complete
-        self.announce(written);
+        self.last_write()?;
         self.bar.finish_and_clear();
         if self.log.is_some() {
-            println!("saved {}", self.ckpt.display());
+            crate::say!("saved {}", self.ckpt.display());
         }
         Ok(())
     }

@@ -6,7 +6,10 @@
 use super::trainer::{Trainer, TrainerSettings};
 use crate::backend::Backend;
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
-use crate::cli::{TrainArgs, DEFAULT_BATCH, DEFAULT_SEED, DEFAULT_SEQ_LEN};
+use crate::cli::{
+    TrainArgs, DEFAULT_BATCH, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_MIN_LR_FRAC, DEFAULT_SEED, DEFAULT_SEQ_LEN,
+    DEFAULT_VAL_FRACTION, DEFAULT_WARMUP, DEFAULT_WEIGHT_DECAY,
+};
 use crate::comm::{agree, check_same_everywhere, from_root, Comm};
 use crate::data::{self, Batch, DataCursor, Loader};
 use crate::error::{Error, Result};
@@ -15,6 +18,10 @@ use crate::optim::OptimConfig;
 use crate::report::log::LogState;
 use crate::tokenizer::{Tokenizer, TokenizerKind};
 use std::path::Path;
+
+/// The most steps a run may have (a trillion: far beyond any run, and far from the step
+/// counters' limits).
+const MAX_STEPS: u64 = 1_000_000_000_000;
 
 /// Everything a run needs once it is set up.
 pub struct Run<'a, B: Backend> {
@@ -76,7 +83,9 @@ impl<'a, B: Backend> Run<'a, B> {
         })?;
         let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         drop(bytes);
-        let split = agree(comm, data::split(tokens, args.val_fraction, t))?;
+        // The held-out fraction fixes the split the checkpoint's data cursor points into.
+        let val_fraction = agree(comm, run_val_fraction(args, resumed.as_ref()))?;
+        let split = agree(comm, data::split(tokens, val_fraction, t))?;
         let mut loader = agree(comm, Loader::new(split.train, t, b, comm.rank(), world, seed))?;
         let eval_set = eval_pieces(data::eval_batches(&split.val, t, b, args.eval_batches), t, b / world);
 
@@ -86,17 +95,36 @@ impl<'a, B: Backend> Run<'a, B> {
             let e = Error::Input("nothing to train: --steps / --epochs give 0 steps".into());
             return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
         }
+        if total_steps > MAX_STEPS {
+            let e = Error::Input(format!(
+                "--steps / --epochs give {total_steps} steps, more than {MAX_STEPS}: ask for fewer"
+            ));
+            return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
+        }
+        // The optimiser's settings: the flags, else the resumed run's, else the defaults.
+        let setting = Resumed {
+            meta: resumed.as_ref(),
+            root: comm.is_root(),
+        };
         let optim = OptimConfig {
-            lr: args.lr,
-            min_lr_frac: args.min_lr_frac,
-            warmup_steps: args.warmup,
+            lr: setting.get("--lr", "lr", args.lr, DEFAULT_LR),
+            min_lr_frac: setting.get("--min-lr-frac", "min_lr_frac", args.min_lr_frac, DEFAULT_MIN_LR_FRAC),
+            warmup_steps: setting.get("--warmup", "warmup", args.warmup, DEFAULT_WARMUP),
             total_steps,
-            weight_decay: args.weight_decay,
+            weight_decay: setting.get(
+                "--weight-decay",
+                "weight_decay",
+                args.weight_decay,
+                DEFAULT_WEIGHT_DECAY,
+            ),
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
-            grad_clip: args.grad_clip,
+            grad_clip: setting.get("--grad-clip", "grad_clip", args.grad_clip, DEFAULT_GRAD_CLIP),
         };
+        let eval_every = setting
+            .get("--eval-every", "eval_every", args.eval_every, steps_per_epoch)
+            .max(1);
         let sync = args.sync.mode();
         // Micro-batches: the flag, else the checkpoint's, else 1.
         let saved = resumed.as_ref().and_then(|m| m.train.get("grad_accum")?.as_u64());
@@ -109,11 +137,15 @@ impl<'a, B: Backend> Run<'a, B> {
             return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
         }
         let settings = serde_json::json!({
-            "batch": b, "seq_len": t, "lr": args.lr, "warmup": args.warmup, "min_lr_frac": args.min_lr_frac,
-            "weight_decay": args.weight_decay, "grad_clip": args.grad_clip, "total_steps": total_steps,
-            "val_fraction": args.val_fraction, "world": world, "sync_every": args.sync.sync_every,
-            "grad_accum": micro_batches, "precision": be.precision().name(), "zero": args.sync.zero(),
+            "batch": b, "seq_len": t, "lr": optim.lr, "warmup": optim.warmup_steps, "min_lr_frac": optim.min_lr_frac,
+            "weight_decay": optim.weight_decay, "grad_clip": optim.grad_clip, "total_steps": total_steps,
+            "val_fraction": val_fraction, "eval_every": eval_every, "world": world,
+            "sync_every": args.sync.sync_every, "grad_accum": micro_batches, "precision": be.precision().name(),
+            "zero": args.sync.zero(),
         });
+        if let Some(meta) = resumed.as_ref().filter(|_| comm.is_root()) {
+            say_how_local_sgd_resumes(meta, args.sync.sync_every);
+        }
         // Master weights and moments are fp32 in every precision, so a checkpoint resumes
         // under any other; say so when it does.
         let saved_precision = resumed
@@ -145,7 +177,14 @@ impl<'a, B: Backend> Run<'a, B> {
         let (mut start_step, mut log_state) = (0, LogState::default());
         match (&args.resume, &resumed) {
             (Some(path), Some(meta)) => {
-                let ckpt = agree(comm, comm.is_root().then(|| checkpoint::load(path)).transpose())?;
+                // The whole file, read now, must be the one whose header set the run up.
+                let read = comm.is_root().then(|| {
+                    checkpoint::load(path).and_then(|c| match c.meta == *meta {
+                        true => Ok(c),
+                        false => crate::bail_input!("{}: the checkpoint changed while it was read", path.display()),
+                    })
+                });
+                let ckpt = agree(comm, read.transpose())?;
                 trainer.restore(ckpt)?;
                 let cursor = DataCursor {
                     epoch: meta.data_epoch,
@@ -195,7 +234,7 @@ impl<'a, B: Backend> Run<'a, B> {
             start_step,
             total_steps,
             steps_per_epoch,
-            eval_every: args.eval_every.unwrap_or(steps_per_epoch).max(1),
+            eval_every,
             stop_after: args.stop_after,
             log_state,
             settings,
@@ -253,13 +292,14 @@ fn schedule_length(args: &TrainArgs, resumed: Option<&CheckpointMeta>, steps_per
     let saved = resumed.and_then(|m| m.train.get("total_steps")?.as_u64());
     let total = match (args.steps, args.epochs, saved) {
         (Some(s), _, _) => s,
+        // Saturates far beyond any run; refused below (MAX_STEPS).
         (None, Some(e), _) => (e * steps_per_epoch as f64).ceil() as u64,
         (None, None, Some(s)) => s,
         (None, None, None) => 2 * steps_per_epoch,
     };
     if let Some(old) = saved.filter(|&old| old != total) {
         if root {
-            println!(
+            crate::say!(
                 "note: the schedule changes from {old} to {total} steps (the learning rate follows the new length)"
             );
         }
@@ -293,6 +333,76 @@ fn fixed_by_checkpoint<T: PartialEq + std::fmt::Display + Copy>(
         }
         (Some(s), _) => Ok(s),
         (None, g) => Ok(g.unwrap_or(default)),
+    }
+}
+
+/// Rank 0, resuming: local SGD (`--sync-every K`) keeps each rank's moments, and its
+/// parameters between averages, apart, while a checkpoint holds rank 0's: when the checkpoint's
+/// run had several ranks, every rank resumes from rank 0's state, which is not where the run
+/// stood. Says so, and says when the flags change how gradients are synchronised.
+fn say_how_local_sgd_resumes(meta: &CheckpointMeta, sync_every: Option<u64>) {
+    let saved = saved_setting::<u64>(meta, "sync_every");
+    let world = saved_setting::<u64>(meta, "world").unwrap_or(1);
+    if let (Some(k), true) = (saved, world > 1) {
+        crate::say!(
+            "note: the checkpoint's run used local SGD (--sync-every {k}) over {world} ranks, whose moments (and \
+             parameters between averages) differ from rank to rank; the checkpoint holds rank 0's, and every rank \
+             resumes from them, so the run does not continue bit for bit"
+        );
+    }
+    let show = |k: Option<u64>| {
+        k.map_or("gradients summed every step".to_string(), |k| {
+            format!("--sync-every {k}")
+        })
+    };
+    if saved != sync_every {
+        crate::say!(
+            "note: {} from here on (the checkpoint's run had {})",
+            show(sync_every),
+            show(saved)
+        );
+    }
+}
+
+/// The held-out fraction: `--val-fraction`, or the checkpoint's when resuming (another is
+/// refused: the split is where the checkpoint's data cursor points).
+fn run_val_fraction(args: &TrainArgs, resumed: Option<&CheckpointMeta>) -> Result<f32> {
+    let saved = resumed.and_then(|m| saved_setting(m, "val_fraction"));
+    let why = "it fixes the split the data cursor points into";
+    fixed_by_checkpoint("--val-fraction", args.val_fraction, saved, DEFAULT_VAL_FRACTION, why)
+}
+
+/// A setting of the run's that its checkpoint holds under `key` (older checkpoints may
+/// lack some).
+fn saved_setting<T: serde::de::DeserializeOwned>(meta: &CheckpointMeta, key: &str) -> Option<T> {
+    serde_json::from_value(meta.train.get(key)?.clone()).ok()
+}
+
+/// The settings a resumed run takes from its checkpoint unless a flag gives another.
+struct Resumed<'m> {
+    meta: Option<&'m CheckpointMeta>,
+    root: bool,
+}
+
+impl Resumed<'_> {
+    /// `given` (the flag `flag`), else the checkpoint's `key` when resuming, else `default`.
+    /// A flag that changes a resumed run's value is taken and said in one line (rank 0).
+    fn get<T>(&self, flag: &str, key: &str, given: Option<T>, default: T) -> T
+    where
+        T: Copy + PartialEq + std::fmt::Display + serde::de::DeserializeOwned,
+    {
+        let saved = self.meta.and_then(|m| saved_setting::<T>(m, key));
+        match (given, saved) {
+            (Some(g), Some(s)) if g != s => {
+                if self.root {
+                    crate::say!("note: {flag} {g} from here on (the checkpoint's run had {s})");
+                }
+                g
+            }
+            (Some(g), _) => g,
+            (None, Some(s)) => s,
+            (None, None) => default,
+        }
     }
 }
 

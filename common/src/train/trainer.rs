@@ -476,6 +476,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
             (&mut v, &self.opt.v, own),
         ] {
             broadcast_f32(self.comm, host)?;
+            if host.len() != n {
+                // Every rank has rank 0's arrays now, so every rank stops here together.
+                let e = Error::Input(format!(
+                    "the checkpoint holds {} values per array but this model has {n}",
+                    host.len()
+                ));
+                return Err(e.on_every_rank());
+            }
             self.be.write(dst, 0, &host[part])?;
         }
         self.model.refresh_copy(self.be)

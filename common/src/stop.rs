@@ -1,0 +1,66 @@
+//! Asking a run to stop at the end of its current step, with a checkpoint: Ctrl-C; SIGTERM
+//! and SIGHUP where there is one process (with several, the watchdog of `comm` takes them and
+//! ends the job at once); stdout gone (a closed pipe, a full disk: see [`say`]). The loops
+//! that can stop early (`train`, `generate`) read [`asked`].
+
+use crate::comm::Comm;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+/// stdout has failed once: later lines are dropped.
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the run has been asked to stop.
+pub fn asked() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// Asks the run to stop (async-signal-safe: a store to an atomic).
+pub fn ask() {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Installs the handlers: Ctrl-C always; SIGTERM and SIGHUP where `comm` has no job to end
+/// (one process). Once per process, however many runs it makes (tests make several).
+pub fn on_signals(comm: &dyn Comm) {
+    // A second Ctrl-C handler is refused; one is enough.
+    let _ = ctrlc::set_handler(ask);
+    static TERMINATION: std::sync::Once = std::sync::Once::new();
+    if comm.job_abort().is_none() {
+        TERMINATION.call_once(|| {
+            for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+                // SAFETY: the action stores to an atomic, which is async-signal-safe.
+                let _ = unsafe { signal_hook::low_level::register(sig, ask) };
+            }
+        });
+    }
+}
+
+/// One line on stdout, as `println!` writes it, but never a panic: when stdout fails (the
+/// reader of a pipe has gone, the disk is full) the run is asked to stop, as by Ctrl-C (`train`
+/// saves a checkpoint and ends), and the lines after it are dropped. [`crate::say!`] formats
+/// its arguments into it.
+pub fn say(line: std::fmt::Arguments) {
+    if !stdout_gone() && writeln!(std::io::stdout().lock(), "{line}").is_err() {
+        lost_stdout();
+    }
+}
+
+/// Whether stdout has failed (see [`say`]).
+pub fn stdout_gone() -> bool {
+    STDOUT_GONE.load(Ordering::SeqCst)
+}
+
+/// A write to stdout failed: nothing more goes there, and the run is asked to stop.
+pub fn lost_stdout() {
+    STDOUT_GONE.store(true, Ordering::SeqCst);
+    ask();
+}
+
+/// `println!` that never panics: see [`stop::say`](say).
+#[macro_export]
+macro_rules! say {
+    () => { $crate::stop::say(format_args!("")) };
+    ($($arg:tt)*) => { $crate::stop::say(format_args!($($arg)*)) };
+}
