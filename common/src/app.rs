@@ -6,7 +6,7 @@ use crate::backend::Backend;
 use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
 use crate::comm::{leave_together, Comm};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions, Stop};
 use crate::model::Gpt2;
 use crate::text::{self, StopText, TextStream};
@@ -135,6 +135,7 @@ pub fn parse_cli(name: &str, kind: StageKind, comm: &dyn Comm) -> std::result::R
 }
 
 fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
+    crate::cli::check_env().map_err(Error::Input)?;
     match cli.command {
         Command::Train(args) => {
             let be = (stage.backend)(&args.device, comm)?;
@@ -307,6 +308,14 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
         kv_cache: !args.no_kv_cache,
         slide: false,
     };
+    // Every prompt is checked before any text goes out (a batch does not stop halfway).
+    for prompt in &prompts {
+        let ids = tok.encode(prompt);
+        if ids.is_empty() {
+            crate::bail_input!("--prompt is empty: give at least one character");
+        }
+        generate::check_prompt(ids.len(), model.config.max_seq_len, &base)?;
+    }
     let mut pool = Pool::default();
     let mut out = std::io::stdout().lock();
     for (i, prompt) in prompts.iter().enumerate() {

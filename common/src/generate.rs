@@ -87,6 +87,22 @@ pub struct Generated {
     pub decode: Duration,
 }
 
+/// Whether a prompt of `tokens` leaves room for a new token in the context `opts` gives a model
+/// of `max_seq_len` positions (checked before any output: of every prompt of a batch first).
+pub fn check_prompt(tokens: usize, max_seq_len: usize, opts: &SampleOptions) -> Result<()> {
+    if tokens == 0 {
+        crate::bail_input!("the prompt must hold at least one token");
+    }
+    let context = opts.context.clamp(1, max_seq_len);
+    let slide = opts.slide && !opts.kv_cache;
+    if tokens >= context && !slide {
+        crate::bail_input!(
+            "the prompt is {tokens} tokens: no room for a new one in the model's context of {context} tokens"
+        );
+    }
+    Ok(())
+}
+
 /// Continues `prompt` (at least one token) and returns the new tokens; `on_token` sees each
 /// as it is produced (for streaming output) and may end generation with `Break`.
 pub fn generate<B: Backend>(
@@ -97,18 +113,10 @@ pub fn generate<B: Backend>(
     opts: &SampleOptions,
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generated> {
-    if prompt.is_empty() {
-        crate::bail_input!("the prompt must hold at least one token");
-    }
+    check_prompt(prompt.len(), model.config.max_seq_len, opts)?;
     let cfg = &model.config;
     let context = opts.context.clamp(1, cfg.max_seq_len);
     let slide = opts.slide && !opts.kv_cache;
-    if prompt.len() >= context && !slide {
-        crate::bail_input!(
-            "the prompt is {} tokens: no room for a new one in the model's context of {context} tokens",
-            prompt.len()
-        );
-    }
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     rng.set_stream(opts.stream);
     let cache = match opts.kv_cache {

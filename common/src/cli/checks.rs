@@ -258,3 +258,41 @@ pub(super) fn positive_f64(s: &str) -> Result<f64, String> {
         _ => Err("must be a finite number above 0".into()),
     }
 }
+
+/// The environment's on/off switches (debugging and tuning aids the README names where it
+/// uses them): `0` or `1` when set. A value the code would not read as either (`false`, `off`)
+/// is refused rather than ignored.
+const ENV_SWITCHES: &[&str] = &[
+    "GPT2_CKPT_PINNED",
+    "GPT2_CKPT_SNAPSHOT",
+    "GPT2_CUDA_ALLOC_LOG",
+    "GPT2_CUDA_BIAS_EPILOGUE",
+    "GPT2_CUDA_GRAPH",
+    "GPT2_LOG_RECORDING",
+    "GPT2_MNIST_FUSED",
+];
+
+/// Checks the environment settings that are read where a wrong value could not be said in a
+/// line (the switches, and `GPT2_GRAD_NORMS`' step list), before any command runs.
+pub fn check_env() -> Result<(), String> {
+    check_env_with(|name| std::env::var(name).ok())
+}
+
+/// [`check_env`] over the settings `get` gives.
+pub(super) fn check_env_with(get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    for name in ENV_SWITCHES {
+        if let Some(v) = get(name).filter(|v| !matches!(v.as_str(), "" | "0" | "1")) {
+            return Err(format!("{name}={v}: give 0 (off) or 1 (on)"));
+        }
+    }
+    let steps = get("GPT2_GRAD_NORMS").unwrap_or_default();
+    if steps
+        .split(',')
+        .any(|s| !s.trim().is_empty() && s.trim().parse::<u64>().is_err())
+    {
+        return Err(format!(
+            "GPT2_GRAD_NORMS={steps}: give 0-based step numbers separated by commas, e.g. 36,37"
+        ));
+    }
+    Ok(())
+}

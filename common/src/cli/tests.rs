@@ -282,3 +282,31 @@ fn every_conflicting_pair_is_refused_naming_both_flags() {
         );
     }
 }
+
+#[test]
+fn environment_switches_are_0_or_1_and_step_lists_are_numbers() {
+    use super::checks::check_env_with;
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+    };
+    assert_eq!(check_env_with(env(&[])), Ok(()));
+    assert_eq!(
+        check_env_with(env(&[("GPT2_CUDA_GRAPH", "0"), ("GPT2_CKPT_PINNED", "1")])),
+        Ok(())
+    );
+    assert_eq!(check_env_with(env(&[("GPT2_GRAD_NORMS", "36, 37,")])), Ok(()));
+    for (name, value) in [
+        ("GPT2_CUDA_GRAPH", "false"),
+        ("GPT2_MNIST_FUSED", "no"),
+        ("GPT2_CKPT_SNAPSHOT", "off"),
+    ] {
+        let pairs: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(name, value)]));
+        let err = check_env_with(env(pairs)).unwrap_err();
+        assert_eq!(err, format!("{name}={value}: give 0 (off) or 1 (on)"));
+    }
+    let err = check_env_with(env(&[("GPT2_GRAD_NORMS", "abc")])).unwrap_err();
+    assert!(
+        err.starts_with("GPT2_GRAD_NORMS=abc: give 0-based step numbers"),
+        "{err}"
+    );
+}

@@ -65,6 +65,15 @@ impl<'a> Session<'a> {
     /// first lines and starts the bar, the clock and the watchdog.
     pub fn open<B: Backend>(run: &Run<B>, comm: &'a dyn Comm, args: &'a TrainArgs) -> Result<Self> {
         let root = comm.is_root();
+        let ckpt = args.out.join("model.ckpt");
+        if root && args.resume.is_none() && ckpt.exists() {
+            crate::say!(
+                "note: {} holds an earlier run's model.ckpt and loss.tsv, which this run replaces (another --out keeps \
+                 them; --resume {} continues that run)",
+                args.out.display(),
+                ckpt.display()
+            );
+        }
         let keep_rows = args.resume.is_some().then_some(run.log_state.rows);
         let log = agree(comm, root.then(|| LossLog::open(&args.out, keep_rows)).transpose())?;
         // Before the first step: pinned host memory for checkpoints' copies takes a while.
@@ -75,7 +84,6 @@ impl<'a> Session<'a> {
         let ranks = Ranks::exchange(comm)?;
         let timeout = Duration::from_secs(args.comm_timeout.unwrap_or(DEFAULT_COMM_TIMEOUT));
         let watchdog = Watchdog::start(comm, Some(timeout), ranks.as_ref())?;
-        let ckpt = args.out.join("model.ckpt");
         if root {
             let removed = atomic_file::remove_stale_temps(&ckpt);
             if removed > 0 {
