@@ -492,6 +492,12 @@ struct Head {
 
 fn read_head(path: &Path) -> Result<Head> {
     let shown = path.display();
+    if path.is_dir() {
+        crate::bail_input!(
+            "{shown} is a directory, not a checkpoint file (a Hugging Face model? `import --from {shown} --out FILE` \
+             makes one of it)"
+        );
+    }
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -428,6 +428,16 @@ const CASES: &[(&str, &str, &str)] = &[
         "bench --model tiny --generate --seq-len 60 --new-tokens 18446744073709551615",
         "--new-tokens",
     ),
+    (
+        "--out naming a file",
+        "train --data corpus.txt --out corpus.txt --model tiny --batch 4 --seq-len 16",
+        "is a file",
+    ),
+    (
+        "--init-from a directory",
+        "train --data corpus.txt --out o --init-from hf-relu",
+        "import",
+    ),
     ("unknown subcommand", "fly", "fly"),
     ("unknown flag", "train --data corpus.txt --out o --lr-max 1", "--lr-max"),
 ];
