@@ -372,6 +372,17 @@ const CASES: &[(&str, &str, &str)] = &[
         "--hidden",
     ),
     (
+        "an MLP layer of 2^31 weights or more",
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "test-images.idx",
+            "test-labels.idx",
+            "--hidden 5000000000,5000000000"
+        ),
+        "2^31",
+    ),
+    (
         "an MLP batch larger than the training set",
         mnist!(
             "train-images.idx",

@@ -90,7 +90,7 @@ fn time_shape<B: Backend>(
     check_batch(train, batch, comm.size())?;
     let (warmup, steps) = (args.warmup.unwrap_or(200), args.steps.unwrap_or(5000));
     let config = mnist_config(args.lr(), warmup + steps, args.weight_decay);
-    let widths = widths(train, hidden);
+    let widths = widths(train, hidden)?;
     let mut trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
     let steps_per_epoch = train.len() / batch;
     let replay = replay_on();

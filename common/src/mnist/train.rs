@@ -306,7 +306,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
     };
     let config = mnist_config(args.lr(), total_steps, args.weight_decay);
-    let widths = widths(&train, &args.hidden);
+    let widths = widths(&train, &args.hidden)?;
     let mut trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
     let mut fused = match fused_path(comm, args.optimizer) {
         true => Some(FusedStep::new(
@@ -428,11 +428,23 @@ pub fn mnist_config(lr: f32, total_steps: u64, weight_decay: f32) -> OptimConfig
 }
 
 /// Input width (the images'), `hidden`, the classes.
-pub fn widths(train: &Dataset, hidden: &[usize]) -> Vec<usize> {
-    std::iter::once(train.images.size())
+/// Refused when a layer's weight matrix would hold 2^31 values or more (as GPT-2's are: the
+/// kernels index with 32-bit integers), before anything is allocated.
+pub fn widths(train: &Dataset, hidden: &[usize]) -> Result<Vec<usize>> {
+    let widths: Vec<usize> = std::iter::once(train.images.size())
         .chain(hidden.iter().copied())
         .chain([CLASSES])
-        .collect()
+        .collect();
+    for pair in widths.windows(2) {
+        if pair[0].checked_mul(pair[1]).is_none_or(|n| n >= 1 << 31) {
+            return Err(Error::Input(format!(
+                "--hidden: a layer of {} by {} holds 2^31 weights or more (each must hold fewer)",
+                pair[0], pair[1]
+            ))
+            .on_every_rank()); // the same flags everywhere: every rank is here
+        }
+    }
+    Ok(widths)
 }
 
 /// `--trace`: what another framework needs to repeat the run step for step (rank 0 writes it).
