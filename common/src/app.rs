@@ -308,23 +308,22 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
         kv_cache: !args.no_kv_cache,
         slide: false,
     };
-    // Every prompt is checked before any text goes out (a batch does not stop halfway).
+    // Every prompt is encoded and checked before any text goes out (a batch does not stop
+    // halfway).
+    let mut encoded = Vec::with_capacity(prompts.len());
     for prompt in &prompts {
         let ids = tok.encode(prompt);
         if ids.is_empty() {
             crate::bail_input!("--prompt is empty: give at least one character");
         }
         generate::check_prompt(ids.len(), model.config.max_seq_len, &base)?;
+        encoded.push(ids);
     }
     let mut pool = Pool::default();
     let mut out = std::io::stdout().lock();
-    for (i, prompt) in prompts.iter().enumerate() {
+    for (i, (prompt, ids)) in prompts.iter().zip(encoded).enumerate() {
         if crate::stop::stdout_gone() {
             break; // the reader has gone: nothing more to generate for
-        }
-        let ids = tok.encode(prompt);
-        if ids.is_empty() {
-            crate::bail_input!("--prompt is empty: give at least one character");
         }
         if prompts.len() > 1 {
             let _ = writeln!(out, "--- prompt {} ---", i + 1);

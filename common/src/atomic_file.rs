@@ -33,12 +33,8 @@ pub fn write_timed(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::
         }
     };
     // The rename is durable only once the directory entry is on disk.
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
     let syncing = Instant::now();
-    sync_dir(dir)?;
+    sync_dir(dir_of(path))?;
     Ok(sync + syncing.elapsed())
 }
 
@@ -62,21 +58,15 @@ fn write_synced(
 /// checkpoint). Returns how many it removed. Where it cannot tell whether a process runs
 /// (no `/proc`), it removes none.
 pub fn remove_stale_temps(path: &Path) -> usize {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+    let Some(name) = path.file_name() else {
         return 0;
     };
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    let prefix = format!(".{}.", name.to_string_lossy());
-    let proc = Path::new("/proc/self");
-    let (Ok(entries), true) = (std::fs::read_dir(dir), proc.exists()) else {
+    let (prefix, suffix) = tmp_name_around(&name.to_string_lossy());
+    let (Ok(entries), true) = (std::fs::read_dir(dir_of(path)), Path::new("/proc/self").exists()) else {
         return 0;
     };
     let stale = |file: &str| -> bool {
-        let Some(pid) = file.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(".tmp")) else {
+        let Some(pid) = file.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(suffix)) else {
             return false;
         };
         pid.parse::<u32>()
@@ -95,8 +85,21 @@ fn tmp_path(path: &Path) -> Result<PathBuf> {
     let Some(name) = path.file_name() else {
         return Err(Error::Input(format!("{}: not a file path", path.display())));
     };
-    let name = format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id());
-    Ok(path.with_file_name(name))
+    let (prefix, suffix) = tmp_name_around(&name.to_string_lossy());
+    Ok(path.with_file_name(format!("{prefix}{}{suffix}", std::process::id())))
+}
+
+/// What stands before and after the process id in the temporary file of a file `name`.
+fn tmp_name_around(name: &str) -> (String, &'static str) {
+    (format!(".{name}."), ".tmp")
+}
+
+/// The directory `path` lies in (`.` for a bare file name).
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 #[cfg(unix)]

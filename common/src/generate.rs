@@ -63,6 +63,18 @@ impl Default for SampleOptions {
     }
 }
 
+impl SampleOptions {
+    /// The context a model of `max_seq_len` positions generates in.
+    fn context_of(&self, max_seq_len: usize) -> usize {
+        self.context.clamp(1, max_seq_len)
+    }
+
+    /// Whether the window slides past the context (only without the cache).
+    fn slides(&self) -> bool {
+        self.slide && !self.kv_cache
+    }
+}
+
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -93,9 +105,8 @@ pub fn check_prompt(tokens: usize, max_seq_len: usize, opts: &SampleOptions) -> 
     if tokens == 0 {
         crate::bail_input!("the prompt must hold at least one token");
     }
-    let context = opts.context.clamp(1, max_seq_len);
-    let slide = opts.slide && !opts.kv_cache;
-    if tokens >= context && !slide {
+    let context = opts.context_of(max_seq_len);
+    if tokens >= context && !opts.slides() {
         crate::bail_input!(
             "the prompt is {tokens} tokens: no room for a new one in the model's context of {context} tokens"
         );
@@ -115,8 +126,7 @@ pub fn generate<B: Backend>(
 ) -> Result<Generated> {
     check_prompt(prompt.len(), model.config.max_seq_len, opts)?;
     let cfg = &model.config;
-    let context = opts.context.clamp(1, cfg.max_seq_len);
-    let slide = opts.slide && !opts.kv_cache;
+    let (context, slide) = (opts.context_of(cfg.max_seq_len), opts.slides());
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     rng.set_stream(opts.stream);
     let cache = match opts.kv_cache {

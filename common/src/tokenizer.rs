@@ -7,10 +7,10 @@ use tiktoken_rs::CoreBPE;
 
 use crate::error::{Error, Result};
 
-/// Which vocabulary to use; chosen on the command line and saved in checkpoints.
 /// Symbols of the GPT-2 tokenizer (50,000 merges, 256 bytes, `<|endoftext|>`).
 pub const GPT2_VOCAB: usize = 50257;
 
+/// Which vocabulary to use; chosen on the command line and saved in checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 pub enum TokenizerKind {
     /// One token per UTF-8 byte (vocabulary 256).

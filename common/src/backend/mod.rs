@@ -25,6 +25,9 @@ pub mod cpu;
 pub mod cuda;
 pub mod replay;
 
+/// Values one tensor may hold at most (exclusive): the kernels index with 32-bit integers.
+pub const MAX_TENSOR_VALUES: usize = 1 << 31;
+
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
 use std::ops::Range;

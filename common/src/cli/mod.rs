@@ -595,7 +595,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Vocabulary size of the random tokens (50257 = GPT-2's).
-    #[arg(long, default_value_t = 50257, value_parser = at_least_one)]
+    #[arg(long, default_value_t = crate::tokenizer::GPT2_VOCAB, value_parser = at_least_one)]
     pub vocab: usize,
     /// Batch size per process.
     #[arg(long, default_value_t = 4, value_parser = at_least_one)]

@@ -130,7 +130,7 @@ pub fn import(dir: &Path) -> Result<Imported> {
     let cfg = config::from_json(&json).map_err(|e| Error::Input(format!("{}: {e}", dir.display())))?;
     let tokenizer = match cfg.vocab_size {
         256 => TokenizerKind::Byte,
-        50257 => TokenizerKind::Gpt2,
+        crate::tokenizer::GPT2_VOCAB => TokenizerKind::Gpt2,
         v => crate::bail_input!(
             "{}: a vocabulary of {v}: this build's tokenizers have 256 (byte) or 50257 (gpt2) tokens",
             config_path.display()

@@ -436,7 +436,10 @@ pub fn widths(train: &Dataset, hidden: &[usize]) -> Result<Vec<usize>> {
         .chain([CLASSES])
         .collect();
     for pair in widths.windows(2) {
-        if pair[0].checked_mul(pair[1]).is_none_or(|n| n >= 1 << 31) {
+        if pair[0]
+            .checked_mul(pair[1])
+            .is_none_or(|n| n >= crate::backend::MAX_TENSOR_VALUES)
+        {
             return Err(Error::Input(format!(
                 "--hidden: a layer of {} by {} holds 2^31 weights or more (each must hold fewer)",
                 pair[0], pair[1]

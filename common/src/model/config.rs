@@ -90,8 +90,7 @@ impl ModelConfig {
             crate::bail_input!("model dimensions must be positive (layers {n_layer}, heads {n_head}, width {n_embd}, max seq-len {max_seq_len}, vocab {vocab_size})");
         }
         // Every tensor must fit the kernels' 32-bit indices (and the memory of a real machine).
-        const MAX_WORDS: usize = 1 << 31;
-        let too_big = |x: Option<usize>| x.is_none_or(|w| w >= MAX_WORDS);
+        let too_big = |x: Option<usize>| x.is_none_or(|w| w >= crate::backend::MAX_TENSOR_VALUES);
         if n_layer > 4096
             || too_big(padded_vocab_size.checked_mul(n_embd))
             || too_big(max_seq_len.checked_mul(n_embd))

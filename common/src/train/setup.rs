@@ -127,8 +127,8 @@ impl<'a, B: Backend> Run<'a, B> {
             .max(1);
         let sync = args.sync.mode();
         // Micro-batches: the flag, else the checkpoint's, else 1.
-        let saved = resumed.as_ref().and_then(|m| m.train.get("grad_accum")?.as_u64());
-        let micro_batches = args.grad_accum.or(saved.map(|k| k as usize)).unwrap_or(1);
+        let saved = resumed.as_ref().and_then(|m| saved_setting(m, "grad_accum"));
+        let micro_batches = args.grad_accum.or(saved).unwrap_or(1);
         if !(b / world).is_multiple_of(micro_batches) {
             let e = Error::Input(format!(
                 "--batch {b} over {world} rank(s) gives {} rows each, which --grad-accum {micro_batches} does not divide",
@@ -148,9 +148,7 @@ impl<'a, B: Backend> Run<'a, B> {
         }
         // Master weights and moments are fp32 in every precision, so a checkpoint resumes
         // under any other; say so when it does.
-        let saved_precision = resumed
-            .as_ref()
-            .and_then(|m| m.train.get("precision")?.as_str().map(String::from));
+        let saved_precision = resumed.as_ref().and_then(|m| saved_setting::<String>(m, "precision"));
         if let Some(saved) = saved_precision.filter(|p| p != be.precision().name()) {
             if comm.is_root() {
                 eprintln!(
@@ -289,7 +287,7 @@ impl<'a, B: Backend> Run<'a, B> {
 /// Steps in the run: `--steps`, or `--epochs` worth, or the resumed checkpoint's schedule,
 /// or two epochs. A resumed run that is given another length says so in one line.
 fn schedule_length(args: &TrainArgs, resumed: Option<&CheckpointMeta>, steps_per_epoch: u64, root: bool) -> u64 {
-    let saved = resumed.and_then(|m| m.train.get("total_steps")?.as_u64());
+    let saved = resumed.and_then(|m| saved_setting(m, "total_steps"));
     let total = match (args.steps, args.epochs, saved) {
         (Some(s), _, _) => s,
         // Saturates far beyond any run; refused below (MAX_STEPS).
@@ -466,7 +464,7 @@ fn run_model(
     };
     // The data cursor counts windows of this batch and length.
     let why = "the data cursor counts windows of it";
-    let saved = |key: &str| resumed.and_then(|m| m.train.get(key)?.as_u64()).map(|v| v as usize);
+    let saved = |key: &str| resumed.and_then(|m| saved_setting(m, key));
     let b = fixed_by_checkpoint("--batch", args.batch, saved("batch"), DEFAULT_BATCH, why)?;
     let t = fixed_by_checkpoint("--seq-len", args.seq_len, saved("seq_len"), DEFAULT_SEQ_LEN, why)?;
     validate_shape(&config, b, t, world)?;
@@ -496,7 +494,7 @@ pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) ->
 pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize) -> Result<()> {
     let saved = be.attention_saved_len(b, t, config.n_head);
     let (largest, activations) = config.activation_values(b, t, saved);
-    if largest >= 1 << 31 {
+    if largest >= crate::backend::MAX_TENSOR_VALUES as u128 {
         crate::bail_input!(
             "a batch of {b}×{t} is too large for this model: one activation would hold {largest} values (at most 2^31)"
         );
