@@ -314,6 +314,12 @@ fn zero1_updated_and_gathered_in_pieces_is_the_same_run() {
     assert_ok(&o);
     assert_eq!(table_without_times(&pieces), table_without_times(&at_once));
     assert_eq!(final_params(&pieces), final_params(&at_once));
+    // GPT2_ZERO_GATHER_AHEAD=1 moves the gather to the next step's start, piece by piece; the
+    // evaluations (rank 0 alone) and the checkpoint read the weights made whole first.
+    let (o, ahead) = run("ahead", &[("GPT2_ZERO_GATHER_AHEAD", "1")]);
+    assert_ok(&o);
+    assert_eq!(table_without_times(&ahead), table_without_times(&at_once));
+    assert_eq!(final_params(&ahead), final_params(&at_once));
     // Rank 0's setting holds on every rank: rank 1 told 1 piece still gathers in 3.
     let mixed = d.join("mixed");
     let train = train_args(&data, &mixed, &["--steps", "30", "--eval-every", "10", "--zero", "1"]);
@@ -331,6 +337,15 @@ fn zero1_updated_and_gathered_in_pieces_is_the_same_run() {
     };
     assert_ok(&o);
     assert_eq!(table_without_times(&mixed), table_without_times(&at_once));
+    for bad in ["2", "yes"] {
+        let (o, _) = run("bad-ahead", &[("GPT2_ZERO_GATHER_AHEAD", bad)]);
+        assert_eq!(o.code, Some(2), "GPT2_ZERO_GATHER_AHEAD={bad}: {}", o.stderr);
+        assert!(
+            o.stderr.contains("GPT2_ZERO_GATHER_AHEAD") && !o.stderr.contains("panicked"),
+            "{}",
+            o.stderr
+        );
+    }
     for bad in ["0", "65", "two"] {
         let (o, _) = run("bad", &[("GPT2_ZERO_GATHER_PIECES", bad)]);
         assert_eq!(o.code, Some(2), "{bad}: {}", o.stderr);
@@ -354,13 +369,15 @@ fn zero1_resumes_exactly_and_on_other_rank_counts() {
     let schedule = ["--steps", "40", "--eval-every", "10", "--zero", "1"];
     let straight = d.join("straight");
     assert_ok(&mpirun(2, &train_args(&data, &straight, &schedule), &[]));
-    for (first, then) in [(2, 2), (2, 1), (1, 2)] {
-        let out = d.join(format!("{first}-then-{then}"));
+    // (2, 2, ahead): gathering ahead, the stop's checkpoint is taken from weights made whole.
+    let ahead = [("GPT2_ZERO_GATHER_AHEAD", "1")];
+    for (first, then, env) in [(2, 2, &[][..]), (2, 2, &ahead[..]), (2, 1, &[]), (1, 2, &[])] {
+        let out = d.join(format!("{first}-then-{then}-{}", env.len()));
         let cut = [&schedule[..], &["--stop-after", "17"]].concat();
-        assert_ok(&mpirun(first, &train_args(&data, &out, &cut), &[]));
+        assert_ok(&mpirun(first, &train_args(&data, &out, &cut), env));
         let ckpt = out.join("model.ckpt");
         let rest = ["--eval-every", "10", "--zero", "1", "--resume", ckpt.to_str().unwrap()];
-        assert_ok(&mpirun(then, &train_args(&data, &out, &rest), &[]));
+        assert_ok(&mpirun(then, &train_args(&data, &out, &rest), env));
         if first == then {
             assert_eq!(
                 table_without_times(&out),

@@ -15,6 +15,7 @@ use crate::grad_sync::{GradSync, Shards, SyncMode};
 use crate::model::{Gpt2, ModelConfig};
 use crate::optim::{AdamW, OptimConfig, StepStats, HISTORY};
 use crate::tokenizer::Tokenizer;
+use std::cell::Cell;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,9 @@ pub struct Trainer<'a, B: Backend> {
     /// ([`Graph::zero_grads_except_first_products`]); `GPT2_WGRAD=zeroed` zeroes all of it
     /// and every write adds, as before (the same values).
     first_writes: bool,
+    /// The weights outside this rank's shard lag (ZeRO-1 gathering ahead, after a step) until
+    /// the next step gathers them or [`Trainer::settle`] does.
+    behind: Cell<bool>,
 }
 
 /// A step recorded once and replayed (on GPUs: the step as a CUDA graph, NCCL's sums in it), and the
@@ -96,6 +100,13 @@ fn gather_pieces(comm: &dyn Comm) -> Result<usize> {
     Ok(root_env_number(comm, "GPT2_ZERO_GATHER_PIECES", 1..=64)?.unwrap_or(1) as usize)
 }
 
+/// `GPT2_ZERO_GATHER_AHEAD=1` (an experiment; 0 or 1, default 0): ZeRO-1 gathers the updated
+/// weights at the start of the next step, beside its forward pass, instead of after the update
+/// ([`GradSync::gathering_ahead`]). Rank 0's setting, on every rank.
+fn gather_ahead(comm: &dyn Comm) -> Result<bool> {
+    Ok(root_env_number(comm, "GPT2_ZERO_GATHER_AHEAD", 0..=1)? == Some(1))
+}
+
 /// Whether a step can be recorded once and replayed: on a backend that records (the GPU),
 /// with one rank, or with ranks whose communicator orders its collectives on the device
 /// (NCCL) and the same work every step (not local SGD, which averages every K steps).
@@ -111,7 +122,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let shards = Shards::new(model.layout.total, comm, settings.zero).in_pieces(pieces);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
         let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own(), shards.sharded())?;
-        let sync = GradSync::new(settings.sync, &model.layout, shards);
+        let sync =
+            GradSync::new(settings.sync, &model.layout, shards).gathering_ahead(gather_ahead(comm)?, &model.layout);
         let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
             be,
@@ -139,6 +151,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     )))
                 }
             },
+            behind: Cell::new(false),
         })
     }
 
@@ -187,6 +200,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let be = self.be;
         let started = Instant::now();
         self.opt.begin_step(be, step)?;
+        self.behind.set(self.sync.gathers_ahead()); // from this step's update on
         if self.replay.on {
             let finished = self.step_replayed(batch, b, t, step)?;
             let compute_s = started.elapsed().as_secs_f64();
@@ -218,7 +232,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
         if !self.first_writes {
             be.zero_buffer(&self.model.grads);
         }
-        let (k, mut comm_s) = (self.micro_batches, 0.0);
+        // ZeRO-1 gathering ahead: the last update's weights, beside the first forward pass,
+        // which waits for each piece where it reads it.
+        let mut comm_s = self.sync.start_gather_ahead(be, comm, &self.model)?;
+        let sync = &self.sync;
+        let wait = |j: usize| sync.wait_for_piece(be, comm, j);
+        let k = self.micro_batches;
         let n = (b / k) * t; // tokens of a micro-batch
         for micro in 0..k {
             let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);
@@ -228,6 +247,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 .with_loss_seed(seed);
             if staged {
                 g = g.with_tokens(&self.tokens);
+            }
+            if micro == 0 {
+                g = g.with_weights_wait(&wait);
             }
             let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
             if micro == 0 && self.first_writes {
@@ -299,7 +321,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// Queues a whole step: gradients (summed over the ranks), then the update (which the
     /// device skips when the loss or the norm is not finite), then, under ZeRO-1, the
-    /// gathering of the updated shards.
+    /// gathering of the updated shards (or, gathering ahead, at the next step's start).
     fn queue_step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<()> {
         self.queue_gradients(batch, b, t, true)?;
         self.update(step)?;
@@ -325,6 +347,16 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let unread = std::mem::replace(&mut self.replay.unread, 0..0);
         self.replay.read_at = Instant::now();
         self.opt.read_history(self.be, unread)
+    }
+
+    /// Makes the weights whole on every rank where the last step left them lagging (ZeRO-1
+    /// gathering ahead): before anything but a step reads them (an evaluation, a sample, a
+    /// checkpoint). A collective every rank calls; nothing to do otherwise.
+    pub fn settle(&self) -> Result<()> {
+        if self.behind.replace(false) {
+            self.sync.settle(self.be, self.comm, &self.model)?;
+        }
+        Ok(())
     }
 
     /// Mean loss over evaluation batches (forward only), weighted by rows.
@@ -381,6 +413,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     pub fn state_on_root(&self, reuse: [Vec<f32>; 3]) -> Result<Option<[Vec<f32>; 3]>> {
         let root = self.comm.is_root();
         let [mut p, mut m, mut v] = reuse;
+        self.settle()?;
         self.sync.gather_params(self.be, self.comm, &self.model)?;
         if root {
             self.fetch_into(&self.model.params, &mut p)?;
