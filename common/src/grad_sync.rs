@@ -452,7 +452,8 @@ impl GradSync {
 
     /// Makes the f32 weights whole on every rank where the steps gather only their bf16 copy
     /// (ZeRO-1 under bf16: see `update_and_gather`), before something reads them all (a
-    /// checkpoint, the final state). Between steps; a collective every rank calls.
+    /// checkpoint, the final state). Between steps, after [`GradSync::settle`] where the gather
+    /// is ahead (in f32 it is the weights that lag until then); a collective every rank calls.
     pub fn gather_params<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<()> {
         if !self.shards.sharded() || matches!(self.gathered(model), Words::F32(_)) {
             return Ok(()); // whole already: gathered (ZeRO-1 in f32) or never cut

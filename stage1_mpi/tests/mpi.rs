@@ -318,6 +318,11 @@ fn zero1_updated_and_gathered_in_pieces_is_the_same_run() {
     // evaluations (rank 0 alone) and the checkpoint read the weights made whole first.
     let (o, ahead) = run("ahead", &[("GPT2_ZERO_GATHER_AHEAD", "1")]);
     assert_ok(&o);
+    assert!(
+        o.stdout.contains("MiB, gathered ahead)"),
+        "the start-up line: {}",
+        o.stdout
+    );
     assert_eq!(table_without_times(&ahead), table_without_times(&at_once));
     assert_eq!(final_params(&ahead), final_params(&at_once));
     // Rank 0's setting holds on every rank: rank 1 told 1 piece still gathers in 3.
@@ -337,14 +342,21 @@ fn zero1_updated_and_gathered_in_pieces_is_the_same_run() {
     };
     assert_ok(&o);
     assert_eq!(table_without_times(&mixed), table_without_times(&at_once));
-    for bad in ["2", "yes"] {
-        let (o, _) = run("bad-ahead", &[("GPT2_ZERO_GATHER_AHEAD", bad)]);
-        assert_eq!(o.code, Some(2), "GPT2_ZERO_GATHER_AHEAD={bad}: {}", o.stderr);
-        assert!(
-            o.stderr.contains("GPT2_ZERO_GATHER_AHEAD") && !o.stderr.contains("panicked"),
-            "{}",
-            o.stderr
-        );
+    let both = [("GPT2_ZERO_GATHER_AHEAD", "1"), ("GPT2_ZERO_GATHER_PIECES", "3")];
+    for env in [
+        &[("GPT2_ZERO_GATHER_AHEAD", "2")][..],
+        &[("GPT2_ZERO_GATHER_AHEAD", "yes")],
+        &both,
+    ] {
+        let (o, _) = run("bad-ahead", env);
+        assert_eq!(o.code, Some(2), "{env:?}: {}", o.stderr);
+        let lines = o
+            .stderr
+            .lines()
+            .filter(|l| l.contains("GPT2_ZERO_GATHER_AHEAD"))
+            .count();
+        assert_eq!(lines, 2, "one line from each rank: {}", o.stderr);
+        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
     }
     for bad in ["0", "65", "two"] {
         let (o, _) = run("bad", &[("GPT2_ZERO_GATHER_PIECES", bad)]);

@@ -112,7 +112,9 @@ pub trait Comm {
     }
     /// Fence `slot`: the point the collectives started so far have reached (NCCL: an event
     /// recorded on its stream), for [`Comm::wait_fence`]. A later call with the same slot
-    /// moves it. Default: nothing to note (the `start_*` calls return with their work done).
+    /// moves it. Default: nothing to note, for communicators whose `start_all_gather` returns
+    /// with its work done (the only collective fenced: [`crate::grad_sync::GradSync::start_gather_ahead`]);
+    /// their started sums may still be in flight, which a fence would not order.
     fn fence(&self, _slot: usize) -> Result<()> {
         Ok(())
     }

@@ -118,12 +118,18 @@ fn replayable<B: Backend>(be: &B, comm: &dyn Comm, sync: SyncMode) -> bool {
 impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
         let model = Gpt2::new(be, config)?;
-        let pieces = gather_pieces(comm)?;
+        let (pieces, ahead) = (gather_pieces(comm)?, gather_ahead(comm)?);
+        if ahead && pieces > 1 {
+            // Rank 0's settings on every rank: every rank says so and leaves.
+            crate::bail_input!(
+                "GPT2_ZERO_GATHER_PIECES={pieces} and GPT2_ZERO_GATHER_AHEAD=1 do not go together: the gather \
+                 ahead follows the forward pass's pieces, not the update's"
+            );
+        }
         let shards = Shards::new(model.layout.total, comm, settings.zero).in_pieces(pieces);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
         let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own(), shards.sharded())?;
-        let sync =
-            GradSync::new(settings.sync, &model.layout, shards).gathering_ahead(gather_ahead(comm)?, &model.layout);
+        let sync = GradSync::new(settings.sync, &model.layout, shards).gathering_ahead(ahead, &model.layout);
         let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
             be,
@@ -361,6 +367,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// Mean loss over evaluation batches (forward only), weighted by rows.
     pub fn evaluate(&mut self, batches: &[Batch], t: usize) -> Result<f32> {
+        debug_assert!(!self.behind.get(), "evaluating weights that lag: settle() first");
         let (mut sum, mut rows) = (0.0f64, 0usize);
         for batch in batches {
             let b = batch.inputs.len() / t;
@@ -398,6 +405,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 (e.name.clone(), sumsq.sqrt() as f32)
             })
             .collect())
+    }
+
+    /// Whether ZeRO-1 gathers the updated weights at the start of the next step (see
+    /// [`GradSync::gathering_ahead`]).
+    pub fn gathers_ahead(&self) -> bool {
+        self.sync.gathers_ahead()
     }
 
     /// Bytes of optimiser state (AdamW's moments) this rank keeps: a 1/N share under ZeRO-1.
@@ -527,6 +540,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// `summary.json` keeps, so the report's README never holds raw control bytes and no
     /// byte the model wrote is lost to U+FFFD.
     pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<String> {
+        debug_assert!(!self.behind.get(), "sampling from weights that lag: settle() first");
         let ids = tok.encode(prompt);
         let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {
             std::ops::ControlFlow::Continue(())
