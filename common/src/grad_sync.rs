@@ -138,7 +138,14 @@ pub struct GradSync {
     total: usize,
     /// ZeRO-1's gather ahead: the pieces of the layout gathered before the forward pass, in
     /// the order it reads them (`None`: gathered after the update).
-    ahead: Option<Vec<Range<usize>>>,
+    ahead: Option<Vec<AheadPiece>>,
+}
+
+/// One piece of ZeRO-1's gather ahead, laid out once: every rank's share of it at its place in
+/// the buffer (some empty), and whether this rank's shard holds all of it (nothing to wait for).
+struct AheadPiece {
+    parts: Vec<Range<usize>>,
+    own: bool,
 }
 
 impl GradSync {
@@ -166,7 +173,15 @@ impl GradSync {
     /// ZeRO-1's gather of the updated weights moved to the start of the next step (`on`, and
     /// only when the buffers are cut over ranks): see the module documentation.
     pub fn gathering_ahead(mut self, on: bool, layout: &ParamLayout) -> Self {
-        self.ahead = (on && self.shards.sharded()).then(|| layout.forward_pieces());
+        let own = self.shards.own();
+        let piece = |piece: Range<usize>| AheadPiece {
+            parts: (self.shards.parts().iter())
+                .map(|p| p.start.clamp(piece.start, piece.end)..p.end.clamp(piece.start, piece.end))
+                .collect(),
+            own: own.start <= piece.start && piece.end <= own.end,
+        };
+        let ahead = (on && self.shards.sharded()).then(|| layout.forward_pieces().into_iter().map(piece).collect());
+        self.ahead = ahead;
         self
     }
 
@@ -402,19 +417,14 @@ impl GradSync {
         }
         let mut comm_s = 0.0;
         for (j, piece) in pieces.iter().enumerate() {
-            // Every rank's share of the piece, at its place in the buffer (some empty).
-            let parts: Vec<Range<usize>> = self
-                .shards
-                .parts()
-                .iter()
-                .map(|p| p.start.clamp(piece.start, piece.end)..p.end.clamp(piece.start, piece.end))
-                .collect();
             // SAFETY: the pieces lie in the layout, inside the gathered buffer (checked by
             // `gathered`); the update that wrote this rank's part is done (host wait) or queued
             // on `after` before the gather; the forward pass reads a piece only after
             // `wait_for_piece`, and nothing writes the weights before the step's sums are
             // finished, which waits for every collective started here.
-            timed(&mut comm_s, || unsafe { comm.start_all_gather(words, &parts, after) })?;
+            timed(&mut comm_s, || unsafe {
+                comm.start_all_gather(words, &piece.parts, after)
+            })?;
             timed(&mut comm_s, || comm.fence(j))?;
         }
         Ok(comm_s)
@@ -425,28 +435,28 @@ impl GradSync {
     /// host wait). Nothing to wait for without the gather ahead, or where this rank's shard
     /// holds the whole piece (its values are this rank's own update).
     pub fn wait_for_piece<B: Backend>(&self, be: &B, comm: &dyn Comm, j: usize) -> Result<()> {
-        let Some(piece) = self.ahead.as_ref().and_then(|p| p.get(j)) else {
-            return Ok(());
-        };
-        let own = self.shards.own();
-        if own.start <= piece.start && piece.end <= own.end {
-            return Ok(());
+        match self.ahead.as_ref().and_then(|p| p.get(j)) {
+            Some(piece) if !piece.own => comm.wait_fence(j, device_order(be, comm)),
+            _ => Ok(()),
         }
-        comm.wait_fence(j, device_order(be, comm))
     }
 
     /// Makes the weights the forward pass reads whole again on every rank after a step whose
     /// gather is ahead (see [`GradSync::gathering_ahead`]): the gather the next step would start,
     /// now, the host waiting for it. Between steps; a collective every rank calls.
     pub fn settle<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<()> {
-        if self.ahead.is_none() {
-            return Ok(());
+        match self.ahead {
+            Some(_) => self.gather_shards(be, comm, self.gathered(model)),
+            None => Ok(()),
         }
-        let words = self.gathered(model);
+    }
+
+    /// Every rank's shard of `words` (covering the layout: checked by the callers) to every
+    /// rank, the host waiting for the last update before and for the gather. Between steps.
+    fn gather_shards<B: Backend>(&self, be: &B, comm: &dyn Comm, words: Words) -> Result<()> {
         be.synchronize()?;
-        // SAFETY: the shards cover the layout, inside the gathered buffer (checked by
-        // `gathered`), whose own shard holds the last update (written: the host waited);
-        // nothing else uses it between steps.
+        // SAFETY: the shards cover the layout, inside `words`' buffer, whose own shard holds
+        // the last update (written: the host waited); nothing else uses it between steps.
         unsafe { comm.all_gather(words, self.shards.parts()) }
     }
 
@@ -462,11 +472,7 @@ impl GradSync {
             model.params.len() >= self.total,
             "parameter buffer smaller than the layout"
         );
-        be.synchronize()?;
-        // SAFETY: the shards cover the layout, inside `params` (checked above), whose own
-        // shard holds the last update (written: the host waited); nothing else uses them
-        // between steps.
-        unsafe { comm.all_gather(Words::F32(model.params.ptr()), self.shards.parts()) }
+        self.gather_shards(be, comm, Words::F32(model.params.ptr()))
     }
 }
 

@@ -306,10 +306,7 @@ impl ParamLayout {
         let first = self.blocks.first().map_or(self.total, |b| b.start);
         pieces.push(0..first);
         pieces.extend(self.blocks.iter().cloned());
-        match pieces.last_mut() {
-            Some(last) => last.end = self.total,
-            None => unreachable!("the embeddings' piece was pushed"),
-        }
+        pieces.last_mut().expect("the embeddings' piece is there").end = self.total;
         pieces
     }
 
