@@ -21,14 +21,7 @@
 //! own shard, bucket by bucket when overlapped), each rank's optimiser updates its shard
 //! ([`crate::optim::AdamW::sharded`]), and the updated shards are all-gathered after the
 //! update: under bf16 only the weights' bf16 copy (what forward reads; half the bytes), the
-//! f32 weights made whole only when something reads them all (a checkpoint). With the
-//! gather ahead (`GPT2_ZERO_GATHER_AHEAD=1`, [`GradSync::gathering_ahead`]) the gather moves to
-//! the start of the next step, piece by piece in the order the forward pass reads the weights
-//! ([`ParamLayout::forward_pieces`]), and the forward pass waits for each piece only where it
-//! reads it: on NCCL the gather of the later blocks runs beside the forward pass of the
-//! earlier ones. The same values reach the same places before anything reads them, so the
-//! run is the same; between steps the weights outside this rank's shard lag until
-//! [`GradSync::settle`] gathers them (before an evaluation, a checkpoint or a sample).
+//! f32 weights made whole only when something reads them all (a checkpoint).
 
 use crate::autograd::{Graph, Tensor};
 use crate::backend::{Backend, DeviceBuffer};
@@ -136,16 +129,6 @@ pub struct GradSync {
     /// What lies outside the blocks, finished only at the end of backward.
     outside: Vec<Range<usize>>,
     total: usize,
-    /// ZeRO-1's gather ahead: the pieces of the layout gathered before the forward pass, in
-    /// the order it reads them (`None`: gathered after the update).
-    ahead: Option<Vec<AheadPiece>>,
-}
-
-/// One piece of ZeRO-1's gather ahead, laid out once: every rank's share of it at its place in
-/// the buffer (some empty), and whether this rank's shard holds all of it (nothing to wait for).
-struct AheadPiece {
-    parts: Vec<Range<usize>>,
-    own: bool,
 }
 
 impl GradSync {
@@ -166,29 +149,7 @@ impl GradSync {
             closes,
             outside: layout.outside_blocks(),
             total: layout.total,
-            ahead: None,
         }
-    }
-
-    /// ZeRO-1's gather of the updated weights moved to the start of the next step (`on`, and
-    /// only when the buffers are cut over ranks): see the module documentation.
-    pub fn gathering_ahead(mut self, on: bool, layout: &ParamLayout) -> Self {
-        let own = self.shards.own();
-        let piece = |piece: Range<usize>| AheadPiece {
-            parts: (self.shards.parts().iter())
-                .map(|p| p.start.clamp(piece.start, piece.end)..p.end.clamp(piece.start, piece.end))
-                .collect(),
-            own: own.start <= piece.start && piece.end <= own.end,
-        };
-        let ahead = (on && self.shards.sharded()).then(|| layout.forward_pieces().into_iter().map(piece).collect());
-        self.ahead = ahead;
-        self
-    }
-
-    /// Whether the updated weights are gathered at the start of the next step, so that after
-    /// a step those outside this rank's shard lag until the next step or [`GradSync::settle`].
-    pub fn gathers_ahead(&self) -> bool {
-        self.ahead.is_some()
     }
 
     /// The buckets, in the order backward finishes them (the last block's first).
@@ -211,7 +172,6 @@ impl GradSync {
             closes: Vec::new(),
             outside: std::iter::once(0..total).collect(),
             total,
-            ahead: None,
         }
     }
 
@@ -309,8 +269,7 @@ impl GradSync {
 
     /// The optimiser's update of 0-based `step` (`update`, of a range of this rank's shard:
     /// the whole shard, or under ZeRO-1 its pieces), then what follows it across ranks:
-    /// ZeRO-1 gathers every rank's updated shard (unless it gathers ahead, at the next step's
-    /// start: [`GradSync::start_gather_ahead`]); local SGD averages the parameters every K
+    /// ZeRO-1 gathers every rank's updated shard; local SGD averages the parameters every K
     /// steps and after the last. Returns the seconds spent communicating.
     pub fn update_then_sync<B: Backend>(
         &self,
@@ -320,10 +279,6 @@ impl GradSync {
         (step, total_steps): (u64, u64),
         update: &mut dyn FnMut(Range<usize>) -> Result<()>,
     ) -> Result<f64> {
-        if self.ahead.is_some() {
-            update(self.shards.own())?; // gathered at the start of the next step
-            return Ok(0.0);
-        }
         if self.shards.sharded() {
             return self.update_and_gather(be, comm, model, update);
         }
@@ -402,68 +357,9 @@ impl GradSync {
         }
     }
 
-    /// ZeRO-1's gather ahead, at the start of a step: starts gathering every piece of
-    /// [`ParamLayout::forward_pieces`] in order, each followed by a fence of its number, which
-    /// [`GradSync::wait_for_piece`] waits for. No-op without the gather ahead. Returns the
-    /// seconds spent in the communicator's calls.
-    pub fn start_gather_ahead<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<f64> {
-        let Some(pieces) = &self.ahead else {
-            return Ok(0.0);
-        };
-        let words = self.gathered(model);
-        let after = device_order(be, comm);
-        if after.is_none() {
-            be.synchronize()?; // the last update must be written before the gather reads it
-        }
-        let mut comm_s = 0.0;
-        for (j, piece) in pieces.iter().enumerate() {
-            // SAFETY: the pieces lie in the layout, inside the gathered buffer (checked by
-            // `gathered`); the update that wrote this rank's part is done (host wait) or queued
-            // on `after` before the gather; the forward pass reads a piece only after
-            // `wait_for_piece`, and nothing writes the weights before the step's sums are
-            // finished, which waits for every collective started here.
-            timed(&mut comm_s, || unsafe {
-                comm.start_all_gather(words, &piece.parts, after)
-            })?;
-            timed(&mut comm_s, || comm.fence(j))?;
-        }
-        Ok(comm_s)
-    }
-
-    /// Before the forward pass reads piece `j` of [`ParamLayout::forward_pieces`]: work queued
-    /// on the backend from now on waits for the gather ahead of that piece (on the device, no
-    /// host wait). Nothing to wait for without the gather ahead, or where this rank's shard
-    /// holds the whole piece (its values are this rank's own update).
-    pub fn wait_for_piece<B: Backend>(&self, be: &B, comm: &dyn Comm, j: usize) -> Result<()> {
-        match self.ahead.as_ref().and_then(|p| p.get(j)) {
-            Some(piece) if !piece.own => comm.wait_fence(j, device_order(be, comm)),
-            _ => Ok(()),
-        }
-    }
-
-    /// Makes the weights the forward pass reads whole again on every rank after a step whose
-    /// gather is ahead (see [`GradSync::gathering_ahead`]): the gather the next step would start,
-    /// now, the host waiting for it. Between steps; a collective every rank calls.
-    pub fn settle<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<()> {
-        match self.ahead {
-            Some(_) => self.gather_shards(be, comm, self.gathered(model)),
-            None => Ok(()),
-        }
-    }
-
-    /// Every rank's shard of `words` (covering the layout: checked by the callers) to every
-    /// rank, the host waiting for the last update before and for the gather. Between steps.
-    fn gather_shards<B: Backend>(&self, be: &B, comm: &dyn Comm, words: Words) -> Result<()> {
-        be.synchronize()?;
-        // SAFETY: the shards cover the layout, inside `words`' buffer, whose own shard holds
-        // the last update (written: the host waited); nothing else uses it between steps.
-        unsafe { comm.all_gather(words, self.shards.parts()) }
-    }
-
     /// Makes the f32 weights whole on every rank where the steps gather only their bf16 copy
     /// (ZeRO-1 under bf16: see `update_and_gather`), before something reads them all (a
-    /// checkpoint, the final state). Between steps, after [`GradSync::settle`] where the gather
-    /// is ahead (in f32 it is the weights that lag until then); a collective every rank calls.
+    /// checkpoint, the final state). Between steps; a collective every rank calls.
     pub fn gather_params<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>) -> Result<()> {
         if !self.shards.sharded() || matches!(self.gathered(model), Words::F32(_)) {
             return Ok(()); // whole already: gathered (ZeRO-1 in f32) or never cut
@@ -472,7 +368,11 @@ impl GradSync {
             model.params.len() >= self.total,
             "parameter buffer smaller than the layout"
         );
-        self.gather_shards(be, comm, Words::F32(model.params.ptr()))
+        be.synchronize()?;
+        // SAFETY: the shards cover the layout, inside `params` (checked above), whose own
+        // shard holds the last update (written: the host waited); nothing else uses them
+        // between steps.
+        unsafe { comm.all_gather(Words::F32(model.params.ptr()), self.shards.parts()) }
     }
 }
 

@@ -1075,39 +1075,3 @@ fn first_product_writes_equal_gradients_added_to_zeros() {
     let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
     assert_eq!(differ, 0, "{differ} of {} gradients differ", want.len());
 }
-
-/// ZeRO-1's gather ahead lets the forward pass read piece j of the weights
-/// (`ParamLayout::forward_pieces`) once it has asked for it (`Graph::weights_needed`): on the
-/// CPU, where each op runs as it is built, every piece starts as NaN and becomes its values
-/// only when asked for, so a read before the ask (a misplaced or missing `weights_needed`,
-/// the tied LM head, the final layernorm) turns the loss into NaN or another value.
-#[test]
-fn the_forward_pass_asks_for_each_piece_of_the_weights_before_reading_it() {
-    let be = be();
-    let model = tiny_model(&be);
-    let weights = read(&be, &model.params);
-    let pieces = model.layout.forward_pieces();
-    let (inp, tg) = ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
-    let mut pool = Pool::default();
-    let whole = model_loss(&be, &model, &mut pool, &inp, &tg);
-    be.write(&model.params, 0, &vec![f32::NAN; weights.len()]).unwrap();
-    let asked = std::cell::RefCell::new(Vec::new());
-    let wait = |j: usize| {
-        asked.borrow_mut().push(j);
-        be.write(&model.params, pieces[j].start, &weights[pieces[j].clone()])
-    };
-    let mut g = Graph::new(&be, &mut pool, false).with_weights_wait(&wait);
-    let fwd = model.forward(&mut g, &inp, Some(&tg), 2, 5, false).unwrap();
-    let mut l = [0.0f32];
-    g.read(fwd.loss.unwrap(), &mut l).unwrap();
-    drop(g);
-    assert_eq!(
-        l[0] as f64, whole,
-        "the loss with each piece written only when asked for"
-    );
-    assert_eq!(
-        *asked.borrow(),
-        (0..pieces.len()).collect::<Vec<_>>(),
-        "each piece once, in order"
-    );
-}

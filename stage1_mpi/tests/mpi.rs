@@ -314,17 +314,6 @@ fn zero1_updated_and_gathered_in_pieces_is_the_same_run() {
     assert_ok(&o);
     assert_eq!(table_without_times(&pieces), table_without_times(&at_once));
     assert_eq!(final_params(&pieces), final_params(&at_once));
-    // GPT2_ZERO_GATHER_AHEAD=1 moves the gather to the next step's start, piece by piece; the
-    // evaluations (rank 0 alone) and the checkpoint read the weights made whole first.
-    let (o, ahead) = run("ahead", &[("GPT2_ZERO_GATHER_AHEAD", "1")]);
-    assert_ok(&o);
-    assert!(
-        o.stdout.contains("MiB, gathered ahead)"),
-        "the start-up line: {}",
-        o.stdout
-    );
-    assert_eq!(table_without_times(&ahead), table_without_times(&at_once));
-    assert_eq!(final_params(&ahead), final_params(&at_once));
     // Rank 0's setting holds on every rank: rank 1 told 1 piece still gathers in 3.
     let mixed = d.join("mixed");
     let train = train_args(&data, &mixed, &["--steps", "30", "--eval-every", "10", "--zero", "1"]);
@@ -342,22 +331,6 @@ fn zero1_updated_and_gathered_in_pieces_is_the_same_run() {
     };
     assert_ok(&o);
     assert_eq!(table_without_times(&mixed), table_without_times(&at_once));
-    let both = [("GPT2_ZERO_GATHER_AHEAD", "1"), ("GPT2_ZERO_GATHER_PIECES", "3")];
-    for env in [
-        &[("GPT2_ZERO_GATHER_AHEAD", "2")][..],
-        &[("GPT2_ZERO_GATHER_AHEAD", "yes")],
-        &both,
-    ] {
-        let (o, _) = run("bad-ahead", env);
-        assert_eq!(o.code, Some(2), "{env:?}: {}", o.stderr);
-        let lines = o
-            .stderr
-            .lines()
-            .filter(|l| l.contains("GPT2_ZERO_GATHER_AHEAD"))
-            .count();
-        assert_eq!(lines, 2, "one line from each rank: {}", o.stderr);
-        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
-    }
     for bad in ["0", "65", "two"] {
         let (o, _) = run("bad", &[("GPT2_ZERO_GATHER_PIECES", bad)]);
         assert_eq!(o.code, Some(2), "{bad}: {}", o.stderr);
@@ -381,15 +354,13 @@ fn zero1_resumes_exactly_and_on_other_rank_counts() {
     let schedule = ["--steps", "40", "--eval-every", "10", "--zero", "1"];
     let straight = d.join("straight");
     assert_ok(&mpirun(2, &train_args(&data, &straight, &schedule), &[]));
-    // (2, 2, ahead): gathering ahead, the stop's checkpoint is taken from weights made whole.
-    let ahead = [("GPT2_ZERO_GATHER_AHEAD", "1")];
-    for (first, then, env) in [(2, 2, &[][..]), (2, 2, &ahead[..]), (2, 1, &[]), (1, 2, &[])] {
-        let out = d.join(format!("{first}-then-{then}-{}", env.len()));
+    for (first, then) in [(2, 2), (2, 1), (1, 2)] {
+        let out = d.join(format!("{first}-then-{then}"));
         let cut = [&schedule[..], &["--stop-after", "17"]].concat();
-        assert_ok(&mpirun(first, &train_args(&data, &out, &cut), env));
+        assert_ok(&mpirun(first, &train_args(&data, &out, &cut), &[]));
         let ckpt = out.join("model.ckpt");
         let rest = ["--eval-every", "10", "--zero", "1", "--resume", ckpt.to_str().unwrap()];
-        assert_ok(&mpirun(then, &train_args(&data, &out, &rest), env));
+        assert_ok(&mpirun(then, &train_args(&data, &out, &rest), &[]));
         if first == then {
             assert_eq!(
                 table_without_times(&out),

@@ -199,19 +199,6 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
             &pieces,
         );
         assert_eq!(table_without_times(&one), table_without_times(&four), "{precision}");
-        // Gathered ahead (at the next step's start, the forward pass waiting for each piece
-        // on the device): the same run too.
-        let ahead = run_env(
-            &format!("zero1-ahead-{precision}"),
-            precision,
-            &["--zero", "1"],
-            &[("GPT2_ZERO_GATHER_AHEAD", "1")],
-        );
-        assert_eq!(
-            table_without_times(&one),
-            table_without_times(&ahead),
-            "{precision}, ahead"
-        );
         let whole = table(&run(&format!("zero0-{precision}"), precision, &[]));
         for (name, extra) in [
             ("zero1", &["--zero", "1"][..]),

@@ -196,9 +196,6 @@ pub struct Graph<'a, B: Backend> {
     /// `dbias` of [`Backend::add_layernorm_backward`] and
     /// [`Backend::attention_backward`]): their own backward leaves the bias out.
     bias_summed: HashSet<usize>,
-    /// Called with j before the forward pass reads piece j of the weights
-    /// ([`Graph::with_weights_wait`]).
-    weights_wait: Option<&'a dyn Fn(usize) -> Result<()>>,
 }
 
 /// A position in a generated sequence: on the host for checks, in backend memory for the
@@ -291,7 +288,6 @@ impl<'a, B: Backend> Graph<'a, B> {
             scratch: HashMap::new(),
             staged: None,
             loss_seed: None,
-            weights_wait: None,
             first_writes: HashMap::new(),
             bias_summed: HashSet::new(),
         }
@@ -303,23 +299,6 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn with_loss_seed(mut self, seed: f32) -> Self {
         self.loss_seed = self.record.then_some(seed);
         self
-    }
-
-    /// `wait(j)` runs before the forward pass reads piece j of the weights (the pieces of
-    /// [`crate::model::ParamLayout::forward_pieces`]): ZeRO-1's gather ahead orders the kernels
-    /// that read a piece after its gather there.
-    pub fn with_weights_wait(mut self, wait: &'a dyn Fn(usize) -> Result<()>) -> Self {
-        self.weights_wait = Some(wait);
-        self
-    }
-
-    /// The forward pass is about to read piece `j` of the weights (see
-    /// [`Graph::with_weights_wait`]).
-    pub fn weights_needed(&mut self, j: usize) -> Result<()> {
-        match self.weights_wait {
-            Some(wait) => wait(j),
-            None => Ok(()),
-        }
     }
 
     /// Token ids come from `stage` (uploaded before the step) instead of being uploaded here.

@@ -110,21 +110,6 @@ pub trait Comm {
         host_ordered(self, after)?;
         self.all_gather(buf, parts)
     }
-    /// Fence `slot`: the point the collectives started so far have reached (NCCL: an event
-    /// recorded on its stream), for [`Comm::wait_fence`]. A later call with the same slot
-    /// moves it. Default: nothing to note, for communicators whose `start_all_gather` returns
-    /// with its work done (the only collective fenced: [`crate::grad_sync::GradSync::start_gather_ahead`]);
-    /// their started sums may still be in flight, which a fence would not order.
-    fn fence(&self, _slot: usize) -> Result<()> {
-        Ok(())
-    }
-    /// Work queued on `then` from now on runs after the collectives that fence `slot`
-    /// followed, with no host wait (`then` only where [`Comm::orders_on_device`]): ZeRO-1's
-    /// gather ahead, whose pieces the forward pass waits for one by one. Default: nothing to
-    /// wait for.
-    fn wait_fence(&self, _slot: usize, then: Option<DeviceStream>) -> Result<()> {
-        host_ordered(self, then)
-    }
     /// Sums a small host array over all ranks, in place.
     fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()>;
     /// Rank 0's bytes replace every other rank's (`data` is resized to match).

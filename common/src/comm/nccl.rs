@@ -18,7 +18,7 @@ use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaEvent
 use cudarc::nccl::{result as nccl, sys};
 use std::ffi::c_void;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub struct NcclComm {
     mpi: MpiComm,
@@ -38,9 +38,6 @@ pub struct NcclComm {
     /// Recorded on the communication stream after the last started collective; the compute
     /// stream waits for it in `finish_all_reduces`.
     done: CudaEvent,
-    /// [`Comm::fence`]'s events, by slot, recorded on the communication stream (made on first
-    /// use).
-    fences: Mutex<Vec<CudaEvent>>,
     _ctx: Arc<CudaContext>,
     device: usize,
 }
@@ -207,7 +204,6 @@ impl NcclComm {
             stream,
             ready,
             done,
-            fences: Mutex::new(Vec::new()),
             _ctx: ctx,
             device,
         })
@@ -422,41 +418,6 @@ impl Comm for NcclComm {
             driver::stream::wait_event(compute.raw() as driver_sys::CUstream, self.done.cu_event(), wait)
                 .map_err(|e| nccl_err("ordering the optimiser after the sums", e))
         }
-    }
-    fn fence(&self, slot: usize) -> Result<()> {
-        self._ctx
-            .bind_to_thread()
-            .map_err(|e| nccl_err("binding the CUDA context", e))?;
-        let mut fences = self.fences.lock().unwrap_or_else(|e| e.into_inner());
-        while fences.len() <= slot {
-            let event = self
-                ._ctx
-                .new_event(None)
-                .map_err(|e| nccl_err("creating a CUDA event", e))?;
-            fences.push(event);
-        }
-        // SAFETY: the event and our stream live as long as `self`.
-        unsafe { driver::event::record(fences[slot].cu_event(), self.stream.cu_stream()) }
-            .map_err(|e| nccl_err("recording a fence on the communication stream", e))
-    }
-    fn wait_fence(&self, slot: usize, then: Option<DeviceStream>) -> Result<()> {
-        let Some(compute) = then else {
-            return self.wait("waiting for the collectives before a fence");
-        };
-        self._ctx
-            .bind_to_thread()
-            .map_err(|e| nccl_err("binding the CUDA context", e))?;
-        let fences = self.fences.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(event) = fences.get(slot) else {
-            return Err(nccl_err(
-                "waiting for a fence",
-                format!("fence {slot} was never recorded"),
-            ));
-        };
-        let wait = driver_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
-        // SAFETY: as in `finish_all_reduces`.
-        unsafe { driver::stream::wait_event(compute.raw() as driver_sys::CUstream, event.cu_event(), wait) }
-            .map_err(|e| nccl_err("ordering the forward pass after the gathered weights", e))
     }
     unsafe fn all_gather(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
         // SAFETY: the caller's contract, passed on.

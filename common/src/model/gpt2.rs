@@ -151,9 +151,6 @@ impl<B: Backend> Gpt2<B> {
             Attend::Full => None,
             Attend::Cached { pos, .. } => Some(g.position(pos)?),
         };
-        // Piece j of `ParamLayout::forward_pieces` is asked for before anything reads it: the
-        // embeddings now, block l at its start (the last with the final layernorm).
-        g.weights_needed(0)?;
         let (wte, wpe) = (param(g, lay.get(Param::Wte))?, param(g, lay.get(Param::Wpe))?);
         // The residual stream, (BT, C).
         let mut x = g.encoder(inputs, first, wte, wpe, b, t)?;
@@ -161,7 +158,6 @@ impl<B: Backend> Gpt2<B> {
         // layernorm is fused with the residual add that ends block l - 1, so its mark goes
         // before that op.
         g.mark(0);
-        g.weights_needed(1)?;
         let (w, bias) = (block(g, 0, Param::Ln1W)?, block(g, 0, Param::Ln1B)?);
         let mut h = g.layernorm(x, w, bias)?;
         for l in 0..cfg.n_layer {
@@ -187,7 +183,6 @@ impl<B: Backend> Gpt2<B> {
             let proj = g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))?; // through (BT, 4C)
             let (w, bias) = if l + 1 < cfg.n_layer {
                 g.mark(l + 1);
-                g.weights_needed(l + 2)?;
                 (block(g, l + 1, Param::Ln1W)?, block(g, l + 1, Param::Ln1B)?)
             } else {
                 (param(g, lay.get(Param::LnfW))?, param(g, lay.get(Param::LnfB))?)

@@ -297,19 +297,6 @@ impl ParamLayout {
             .collect()
     }
 
-    /// The parameters in the order the forward pass first reads them, as contiguous pieces
-    /// covering the layout: piece 0 the embeddings (read first), piece 1 + l block l, the last
-    /// block with the final layernorm after it. [`crate::model::Gpt2::forward`] asks for piece j
-    /// before it reads any of it (ZeRO-1's gather ahead waits for each piece there).
-    pub fn forward_pieces(&self) -> Vec<Range<usize>> {
-        let mut pieces: Vec<Range<usize>> = Vec::with_capacity(self.blocks.len() + 1);
-        let first = self.blocks.first().map_or(self.total, |b| b.start);
-        pieces.push(0..first);
-        pieces.extend(self.blocks.iter().cloned());
-        pieces.last_mut().expect("the embeddings' piece is there").end = self.total;
-        pieces
-    }
-
     /// Contiguous ranges with their weight-decay flag (neighbouring tensors merged).
     pub fn decay_segments(&self) -> Vec<(Range<usize>, bool)> {
         let mut segs: Vec<(Range<usize>, bool)> = Vec::new();
@@ -327,25 +314,6 @@ impl ParamLayout {
 mod tests {
     use super::*;
     use crate::model::ConfigOverrides;
-
-    #[test]
-    fn forward_pieces_cover_the_layout_in_the_order_forward_reads_it() {
-        let cfg = ModelConfig::from_preset("tiny", 256, ConfigOverrides::default()).unwrap();
-        let lay = ParamLayout::new(&cfg);
-        let pieces = lay.forward_pieces();
-        assert_eq!(pieces.len(), cfg.n_layer + 1);
-        assert_eq!(pieces[0], 0..lay.blocks[0].start);
-        assert!(pieces[0].contains(&lay.get(Param::Wte).range.start));
-        assert!(pieces[0].contains(&lay.get(Param::Wpe).range.start));
-        for l in 0..cfg.n_layer - 1 {
-            assert_eq!(pieces[1 + l], lay.blocks[l]);
-        }
-        let last = &pieces[cfg.n_layer];
-        assert_eq!(last.start, lay.blocks[cfg.n_layer - 1].start);
-        assert_eq!(last.end, lay.total);
-        assert!(last.contains(&lay.get(Param::LnfW).range.start));
-        assert!(pieces.windows(2).all(|w| w[0].end == w[1].start), "contiguous");
-    }
 
     #[test]
     fn the_table_is_indexed_by_param_and_blocks_are_contiguous() {

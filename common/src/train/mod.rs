@@ -104,7 +104,6 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             return session.stop(why, done);
         }
     }
-    run.trainer.settle()?; // every rank, before rank 0 samples from the whole model alone
     session.finish()?;
     finish_dump(dump)?;
     if comm.is_root() {

@@ -265,7 +265,6 @@ impl<'a> Session<'a> {
     /// A `loss.tsv` row for the window that ends at this step (rank 0 evaluates).
     pub fn log_row<B: Backend>(&mut self, run: &mut Run<B>) -> Result<()> {
         let (train_loss, bad_steps, tokens_per_s) = self.window.take(run.batch * run.seq_len);
-        run.trainer.settle()?; // every rank: rank 0's evaluation reads the whole model
         let Some(log) = self.log.as_mut() else {
             return Ok(());
         };

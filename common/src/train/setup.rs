@@ -263,11 +263,7 @@ impl<'a, B: Backend> Run<'a, B> {
         let state = self.trainer.optimizer_state_bytes();
         let whole = 2 * cfg.num_params() * std::mem::size_of::<f32>();
         let zero = if state < whole {
-            let ahead = match self.trainer.gathers_ahead() {
-                true => ", gathered ahead",
-                false => "",
-            };
-            format!(" (ZeRO-1: 1/{world} of {:.1} MiB{ahead})", mib(whole))
+            format!(" (ZeRO-1: 1/{world} of {:.1} MiB)", mib(whole))
         } else {
             String::new()
         };

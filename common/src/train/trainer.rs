@@ -15,7 +15,6 @@ use crate::grad_sync::{GradSync, Shards, SyncMode};
 use crate::model::{Gpt2, ModelConfig};
 use crate::optim::{AdamW, OptimConfig, StepStats, HISTORY};
 use crate::tokenizer::Tokenizer;
-use std::cell::Cell;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -52,9 +51,6 @@ pub struct Trainer<'a, B: Backend> {
     /// ([`Graph::zero_grads_except_first_products`]); `GPT2_WGRAD=zeroed` zeroes all of it
     /// and every write adds, as before (the same values).
     first_writes: bool,
-    /// The weights outside this rank's shard lag (ZeRO-1 gathering ahead, after a step) until
-    /// the next step gathers them or [`Trainer::settle`] does.
-    behind: Cell<bool>,
 }
 
 /// A step recorded once and replayed (on GPUs: the step as a CUDA graph, NCCL's sums in it), and the
@@ -100,13 +96,6 @@ fn gather_pieces(comm: &dyn Comm) -> Result<usize> {
     Ok(root_env_number(comm, "GPT2_ZERO_GATHER_PIECES", 1..=64)?.unwrap_or(1) as usize)
 }
 
-/// `GPT2_ZERO_GATHER_AHEAD=1` (an experiment; 0 or 1, default 0): ZeRO-1 gathers the updated
-/// weights at the start of the next step, beside its forward pass, instead of after the update
-/// ([`GradSync::gathering_ahead`]). Rank 0's setting, on every rank.
-fn gather_ahead(comm: &dyn Comm) -> Result<bool> {
-    Ok(root_env_number(comm, "GPT2_ZERO_GATHER_AHEAD", 0..=1)? == Some(1))
-}
-
 /// Whether a step can be recorded once and replayed: on a backend that records (the GPU),
 /// with one rank, or with ranks whose communicator orders its collectives on the device
 /// (NCCL) and the same work every step (not local SGD, which averages every K steps).
@@ -118,18 +107,11 @@ fn replayable<B: Backend>(be: &B, comm: &dyn Comm, sync: SyncMode) -> bool {
 impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
         let model = Gpt2::new(be, config)?;
-        let (pieces, ahead) = (gather_pieces(comm)?, gather_ahead(comm)?);
-        if ahead && pieces > 1 {
-            // Rank 0's settings on every rank: every rank says so and leaves.
-            crate::bail_input!(
-                "GPT2_ZERO_GATHER_PIECES={pieces} and GPT2_ZERO_GATHER_AHEAD=1 do not go together: the gather \
-                 ahead follows the forward pass's pieces, not the update's"
-            );
-        }
+        let pieces = gather_pieces(comm)?;
         let shards = Shards::new(model.layout.total, comm, settings.zero).in_pieces(pieces);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
         let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own(), shards.sharded())?;
-        let sync = GradSync::new(settings.sync, &model.layout, shards).gathering_ahead(ahead, &model.layout);
+        let sync = GradSync::new(settings.sync, &model.layout, shards);
         let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
             be,
@@ -157,7 +139,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     )))
                 }
             },
-            behind: Cell::new(false),
         })
     }
 
@@ -206,7 +187,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let be = self.be;
         let started = Instant::now();
         self.opt.begin_step(be, step)?;
-        self.behind.set(self.sync.gathers_ahead()); // from this step's update on
         if self.replay.on {
             let finished = self.step_replayed(batch, b, t, step)?;
             let compute_s = started.elapsed().as_secs_f64();
@@ -238,12 +218,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         if !self.first_writes {
             be.zero_buffer(&self.model.grads);
         }
-        // ZeRO-1 gathering ahead: the last update's weights, beside the first forward pass,
-        // which waits for each piece where it reads it.
-        let mut comm_s = self.sync.start_gather_ahead(be, comm, &self.model)?;
-        let sync = &self.sync;
-        let wait = |j: usize| sync.wait_for_piece(be, comm, j);
-        let k = self.micro_batches;
+        let (k, mut comm_s) = (self.micro_batches, 0.0);
         let n = (b / k) * t; // tokens of a micro-batch
         for micro in 0..k {
             let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);
@@ -253,9 +228,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 .with_loss_seed(seed);
             if staged {
                 g = g.with_tokens(&self.tokens);
-            }
-            if micro == 0 {
-                g = g.with_weights_wait(&wait);
             }
             let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
             if micro == 0 && self.first_writes {
@@ -327,7 +299,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// Queues a whole step: gradients (summed over the ranks), then the update (which the
     /// device skips when the loss or the norm is not finite), then, under ZeRO-1, the
-    /// gathering of the updated shards (or, gathering ahead, at the next step's start).
+    /// gathering of the updated shards.
     fn queue_step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<()> {
         self.queue_gradients(batch, b, t, true)?;
         self.update(step)?;
@@ -355,19 +327,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.opt.read_history(self.be, unread)
     }
 
-    /// Makes the weights whole on every rank where the last step left them lagging (ZeRO-1
-    /// gathering ahead): before anything but a step reads them (an evaluation, a sample, a
-    /// checkpoint). A collective every rank calls; nothing to do otherwise.
-    pub fn settle(&self) -> Result<()> {
-        if self.behind.replace(false) {
-            self.sync.settle(self.be, self.comm, &self.model)?;
-        }
-        Ok(())
-    }
-
     /// Mean loss over evaluation batches (forward only), weighted by rows.
     pub fn evaluate(&mut self, batches: &[Batch], t: usize) -> Result<f32> {
-        debug_assert!(!self.behind.get(), "evaluating weights that lag: settle() first");
         let (mut sum, mut rows) = (0.0f64, 0usize);
         for batch in batches {
             let b = batch.inputs.len() / t;
@@ -407,12 +368,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
             .collect())
     }
 
-    /// Whether ZeRO-1 gathers the updated weights at the start of the next step (see
-    /// [`GradSync::gathering_ahead`]).
-    pub fn gathers_ahead(&self) -> bool {
-        self.sync.gathers_ahead()
-    }
-
     /// Bytes of optimiser state (AdamW's moments) this rank keeps: a 1/N share under ZeRO-1.
     pub fn optimizer_state_bytes(&self) -> usize {
         self.opt.state_bytes()
@@ -426,7 +381,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
     pub fn state_on_root(&self, reuse: [Vec<f32>; 3]) -> Result<Option<[Vec<f32>; 3]>> {
         let root = self.comm.is_root();
         let [mut p, mut m, mut v] = reuse;
-        self.settle()?;
         self.sync.gather_params(self.be, self.comm, &self.model)?;
         if root {
             self.fetch_into(&self.model.params, &mut p)?;
@@ -540,7 +494,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// `summary.json` keeps, so the report's README never holds raw control bytes and no
     /// byte the model wrote is lost to U+FFFD.
     pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<String> {
-        debug_assert!(!self.behind.get(), "sampling from weights that lag: settle() first");
         let ids = tok.encode(prompt);
         let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {
             std::ops::ControlFlow::Continue(())
