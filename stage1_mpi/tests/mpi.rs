@@ -865,6 +865,61 @@ fn grad_accum_on_one_rank_matches_two_ranks() {
 }
 
 #[test]
+fn eight_ranks_match_one_rank_accumulating_and_reshard_on_resume() {
+    // The used-by line's world size on the CPU: 8 ranks, one sequence each of a global batch
+    // of 8, with and without ZeRO-1 (8 shards), against stage 0 taking each batch in 8
+    // micro-batches, within the ranks' rounding (a sum of 8 in another order); a --zero 1 run
+    // stopped on 8 ranks resumes on 2 (the optimiser's shards cut again), within the same bound.
+    let d = tmpdir("eight");
+    let data = corpus(&d);
+    // A global batch of 8, evaluated every 10 steps; 30 steps unless resumed.
+    let args = |out: &Path, extra: &[&str]| {
+        let steps: &[&str] = if extra.contains(&"--resume") {
+            &[]
+        } else {
+            &["--steps", "30"]
+        };
+        let mut args = train_args(&data, out, &[steps, &["--eval-every", "10"], extra].concat());
+        let at = args.iter().position(|a| a == "--batch").unwrap();
+        args[at + 1] = "8".to_string();
+        args
+    };
+    let on_8_ranks = |out: &Path, extra: &[&str]| {
+        let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = vec!["-n".to_string(), "8".to_string(), BIN.to_string()];
+        all.extend(args(out, extra));
+        let o = run_limited("mpirun", &all, &[], Duration::from_secs(180));
+        assert_ok(&o);
+        assert!(o.stdout.contains("over 8 rank(s)"), "{}", o.stdout);
+    };
+    let accum = d.join("stage0-accum");
+    let stage0 = stage0_bin();
+    let o = run_limited(
+        stage0.to_str().unwrap(),
+        &args(&accum, &["--threads", "1", "--grad-accum", "8"]),
+        &[],
+        Duration::from_secs(120),
+    );
+    assert_ok(&o);
+    let want = loss_table(&accum);
+    for zero in ["0", "1"] {
+        let out = d.join(format!("zero{zero}"));
+        on_8_ranks(&out, &["--zero", zero]);
+        let what = format!("8 ranks --zero {zero} vs stage 0 --grad-accum 8");
+        assert_tables_close(&loss_table(&out), &want, &what);
+    }
+    let out = d.join("8-then-2");
+    on_8_ranks(&out, &["--zero", "1", "--stop-after", "17"]);
+    let ckpt = out.join("model.ckpt");
+    assert_ok(&mpirun(
+        2,
+        &args(&out, &["--zero", "1", "--resume", ckpt.to_str().unwrap()]),
+        &[],
+    ));
+    assert_tables_close(&loss_table(&out), &want, "8 then 2 ranks, --zero 1, vs stage 0");
+}
+
+#[test]
 fn a_checkpoint_resumes_on_another_number_of_ranks() {
     // Checkpoints hold the whole state (rank 0 writes it) and a global data cursor, so a run
     // stopped on 2 ranks continues on 1 and back, within the ranks' rounding of stage 0.
