@@ -8,7 +8,12 @@
 # stage3_mpi_cuda --features ...` (carry .gpu and data/docs-gpt2.bin):
 #   stage3_mpi_cuda/gpu/docs-run.sh [N]     # N: GPUs (default: all that nvidia-smi lists)
 # Prints the loss-per-epoch tables and the comparison last; the runs (loss.tsv, log, env.txt;
-# no checkpoints) go to $OUT/docs-run.tgz. Knobs: EPOCHS, PARITY_STEPS (200), DATA.
+# no checkpoints) go to $OUT/docs-run.tgz. Knobs: EPOCHS, PARITY_STEPS (200), DATA, PARITY_PART.
+# PARITY_PART=1, then PARITY_PART=2: the one-GPU side takes N micro-batches a step (~0.4 s each
+# in fp32 on an H200: ~10 minutes for 200 steps at N=8, more than one device command may run),
+# so it can be cut over two calls on the same warm machine: part 1 runs everything but stops the
+# one-GPU side halfway (--stop-after; its checkpoint stays in /tmp/docs-run), part 2 resumes it
+# to the end (a resumed run is the same run) and compares.
 set -uo pipefail
 source stage3_mpi_cuda/gpu/multi-gpu-env.sh
 DATA=${DATA:-data/docs-gpt2.bin}
@@ -31,7 +36,15 @@ batch=$((16 * n))
 steps=$(( tokens * 9 / 10 / 1024 / batch ))
 every=$(( steps / 10 > 0 ? steps / 10 : 1 ))
 warmup=$(( steps * EPOCHS / 20 > 0 ? steps * EPOCHS / 20 : 1 ))
-runs=/tmp/docs-run; rm -rf "$runs"; mkdir -p "$runs"
+part=${PARITY_PART:-0}
+case $part in 0|1|2) ;; *) echo "docs-run.sh: PARITY_PART must be 0, 1 or 2, not $part" >&2; exit 2 ;; esac
+runs=/tmp/docs-run
+one_gpu="fp32-1gpu-accum$n"
+if [ "$part" = 2 ]; then
+  [ -f "$runs/$one_gpu/model.ckpt" ] || { echo "docs-run.sh: PARITY_PART=2 resumes part 1's $runs/$one_gpu/model.ckpt, which is not here (part 1 on this machine, still warm, with the same N?)" >&2; exit 2; }
+else
+  rm -rf "$runs"; mkdir -p "$runs"
+fi
 machine="commit $commit, $n x $device, $DATA ($tokens tokens, sha256 $(sha256sum "$DATA" | cut -c1-16))"
 echo "$machine"
 common="--data $DATA --model gpt2 --tokenizer gpt2 --seq-len 1024 --lr 6e-4 --seed 1337"
@@ -41,18 +54,23 @@ train() {  # name, limit (s), command...
   mkdir -p "$runs/$name"; echo "$machine" >"$runs/$name/env.txt"
   echo "== $name: $*"
   local t0=$SECONDS
-  timeout "$limit" "$@" --out "$runs/$name" >"$runs/$name/log.txt" 2>&1 || { rc=1; echo "$name FAILED"; tail -5 "$runs/$name/log.txt"; }
+  timeout "$limit" "$@" --out "$runs/$name" >>"$runs/$name/log.txt" 2>&1 || { rc=1; echo "$name FAILED"; tail -5 "$runs/$name/log.txt"; }
   echo "   $((SECONDS - t0)) s"
 }
-train "bf16-${n}gpu" 540 mpirun -n "$n" stage3_mpi_cuda train $common --batch $batch --epochs "$EPOCHS" \
-  --eval-every $every --warmup $warmup --sample-len 64 --precision bf16
-if [ "$PARITY_STEPS" -gt 0 ]; then
-  train "fp32-${n}gpu" 300 mpirun -n "$n" stage3_mpi_cuda train $common --batch $batch --steps "$PARITY_STEPS" \
-    --eval-every 20 --warmup 20 --sample-len 0 --precision fp32
-  train "fp32-1gpu-accum$n" 400 stage2_cuda train $common --batch $batch --grad-accum "$n" --steps "$PARITY_STEPS" \
-    --eval-every 20 --warmup 20 --sample-len 0 --precision fp32
+parity_flags="--batch $batch --eval-every 20 --warmup 20 --sample-len 0 --precision fp32"
+if [ "$part" != 2 ]; then
+  train "bf16-${n}gpu" 540 mpirun -n "$n" stage3_mpi_cuda train $common --batch $batch --epochs "$EPOCHS" \
+    --eval-every $every --warmup $warmup --sample-len 64 --precision bf16
+  if [ "$PARITY_STEPS" -gt 0 ]; then
+    train "fp32-${n}gpu" 300 mpirun -n "$n" stage3_mpi_cuda train $common $parity_flags --steps "$PARITY_STEPS"
+    stop=(); [ "$part" = 1 ] && stop=(--stop-after $((PARITY_STEPS / 2)))
+    train "$one_gpu" 400 stage2_cuda train $common $parity_flags --grad-accum "$n" --steps "$PARITY_STEPS" "${stop[@]}"
+  fi
+else
+  train "$one_gpu" 540 stage2_cuda train $common $parity_flags --grad-accum "$n" --resume "$runs/$one_gpu/model.ckpt"
 fi
-rm -f "$runs"/*/model.ckpt; tar -C "$runs" -czf "$OUT/docs-run.tgz" .
+[ "$part" = 1 ] || rm -f "$runs"/*/model.ckpt
+tar -C "$runs" --exclude=model.ckpt -czf "$OUT/docs-run.tgz" .
 echo
 for r in "$runs"/*/; do echo "## $(basename "$r")"; cat "$r/loss.tsv" 2>/dev/null; grep -i 'tokens/s\|sample\|epoch' "$r/log.txt" | tail -3; echo; done
 parity() {  # the fp32 runs' tables, evaluation by evaluation
@@ -71,5 +89,9 @@ print(f"PARITY stage3 on {n} GPU(s) vs stage2_cuda --grad-accum {n}: {len(a)} ev
 sys.exit(0 if ok else 1)
 PY
 }
-if [ "$PARITY_STEPS" -gt 0 ]; then parity || rc=1; fi
+if [ "$part" = 1 ]; then
+  echo "PARITY part 1 of 2: the one-GPU side stopped at step $((PARITY_STEPS / 2)); PARITY_PART=2 on this machine finishes it"
+elif [ "$PARITY_STEPS" -gt 0 ]; then
+  parity || rc=1
+fi
 exit $rc
