@@ -228,7 +228,8 @@ pub struct SyncArgs {
     pub sync_every: Option<u64>,
     /// Multi-process stages: ZeRO stage. 1: AdamW's moments cut over the ranks (gradients
     /// reduce-scattered, each rank updates its 1/N of the weights, which are then
-    /// all-gathered); 0: every rank keeps all [default: 0].
+    /// all-gathered): the faster setting on GPUs, with less memory; 0: every rank keeps all
+    /// [default: 0].
     #[arg(long, value_name = "STAGE", value_parser = zero_stage)]
     pub zero: Option<u8>,
 }
