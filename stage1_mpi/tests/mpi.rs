@@ -115,10 +115,15 @@ fn mpirun_mpmd(sections: &[Vec<String>], env: &[(&str, &str)], limit: Duration) 
 }
 
 fn mpirun(np: usize, args: &[String], env: &[(&str, &str)]) -> Outcome {
+    mpirun_within(np, args, env, Duration::from_secs(60))
+}
+
+/// `mpirun -n np stage1_mpi args`, one job at a time, killed after `limit`.
+fn mpirun_within(np: usize, args: &[String], env: &[(&str, &str)], limit: Duration) -> Outcome {
     let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut all = vec!["-n".to_string(), np.to_string(), BIN.to_string()];
     all.extend(args.iter().cloned());
-    run_limited("mpirun", &all, env, Duration::from_secs(60))
+    run_limited("mpirun", &all, env, limit)
 }
 
 fn assert_ok(o: &Outcome) {
@@ -885,10 +890,7 @@ fn eight_ranks_match_one_rank_accumulating_and_reshard_on_resume() {
         args
     };
     let on_8_ranks = |out: &Path, extra: &[&str]| {
-        let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        let mut all = vec!["-n".to_string(), "8".to_string(), BIN.to_string()];
-        all.extend(args(out, extra));
-        let o = run_limited("mpirun", &all, &[], Duration::from_secs(180));
+        let o = mpirun_within(8, &args(out, extra), &[], Duration::from_secs(180));
         assert_ok(&o);
         assert!(o.stdout.contains("over 8 rank(s)"), "{}", o.stdout);
     };

@@ -11,7 +11,7 @@ for t in /tmp/gpu-rt/tests/*; do
   case $(basename "$t") in stage3*|nccl*|mpi_cuda*) ;; *) continue ;; esac
   timeout 300 "$t" --include-ignored --test-threads 1 2>&1 | grep -E "^test result|FAILED|panicked" | tee -a "$OUT/tests-2gpu.log"
 done
-gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3 --precision bf16"
+gpt2=$(gpt2_bench 10)
 : >"$OUT/bench-2gpu.jsonl"
 run() {  # label, command...
   local label=$1; shift

@@ -11,7 +11,7 @@ set -uo pipefail
 source stage3_mpi_cuda/gpu/multi-gpu-env.sh
 n=${1:-$(nvidia-smi -L | wc -l)}
 IFS='|' read -ra settings <<< "${SETTINGS:--|NCCL_MIN_CTAS=32}"
-gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps 20 --warmup 3 --precision bf16 ${FLAGS:---zero 1}"
+gpt2="$(gpt2_bench 20) ${FLAGS:---zero 1}"
 echo "commit $(cat .gpu/commit 2>/dev/null), $n x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $gpt2"
 for r in $(seq 1 "${ROUNDS:-3}"); do
   for s in "${settings[@]}"; do

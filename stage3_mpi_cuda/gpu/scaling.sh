@@ -42,7 +42,7 @@ device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "commit $(cat .gpu/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null), $n x $device"
 
 steps=${STEPS:-10}
-gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps $steps --warmup 3 --precision bf16"
+gpt2=$(gpt2_bench "$steps")
 jsonl=$OUT/scaling.jsonl log=$OUT/scaling.log
 : >"$jsonl"; : >"$log"
 run() {  # label, GPUs, command...: the command's last stdout line (JSON) with label and gpus added

@@ -22,7 +22,7 @@ gcc -O2 -shared -fPIC -I"$cuda/include" -I"$cuda/extras/CUPTI/include" "$here/ti
 found=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 n=${1:-$found}
 echo "commit $(cat .gpu/commit 2>/dev/null), stage 3 on $n x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps 8 --warmup 3 --precision bf16"
+gpt2=$(gpt2_bench 8)
 jsonl=$OUT/timeline.jsonl; : >"$jsonl"
 record() {  # label, command...: the command with every process's GPU activity recorded
   local label=$1; shift
