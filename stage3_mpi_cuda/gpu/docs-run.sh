@@ -8,7 +8,8 @@
 # stage3_mpi_cuda --features ...` (carry .gpu and data/docs-gpt2.bin):
 #   stage3_mpi_cuda/gpu/docs-run.sh [N]     # N: GPUs (default: all that nvidia-smi lists)
 # Prints the loss-per-epoch tables and the comparison last; the runs (loss.tsv, log, env.txt;
-# no checkpoints) go to $OUT/docs-run.tgz. Knobs: EPOCHS, PARITY_STEPS (200), DATA, PARITY_PART.
+# no checkpoints) go to $OUT/docs-run.tgz. Knobs: EPOCHS, PARITY_STEPS (200), DATA, PARITY_PART,
+# STAGE3_FLAGS (more flags for both stage 3 runs, e.g. "--zero 1").
 # PARITY_PART=1, then PARITY_PART=2: the one-GPU side takes N micro-batches a step (~0.4 s each
 # in fp32 on an H200: ~10 minutes for 200 steps at N=8, more than one device command may run),
 # so it can be cut over two calls on the same warm machine: part 1 runs everything but stops the
@@ -39,13 +40,14 @@ warmup=$(( steps * EPOCHS / 20 > 0 ? steps * EPOCHS / 20 : 1 ))
 part=${PARITY_PART:-0}
 case $part in 0|1|2) ;; *) echo "docs-run.sh: PARITY_PART must be 0, 1 or 2, not $part" >&2; exit 2 ;; esac
 runs=/tmp/docs-run
+stage3_flags=${STAGE3_FLAGS:-}
 one_gpu="fp32-1gpu-accum$n"
 if [ "$part" = 2 ]; then
   [ -f "$runs/$one_gpu/model.ckpt" ] || { echo "docs-run.sh: PARITY_PART=2 resumes part 1's $runs/$one_gpu/model.ckpt, which is not here (part 1 on this machine, still warm, with the same N?)" >&2; exit 2; }
 else
   rm -rf "$runs"; mkdir -p "$runs"
 fi
-machine="commit $commit, $n x $device, $DATA ($tokens tokens, sha256 $(sha256sum "$DATA" | cut -c1-16))"
+machine="commit $commit, $n x $device, $DATA ($tokens tokens, sha256 $(sha256sum "$DATA" | cut -c1-16))${stage3_flags:+, stage 3 with $stage3_flags}"
 echo "$machine"
 common="--data $DATA --model gpt2 --tokenizer gpt2 --seq-len 1024 --lr 6e-4 --seed 1337"
 rc=0
@@ -59,10 +61,10 @@ train() {  # name, limit (s), command...
 }
 parity_flags="--batch $batch --eval-every 20 --warmup 20 --sample-len 0 --precision fp32"
 if [ "$part" != 2 ]; then
-  train "bf16-${n}gpu" 540 mpirun -n "$n" stage3_mpi_cuda train $common --batch $batch --epochs "$EPOCHS" \
+  train "bf16-${n}gpu" 540 mpirun -n "$n" stage3_mpi_cuda train $common $stage3_flags --batch $batch --epochs "$EPOCHS" \
     --eval-every $every --warmup $warmup --sample-len 64 --precision bf16
   if [ "$PARITY_STEPS" -gt 0 ]; then
-    train "fp32-${n}gpu" 300 mpirun -n "$n" stage3_mpi_cuda train $common $parity_flags --steps "$PARITY_STEPS"
+    train "fp32-${n}gpu" 300 mpirun -n "$n" stage3_mpi_cuda train $common $stage3_flags $parity_flags --steps "$PARITY_STEPS"
     stop=(); [ "$part" = 1 ] && stop=(--stop-after $((PARITY_STEPS / 2)))
     train "$one_gpu" 400 stage2_cuda train $common $parity_flags --grad-accum "$n" --steps "$PARITY_STEPS" "${stop[@]}"
   fi
