@@ -24,7 +24,7 @@
 //! f32 weights made whole only when something reads them all (a checkpoint).
 
 use crate::autograd::{Graph, Tensor};
-use crate::backend::{bf16, Backend, DeviceBuffer};
+use crate::backend::{Backend, DeviceBuffer};
 use crate::comm::{device_order, even_parts, parts_within, Comm, Lane, Words};
 use crate::error::Result;
 use crate::model::{Gpt2, ParamLayout};
@@ -197,16 +197,12 @@ impl GradSync {
     /// communication that computing did not hide). Overlapped on NCCL, the host does not
     /// wait: this is the time spent queueing the collectives, and the GPU's wait for
     /// them shows in the step's compute time.
-    ///
-    /// `sent` (ZeRO-1 only: `GPT2_GRAD_SUM_BF16`): the gradients are rounded into it and
-    /// summed there in bf16, half the bytes, and this rank's shard of the sums is widened
-    /// back into `grads`; `None` sums the f32 gradients.
     pub fn backward<B: Backend>(
         &self,
         g: &mut Graph<'_, B>,
         loss: Tensor,
         comm: &dyn Comm,
-        (grads, sent): (&B::Buffer<f32>, Option<&B::Buffer<bf16>>),
+        grads: &B::Buffer<f32>,
         (micro, micro_batches): (usize, usize),
     ) -> Result<f64> {
         let (be, world) = (g.backend(), comm.size());
@@ -216,29 +212,24 @@ impl GradSync {
             return Ok(0.0);
         }
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
-        assert!(
-            sent.is_none_or(|s| s.len() >= self.total && self.shards.sharded()),
-            "bf16 sums need ZeRO-1 on several ranks and a buffer covering the layout"
-        );
         // Overlapped on a device communicator (NCCL): each bucket's sum is ordered after the
         // kernels queued so far on the backend's stream, on the device, with no host wait.
         // Elsewhere the host waits for the backend before each bucket (a no-op on the CPU).
         let after = device_order(be, comm);
         let sum = |range: &Range<usize>, lane: Lane, comm_s: &mut f64| {
-            // SAFETY: every range lies in the layout, inside `grads` and `sent` (checked
-            // above), which the caller keeps alive and leaves alone until the sums are
-            // finished (on the host, or for work queued on `after` from then on).
-            let words = unsafe { send(be, (grads, sent), range) };
             if after.is_none() {
                 be.synchronize()?;
             }
-            // SAFETY: as above; the bucket's writes (and its rounding) are done (host wait
-            // above) or queued on `after` before it.
+            let at = grads.ptr().add(range.start);
+            // SAFETY: every range lies in the layout, inside `grads` (checked above), which
+            // the caller keeps alive and leaves alone until the sums are finished (on the
+            // host, or for work queued on `after` from then on); the bucket's writes are
+            // done (host wait above) or queued on `after` before it.
             timed(comm_s, || unsafe {
                 if self.shards.sharded() {
-                    comm.start_reduce_scatter_sum(words, &parts_within(self.shards.parts(), range), lane, after)
+                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range), lane, after)
                 } else {
-                    comm.start_all_reduce_sum(grads.ptr().add(range.start), range.len(), lane, after)
+                    comm.start_all_reduce_sum(at, range.len(), lane, after)
                 }
             })
         };
@@ -267,19 +258,11 @@ impl GradSync {
             }
             SyncMode::Allreduce if world > 1 => {
                 g.backward(loss, seed)?;
-                // SAFETY: the whole layout, inside `grads` and `sent` (checked above).
-                let words = unsafe { send(be, (grads, sent), &(0..self.total)) };
                 be.synchronize()?;
-                // SAFETY: as above, written (the host waited).
-                timed(&mut comm_s, || unsafe { self.sum_whole(comm, words) })?;
+                // SAFETY: the whole layout, inside `grads` (checked above).
+                timed(&mut comm_s, || unsafe { self.sum_whole(comm, grads.ptr()) })?;
             }
             _ => g.backward(loss, seed)?,
-        }
-        if let (Some(sent), true) = (sent, world > 1) {
-            let own = self.shards.own();
-            // SAFETY: this rank's shard lies in the layout, inside both buffers; its sums are
-            // done (the host waited) or the backend's stream waits for them (`finish`).
-            unsafe { be.widen_bf16(grads.ptr().add(own.start), sent.ptr().add(own.start), own.len()) };
         }
         Ok(comm_s)
     }
@@ -399,32 +382,23 @@ impl GradSync {
     /// all-gather of the words the steps gather (`GradSync::gathered`), on the model's
     /// gradients too: the parameters are left alone. 0 with one rank or under local SGD.
     /// For the benchmark: what a step would add if computing hid none of it.
-    pub fn time_sums<B: Backend>(
-        &self,
-        be: &B,
-        comm: &dyn Comm,
-        model: &Gpt2<B>,
-        bf16_sums: bool,
-        reps: usize,
-    ) -> Result<f64> {
+    pub fn time_sums<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>, reps: usize) -> Result<f64> {
         if comm.size() == 1 || matches!(self.mode, SyncMode::LocalSgd { .. }) || reps == 0 {
             return Ok(0.0);
         }
         let grads = &model.grads;
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
-        let in_bf16 = Words::Bf16(grads.ptr().cast()); // half the bytes of the f32 values
         let words = match self.gathered(model) {
-            Words::Bf16(_) => in_bf16,
+            Words::Bf16(_) => Words::Bf16(grads.ptr().cast()), // half the bytes of the f32 values
             Words::F32(_) => Words::F32(grads.ptr()),
         };
-        let summed = if bf16_sums { in_bf16 } else { Words::F32(grads.ptr()) };
         be.synchronize()?;
         let mut seconds = 0.0;
         for _ in 0..reps {
             // SAFETY: the whole layout, inside `grads` (checked above), which nothing else
             // uses between steps; each call returns once its collective is done.
             timed(&mut seconds, || unsafe {
-                self.sum_whole(comm, summed)?;
+                self.sum_whole(comm, grads.ptr())?;
                 match self.shards.sharded() {
                     true => comm.all_gather(words, self.shards.parts()),
                     false => Ok(()),
@@ -434,19 +408,18 @@ impl GradSync {
         Ok(seconds / reps as f64)
     }
 
-    /// The whole buffer's gradient sum at `grads`, the host waiting for it: the all-reduce
-    /// (f32 only), or under ZeRO-1 the reduce-scatter (each rank the sum of its own shard).
+    /// The whole buffer's gradient sum at `grads`, the host waiting for it: the all-reduce,
+    /// or under ZeRO-1 the reduce-scatter (each rank the sum of its own shard).
     ///
     /// # Safety
     /// `grads` holds the layout's values, which nothing else touches during the call and
     /// whose writes are done.
-    unsafe fn sum_whole(&self, comm: &dyn Comm, grads: Words) -> Result<()> {
+    unsafe fn sum_whole(&self, comm: &dyn Comm, grads: crate::backend::DevPtr) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
         unsafe {
-            match (self.shards.sharded(), grads) {
-                (true, _) => comm.reduce_scatter_sum(grads, self.shards.parts()),
-                (false, Words::F32(p)) => comm.all_reduce_sum(p, self.total),
-                (false, Words::Bf16(_)) => unreachable!("bf16 sums are for ZeRO-1's reduce-scatter"),
+            match self.shards.sharded() {
+                true => comm.reduce_scatter_sum(grads, self.shards.parts()),
+                false => comm.all_reduce_sum(grads, self.total),
             }
         }
     }
@@ -468,28 +441,6 @@ fn buckets_of(blocks: &[Range<usize>], min_values: usize) -> (Vec<Range<usize>>,
         }
     }
     (buckets, closes)
-}
-
-/// What the gradient sum of `range` reads: the f32 gradients, or with `sent` (bf16 sums)
-/// their rounding into it, queued on the backend here.
-///
-/// # Safety
-/// `range` lies inside `grads` and `sent`, whose gradients are written (or queued).
-unsafe fn send<B: Backend>(
-    be: &B,
-    (grads, sent): (&B::Buffer<f32>, Option<&B::Buffer<bf16>>),
-    range: &Range<usize>,
-) -> Words {
-    let from = grads.ptr().add(range.start);
-    match sent {
-        None => Words::F32(from),
-        Some(sent) => {
-            let to = sent.ptr().add(range.start);
-            // SAFETY: the caller's contract.
-            unsafe { be.round_to_bf16(to, from, range.len()) };
-            Words::Bf16(to)
-        }
-    }
 }
 
 /// Runs `f`, adding its duration to `seconds`.

@@ -170,10 +170,21 @@ fn first_columns(dir: &Path, n: usize) -> Vec<String> {
 #[ignore = "needs 2 CUDA devices"]
 fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
     let d = tmpdir("zero");
-    let data = tiny_corpus(&d);
+    let data = d.join("corpus.txt");
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
+    std::fs::write(&data, text).unwrap();
     let run_env = |name: &str, precision: &str, extra: &[&str], env: &[(&str, &str)]| -> PathBuf {
-        let extra = [&["--steps", "30"][..], extra].concat();
-        train_tiny(&d.join(name), &data, precision, &extra, env).0
+        let out = d.join(name);
+        let s = format!(
+            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 30 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2",
+            data.display(),
+            out.display()
+        );
+        let mut args: Vec<&str> = s.split(' ').collect();
+        args.extend_from_slice(extra);
+        let o = mpirun_env(2, &args, env);
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        out
     };
     let run = |name: &str, precision: &str, extra: &[&str]| run_env(name, precision, extra, &[]);
     for precision in ["fp32", "bf16"] {
@@ -216,8 +227,14 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
         stop.extend_from_slice(&["--stop-after", "17"]);
         let stopped = run(&format!("zero{zero}-{precision}-stopped"), precision, &stop);
         let ckpt = stopped.join("model.ckpt");
-        let rest = ["--zero", zero, "--resume", ckpt.to_str().unwrap()];
-        train_tiny(&stopped, &data, precision, &rest, &[]);
+        let rest = format!(
+            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2 --zero {zero} --resume {}",
+            data.display(),
+            stopped.display(),
+            ckpt.display()
+        );
+        let o = mpirun(2, &rest.split(' ').collect::<Vec<_>>());
+        assert!(o.status.success(), "resume: {}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(
             table_without_times(&straight),
             table_without_times(&stopped),
@@ -228,98 +245,6 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
             "--zero {zero} {precision}: the final checkpoints differ"
         );
     }
-}
-
-#[test]
-#[ignore = "needs 2 CUDA devices"]
-fn gradients_summed_in_bf16_on_two_gpus() {
-    // GPT2_GRAD_SUM_BF16=1: ZeRO-1's reduce-scatter sums bf16 roundings of the gradients
-    // (NCCL's bf16 sum), so the run differs from summing in f32 but stays close (the bound of
-    // stage 1's test); bucket by bucket (--overlap) the same sums, so the same run; stopped
-    // and resumed, the same run.
-    let d = tmpdir("bf16-sums");
-    let data = tiny_corpus(&d);
-    let bf16 = [("GPT2_GRAD_SUM_BF16", "1")];
-    let run = |name: &str, precision: &str, extra: &[&str], env: &[(&str, &str)]| -> PathBuf {
-        let extra = [&["--zero", "1"][..], extra].concat();
-        let (out, stdout) = train_tiny(&d.join(name), &data, precision, &extra, env);
-        if !env.is_empty() && !extra.contains(&"--resume") {
-            assert!(stdout.contains("gradients summed in bf16"), "{name}: {stdout}");
-        }
-        out
-    };
-    for precision in ["fp32", "bf16"] {
-        let steps = ["--steps", "30"];
-        let in_f32 = run(&format!("f32-{precision}"), precision, &steps, &[]);
-        let in_bf16 = run(&format!("bf16-{precision}"), precision, &steps, &bf16);
-        assert!(
-            state(&in_bf16) != state(&in_f32),
-            "{precision}: the sums were not rounded"
-        );
-        for (a, b) in table(&in_bf16).iter().zip(&table(&in_f32)) {
-            for col in [1, 2] {
-                assert!((a[col] - b[col]).abs() < 0.05, "{precision}: {a:?} vs f32 sums {b:?}");
-            }
-        }
-        let overlapped = run(
-            &format!("bf16-overlap-{precision}"),
-            precision,
-            &["--steps", "30", "--overlap"],
-            &bf16,
-        );
-        assert_eq!(
-            table_without_times(&overlapped),
-            table_without_times(&in_bf16),
-            "{precision}"
-        );
-        let stopped = run(
-            &format!("bf16-stopped-{precision}"),
-            precision,
-            &["--steps", "30", "--stop-after", "17"],
-            &bf16,
-        );
-        let ckpt = stopped.join("model.ckpt");
-        run(
-            &format!("bf16-stopped-{precision}"),
-            precision,
-            &["--resume", ckpt.to_str().unwrap()],
-            &bf16,
-        );
-        assert_eq!(
-            table_without_times(&stopped),
-            table_without_times(&in_bf16),
-            "{precision}: resumed"
-        );
-        assert!(
-            state(&stopped) == state(&in_bf16),
-            "{precision}: resumed, the final checkpoints differ"
-        );
-    }
-}
-
-/// The tiny corpus of the multi-GPU training tests, written into `d`.
-fn tiny_corpus(d: &Path) -> PathBuf {
-    let data = d.join("corpus.txt");
-    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
-    std::fs::write(&data, text).unwrap();
-    data
-}
-
-/// `mpirun -n 2 stage3_mpi_cuda train` of the tiny model on `data` into `out` (evaluated
-/// every 10 steps, in `precision`, with `extra` flags and `env` on every rank), which must
-/// succeed: the folder and the run's stdout.
-fn train_tiny(out: &Path, data: &Path, precision: &str, extra: &[&str], env: &[(&str, &str)]) -> (PathBuf, String) {
-    let s = format!(
-        "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2",
-        data.display(),
-        out.display()
-    );
-    let mut args: Vec<&str> = s.split(' ').collect();
-    args.extend_from_slice(extra);
-    let o = mpirun_env(2, &args, env);
-    let name = out.display();
-    assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
-    (out.to_path_buf(), String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 /// The final checkpoint's arrays (parameters and AdamW moments; its header holds the run's

@@ -500,11 +500,6 @@ pub trait Backend {
     /// # Safety
     /// `dst`, `src`: `n` elements each.
     unsafe fn round_to_bf16(&self, dst: DevPtr<bf16>, src: DevPtr, n: usize);
-    /// `dst = f32(src)`, exactly, over `n` values: gradients summed in bf16
-    /// (`GPT2_GRAD_SUM_BF16`) back into the f32 gradients.
-    /// # Safety
-    /// `dst`, `src`: `n` elements each.
-    unsafe fn widen_bf16(&self, dst: DevPtr, src: DevPtr<bf16>, n: usize);
     /// `dst += src`, elementwise over `n` f32 values.
     /// # Safety
     /// `dst`, `src`: `n` elements each; they may be the same pointer.

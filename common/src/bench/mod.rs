@@ -47,8 +47,6 @@ pub struct BenchReport {
     pub peak_device_mb: f64,
     /// AdamW's moments kept by each rank (1/N of the whole under `--zero 1`), MiB.
     pub optimizer_state_mb: f64,
-    /// The gradient sums' values: "f32", or "bf16" (`GPT2_GRAD_SUM_BF16`).
-    pub grad_sums: &'static str,
     pub gflops: f64,
     /// Model FLOPs utilisation against the device's dense peak (GPU only).
     pub mfu: Option<f64>,
@@ -155,7 +153,6 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         peak_rss_mb: rss,
         peak_device_mb: be.peak_memory_bytes() as f64 / (1 << 20) as f64,
         optimizer_state_mb: trainer.optimizer_state_bytes() as f64 / (1 << 20) as f64,
-        grad_sums: if trainer.sums_in_bf16() { "bf16" } else { "f32" },
         gflops: flops / 1e9,
         mfu: if is_gpu {
             gpu_peak_flops(&device, args.device.precision()).map(|p| flops / world as f64 / p)

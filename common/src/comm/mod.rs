@@ -63,21 +63,18 @@ pub trait Comm {
     fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
         host_ordered(self, then)
     }
-    /// Sums the values of `parts` over all ranks and leaves the sum of `parts[r]` on rank
-    /// r, in place (ZeRO-1's gradient reduce-scatter): `parts` holds one range per rank, in
-    /// rank order, contiguous, offsets from `buf` counted in its values, the same on every
-    /// rank (a part may be empty). What the other parts of `buf` hold afterwards is
-    /// unspecified. Each part is summed in a fixed order (no float atomics), the same at
-    /// every call of the same parts and lane (another communicator, or parts cut otherwise,
-    /// may order the sums of 3 or more ranks otherwise; on 2 ranks a sum is one addition,
-    /// always the same). A sum of bf16 values (`GPT2_GRAD_SUM_BF16`) is rounded to bf16:
-    /// NCCL after each addition of its ring, MPI once after adding in f32; on 2 ranks both
-    /// give the exact sum rounded once.
+    /// Sums the f32 values of `parts` over all ranks and leaves the sum of `parts[r]` on
+    /// rank r, in place (ZeRO-1's gradient reduce-scatter): `parts` holds one range per
+    /// rank, in rank order, contiguous, offsets from `buf`, the same on every rank (a part
+    /// may be empty). What the other parts of `buf` hold afterwards is unspecified. Each
+    /// part is summed in a fixed order (no float atomics), the same at every call of the
+    /// same parts and lane (another communicator, or parts cut otherwise, may order the sums
+    /// of 3 or more ranks otherwise; on 2 ranks a sum is one addition, always the same).
     ///
     /// # Safety
     /// `buf` addresses the values `parts` cover, backend memory as in
     /// [`Comm::all_reduce_sum`], which nothing else reads or writes during the call.
-    unsafe fn reduce_scatter_sum(&self, buf: Words, parts: &[Range<usize>]) -> Result<()>;
+    unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()>;
     /// Starts [`Comm::reduce_scatter_sum`] and returns at once, in `lane` and ordered after
     /// `after` as [`Comm::start_all_reduce_sum`] is; [`Comm::finish_all_reduces`] waits for
     /// it. Default: the blocking call.
@@ -87,7 +84,7 @@ pub trait Comm {
     /// [`Comm::start_all_reduce_sum`].
     unsafe fn start_reduce_scatter_sum(
         &self,
-        buf: Words,
+        buf: DevPtr,
         parts: &[Range<usize>],
         _lane: Lane,
         after: Option<DeviceStream>,
@@ -148,9 +145,8 @@ pub enum Lane {
     Alone,
 }
 
-/// Backend memory that a gather copies or a reduce-scatter sums: f32 values, or bf16 ones
-/// (a gather moves bits and computes nothing, so either is exact; bf16 moves half the
-/// bytes, and a sum of bf16 values is rounded to bf16).
+/// Backend memory that a gather copies: f32 values, or bf16 ones (a gather moves bits and
+/// computes nothing, so either is exact; bf16 moves half the bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Words {
     F32(DevPtr),
@@ -188,7 +184,7 @@ impl Comm for Single {
     unsafe fn all_reduce_sum(&self, _buf: DevPtr, _n: usize) -> Result<()> {
         Ok(())
     }
-    unsafe fn reduce_scatter_sum(&self, _buf: Words, parts: &[Range<usize>]) -> Result<()> {
+    unsafe fn reduce_scatter_sum(&self, _buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         check_parts(self, parts)
     }
     unsafe fn all_gather(&self, _buf: Words, parts: &[Range<usize>]) -> Result<()> {
@@ -328,7 +324,7 @@ mod tests {
         );
         assert!(check_parts(&Fake(2), &[0..5, 6..9]).is_err(), "contiguous");
         // SAFETY: Single's collectives touch no memory.
-        assert!(unsafe { Single.reduce_scatter_sum(Words::F32(DevPtr::default()), &even_parts(4, 1, 1)) }.is_ok());
+        assert!(unsafe { Single.reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1)) }.is_ok());
     }
 
     #[test]
@@ -340,7 +336,7 @@ mod tests {
                 .start_all_reduce_sum(DevPtr::default(), 4, Lane::Alone, stream)
                 .is_err());
             assert!(Single
-                .start_reduce_scatter_sum(Words::F32(DevPtr::default()), &even_parts(4, 1, 1), Lane::Alone, stream)
+                .start_reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1), Lane::Alone, stream)
                 .is_err());
             assert!(Single
                 .start_all_reduce_sum(DevPtr::default(), 4, Lane::Alone, None)
@@ -362,7 +358,7 @@ mod tests {
         unsafe fn all_reduce_sum(&self, _: DevPtr, _: usize) -> Result<()> {
             unreachable!()
         }
-        unsafe fn reduce_scatter_sum(&self, _: Words, _: &[Range<usize>]) -> Result<()> {
+        unsafe fn reduce_scatter_sum(&self, _: DevPtr, _: &[Range<usize>]) -> Result<()> {
             unreachable!()
         }
         unsafe fn all_gather(&self, _: Words, _: &[Range<usize>]) -> Result<()> {

@@ -3,7 +3,7 @@
 //! collectives, so those few calls go straight to `mpi::ffi`, each wrapped and checked here.
 
 use super::{Comm, Lane, Words};
-use crate::backend::{bf16, DevPtr, DeviceStream};
+use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use mpi::ffi;
 use mpi::raw::AsRaw;
@@ -325,55 +325,27 @@ impl Comm for MpiComm {
         self.progress(&mut pending)
     }
 
-    unsafe fn reduce_scatter_sum(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
+    unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         let counts = part_counts(self, parts)?;
         let mut own = vec![0.0f32; parts[self.rank].len()];
-        match buf {
-            // SAFETY: the Comm contract; MpiComm's DevPtrs are host addresses (CPU backend),
-            // and the own part lies inside the buffer.
-            Words::F32(p) => unsafe {
-                let buf = p.addr() as *mut f32;
-                self.reduce_scatter_into(buf, (parts, &counts), &mut own, None)?;
-                std::ptr::copy_nonoverlapping(own.as_ptr(), buf.add(parts[self.rank].start), own.len());
-            },
-            // MPI has no bf16 sum: the values travel widened to f32 (exactly) and the own
-            // part's sum is rounded back to bf16 once.
-            Words::Bf16(p) => {
-                let buf = p.addr() as *mut bf16;
-                let span = parts[0].start..parts[parts.len() - 1].end; // contiguous (checked)
-                                                                       // SAFETY: as above; the parts, hence the span, lie inside the buffer.
-                let wide: Vec<f32> = unsafe { std::slice::from_raw_parts(buf.add(span.start), span.len()) }
-                    .iter()
-                    .map(|v| v.to_f32())
-                    .collect();
-                let within: Vec<Range<usize>> =
-                    parts.iter().map(|p| p.start - span.start..p.end - span.start).collect();
-                // SAFETY: `wide` holds the values `within` covers.
-                unsafe { self.reduce_scatter_into(wide.as_ptr(), (&within, &counts), &mut own, None)? };
-                // SAFETY: the own part lies inside the buffer, which the caller leaves to us.
-                let out = unsafe { std::slice::from_raw_parts_mut(buf.add(parts[self.rank].start), own.len()) };
-                for (o, v) in out.iter_mut().zip(&own) {
-                    *o = bf16::from_f32(*v);
-                }
-            }
+        let buf = buf.addr() as *mut f32;
+        // SAFETY: the Comm contract; MpiComm's DevPtrs are host addresses (CPU backend), and
+        // the own part lies inside the buffer.
+        unsafe {
+            self.reduce_scatter_into(buf, (parts, &counts), &mut own, None)?;
+            std::ptr::copy_nonoverlapping(own.as_ptr(), buf.add(parts[self.rank].start), own.len());
         }
         Ok(())
     }
 
     unsafe fn start_reduce_scatter_sum(
         &self,
-        buf: Words,
+        buf: DevPtr,
         parts: &[Range<usize>],
         _: Lane,
         after: Option<DeviceStream>,
     ) -> Result<()> {
         super::host_ordered(self, after)?;
-        let buf = match buf {
-            Words::F32(p) => p,
-            // SAFETY: the caller's contract; bf16 sums block (they are for the GPU's links;
-            // on MPI they only reproduce its numerics).
-            Words::Bf16(_) => return unsafe { self.reduce_scatter_sum(buf, parts) },
-        };
         let counts = part_counts(self, parts)?;
         let mut own = vec![0.0f32; parts[self.rank].len()];
         let buf = buf.addr() as *mut f32;

@@ -280,18 +280,17 @@ impl NcclComm {
     ///
     /// # Safety
     /// As [`Comm::reduce_scatter_sum`].
-    unsafe fn queue_reduce_scatter(&self, buf: Words, parts: &[Range<usize>], lane: Lane) -> Result<()> {
+    unsafe fn queue_reduce_scatter(&self, buf: DevPtr, parts: &[Range<usize>], lane: Lane) -> Result<()> {
         super::check_parts(self, parts)?;
         let comm = self.comm_for(lane);
-        let (base, size, float) = (buf.addr() as *mut u8, buf.size(), nccl_words(buf));
-        let sum = sys::ncclRedOp_t::ncclSum;
+        let base = buf.addr() as *mut f32;
+        let (float, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
         // SAFETY (both arms): `buf` is device memory covering `parts` on this rank's GPU (the
-        // Comm contract); in place is allowed (the own part at its own offset); offsets in
-        // bytes of `size`-byte values.
+        // Comm contract); in place is allowed (the own part at its own offset).
         match equal_parts(parts) {
             Some(len) => unsafe {
-                let own = base.add(parts[self.rank()].start * size) as *mut c_void;
-                let run = base.add(parts[0].start * size) as *const c_void;
+                let own = base.add(parts[self.rank()].start) as *mut c_void;
+                let run = base.add(parts[0].start) as *const c_void;
                 nccl::reduce_scatter(run, own, len, float, sum, comm, self.raw_stream())
                     .map(|_| ())
                     .map_err(|e| nccl_err("ncclReduceScatter", e))
@@ -300,7 +299,7 @@ impl NcclComm {
             None => grouped(|| {
                 for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
                     unsafe {
-                        let p = base.add(part.start * size) as *mut c_void;
+                        let p = base.add(part.start) as *mut c_void;
                         let stream = self.raw_stream();
                         nccl::reduce(p, p, part.len(), float, sum, root as i32, comm, stream)
                             .map_err(|e| nccl_err("ncclReduce", e))?;
@@ -318,7 +317,11 @@ impl NcclComm {
     /// As [`Comm::all_gather`].
     unsafe fn queue_all_gather(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
         super::check_gather_parts(self, parts)?;
-        let (base, size, words) = (buf.addr() as *mut u8, buf.size(), nccl_words(buf));
+        let (base, size) = (buf.addr() as *mut u8, buf.size());
+        let words = match buf {
+            Words::F32(_) => sys::ncclDataType_t::ncclFloat32,
+            Words::Bf16(_) => sys::ncclDataType_t::ncclBfloat16,
+        };
         // SAFETY (both arms): as in `reduce_scatter_sum`; offsets in bytes of `size`-byte values.
         match equal_parts(parts) {
             Some(len) => unsafe {
@@ -339,14 +342,6 @@ impl NcclComm {
             })?,
         }
         Ok(())
-    }
-}
-
-/// NCCL's name for the values `buf` holds.
-fn nccl_words(buf: Words) -> sys::ncclDataType_t {
-    match buf {
-        Words::F32(_) => sys::ncclDataType_t::ncclFloat32,
-        Words::Bf16(_) => sys::ncclDataType_t::ncclBfloat16,
     }
 }
 
@@ -392,14 +387,14 @@ impl Comm for NcclComm {
         // SAFETY: the caller's contract; the sum is queued after the work that writes `buf`.
         unsafe { self.queue_all_reduce(buf, n, lane) }
     }
-    unsafe fn reduce_scatter_sum(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
+    unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.queue_reduce_scatter(buf, parts, Lane::Alone)? };
         self.wait("waiting for the reduce-scatter")
     }
     unsafe fn start_reduce_scatter_sum(
         &self,
-        buf: Words,
+        buf: DevPtr,
         parts: &[Range<usize>],
         lane: Lane,
         after: Option<DeviceStream>,

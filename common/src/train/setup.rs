@@ -262,13 +262,10 @@ impl<'a, B: Backend> Run<'a, B> {
         let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
         let state = self.trainer.optimizer_state_bytes();
         let whole = 2 * cfg.num_params() * std::mem::size_of::<f32>();
-        let zero = match (state < whole, self.trainer.sums_in_bf16()) {
-            (true, false) => format!(" (ZeRO-1: 1/{world} of {:.1} MiB)", mib(whole)),
-            (true, true) => format!(
-                " (ZeRO-1: 1/{world} of {:.1} MiB; gradients summed in bf16)",
-                mib(whole)
-            ),
-            (false, _) => String::new(),
+        let zero = if state < whole {
+            format!(" (ZeRO-1: 1/{world} of {:.1} MiB)", mib(whole))
+        } else {
+            String::new()
         };
         format!(
             "{} | {} | {} params | {} layers, {} heads, width {} | batch {}×{} over {world} rank(s) | {} steps/epoch, {} steps | AdamW state {:.1} MiB per rank{zero}",

@@ -5,7 +5,7 @@
 
 use crate::autograd::{check_ids, Graph, Pool, TokenStage};
 use crate::backend::replay::Recorder;
-use crate::backend::{bf16, token_order, Backend, DeviceBuffer};
+use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::{Checkpoint, HostState};
 use crate::comm::{broadcast_f32, device_order, root_env_number, Comm, Words};
 use crate::data::Batch;
@@ -37,8 +37,6 @@ pub struct Trainer<'a, B: Backend> {
     pub model: Gpt2<B>,
     pub opt: AdamW<B>,
     sync: GradSync,
-    /// `GPT2_GRAD_SUM_BF16=1`: where the gradients are rounded and summed in bf16.
-    sums_bf16: Option<B::Buffer<bf16>>,
     micro_batches: usize,
     recompute: bool,
     pool: Pool<B>,
@@ -98,21 +96,6 @@ fn gather_pieces(comm: &dyn Comm) -> Result<usize> {
     Ok(root_env_number(comm, "GPT2_ZERO_GATHER_PIECES", 1..=64)?.unwrap_or(1) as usize)
 }
 
-/// `GPT2_GRAD_SUM_BF16=1` (an experiment, default 0): ZeRO-1 rounds the gradients to bf16
-/// and reduce-scatters them in half the bytes, the own shard's sums widened back to f32
-/// (a change of numerics: each sum is rounded to bf16). Rank 0's setting, on every rank;
-/// refused without ZeRO-1 on several ranks, where there is no reduce-scatter.
-fn bf16_sums(comm: &dyn Comm, shards: &Shards) -> Result<bool> {
-    let on = root_env_number(comm, "GPT2_GRAD_SUM_BF16", 0..=1)?.unwrap_or(0) == 1;
-    if on && !shards.sharded() {
-        return Err(Error::Input(
-            "GPT2_GRAD_SUM_BF16=1 sums ZeRO-1's reduce-scatter in bf16: it needs --zero 1 and more than one rank"
-                .into(),
-        ));
-    }
-    Ok(on)
-}
-
 /// Whether a step can be recorded once and replayed: on a backend that records (the GPU),
 /// with one rank, or with ranks whose communicator orders its collectives on the device
 /// (NCCL) and the same work every step (not local SGD, which averages every K steps).
@@ -128,10 +111,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let shards = Shards::new(model.layout.total, comm, settings.zero).in_pieces(pieces);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
         let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own(), shards.sharded())?;
-        let sums_bf16 = match bf16_sums(comm, &shards)? {
-            true => Some(be.alloc::<bf16>(n)?),
-            false => None,
-        };
         let sync = GradSync::new(settings.sync, &model.layout, shards);
         let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
@@ -140,7 +119,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
             model,
             opt,
             sync,
-            sums_bf16,
             micro_batches: settings.micro_batches.max(1),
             recompute: settings.recompute,
             pool: Pool::default(),
@@ -256,8 +234,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 g.zero_grads_except_first_products(&self.model.grads)?;
             }
             let loss = fwd.loss.expect("targets given");
-            let grads = (&self.model.grads, self.sums_bf16.as_ref());
-            comm_s += self.sync.backward(&mut g, loss, comm, grads, (micro, k))?;
+            comm_s += self.sync.backward(&mut g, loss, comm, &self.model.grads, (micro, k))?;
             let (slot, at) = self.opt.meter.loss_slot();
             g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
         }
@@ -371,13 +348,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// [`GradSync::time_sums`]); 0 on one rank. Between steps only: it leaves the gradient
     /// buffer unspecified (the next step zeroes it first).
     pub fn time_gradient_sums(&self, reps: usize) -> Result<f64> {
-        let bf16_sums = self.sums_bf16.is_some();
-        self.sync.time_sums(self.be, self.comm, &self.model, bf16_sums, reps)
-    }
-
-    /// Whether the gradients are summed in bf16 (`GPT2_GRAD_SUM_BF16`).
-    pub fn sums_in_bf16(&self) -> bool {
-        self.sums_bf16.is_some()
+        self.sync.time_sums(self.be, self.comm, &self.model, reps)
     }
 
     /// Each tensor's gradient norm after the last step (its name and √Σg², in buffer order),

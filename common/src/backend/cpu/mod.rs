@@ -190,12 +190,6 @@ impl Backend for CpuBackend {
         }
     }
 
-    unsafe fn widen_bf16(&self, dst: DevPtr, src: DevPtr<bf16>, n: usize) {
-        for (d, s) in view_mut(dst, n).iter_mut().zip(view(src, n)) {
-            *d = s.to_f32();
-        }
-    }
-
     unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
         if dst == src {
             return self.scale(dst, n, 2.0);

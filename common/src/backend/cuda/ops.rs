@@ -477,10 +477,6 @@ impl Backend for CudaBackend {
         self.launch_1d("round_to_bf16_kernel", n, args![dst, src, n]);
     }
 
-    unsafe fn widen_bf16(&self, dst: DevPtr, src: DevPtr<bf16>, n: usize) {
-        self.launch_1d("widen_bf16_kernel", n, args![dst, src, n]);
-    }
-
     unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
         self.launch_1d("accumulate_kernel", n, args![dst, src, n]);
     }

@@ -87,9 +87,3 @@ extern "C" __global__ void round_to_bf16_kernel(bf16_t* dst, const float* src, i
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = to_bf16(src[i]);
 }
-
-// dst = f32(src), exactly (bf16 gradient sums widened back to the f32 gradients).
-extern "C" __global__ void widen_bf16_kernel(float* dst, const bf16_t* src, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = to_f(src[i]);
-}
