@@ -13,8 +13,7 @@ source stage2_cuda/gpu/cuda-env.sh >/dev/null 2>&1
 export REQUIRE_NVRTC=1
 ROUNDS=${ROUNDS:-5} STEPS=${STEPS:-30} PRECISION=${PRECISION:-bf16}
 run() {  # setting: prints ms a step
-  env "$1" stage2_cuda bench --model gpt2 --batch 16 --seq-len 1024 --steps "$STEPS" --warmup 3 \
-    --precision "$PRECISION" 2>/dev/null | tail -1 |
+  env "$1" stage2_cuda $(gpt2_bench "$STEPS" "$PRECISION") 2>/dev/null | tail -1 |
     python3 -c "import json, sys; print(f'{16384e3 / json.loads(sys.stdin.read())[\"tokens_per_s\"]:.3f}')" 2>/dev/null || echo nan
 }
 echo "ab-bench: $PRECISION, $STEPS steps, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"

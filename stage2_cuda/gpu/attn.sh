@@ -15,7 +15,7 @@ variants=${VARIANTS:-"GPT2_CUDA_ATTENTION=flash GPT2_CUDA_ATTENTION=flash-mma"}
 for v in $variants; do
   env $v timeout 120 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention" | sed "s/^/$v /" | tee -a "$OUT/kernels-attn.txt"
 done
-gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3 --precision bf16"
+gpt2=$(gpt2_bench 10)
 for rep in 1 2; do
   for v in $variants; do
     env $v timeout 120 stage2_cuda $gpt2 2>/dev/null | tail -1 | sed "s/^/$v-r$rep /" | tee -a "$OUT/bench.txt"

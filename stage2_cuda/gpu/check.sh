@@ -22,9 +22,8 @@ for t in /tmp/gpu-rt/tests/*; do
   grep -E "^test .*FAILED|panicked" "$OUT/test-$file.log" | head -5 | tee -a "$OUT/check.txt"
 done
 OUT=$OUT timeout 300 bash stage2_cuda/gpu/run.sh determinism 2>&1 | grep "^DETERMINISM" | sort -u | tee -a "$OUT/check.txt"
-gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3"
 for r in 1 2; do
-  stage2_cuda $gpt2 --precision bf16 2>/dev/null | tail -1 > "$OUT/ours-bf16-$r.json"
+  stage2_cuda $(gpt2_bench 10) 2>/dev/null | tail -1 > "$OUT/ours-bf16-$r.json"
   timeout 150 python3 stage2_cuda/gpu/pytorch_gpt2.py --precision bf16 --compile 2>/dev/null | tail -1 > "$OUT/torch-compile-$r.json"
 done
 python3 - "$OUT" <<'PY' | tee -a "$OUT/check.txt"

@@ -8,6 +8,10 @@ libdir() {  # folder holding library $1: ldconfig, then the toolkit and pip whee
   [ -z "$p" ] && p=$(find /usr/local/cuda*/ /usr/local/lib /usr/lib /opt -name "$1" 2>/dev/null | head -1)
   [ -n "$p" ] && dirname "$p"
 }
+# `gpt2_bench STEPS [PRECISION]`: the flags of the benchmark the GPU scripts time (stage 2's and
+# stage 3's): GPT-2 124M, B=16 per GPU, T=1024, STEPS timed steps after 3 warm-up steps, in
+# PRECISION (bf16 unless given).
+gpt2_bench() { echo "bench --model gpt2 --batch 16 --seq-len 1024 --steps $1 --warmup 3 --precision ${2:-bf16}"; }
 for l in libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libnvrtc.so.13; do
   d=$(libdir $l); echo "lib $l -> ${d:-NOT FOUND}"
   [ -n "$d" ] && export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH

@@ -3,7 +3,7 @@
 # model GPU tests, stage 2's determinism and recompute tests, one bf16 bench of ours and one of
 # torch.compile in the same call, and the attention rows of `bench --kernels`.
 # Run from the project root after `../shared/gpu/bundle.sh`; outputs in $OUT.
-source .gpu/env.sh >/dev/null 2>&1
+source stage2_cuda/gpu/cuda-env.sh >/dev/null 2>&1
 export REQUIRE_NVRTC=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cat .gpu/commit
@@ -15,13 +15,12 @@ for t in /tmp/gpu-rt/tests/cli-*; do
     timeout 300 "$t" --include-ignored same_seed recompute 2>&1 | grep -E "^test |panicked"
   fi
 done
-gpt2="bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3"
 for p in bf16 tf32; do
-  stage2_cuda $gpt2 --precision $p 2>/dev/null | tail -1 | tee "$OUT/ours-$p.json"
+  stage2_cuda $(gpt2_bench 10 $p) 2>/dev/null | tail -1 | tee "$OUT/ours-$p.json"
 done
 # Ablations of the newest changes (QUICK_ABLATE="NAME=VALUE ..."): each env setting alone, bf16.
 for a in ${QUICK_ABLATE:-}; do
-  env "$a" stage2_cuda $gpt2 --precision bf16 2>/dev/null | tail -1 | tee "$OUT/ours-bf16-${a//=/-}.json"
+  env "$a" stage2_cuda $(gpt2_bench 10) 2>/dev/null | tail -1 | tee "$OUT/ours-bf16-${a//=/-}.json"
 done
 timeout 60 stage2_cuda bench --kernels --precision bf16 2>/dev/null | grep -E "attention|gelu" | tee "$OUT/kernels-attn.jsonl"
 timeout 120 python3 stage2_cuda/gpu/pytorch_gpt2.py --precision bf16 --compile 2>/dev/null | tail -1 | tee "$OUT/torch-compile.json"

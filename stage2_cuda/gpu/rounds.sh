@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 n=${1:-4}
 echo "build $(cat .gpu/commit 2>/dev/null); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 for r in $(seq 1 "$n"); do
-  ours=$(stage2_cuda bench --model gpt2 --batch 16 --seq-len 1024 --steps 20 --warmup 3 --precision bf16 2>/dev/null | tail -1)
+  ours=$(stage2_cuda $(gpt2_bench 20) 2>/dev/null | tail -1)
   torch=$(timeout 150 python3 stage2_cuda/gpu/pytorch_gpt2.py --precision bf16 --compile --steps 20 2>/dev/null | tail -1)
   echo "{\"round\": $r, \"ours\": $ours, \"torch_compile\": $torch}" >> "$OUT/rounds.jsonl"
 done

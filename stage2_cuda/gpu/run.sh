@@ -35,20 +35,19 @@ bench() {
   fi
   cat /tmp/bench-run.log >>"$OUT/bench.log"
 }
-gpt2=(bench --model gpt2 --batch 16 --seq-len 1024 --steps 10 --warmup 3)
 rm -f "$OUT/bench.jsonl" "$OUT/bench.log"
 if want bench; then
   timeout 60 python3 "$here/pytorch_gpt2.py" --ceilings >"$OUT/ceilings.json" 2>&1 || echo "ceilings failed"
   cat "$OUT/ceilings.json"
   for rep in $(seq 1 ${BENCH_REPS:-2}); do  # twice by default, alternating, to see the spread
     for p in fp32 tf32 bf16; do
-      bench "ours-$p-r$rep" stage2_cuda "${gpt2[@]}" --precision $p
+      bench "ours-$p-r$rep" stage2_cuda $(gpt2_bench 10 $p)
       bench "torch-$p-r$rep" python3 "$here/pytorch_gpt2.py" --precision $p
     done
     bench "torch-compile-bf16-r$rep" python3 "$here/pytorch_gpt2.py" --precision bf16 --compile
   done
-  bench "ours-bf16-recompute" stage2_cuda "${gpt2[@]}" --precision bf16 --recompute
-  bench "ours-tf32-recompute" stage2_cuda "${gpt2[@]}" --precision tf32 --recompute
+  bench "ours-bf16-recompute" stage2_cuda $(gpt2_bench 10 bf16) --recompute
+  bench "ours-tf32-recompute" stage2_cuda $(gpt2_bench 10 tf32) --recompute
 fi
 if want shapes; then  # the other bf16 shapes: GPT-2 medium at B=8, and 124M at T=2048
   bench "ours-bf16-medium" stage2_cuda bench --model gpt2-medium --batch 8 --seq-len 1024 --steps 10 --warmup 3 --precision bf16
@@ -57,15 +56,15 @@ if want shapes; then  # the issue's other bf16 shapes: GPT-2 medium at B=8, and 
   bench "torch-compile-bf16-t2048" python3 "$here/pytorch_gpt2.py" --precision bf16 --compile --batch 8 --seq-len 2048
 fi
 if want ablate; then  # earlier versions, for NOTES.md: GEMM attention, bias as a separate pass, GELU kernels, residual add apart
-  bench "ours-fp32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision fp32
-  bench "ours-tf32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda "${gpt2[@]}" --precision tf32
-  bench "ours-tf32-bias-unfused" env GPT2_CUDA_BIAS_EPILOGUE=0 stage2_cuda "${gpt2[@]}" --precision tf32
-  bench "ours-bf16-flash-tf32" env GPT2_CUDA_ATTENTION=flash-tf32 stage2_cuda "${gpt2[@]}" --precision bf16
-  bench "ours-bf16-gelu-unfused" env GPT2_CUDA_GELU=unfused stage2_cuda "${gpt2[@]}" --precision bf16
-  bench "ours-tf32-gelu-unfused" env GPT2_CUDA_GELU=unfused stage2_cuda "${gpt2[@]}" --precision tf32
-  bench "ours-bf16-residual-unfused" env GPT2_CUDA_RESIDUAL=unfused stage2_cuda "${gpt2[@]}" --precision bf16
-  bench "ours-bf16-bgrad-fused" env GPT2_CUDA_BGRAD=fused stage2_cuda "${gpt2[@]}" --precision bf16
-  bench "ours-bf16-no-graph" env GPT2_CUDA_GRAPH=0 stage2_cuda "${gpt2[@]}" --precision bf16
+  bench "ours-fp32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda $(gpt2_bench 10 fp32)
+  bench "ours-tf32-gemm-attention" env GPT2_CUDA_ATTENTION=gemm stage2_cuda $(gpt2_bench 10 tf32)
+  bench "ours-tf32-bias-unfused" env GPT2_CUDA_BIAS_EPILOGUE=0 stage2_cuda $(gpt2_bench 10 tf32)
+  bench "ours-bf16-flash-tf32" env GPT2_CUDA_ATTENTION=flash-tf32 stage2_cuda $(gpt2_bench 10 bf16)
+  bench "ours-bf16-gelu-unfused" env GPT2_CUDA_GELU=unfused stage2_cuda $(gpt2_bench 10 bf16)
+  bench "ours-tf32-gelu-unfused" env GPT2_CUDA_GELU=unfused stage2_cuda $(gpt2_bench 10 tf32)
+  bench "ours-bf16-residual-unfused" env GPT2_CUDA_RESIDUAL=unfused stage2_cuda $(gpt2_bench 10 bf16)
+  bench "ours-bf16-bgrad-fused" env GPT2_CUDA_BGRAD=fused stage2_cuda $(gpt2_bench 10 bf16)
+  bench "ours-bf16-no-graph" env GPT2_CUDA_GRAPH=0 stage2_cuda $(gpt2_bench 10 bf16)
 fi
 
 rc=0
