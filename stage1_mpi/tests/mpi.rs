@@ -55,6 +55,15 @@ fn train_args(data: &str, out: &Path, extra: &[&str]) -> Vec<String> {
     v
 }
 
+/// Gives `flag`, already in `args` (e.g. one of `train_args`' small settings), another value.
+fn set_flag(args: &mut [String], flag: &str, value: &str) {
+    let at = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("{flag} is not in {args:?}"));
+    args[at + 1] = value.to_string();
+}
+
 /// Runs `program args` with `env`, killing its whole process group after `limit`.
 fn run_limited(program: &str, args: &[String], env: &[(&str, &str)], limit: Duration) -> Outcome {
     let mut child = Command::new(program)
@@ -885,8 +894,7 @@ fn eight_ranks_match_one_rank_accumulating_and_reshard_on_resume() {
             &["--steps", "30"]
         };
         let mut args = train_args(&data, out, &[steps, &["--eval-every", "10"], extra].concat());
-        let at = args.iter().position(|a| a == "--batch").unwrap();
-        args[at + 1] = "8".to_string();
+        set_flag(&mut args, "--batch", "8");
         args
     };
     let on_8_ranks = |out: &Path, extra: &[&str]| {
@@ -954,10 +962,8 @@ fn validation_covers_the_same_windows_at_any_rank_count() {
     let flags = ["--steps", "20", "--eval-every", "10"];
     let sized = |out: &Path| {
         let mut args = train_args(data, out, &flags);
-        for (flag, value) in [("--batch", "8"), ("--seq-len", "32")] {
-            let at = args.iter().position(|a| a == flag).unwrap();
-            args[at + 1] = value.to_string();
-        }
+        set_flag(&mut args, "--batch", "8");
+        set_flag(&mut args, "--seq-len", "32");
         args
     };
     let reference = d.join("stage0");

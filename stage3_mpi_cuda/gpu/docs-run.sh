@@ -60,16 +60,17 @@ train() {  # name, limit (s), command...
   echo "   $((SECONDS - t0)) s"
 }
 parity_flags="--batch $batch --eval-every 20 --warmup 20 --sample-len 0 --precision fp32"
+one_gpu_train=(stage2_cuda train $common $parity_flags --grad-accum "$n")  # the parity's one-GPU side
 if [ "$part" != 2 ]; then
   train "bf16-${n}gpu" 540 mpirun -n "$n" stage3_mpi_cuda train $common $stage3_flags --batch $batch --epochs "$EPOCHS" \
     --eval-every $every --warmup $warmup --sample-len 64 --precision bf16
   if [ "$PARITY_STEPS" -gt 0 ]; then
     train "fp32-${n}gpu" 300 mpirun -n "$n" stage3_mpi_cuda train $common $stage3_flags $parity_flags --steps "$PARITY_STEPS"
     stop=(); [ "$part" = 1 ] && stop=(--stop-after $((PARITY_STEPS / 2)))
-    train "$one_gpu" 400 stage2_cuda train $common $parity_flags --grad-accum "$n" --steps "$PARITY_STEPS" "${stop[@]}"
+    train "$one_gpu" 400 "${one_gpu_train[@]}" --steps "$PARITY_STEPS" "${stop[@]}"
   fi
 else
-  train "$one_gpu" 540 stage2_cuda train $common $parity_flags --grad-accum "$n" --resume "$runs/$one_gpu/model.ckpt"
+  train "$one_gpu" 540 "${one_gpu_train[@]}" --resume "$runs/$one_gpu/model.ckpt"
 fi
 [ "$part" = 1 ] || rm -f "$runs"/*/model.ckpt
 tar -C "$runs" --exclude=model.ckpt -czf "$OUT/docs-run.tgz" .
