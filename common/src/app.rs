@@ -64,8 +64,9 @@ enum Refused {
 /// Parses and checks the command line (see [`check_flags`]).
 fn parse(name: &str, kind: StageKind) -> std::result::Result<Cli, Refused> {
     let matches = Cli::grammar().try_get_matches().map_err(Refused::Clap)?;
-    let cli = Cli::from_arg_matches(&matches).map_err(Refused::Clap)?;
+    let mut cli = Cli::from_arg_matches(&matches).map_err(Refused::Clap)?;
     check_flags(&matches, kind, name).map_err(Refused::Flags)?;
+    cli.settle_defaults(kind);
     Ok(cli)
 }
 

@@ -1,6 +1,6 @@
 //! Stage 3 end to end: under `mpirun -n 2` on two GPUs it reproduces stage 2's losses on
 //! the same seed and global batch, and `stage2_cuda --grad-accum 2` (within 1e-3, not bit for
-//! bit), `--zero 1` matches `--zero 0` and resumes exactly, and `bench` reports per-rank
+//! bit), with ZeRO-1 (the default) and without; `--zero 1` matches `--zero 0` and resumes exactly, and `bench` reports per-rank
 //! times; a GPU rank killed or stopped ends the job within a minute. Without a GPU it fails
 //! with one clear line.
 
@@ -118,6 +118,16 @@ fn two_gpus_reproduce_one_gpu() {
     let args = flags(&two);
     let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(o.status.success(), "stage3: {}", String::from_utf8_lossy(&o.stderr));
+    // The whole optimiser on each rank (the default is ZeRO-1's shards).
+    let whole = d.join("zero0");
+    let mut args = flags(&whole);
+    args.extend(["--zero".to_string(), "0".to_string()]);
+    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        o.status.success(),
+        "stage3 --zero 0: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // The same with each block's gradients summed while backward goes on.
     let overlap = d.join("overlap");
     let mut args = flags(&overlap);
@@ -129,7 +139,11 @@ fn two_gpus_reproduce_one_gpu() {
         String::from_utf8_lossy(&o.stderr)
     );
     for (reference, a) in [("stage2", table(&one)), ("stage2 --grad-accum 2", table(&accum))] {
-        for (name, dir) in [("stage3", &two), ("stage3 --overlap", &overlap)] {
+        for (name, dir) in [
+            ("stage3", &two),
+            ("stage3 --zero 0", &whole),
+            ("stage3 --overlap", &overlap),
+        ] {
             let b = table(dir);
             assert_eq!(a.len(), b.len());
             for (ra, rb) in a.iter().zip(&b) {
@@ -199,7 +213,7 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
             &pieces,
         );
         assert_eq!(table_without_times(&one), table_without_times(&four), "{precision}");
-        let whole = table(&run(&format!("zero0-{precision}"), precision, &[]));
+        let whole = table(&run(&format!("zero0-{precision}"), precision, &["--zero", "0"]));
         for (name, extra) in [
             ("zero1", &["--zero", "1"][..]),
             ("zero1-overlap", &["--zero", "1", "--overlap"]),

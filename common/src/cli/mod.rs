@@ -60,6 +60,16 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// Fills in the defaults that depend on the stage (today `--zero`'s); called once the
+    /// command line has passed [`check_flags`], so a conflict is judged on what was typed.
+    pub fn settle_defaults(&mut self, stage: StageKind) {
+        match &mut self.command {
+            Command::Train(args) => args.sync.settle_zero(stage),
+            Command::Bench(args) => args.sync.settle_zero(stage),
+            _ => {}
+        }
+    }
+
     /// The command line's grammar, with negative numbers read as values (so `--lr -1` is
     /// refused for its value, naming --lr, rather than as an unknown flag `-1`).
     pub fn grammar() -> clap::Command {
@@ -228,16 +238,26 @@ pub struct SyncArgs {
     pub sync_every: Option<u64>,
     /// Multi-process stages: ZeRO stage. 1: AdamW's moments cut over the ranks (gradients
     /// reduce-scattered, each rank updates its 1/N of the weights, which are then
-    /// all-gathered): the faster setting on GPUs, with less memory; 0: every rank keeps all
-    /// [default: 0].
+    /// all-gathered): faster on GPUs, with less memory; 0: every rank keeps all, faster over
+    /// MPI on CPUs [default: 1 on stage3_mpi_cuda, 0 there with --sync-every; 0 on stage1_mpi].
     #[arg(long, value_name = "STAGE", value_parser = zero_stage)]
     pub zero: Option<u8>,
 }
 
 impl SyncArgs {
-    /// ZeRO-1 asked for.
+    /// ZeRO-1 asked for (after [`Cli::settle_defaults`], the stage's default where not).
     pub fn zero(&self) -> bool {
         self.zero == Some(1)
+    }
+
+    /// `--zero` not given: 1 on the GPU stage whose ranks sum gradients every step (faster
+    /// there, with less memory: results/scaling.md), 0 under local SGD (whole optimisers)
+    /// and on the CPU stage (MPI's reduce-scatter and all-gather take longer than its
+    /// allreduce: results/zero-cpu.md).
+    fn settle_zero(&mut self, stage: StageKind) {
+        let sums_every_step = self.sync_every.is_none();
+        self.zero
+            .get_or_insert((stage.gpu && stage.distributed && sums_every_step) as u8);
     }
 
     /// How gradients are synchronised across ranks.

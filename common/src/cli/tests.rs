@@ -310,3 +310,34 @@ fn environment_switches_are_0_or_1_and_step_lists_are_numbers() {
         "{err}"
     );
 }
+
+/// `--zero`'s default follows the stage: ZeRO-1 on the GPU stage unless local SGD, off on
+/// the CPU stage; what was typed is kept.
+#[test]
+fn zero_defaults_to_1_on_the_gpu_stage_only() {
+    let stage = |gpu, distributed| StageKind { gpu, distributed };
+    let settled = |sub: &str, extra: &[&str], kind: StageKind| -> bool {
+        let mut line: Vec<String> = vec!["stage".into()];
+        line.extend(base(sub));
+        line.extend(extra.iter().map(|s| s.to_string()));
+        let matches = Cli::grammar().try_get_matches_from(&line).expect("parses");
+        let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).expect("parses");
+        cli.settle_defaults(kind);
+        match cli.command {
+            Command::Train(a) => a.sync.zero(),
+            Command::Bench(a) => a.sync.zero(),
+            _ => unreachable!(),
+        }
+    };
+    for sub in ["train", "bench"] {
+        assert!(settled(sub, &[], stage(true, true)), "{sub}: stage 3");
+        assert!(!settled(sub, &[], stage(false, true)), "{sub}: stage 1");
+        assert!(!settled(sub, &[], stage(true, false)), "{sub}: stage 2");
+        assert!(
+            !settled(sub, &["--sync-every", "2"], stage(true, true)),
+            "{sub}: local SGD"
+        );
+        assert!(!settled(sub, &["--zero", "0"], stage(true, true)), "{sub}: typed 0");
+        assert!(settled(sub, &["--zero", "1"], stage(false, true)), "{sub}: typed 1");
+    }
+}
