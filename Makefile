@@ -71,7 +71,7 @@ test: deps
 # The CPU benchmark suite (results/bench-suite.sh; about 6 minutes on 2 quiet cores, more on busy ones): tables and
 # plots in results/bench/ (GPT-2 124M's matrix products against a square product's GFLOP/s,
 # thread scaling, end-to-end training tokens/s per preset and stage, the MPI all-reduce
-# against message size, the MLP against PyTorch eager) and results/cpu-bench.md (stages 0 and
+# against message size, stage 1 with and without ZeRO-1, the MLP against PyTorch eager) and results/cpu-bench.md (stages 0 and
 # 1, 3 runs each in turns).
 # One part alone: make bench PARTS=threads. The GPU host's part: results/bench-suite-gpu.sh.
 PARTS ?=

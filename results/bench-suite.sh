@@ -9,12 +9,14 @@
 #   train      end-to-end `train` tokens/s, char and GPT-2 124M, stage 0 and stage 1 (NP ranks)
 #              -> train-cpu.md
 #   allreduce  stage 1's MPI all-reduce against message size (NP ranks) -> allreduce-mpi.md, .png
+#   zero       stage 1's step (NP ranks, 1 thread each) with --zero 0 and --zero 1, GPT-2 124M and
+#              char, ROUNDS rounds in turns: why stage 1's default is --zero 0 -> zero-cpu.md
 #   steps      stage0_serial/cpu-bench.sh as before: stages 0 and 1 on 124M and char, REPS runs
 #              in turns -> results/cpu-bench.md
 #   mlp        results/mlp-cpu-bench.sh: the MLP on stage 0 against PyTorch eager on the CPU,
 #              alternating rounds -> mlp-cpu.md (skipped, saying so, where torch cannot be had)
 # results/bench/README.md gathers the tables. Usage, from anywhere:
-#   results/bench-suite.sh [kernels] [threads] [train] [allreduce] [steps] [mlp]   (default: all)
+#   results/bench-suite.sh [kernels] [threads] [train] [allreduce] [zero] [steps] [mlp]   (default: all)
 # Needs the release binaries (`make build`); BIN (default target/release), NP (default 2),
 # ROUNDS (default 2), REPS (default 3, for steps).
 set -euo pipefail
@@ -23,7 +25,7 @@ BIN=${BIN:-target/release}
 NP=${NP:-2}
 ROUNDS=${ROUNDS:-2}
 OUT=results/bench
-parts=${*:-kernels threads train allreduce steps mlp}
+parts=${*:-kernels threads train allreduce zero steps mlp}
 want() { [[ " $parts " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -128,6 +130,26 @@ if want allreduce; then
     --out "$OUT/allreduce-mpi.png" --title "MPI all-reduce bus bandwidth (GB/s) against message size" >/dev/null \
     && printf '\n![busbw against message size](allreduce-mpi.png)\n' >>"$OUT/allreduce-mpi.md"
   cat "$OUT/allreduce-mpi.md"
+fi
+
+if want zero; then
+  m=$(machine); start
+  : >"$OUT/zero-cpu.jsonl"
+  # model flags | steps | warmup
+  for round in $(seq 1 "$ROUNDS"); do
+    for spec in "--model gpt2 --batch 1 --seq-len 64|3|1" "--model char --batch 4 --seq-len 64|10|2"; do
+      IFS='|' read -r flags steps warmup <<<"$spec"
+      for z in 0 1; do
+        say "zero: round $round, $flags, --zero $z"
+        mpirun -n "$NP" "$BIN/stage1_mpi" bench $flags --steps "$steps" --warmup "$warmup" --threads 1 --zero "$z" 2>/dev/null \
+          | tail -1 | python3 -c "import json,sys; d=json.load(sys.stdin); d.update(zero=$z, round=$round); print(json.dumps(d))" \
+          >>"$OUT/zero-cpu.jsonl"
+      done
+    done
+  done
+  python3 results/bench_tables.py zero "$m" "$OUT/zero-cpu.jsonl" >"$OUT/zero-cpu.md"
+  note_load "$OUT/zero-cpu.md"
+  cat "$OUT/zero-cpu.md"
 fi
 
 if want steps; then

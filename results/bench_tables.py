@@ -7,6 +7,7 @@ suite, `make bench`) and results/bench-suite-gpu.sh (the device script):
   bench_tables.py threads MACHINE FILE.jsonl OUT.tsv        bench rows with "threads", "round"
   bench_tables.py train MACHINE FILE.jsonl                  train runs: "label", "dir", "wall_s"
   bench_tables.py allreduce MACHINE FILE.jsonl OUT.tsv      bench --allreduce rows
+  bench_tables.py zero MACHINE FILE.jsonl                   stage 1 bench rows with "zero", "round"
   bench_tables.py stages MACHINE LABEL=DIR...               the four stages' runs (item 4)
 
 MACHINE is results/describe-machine.sh's line, with any note on the load after it.
@@ -287,6 +288,40 @@ def stages(machine, specs):
                 print(f"| {name} ({la} → {lb}) | – |")
 
 
+def zero(machine, path):
+    rows = read_jsonl(path)
+    if not rows:
+        print("(no ZeRO rows)")
+        return
+    rounds = max(r.get("round", 1) for r in rows)
+    print("## ZeRO-1 on the CPU: stage 1's step with `--zero 0` and `--zero 1`\n")
+    print(f"Measured on: {machine}.\n")
+    print(
+        f"`mpirun -n {rows[0]['ranks']} stage1_mpi bench --threads 1 --zero Z` on random tokens (forward, backward, "
+        f"the gradient sums, AdamW); {rounds} round(s), `--zero 0` and `--zero 1` in turns within each; "
+        "median (min–max) over the rounds. Communication: the time inside MPI calls (waiting included). "
+        "`--zero 1 / 0`: the ratio of the medians' ms/step (above 1: ZeRO-1 is slower).\n"
+    )
+    print("| model (batch × seq-len a rank) | `--zero` | ms/step | of which communication, ms | AdamW state a rank, MiB | `--zero 1 / 0` |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    models = []
+    for r in rows:
+        key = (r["model"], r["batch"], r["seq_len"])
+        if key not in models:
+            models.append(key)
+    for key in models:
+        by = {z: [r for r in rows if (r["model"], r["batch"], r["seq_len"]) == key and r["zero"] == z] for z in (0, 1)}
+        med = {z: statistics.median(r["ms_per_step"] for r in rs) for z, rs in by.items() if rs}
+        for z, rs in by.items():
+            if not rs:
+                continue
+            ratio = f"{med[1] / med[0]:.2f}" if z == 1 and 0 in med else ""
+            print(
+                f"| {key[0]} ({key[1]} × {key[2]}) | {z} | {spread([r['ms_per_step'] for r in rs], '{:.1f}')} | "
+                f"{spread([r['comm_ms_per_step'] for r in rs], '{:.1f}')} | {rs[0]['optimizer_state_mb']:.0f} | {ratio} |"
+            )
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -299,6 +334,8 @@ def main():
         train(machine, rest[0])
     elif what == "allreduce":
         allreduce(machine, rest[0], rest[1])
+    elif what == "zero":
+        zero(machine, rest[0])
     elif what == "stages":
         stages(machine, rest)
     else:

@@ -253,7 +253,7 @@ impl SyncArgs {
     /// `--zero` not given: 1 on the GPU stage whose ranks sum gradients every step (faster
     /// there, with less memory: results/scaling.md), 0 under local SGD (whole optimisers)
     /// and on the CPU stage (MPI's reduce-scatter and all-gather take longer than its
-    /// allreduce: results/zero-cpu.md).
+    /// allreduce: results/bench/zero-cpu.md).
     fn settle_zero(&mut self, stage: StageKind) {
         let sums_every_step = self.sync_every.is_none();
         self.zero
