@@ -1,6 +1,7 @@
 //! Stage 3 end to end: under `mpirun -n 2` on two GPUs it reproduces stage 2's losses on
 //! the same seed and global batch, and `stage2_cuda --grad-accum 2` (within 1e-3, not bit for
-//! bit), with ZeRO-1 (the default) and without; `--zero 1` matches `--zero 0` and resumes exactly, and `bench` reports per-rank
+//! bit), with ZeRO-1 (the default) and without; local SGD keeps whole optimisers and learns;
+//! `--zero 1` matches `--zero 0` and resumes exactly, and `bench` reports per-rank
 //! times; a GPU rank killed or stopped ends the job within a minute. Without a GPU it fails
 //! with one clear line.
 
@@ -294,6 +295,52 @@ fn bench_on_two_gpus_prints_json() {
     assert!(
         last.contains("\"ranks\":2") && last.contains("tokens_per_s"),
         "{stdout}"
+    );
+}
+
+/// Under local SGD (`--sync-every`) the ranks keep whole optimisers: ZeRO-1, stage 3's default
+/// otherwise, gives way (it would stop the run at start-up), and the run learns with its
+/// parameters averaged over NCCL every 4 steps.
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn local_sgd_on_two_gpus_keeps_whole_optimisers_and_learns() {
+    let d = tmpdir("local-sgd");
+    let data = d.join("corpus.txt");
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
+    std::fs::write(&data, text).unwrap();
+    let run = |name: &str, extra: &[&str]| -> (PathBuf, String) {
+        let out = d.join(name);
+        let s = format!(
+            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 60 --eval-every 20 --sample-len 0 --precision fp32 --lr 1e-2",
+            data.display(),
+            out.display()
+        );
+        let mut args: Vec<&str> = s.split(' ').collect();
+        args.extend_from_slice(extra);
+        let o = mpirun(2, &args);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "{name}: {said}");
+        (out, said)
+    };
+    let (_, said) = run("default", &[]);
+    assert!(
+        said.contains("(ZeRO-1: 1/2 of"),
+        "the default shards the optimiser: {said}"
+    );
+    let (local, said) = run("local", &["--sync-every", "4"]);
+    assert!(
+        said.contains("AdamW state") && !said.contains("ZeRO-1"),
+        "local SGD keeps whole optimisers: {said}"
+    );
+    let t = table(&local);
+    assert_eq!(t.len(), 3, "{t:?}");
+    assert!(
+        t[2][2] < t[0][2] && t[2][2] < 3.0,
+        "the validation loss falls below 3 nats: {t:?}"
     );
 }
 
