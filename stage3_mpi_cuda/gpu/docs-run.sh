@@ -9,7 +9,7 @@
 #   stage3_mpi_cuda/gpu/docs-run.sh [N]     # N: GPUs (default: all that nvidia-smi lists)
 # Prints the loss-per-epoch tables and the comparison last; the runs (loss.tsv, log, env.txt;
 # no checkpoints) go to $OUT/docs-run.tgz. Knobs: EPOCHS, PARITY_STEPS (200), DATA, PARITY_PART,
-# STAGE3_FLAGS (more flags for both stage 3 runs, e.g. "--zero 1").
+# STAGE3_FLAGS (more flags for both stage 3 runs, e.g. "--zero 0": ZeRO-1 is the default).
 # PARITY_PART=1, then PARITY_PART=2: the one-GPU side takes N micro-batches a step (~0.4 s each
 # in fp32 on an H200: ~10 minutes for 200 steps at N=8, more than one device command may run),
 # so it can be cut over two calls on the same warm machine: part 1 runs everything but stops the
