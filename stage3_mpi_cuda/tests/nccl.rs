@@ -5,6 +5,7 @@
 //! times; a GPU rank killed or stopped ends the job within a minute. Without a GPU it fails
 //! with one clear line.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -28,6 +29,25 @@ fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
+/// A small text corpus in `d` (a few lines of Romeo and Juliet, repeated), for the runs here.
+fn corpus(d: &Path) -> PathBuf {
+    let data = d.join("corpus.txt");
+    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
+    std::fs::write(&data, text).unwrap();
+    data
+}
+
+/// The tiny model's `train` on `data` into `out` (8 sequences of 32 bytes a step, lr 1e-2, no
+/// samples) in `precision`, then the flags `more`.
+fn tiny_train(data: &Path, out: &Path, precision: &str, more: &[&str]) -> Vec<String> {
+    let s = format!(
+        "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --sample-len 0 --precision {precision} --lr 1e-2",
+        data.display(),
+        out.display()
+    );
+    s.split(' ').chain(more.iter().copied()).map(String::from).collect()
+}
+
 /// Another stage's binary: next to this one (cargo builds every workspace binary), or on PATH.
 fn sibling(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_BIN_EXE_stage3_mpi_cuda")).with_file_name(name);
@@ -38,12 +58,12 @@ fn sibling(name: &str) -> PathBuf {
     }
 }
 
-fn mpirun(np: usize, args: &[&str]) -> Output {
+fn mpirun<S: AsRef<OsStr>>(np: usize, args: &[S]) -> Output {
     mpirun_env(np, args, &[])
 }
 
 /// `mpirun -n np stage3_mpi_cuda args` with `env` set for every rank.
-fn mpirun_env(np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
+fn mpirun_env<S: AsRef<OsStr>>(np: usize, args: &[S], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("timeout");
     cmd.args(["120", "mpirun", "-n", &np.to_string()]).arg(bin()).args(args);
     cmd.envs(env.iter().copied());
@@ -92,18 +112,9 @@ fn a_cpu_flag_is_refused_before_any_gpu_is_opened() {
 #[ignore = "needs 2 CUDA devices"]
 fn two_gpus_reproduce_one_gpu() {
     let d = tmpdir("parity");
-    let data = d.join("corpus.txt");
-    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
-    std::fs::write(&data, text).unwrap();
+    let data = corpus(&d);
     let (one, two) = (d.join("one"), d.join("two"));
-    let flags = |out: &Path| -> Vec<String> {
-        let s = format!(
-            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 30 --eval-every 10 --sample-len 0 --precision fp32 --lr 1e-2",
-            data.display(),
-            out.display()
-        );
-        s.split(' ').map(str::to_string).collect()
-    };
+    let flags = |out: &Path| tiny_train(&data, out, "fp32", &["--steps", "30", "--eval-every", "10"]);
     let o = Command::new(sibling("stage2_cuda")).args(flags(&one)).output().unwrap();
     assert!(o.status.success(), "stage2: {}", String::from_utf8_lossy(&o.stderr));
     // One GPU taking each global batch in two halves (--grad-accum 2), as two GPUs do.
@@ -117,13 +128,13 @@ fn two_gpus_reproduce_one_gpu() {
         String::from_utf8_lossy(&o.stderr)
     );
     let args = flags(&two);
-    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = mpirun(2, &args);
     assert!(o.status.success(), "stage3: {}", String::from_utf8_lossy(&o.stderr));
     // The whole optimiser on each rank (the default is ZeRO-1's shards).
     let whole = d.join("zero0");
     let mut args = flags(&whole);
     args.extend(["--zero".to_string(), "0".to_string()]);
-    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = mpirun(2, &args);
     assert!(
         o.status.success(),
         "stage3 --zero 0: {}",
@@ -133,7 +144,7 @@ fn two_gpus_reproduce_one_gpu() {
     let overlap = d.join("overlap");
     let mut args = flags(&overlap);
     args.push("--overlap".into());
-    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = mpirun(2, &args);
     assert!(
         o.status.success(),
         "stage3 --overlap: {}",
@@ -185,18 +196,15 @@ fn first_columns(dir: &Path, n: usize) -> Vec<String> {
 #[ignore = "needs 2 CUDA devices"]
 fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
     let d = tmpdir("zero");
-    let data = d.join("corpus.txt");
-    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
-    std::fs::write(&data, text).unwrap();
+    let data = corpus(&d);
     let run_env = |name: &str, precision: &str, extra: &[&str], env: &[(&str, &str)]| -> PathBuf {
         let out = d.join(name);
-        let s = format!(
-            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 30 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2",
-            data.display(),
-            out.display()
+        let args = tiny_train(
+            &data,
+            &out,
+            precision,
+            &[&["--steps", "30", "--eval-every", "10"], extra].concat(),
         );
-        let mut args: Vec<&str> = s.split(' ').collect();
-        args.extend_from_slice(extra);
         let o = mpirun_env(2, &args, env);
         assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
         out
@@ -241,14 +249,14 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
         let mut stop = flags.to_vec();
         stop.extend_from_slice(&["--stop-after", "17"]);
         let stopped = run(&format!("zero{zero}-{precision}-stopped"), precision, &stop);
-        let ckpt = stopped.join("model.ckpt");
-        let rest = format!(
-            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2 --zero {zero} --resume {}",
-            data.display(),
-            stopped.display(),
-            ckpt.display()
+        let ckpt = stopped.join("model.ckpt").display().to_string();
+        let rest = tiny_train(
+            &data,
+            &stopped,
+            precision,
+            &["--eval-every", "10", "--zero", zero, "--resume", &ckpt],
         );
-        let o = mpirun(2, &rest.split(' ').collect::<Vec<_>>());
+        let o = mpirun(2, &rest);
         assert!(o.status.success(), "resume: {}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(
             table_without_times(&straight),
@@ -305,18 +313,15 @@ fn bench_on_two_gpus_prints_json() {
 #[ignore = "needs 2 CUDA devices"]
 fn local_sgd_on_two_gpus_keeps_whole_optimisers_and_learns() {
     let d = tmpdir("local-sgd");
-    let data = d.join("corpus.txt");
-    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
-    std::fs::write(&data, text).unwrap();
+    let data = corpus(&d);
     let run = |name: &str, extra: &[&str]| -> (PathBuf, String) {
         let out = d.join(name);
-        let s = format!(
-            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 60 --eval-every 20 --sample-len 0 --precision fp32 --lr 1e-2",
-            data.display(),
-            out.display()
+        let args = tiny_train(
+            &data,
+            &out,
+            "fp32",
+            &[&["--steps", "60", "--eval-every", "20"], extra].concat(),
         );
-        let mut args: Vec<&str> = s.split(' ').collect();
-        args.extend_from_slice(extra);
         let o = mpirun(2, &args);
         let said = format!(
             "{}{}",
@@ -378,18 +383,15 @@ fn overlap_on_two_gpus_equals_no_overlap() {
         return;
     }
     let d = tmpdir("overlap");
-    let data = d.join("corpus.txt");
-    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
-    std::fs::write(&data, text).unwrap();
+    let data = corpus(&d);
     let run = |name: &str, precision: &str, extra: &[&str], env: &[(&str, &str)]| -> Vec<String> {
         let out = d.join(name);
-        let s = format!(
-            "train --data {} --out {} --model tiny --batch 8 --seq-len 32 --steps 30 --eval-every 10 --sample-len 0 --precision {precision} --lr 1e-2",
-            data.display(),
-            out.display()
+        let args = tiny_train(
+            &data,
+            &out,
+            precision,
+            &[&["--steps", "30", "--eval-every", "10"], extra].concat(),
         );
-        let mut args: Vec<&str> = s.split(' ').collect();
-        args.extend_from_slice(extra);
         let o = mpirun_env(2, &args, env);
         assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
         losses(&out)
@@ -513,13 +515,6 @@ fn ends_within_a_minute(mut child: std::process::Child) -> (Option<i32>, String,
     (status.code(), err, since.elapsed())
 }
 
-fn fault_corpus(d: &Path) -> PathBuf {
-    let data = d.join("corpus.txt");
-    let text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo, Romeo!\n\n".repeat(60);
-    std::fs::write(&data, text).unwrap();
-    data
-}
-
 /// A GPU rank killed outright (SIGKILL) ends the whole job, non-zero, within a minute; the
 /// checkpoint rank 0 announced loads (the dead rank is named by the launcher's PID, which
 /// rank 0's table maps to a rank: the MPI tests check that mapping).
@@ -528,7 +523,7 @@ fn fault_corpus(d: &Path) -> PathBuf {
 fn a_gpu_rank_killed_outright_ends_the_job() {
     let d = tmpdir("sigkill");
     let out = d.join("run");
-    let (child, printed, pid1) = long_gpu_run(&out, &fault_corpus(&d), &[]);
+    let (child, printed, pid1) = long_gpu_run(&out, &corpus(&d), &[]);
     assert!(Command::new("kill")
         .args(["-KILL", &pid1.to_string()])
         .status()
@@ -549,7 +544,7 @@ fn a_gpu_rank_killed_outright_ends_the_job() {
 fn a_stopped_gpu_rank_is_caught_by_the_comm_timeout() {
     let d = tmpdir("sigstop");
     let out = d.join("run");
-    let (child, _, pid1) = long_gpu_run(&out, &fault_corpus(&d), &["--comm-timeout", "5"]);
+    let (child, _, pid1) = long_gpu_run(&out, &corpus(&d), &["--comm-timeout", "5"]);
     assert!(Command::new("kill")
         .args(["-STOP", &pid1.to_string()])
         .status()
