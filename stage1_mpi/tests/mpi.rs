@@ -454,7 +454,7 @@ fn overlap_with_sync_every_is_refused() {
 fn zero_with_sync_every_is_refused() {
     refused(
         &["--zero", "1", "--sync-every", "2"],
-        "--zero cannot be used with --sync-every",
+        "--zero 1 cannot be used with --sync-every",
     );
 }
 

@@ -62,11 +62,6 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "sync_every",
         "local SGD sums no gradients during backward, so there are no buckets",
     ),
-    (
-        "zero",
-        "sync_every",
-        "ZeRO shards the optimiser over ranks that sum gradients every step; local SGD keeps a whole optimiser on each",
-    ),
     ("steps", "epochs", "both set the length of the run"),
     (
         "greedy",
@@ -97,6 +92,15 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Flags (by clap id) refused with another at one numeric value only, and why: (flag, value,
+/// other flag, why). `--zero 0` with `--sync-every` is what local SGD runs anyway.
+pub const VALUE_CONFLICTS: &[(&str, &str, &str, &str)] = &[(
+    "zero",
+    "1",
+    "sync_every",
+    "ZeRO shards the optimiser over ranks that sum gradients every step; local SGD keeps a whole optimiser on each",
+)];
+
 /// `sync_every` → `--sync-every`.
 pub fn flag_name(id: &str) -> String {
     format!("--{}", id.replace('_', "-"))
@@ -121,6 +125,23 @@ pub fn check_flags(matches: &clap::ArgMatches, stage: StageKind, stage_name: &st
     for &(a, b, why) in CONFLICTS {
         if given(a) && given(b) {
             return Err(format!("{} cannot be used with {}: {why}", flag_name(a), flag_name(b)));
+        }
+    }
+    let number = |s: &str| s.trim().parse::<f64>().ok();
+    for &(a, value, b, why) in VALUE_CONFLICTS {
+        // `given` first: asking a subcommand for a flag it lacks panics.
+        let typed = || {
+            sub.get_raw(a)
+                .into_iter()
+                .flatten()
+                .any(|v| v.to_str().and_then(number) == number(value))
+        };
+        if given(a) && given(b) && typed() {
+            return Err(format!(
+                "{} {value} cannot be used with {}: {why}",
+                flag_name(a),
+                flag_name(b)
+            ));
         }
     }
     Ok(())

@@ -284,6 +284,26 @@ fn every_conflicting_pair_is_refused_naming_both_flags() {
 }
 
 #[test]
+fn every_value_conflict_is_refused_at_its_value_only() {
+    let stage = STAGES[3];
+    for &(a, value, b, why) in VALUE_CONFLICTS {
+        let (mut line, _) = line_with(&[b]);
+        line.extend([flag_name(a), value.to_string()]);
+        let both = Cli::grammar().try_get_matches_from(&line).expect("parses");
+        let e = check_flags(&both, stage.0, stage.1).expect_err(&format!("accepted {line:?}"));
+        assert_eq!(
+            e,
+            format!("{} {value} cannot be used with {}: {why}", flag_name(a), flag_name(b))
+        );
+    }
+    // --zero 0 with local SGD is what local SGD runs anyway.
+    let (mut line, _) = line_with(&["sync_every"]);
+    line.extend(["--zero".to_string(), "0".to_string()]);
+    let matches = Cli::grammar().try_get_matches_from(&line).expect("parses");
+    assert_eq!(check_flags(&matches, stage.0, stage.1), Ok(()), "{line:?}");
+}
+
+#[test]
 fn environment_switches_are_0_or_1_and_step_lists_are_numbers() {
     use super::checks::check_env_with;
     let env = |pairs: &'static [(&'static str, &'static str)]| {
