@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
-use crate::comm::{leave_together, Comm};
+use crate::comm::{leave_together_alike, Comm};
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions, Stop};
 use crate::model::Gpt2;
@@ -33,11 +33,17 @@ pub fn main<B: Backend>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode 
             } else {
                 String::new()
             };
-            say(&format!("{}{who}: error: {e}", stage.name));
             if e.is_on_every_rank() {
-                // Every rank leaves: together, so none is taken for one that died.
-                let _ = leave_together(comm);
+                // Every rank leaves: together, so none is taken for one that died, learning
+                // whether all failed alike. Then rank 0 alone says why, in one line (as for a
+                // refused command line); otherwise each rank says its own.
+                match leave_together_alike(comm, &e.to_string()) {
+                    Ok(true) if !comm.is_root() => {}
+                    Ok(true) => say(&format!("{}: error: {e}", stage.name)),
+                    _ => say(&format!("{}{who}: error: {e}", stage.name)),
+                }
             } else {
+                say(&format!("{}{who}: error: {e}", stage.name));
                 // The other ranks did not see this error: end the whole job, or they would
                 // wait forever in their next collective.
                 comm.abort(e.exit_code());

@@ -56,7 +56,8 @@ pub fn agree<T>(comm: &dyn Comm, result: Result<T>) -> Result<T> {
 }
 
 /// Rank 0 runs `f`; its result (bytes or an error message) reaches every rank, so a bad
-/// input on rank 0 fails all ranks instead of leaving them waiting.
+/// input on rank 0 fails all ranks, with rank 0's message (said once: see `app::main`),
+/// instead of leaving them waiting.
 pub fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec<u8>> {
     let mut msg = if comm.is_root() {
         match f() {
@@ -76,8 +77,7 @@ pub fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result
     comm.broadcast_bytes(&mut msg)?;
     match msg.pop() {
         Some(0) => Ok(msg),
-        _ if comm.is_root() => Err(Error::Input(String::from_utf8_lossy(&msg).into_owned()).on_every_rank()),
-        _ => Err(Error::Input(format!("rank 0 failed: {}", String::from_utf8_lossy(&msg))).on_every_rank()),
+        _ => Err(Error::Input(String::from_utf8_lossy(&msg).into_owned()).on_every_rank()),
     }
 }
 
