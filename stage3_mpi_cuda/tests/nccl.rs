@@ -306,6 +306,33 @@ fn bench_on_two_gpus_prints_json() {
     );
 }
 
+/// Bad input that both GPU ranks meet alike (a missing corpus, read by rank 0; `--seq-len 32`
+/// beyond a model made for 16, found by each) is one line, rank 0's, and exit 2.
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn bad_input_on_two_gpus_is_one_line() {
+    let d = tmpdir("bad-input");
+    let data = corpus(&d);
+    let missing = d.join("missing.txt");
+    for (what, args) in [
+        (
+            "missing corpus",
+            tiny_train(&missing, &d.join("a"), "fp32", &["--steps", "2"]),
+        ),
+        (
+            "sequence too long",
+            tiny_train(&data, &d.join("b"), "fp32", &["--max-seq-len", "16"]),
+        ),
+    ] {
+        let o = mpirun(2, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+        let said: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+        assert_eq!(said.len(), 1, "{what}: one line: {err}");
+        assert!(said[0].starts_with("stage3_mpi_cuda: error: "), "{what}: {}", said[0]);
+    }
+}
+
 /// Under local SGD (`--sync-every`) the ranks keep whole optimisers: ZeRO-1, stage 3's default
 /// otherwise, gives way (it would stop the run at start-up), and the run learns with its
 /// parameters averaged over NCCL every 4 steps.
