@@ -185,8 +185,8 @@ impl Watchdog {
 }
 
 impl Drop for Watchdog {
-    /// A run that ends with an error every rank saw leaves too ([`leave_together`], still
-    /// under the timeout).
+    /// A run that ends with an error every rank saw leaves too ([`leave_together_alike`],
+    /// still under the timeout).
     fn drop(&mut self) {
         self.leaving();
     }
