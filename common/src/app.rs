@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
-use crate::comm::{leave_together_alike, Comm};
+use crate::comm::{leave_together, Comm};
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions, Stop};
 use crate::model::Gpt2;
@@ -37,7 +37,7 @@ pub fn main<B: Backend>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode 
                 // Every rank leaves: together, so none is taken for one that died, learning
                 // whether all failed alike. Then rank 0 alone says why, in one line (as for a
                 // refused command line); otherwise each rank says its own.
-                match leave_together_alike(comm, &e.to_string()) {
+                match leave_together(comm, &e.to_string()) {
                     Ok(true) if !comm.is_root() => {}
                     Ok(true) => say(&format!("{}: error: {e}", stage.name)),
                     _ => say(&format!("{}{who}: error: {e}", stage.name)),

@@ -50,7 +50,8 @@ pub const STAGE_FLAGS: &[StageFlag] = &[
     ),
 ];
 
-/// Pairs of flags (by clap id) refused together, and why.
+/// Pairs of flags (by clap id) refused together, and why. A side written `id=value` is refused
+/// at that (numeric) value only (see [`conflict_side`]).
 pub const CONFLICTS: &[(&str, &str, &str)] = &[
     (
         "overlap",
@@ -61,6 +62,12 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "bucket_mb",
         "sync_every",
         "local SGD sums no gradients during backward, so there are no buckets",
+    ),
+    // `--zero 0` with `--sync-every` is what local SGD runs anyway.
+    (
+        "zero=1",
+        "sync_every",
+        "ZeRO shards the optimiser over ranks that sum gradients every step; local SGD keeps a whole optimiser on each",
     ),
     ("steps", "epochs", "both set the length of the run"),
     (
@@ -92,14 +99,22 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Flags (by clap id) refused with another at one numeric value only, and why: (flag, value,
-/// other flag, why). `--zero 0` with `--sync-every` is what local SGD runs anyway.
-pub const VALUE_CONFLICTS: &[(&str, &str, &str, &str)] = &[(
-    "zero",
-    "1",
-    "sync_every",
-    "ZeRO shards the optimiser over ranks that sum gradients every step; local SGD keeps a whole optimiser on each",
-)];
+/// A side of [`CONFLICTS`]: its clap id, and the value it is refused at if only one
+/// (`zero=1` → `zero`, `1`).
+pub fn conflict_side(side: &str) -> (&str, Option<&str>) {
+    match side.split_once('=') {
+        Some((id, value)) => (id, Some(value)),
+        None => (side, None),
+    }
+}
+
+/// A side of [`CONFLICTS`] as typed: `--sync-every`, `--zero 1`.
+pub fn conflict_name(side: &str) -> String {
+    match conflict_side(side) {
+        (id, Some(value)) => format!("{} {value}", flag_name(id)),
+        (id, None) => flag_name(id),
+    }
+}
 
 /// `sync_every` → `--sync-every`.
 pub fn flag_name(id: &str) -> String {
@@ -122,25 +137,22 @@ pub fn check_flags(matches: &clap::ArgMatches, stage: StageKind, stage_name: &st
             ));
         }
     }
-    for &(a, b, why) in CONFLICTS {
-        if given(a) && given(b) {
-            return Err(format!("{} cannot be used with {}: {why}", flag_name(a), flag_name(b)));
-        }
-    }
     let number = |s: &str| s.trim().parse::<f64>().ok();
-    for &(a, value, b, why) in VALUE_CONFLICTS {
+    let met = |side: &str| {
+        let (id, value) = conflict_side(side);
         // `given` first: asking a subcommand for a flag it lacks panics.
-        let typed = || {
-            sub.get_raw(a)
-                .into_iter()
-                .flatten()
-                .any(|v| v.to_str().and_then(number) == number(value))
-        };
-        if given(a) && given(b) && typed() {
+        given(id)
+            && value.is_none_or(|v| {
+                let mut typed = sub.get_raw(id).into_iter().flatten();
+                typed.any(|t| t.to_str().and_then(number) == number(v))
+            })
+    };
+    for &(a, b, why) in CONFLICTS {
+        if met(a) && met(b) {
             return Err(format!(
-                "{} {value} cannot be used with {}: {why}",
-                flag_name(a),
-                flag_name(b)
+                "{} cannot be used with {}: {why}",
+                conflict_name(a),
+                conflict_name(b)
             ));
         }
     }

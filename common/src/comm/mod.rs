@@ -15,7 +15,7 @@ use crate::error::Result;
 use std::ops::Range;
 
 pub use agree::{agree, broadcast_f32, check_same_everywhere, from_root, root_env_number};
-pub use watchdog::{leave_together, leave_together_alike, Ranks, Watchdog};
+pub use watchdog::{leave_together, Ranks, Watchdog};
 
 pub trait Comm {
     fn rank(&self) -> usize;

@@ -185,8 +185,8 @@ impl Watchdog {
 }
 
 impl Drop for Watchdog {
-    /// A run that ends with an error every rank saw leaves too ([`leave_together_alike`],
-    /// still under the timeout).
+    /// A run that ends with an error every rank saw leaves too ([`leave_together`], still
+    /// under the timeout).
     fn drop(&mut self) {
         self.leaving();
     }
@@ -329,18 +329,11 @@ fn watch_peers(peers: Vec<(usize, u32)>, progress: Arc<Mutex<Progress>>, who: St
 
 /// Where ranks end a run together (its end, or an error every rank saw): each has stopped
 /// watching the others ([`Watchdog::leaving`]) before this barrier, so none that leaves
-/// after it is taken for a rank killed outright.
-pub fn leave_together(comm: &dyn Comm) -> Result<()> {
-    if comm.size() > 1 {
-        comm.all_reduce_sum_host(&mut [0.0])?;
-    }
-    Ok(())
-}
-
-/// [`leave_together`] after an error every rank saw, learning in the same one all-reduce
-/// whether every rank's message `text` is the same: each rank puts a 64-bit hash of it, in
-/// four 16-bit pieces (exact in f32), at its own place in a vector that the sum fills in.
-pub fn leave_together_alike(comm: &dyn Comm, text: &str) -> Result<bool> {
+/// after it is taken for a rank killed outright. Returns whether every rank leaves with the
+/// same `text` (the error it will print; "" at a normal end), learnt in the barrier's one
+/// all-reduce: each rank puts a 64-bit hash of it, in four 16-bit pieces (exact in f32), at
+/// its own place in a vector that the sum fills in.
+pub fn leave_together(comm: &dyn Comm, text: &str) -> Result<bool> {
     let n = comm.size();
     if n == 1 {
         return Ok(true);

@@ -146,7 +146,7 @@ impl<'a> Session<'a> {
     /// from now on; the timeout watches the barrier), then no more timeouts.
     fn end_together(&self) -> Result<()> {
         self.leaving();
-        leave_together(self.comm)?;
+        leave_together(self.comm, "")?;
         self.disarm();
         Ok(())
     }
