@@ -423,6 +423,13 @@ fn prompts(args: &GenerateArgs) -> Result<Vec<String>> {
 }
 
 fn tokenize_cmd(args: &TokenizeArgs) -> Result<()> {
+    let real = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+    if real(&args.input).is_some_and(|input| Some(input) == real(&args.output)) {
+        crate::bail_input!(
+            "--output {} is the --input file: the tokens would replace the text; give another path",
+            args.output.display()
+        );
+    }
     let tok = Tokenizer::new(args.tokenizer)?;
     let tokens = data::load_tokens(&args.input, &tok)?;
     data::write_bin(&args.output, &tokens)?;

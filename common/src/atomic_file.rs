@@ -20,6 +20,7 @@ pub fn write(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Re
 /// [`write()`], returning how long the syncs took (the file's, then the directory's after the
 /// rename): what is left of the time once the bytes are in the OS's cache.
 pub fn write_timed(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<Duration> {
+    let path = &landing(path)?;
     let tmp = tmp_path(path)?;
     let written = write_synced(&tmp, path, fill).and_then(|sync| {
         std::fs::rename(&tmp, path).map_err(io_err(path))?;
@@ -53,11 +54,51 @@ fn write_synced(
     Ok(syncing.elapsed())
 }
 
+/// Where a write of `path` lands: `path` itself where it is a regular file or nothing yet, the
+/// file a symbolic link names (the link stays a link, as a shell's `>` leaves it). A
+/// directory, a pipe or a device is refused: the rename would replace it, not write into it.
+fn landing(path: &Path) -> Result<PathBuf> {
+    let mut at = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&at).map_err(io_err(&at))?;
+                at = dir_of(&at).join(to);
+            }
+            Ok(m) if !m.is_file() => {
+                return Err(Error::Input(format!(
+                    "{}: not a regular file (a directory, pipe or device): give a file's path",
+                    path.display()
+                )))
+            }
+            // A file, or nothing yet (an unreadable place: the write says why).
+            _ => return Ok(at),
+        }
+    }
+    Err(Error::Input(format!(
+        "{}: too many levels of symbolic links",
+        path.display()
+    )))
+}
+
+/// Makes the directory an `--out` names (and its parents) where it is missing: one line where
+/// `--out` names a file instead.
+pub fn create_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Input(format!(
+            "--out {} is a file: give a directory",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(io_err(dir))
+}
+
 /// Removes the temporary files that writes of `path` by processes no longer running left
 /// beside it (a write cut short by a kill: up to the size of the file, 1.5 GB for a GPT-2 124M
 /// checkpoint). Returns how many it removed. Where it cannot tell whether a process runs
 /// (no `/proc`), it removes none.
 pub fn remove_stale_temps(path: &Path) -> usize {
+    let path = &landing(path).unwrap_or_else(|_| path.to_path_buf());
     let Some(name) = path.file_name() else {
         return 0;
     };
@@ -111,4 +152,67 @@ fn sync_dir(dir: &Path) -> Result<()> {
 #[cfg(not(unix))]
 fn sync_dir(_dir: &Path) -> Result<()> {
     Ok(())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileTypeExt;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("atomic-file-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_link_is_written_through_and_stays_a_link() {
+        let dir = scratch("link");
+        std::fs::write(dir.join("target.txt"), "old").unwrap();
+        std::os::unix::fs::symlink("target.txt", dir.join("link.txt")).unwrap();
+        // A link to a link, and one to a file not there yet.
+        std::os::unix::fs::symlink("link.txt", dir.join("link2.txt")).unwrap();
+        std::os::unix::fs::symlink("new.txt", dir.join("dangling.txt")).unwrap();
+        for (link, target) in [
+            ("link.txt", "target.txt"),
+            ("link2.txt", "target.txt"),
+            ("dangling.txt", "new.txt"),
+        ] {
+            write(&dir.join(link), |f| f.write_all(link.as_bytes())).unwrap();
+            assert!(
+                std::fs::symlink_metadata(dir.join(link))
+                    .unwrap()
+                    .file_type()
+                    .is_symlink(),
+                "{link}"
+            );
+            assert_eq!(std::fs::read_to_string(dir.join(target)).unwrap(), link);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_pipe_or_a_directory_is_refused_and_left_alone() {
+        let dir = scratch("special");
+        let pipe = dir.join("pipe");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&pipe)
+            .status()
+            .unwrap()
+            .success());
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        for name in ["pipe", "sub"] {
+            let e = write(&dir.join(name), |f| f.write_all(b"x")).unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{name}: {e}");
+        }
+        assert!(std::fs::symlink_metadata(&pipe).unwrap().file_type().is_fifo());
+        assert!(dir.join("sub").is_dir());
+        std::os::unix::fs::symlink("pipe", dir.join("to-pipe")).unwrap();
+        let e = write(&dir.join("to-pipe"), |f| f.write_all(b"x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("to-pipe: not a regular file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -449,6 +449,76 @@ const CASES: &[(&str, &str, &str)] = &[
         "train --data corpus.txt --out o --init-from hf-relu",
         "import",
     ),
+    (
+        "a checkpoint whose learning rate is negative",
+        "train --data corpus.txt --out o --resume lr-negative.ckpt",
+        "lr",
+    ),
+    (
+        "a checkpoint whose learning rate is not a number",
+        "train --data corpus.txt --out o --resume lr-text.ckpt",
+        "not a number",
+    ),
+    (
+        "a checkpoint whose schedule floor is above 1",
+        "train --data corpus.txt --out o --resume floor.ckpt",
+        "min_lr_frac",
+    ),
+    (
+        "report: a loss that is not a number",
+        "report --run a=badloss --out o",
+        "not a number",
+    ),
+    (
+        "report: a run without a label",
+        "report --run =badloss --out o",
+        "LABEL=DIR",
+    ),
+    (
+        "report: two runs of one label",
+        "report --run a=run --run a=run --out o",
+        "twice",
+    ),
+    (
+        "plot: values too far apart for an axis",
+        "plot --data huge.tsv --x threads --y speed --out p.png",
+        "too long",
+    ),
+    (
+        "plot: a chart that is not a PNG",
+        "plot --data table.tsv --x threads --y speedup --out p.jpg2",
+        "PNG",
+    ),
+    (
+        "export: --out naming a file",
+        "export --checkpoint good.ckpt --out corpus.txt",
+        "is a file",
+    ),
+    (
+        "logits written into a pipe",
+        "generate --checkpoint good.ckpt --prompt ab --max-new-tokens 2 --dump-logits pipe",
+        "not a regular file",
+    ),
+    (
+        "tokens written over their own text",
+        "tokenize --input corpus.txt --output ./corpus.txt",
+        "--input",
+    ),
+    (
+        "bench: more warm-up steps than 1,000,000",
+        "bench --model tiny --generate --warmup 18446744073709551615",
+        "--warmup",
+    ),
+    (
+        "bench: kernel rows past 2^20",
+        "bench --kernels --kernel-tokens 4611686018427387904",
+        "--kernel-tokens",
+    ),
+    (
+        "mnist: more timed steps than 1,000,000",
+        "mnist --synthetic --bench --steps 10000000000",
+        "--steps",
+    ),
     ("unknown subcommand", "fly", "fly"),
     ("unknown flag", "train --data corpus.txt --out o --lr-max 1", "--lr-max"),
 ];
@@ -488,6 +558,12 @@ fn fixtures() -> PathBuf {
         b"threads\tspeedup\tnote\n1\t1.0\tbase\n2\t1.9\tquiet\n",
     );
     write(&dir, "infinite.tsv", b"threads\tspeed\n1\tinf\n2\t3\n");
+    write(&dir, "huge.tsv", b"threads\tspeed\n1\t1e308\n2\t-1e308\n");
+    std::fs::create_dir_all(dir.join("badloss")).unwrap();
+    let losses = b"epoch\ttrain_loss\tval_loss\tbad_steps\ttokens_per_s\telapsed_s\n1.0\t2.5\tx\t0\t100\t1.0\n";
+    write(&dir.join("badloss"), "loss.tsv", losses);
+    let fifo = Command::new("mkfifo").arg(dir.join("pipe")).status().unwrap();
+    assert!(fifo.success(), "mkfifo");
     let tokens: Vec<u16> = (0..2000).map(|i| (i % 200) as u16).collect();
     write(&dir, "magic.bin", &bin_file(12345, 2000, &tokens));
     write(&dir, "size.bin", &bin_file(20240520, 3000, &tokens));
@@ -535,8 +611,33 @@ fn fixtures() -> PathBuf {
     let sum = xxhash_rust::xxh64::xxh64(&nan[..body], 0);
     nan[body..].copy_from_slice(&sum.to_le_bytes());
     write(&dir, "nan.ckpt", &nan);
+    // Run settings no flag would take, in checkpoints whose checksums match.
+    let settings = [
+        ("lr-negative", "lr", serde_json::json!(-1.0)),
+        ("lr-text", "lr", "x".into()),
+        ("floor", "min_lr_frac", 7.into()),
+    ];
+    for (name, key, value) in settings {
+        write(&dir, &format!("{name}.ckpt"), &with_setting(&good, key, value));
+    }
     hf_fixtures(&dir);
     dir
+}
+
+/// The checkpoint `ckpt` with its run setting `key` (in the metadata's "train") set to
+/// `value`, its lengths and checksum made to match.
+fn with_setting(ckpt: &[u8], key: &str, value: serde_json::Value) -> Vec<u8> {
+    let meta_len = u64::from_le_bytes(ckpt[16..24].try_into().unwrap()) as usize;
+    let mut meta: serde_json::Value = serde_json::from_slice(&ckpt[24..24 + meta_len]).unwrap();
+    meta["train"][key] = value;
+    let json = serde_json::to_vec(&meta).unwrap();
+    let mut out = ckpt[..16].to_vec();
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&ckpt[24 + meta_len..ckpt.len() - 8]);
+    let sum = xxhash_rust::xxh64::xxh64(&out, 0);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
 }
 
 /// A good export of good.ckpt (`hf`), its import, and broken copies of the export: each

@@ -941,3 +941,45 @@ fn generate_works_straight_after_the_build_with_the_shipped_model() {
         "{greedy}"
     );
 }
+
+#[test]
+fn report_keeps_a_diverged_runs_rows_and_plots_its_finite_losses() {
+    // A run whose losses went non-finite (NaN, inf: what a diverged run writes) beside a
+    // good one: the tables keep every row, the plot draws the finite points.
+    let d = tmpdir("report-diverged");
+    let header = "epoch\ttrain_loss\tval_loss\tbad_steps\ttokens_per_s\telapsed_s\n";
+    let runs = [
+        (
+            "good",
+            "1.000\t2.5000\t2.4000\t0\t100\t1.0\n2.000\t2.2000\t2.3000\t0\t100\t2.0\n",
+        ),
+        (
+            "diverged",
+            "1.000\t2.6000\tinf\t0\t100\t1.0\n2.000\tNaN\tNaN\t3\t100\t2.0\n",
+        ),
+    ];
+    for (name, rows) in runs {
+        std::fs::create_dir_all(d.join(name)).unwrap();
+        std::fs::write(d.join(name).join("loss.tsv"), format!("{header}{rows}")).unwrap();
+    }
+    let out = d.join("report");
+    let arg = |name: &str| format!("{name}={}", d.join(name).display());
+    let o = run(&[
+        "report",
+        "--run",
+        &arg("good"),
+        "--run",
+        &arg("diverged"),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let md = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(md.contains("NaN") && md.contains("inf"), "{md}");
+    let font = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists();
+    if font {
+        assert!(!err.contains("no plot"), "{err}");
+        assert!(out.join("loss.png").exists());
+    }
+}

@@ -492,6 +492,30 @@ fn bad_input_fails_every_rank_cleanly() {
 }
 
 #[test]
+fn a_checkpoint_setting_no_flag_would_take_stops_every_rank_in_one_line() {
+    // The settings a resumed run takes from its checkpoint pass the flags' own checks on every
+    // rank. `sync_every` is read last, where rank 0 alone used to read it for its notes.
+    let d = tmpdir("bad-setting");
+    let data = corpus(&d);
+    let out = d.join("run");
+    assert_ok(&mpirun(2, &train_args(&data, &out, &["--steps", "4"]), &[]));
+    let mut ckpt = common::checkpoint::load(&out.join("model.ckpt")).unwrap();
+    ckpt.meta.train["sync_every"] = serde_json::json!(0);
+    let forged = d.join("forged.ckpt");
+    common::checkpoint::save(&forged, &ckpt.meta, &ckpt.params, &ckpt.m, &ckpt.v).unwrap();
+    let o = mpirun(
+        2,
+        &train_args(&data, &d.join("resumed"), &["--resume", forged.to_str().unwrap()]),
+        &[],
+    );
+    assert_eq!(o.code, Some(2), "stderr: {}", o.stderr);
+    let said: Vec<&str> = o.stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(said.len(), 1, "one line: {}", o.stderr);
+    let want = "stage1_mpi: error: cannot resume: the checkpoint's sync_every 0 is refused: must be at least 1";
+    assert_eq!(said[0], want);
+}
+
+#[test]
 fn a_failing_rank_ends_the_job() {
     let d = tmpdir("fail");
     let data = corpus(&d);

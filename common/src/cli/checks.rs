@@ -159,6 +159,33 @@ pub fn check_flags(matches: &clap::ArgMatches, stage: StageKind, stage_name: &st
     Ok(())
 }
 
+/// Why `train` would refuse `value` for its flag `id` (a clap id), as if typed: the flag's own
+/// value check, for the settings a resumed checkpoint brings in place of flags. `None` where
+/// it is accepted or `train` has no such flag.
+pub fn refused_as_train_flag(id: &str, value: &str) -> Option<String> {
+    let cli = super::Cli::grammar();
+    let long = cli
+        .find_subcommand("train")?
+        .get_arguments()
+        .find(|a| a.get_id() == id)?
+        .get_long()?;
+    let line = [
+        "stage",
+        "train",
+        "--data",
+        "d",
+        "--out",
+        "o",
+        &format!("--{long}={value}"),
+    ];
+    let err = cli.try_get_matches_from(line).err()?;
+    // A value check's own reason where it gave one, else clap's first line.
+    Some(match std::error::Error::source(&err) {
+        Some(why) => why.to_string(),
+        None => err.render().to_string().lines().next().unwrap_or("refused").to_string(),
+    })
+}
+
 // ---- value checks: every numeric flag is checked as it is parsed ------------------------
 // (clap prints the message after "invalid value 'X' for '--flag'"; see `app` for the one line)
 
@@ -193,6 +220,36 @@ pub(super) fn at_least_one_u64(s: &str) -> Result<u64, String> {
     match number::<u64>(s)? {
         0 => Err("must be at least 1".into()),
         n => Ok(n),
+    }
+}
+
+/// The most steps `bench` and `mnist --bench` time, and the most they run first untimed.
+pub const MAX_BENCH_STEPS: u64 = 1_000_000;
+
+/// `bench --steps`, `mnist --steps`: timed steps, 1 to [`MAX_BENCH_STEPS`].
+pub(super) fn bench_steps(s: &str) -> Result<u64, String> {
+    match number::<u64>(s)? {
+        n @ 1..=MAX_BENCH_STEPS => Ok(n),
+        _ => Err(format!("must be 1 to {MAX_BENCH_STEPS}")),
+    }
+}
+
+/// `bench --warmup`, `mnist --warmup`: untimed steps, 0 to [`MAX_BENCH_STEPS`].
+pub(super) fn bench_warmup(s: &str) -> Result<u64, String> {
+    match number::<u64>(s)? {
+        n @ 0..=MAX_BENCH_STEPS => Ok(n),
+        _ => Err(format!("must be 0 to {MAX_BENCH_STEPS}")),
+    }
+}
+
+/// `bench --kernel-tokens`: the rows of every timed op, at most 2^20 (GPT-2's logits alone are
+/// then 200 GB; every size stays far from overflowing).
+pub const MAX_KERNEL_TOKENS: usize = 1 << 20;
+
+pub(super) fn kernel_tokens(s: &str) -> Result<usize, String> {
+    match number::<usize>(s)? {
+        n @ 1..=MAX_KERNEL_TOKENS => Ok(n),
+        _ => Err(format!("must be 1 to {MAX_KERNEL_TOKENS}")),
     }
 }
 

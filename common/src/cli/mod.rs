@@ -5,17 +5,17 @@
 mod checks;
 
 pub use checks::{
-    check_env, check_flags, conflict_name, conflict_side, flag_name, StageFlag, StageKind, CONFLICTS, DEFAULT_BATCH,
-    DEFAULT_COMM_TIMEOUT, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_MIN_LR_FRAC, DEFAULT_SEED, DEFAULT_SEQ_LEN,
-    DEFAULT_VAL_FRACTION, DEFAULT_WARMUP, DEFAULT_WEIGHT_DECAY, MAX_NEW_TOKENS, STAGE_FLAGS,
+    check_env, check_flags, conflict_name, conflict_side, flag_name, refused_as_train_flag, StageFlag, StageKind,
+    CONFLICTS, DEFAULT_BATCH, DEFAULT_COMM_TIMEOUT, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_MIN_LR_FRAC, DEFAULT_SEED,
+    DEFAULT_SEQ_LEN, DEFAULT_VAL_FRACTION, DEFAULT_WARMUP, DEFAULT_WEIGHT_DECAY, MAX_NEW_TOKENS, STAGE_FLAGS,
 };
 
 use crate::backend::Precision;
 use crate::grad_sync::SyncMode;
 use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
-    at_least_one, at_least_one_u64, fraction_f32, mass_f32, message_mb, non_negative_f32, open_fraction_f32,
-    positive_f32, positive_f64, thread_count, token_count, zero_stage,
+    at_least_one, at_least_one_u64, bench_steps, bench_warmup, fraction_f32, kernel_tokens, mass_f32, message_mb,
+    non_negative_f32, open_fraction_f32, positive_f32, positive_f64, thread_count, token_count, zero_stage,
 };
 
 use clap::{Args, Parser, Subcommand};
@@ -463,11 +463,11 @@ pub struct MnistArgs {
     /// one JSON line each (--batch and --hidden are not used).
     #[arg(long, requires = "bench")]
     pub sweep: bool,
-    /// With --bench: timed steps [default: 5000].
-    #[arg(long, requires = "bench", value_parser = at_least_one_u64)]
+    /// With --bench: timed steps, at most 1,000,000 [default: 5000].
+    #[arg(long, requires = "bench", value_parser = bench_steps)]
     pub steps: Option<u64>,
-    /// With --bench: untimed steps first [default: 200].
-    #[arg(long, requires = "bench")]
+    /// With --bench: untimed steps first, at most 1,000,000 [default: 200].
+    #[arg(long, requires = "bench", value_parser = bench_warmup)]
     pub warmup: Option<u64>,
     #[command(flatten)]
     pub device: DeviceArgs,
@@ -624,11 +624,11 @@ pub struct BenchArgs {
     /// Sequence length.
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub seq_len: usize,
-    /// Timed steps.
-    #[arg(long, default_value_t = 10, value_parser = at_least_one_u64)]
+    /// Timed steps (at most 1,000,000).
+    #[arg(long, default_value_t = 10, value_parser = bench_steps)]
     pub steps: u64,
-    /// Untimed steps first.
-    #[arg(long, default_value_t = 2)]
+    /// Untimed steps first (at most 1,000,000).
+    #[arg(long, default_value_t = 2, value_parser = bench_warmup)]
     pub warmup: u64,
     /// As `train --recompute`: GELU and layernorm outputs computed again in backward.
     #[arg(long)]
@@ -648,8 +648,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub kernels: bool,
     /// With --kernels: the rows (B·T tokens) of every timed op [default: 16384 on a GPU, 512
-    /// on the CPU, where every row then takes about a minute on 2 cores].
-    #[arg(long, requires = "kernels", value_parser = at_least_one)]
+    /// on the CPU, where every row then takes about a minute on 2 cores; at most 1,048,576].
+    #[arg(long, requires = "kernels", value_parser = kernel_tokens)]
     pub kernel_tokens: Option<usize>,
     /// With --kernels: the matrix products and their ceiling only (kind "matmul").
     #[arg(long, requires = "kernels")]

@@ -43,7 +43,7 @@ pub struct Imported {
 /// Writes `params` (our flat layout for `cfg`) into `dir` (created if missing) as Hugging
 /// Face's GPT-2, with `tokenizer`'s files.
 pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &[f32]) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    crate::atomic_file::create_dir(dir)?;
     let layout = ParamLayout::new(cfg);
     assert_eq!(params.len(), layout.total, "export: parameters of another model");
     let tensors = hf::tensors(&layout, cfg);

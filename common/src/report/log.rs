@@ -4,7 +4,7 @@
 //! writes the rows an uninterrupted one would have written.
 
 use crate::atomic_file;
-use crate::error::{io_err, Error, Result};
+use crate::error::{io_err, Result};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -102,13 +102,7 @@ impl LossLog {
     /// As [`LossLog::open`], for a table of other columns (`header`, tab-separated): the
     /// MLP workload's, whose rows it writes with [`LossLog::append_line`].
     pub fn open_table(dir: &Path, header: &str, keep_rows: Option<u64>) -> Result<Self> {
-        if dir.exists() && !dir.is_dir() {
-            return Err(Error::Input(format!(
-                "--out {} is a file: give a directory",
-                dir.display()
-            )));
-        }
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        crate::atomic_file::create_dir(dir)?;
         let path = dir.join("loss.tsv");
         let kept: Vec<String> = match keep_rows {
             Some(n) => match std::fs::read_to_string(&path) {

@@ -42,7 +42,10 @@ struct Run {
 }
 
 fn read_run(spec: &str) -> Result<Run> {
-    let Some((label, dir)) = spec.split_once('=') else {
+    let Some((label, dir)) = spec
+        .split_once('=')
+        .filter(|(label, dir)| !label.is_empty() && !dir.is_empty())
+    else {
         crate::bail_input!("--run takes LABEL=DIR, got '{spec}'");
     };
     let dir = Path::new(dir);
@@ -64,15 +67,22 @@ fn read_run(spec: &str) -> Result<Run> {
     };
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate().skip(1) {
-        let vals: Vec<f64> = line.split('\t').map(|x| x.parse().unwrap_or(f64::NAN)).collect();
-        let Some(row) = columns
-            .iter()
-            .map(|&c| vals.get(c).copied())
-            .collect::<Option<Vec<f64>>>()
-        else {
-            crate::bail_input!("{}: line {} has fewer columns than its header", tsv.display(), i + 1);
-        };
-        rows.push(<[f64; 5]>::try_from(row).expect("five columns"));
+        let cells: Vec<&str> = line.split('\t').collect();
+        let mut row = [0.0; 5];
+        for (value, (&c, name)) in row.iter_mut().zip(columns.iter().zip(wanted)) {
+            let Some(cell) = cells.get(c) else {
+                crate::bail_input!("{}: line {} has fewer columns than its header", tsv.display(), i + 1);
+            };
+            // A diverged run writes NaN or inf: kept in the tables, left out of the plot.
+            *value = cell.trim().parse().map_err(|_| {
+                Error::Input(format!(
+                    "{}: line {}: '{cell}' ({name}) is not a number",
+                    tsv.display(),
+                    i + 1
+                ))
+            })?;
+        }
+        rows.push(row);
     }
     if rows.is_empty() {
         crate::bail_input!("{}: no rows (did the run finish?)", tsv.display());
@@ -95,10 +105,21 @@ fn read_run(spec: &str) -> Result<Run> {
 
 pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
     let runs: Vec<Run> = runs.iter().map(|s| read_run(s)).collect::<Result<_>>()?;
+    if let Some((i, r)) = runs
+        .iter()
+        .enumerate()
+        .find(|(i, r)| runs[..*i].iter().any(|o| o.label == r.label))
+    {
+        crate::bail_input!(
+            "--run: the label '{}' is given twice (run {}): each run needs its own",
+            r.label,
+            i + 1
+        );
+    }
     if runs.is_empty() {
         crate::bail_input!("give at least one --run LABEL=DIR");
     }
-    std::fs::create_dir_all(out).map_err(io_err(out))?;
+    crate::atomic_file::create_dir(out)?;
     let mut md = String::new();
     let s0 = &runs[0].summary;
     let _ = writeln!(md, "# Results\n");
@@ -204,6 +225,17 @@ pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Refuses an axis from `lo` to `hi` that could not be drawn: one whose length is not a finite
+/// number (values near f64's limits; plotters would never finish laying out its labels).
+pub(crate) fn drawable(axis: &str, lo: f64, hi: f64) -> Result<()> {
+    match (hi - lo).is_finite() {
+        true => Ok(()),
+        false => Err(Error::Input(format!(
+            "the {axis} axis, {lo:e} to {hi:e}, is too long to draw"
+        ))),
+    }
+}
+
 /// A system font for the plot's text (Debian: fonts-dejavu-core).
 fn load_font() -> Result<()> {
     const CANDIDATES: &[&str] = &[
@@ -226,13 +258,25 @@ fn plot(runs: &[Run], path: &Path) -> Result<()> {
     use plotters::prelude::*;
     load_font()?;
     let draw_err = |e: String| Error::Input(format!("{}: {e}", path.display()));
-    let max_epoch = runs
+    // The points an axis can hold: finite epoch and loss.
+    let points = |r: &Run, col: usize| -> Vec<(f64, f64)> {
+        let finite = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite();
+        r.rows.iter().map(|x| (x[0], x[col])).filter(finite).collect()
+    };
+    let all: Vec<(f64, f64)> = runs
         .iter()
-        .flat_map(|r| r.rows.iter().map(|x| x[0]))
-        .fold(0.0, f64::max)
-        .max(1e-3);
-    let losses = runs.iter().flat_map(|r| r.rows.iter().flat_map(|x| [x[1], x[2]]));
-    let (lo, hi) = losses.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+        .flat_map(|r| [points(r, 1), points(r, 2)])
+        .flatten()
+        .collect();
+    if all.is_empty() {
+        crate::bail_input!("no finite losses to plot");
+    }
+    let max_epoch = all.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-3);
+    let (lo, hi) = all
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    drawable("epoch", 0.0, max_epoch * 1.02)?;
+    drawable("loss", lo - 0.05, hi + 0.05)?;
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| draw_err(e.to_string()))?;
     let mut chart = ChartBuilder::on(&root)
@@ -251,7 +295,7 @@ fn plot(runs: &[Run], path: &Path) -> Result<()> {
     for (i, r) in runs.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         for (col, name, width) in [(2, "val", 3), (1, "train", 1)] {
-            let pts: Vec<(f64, f64)> = r.rows.iter().map(|x| (x[0], x[col])).collect();
+            let pts = points(r, col);
             chart
                 .draw_series(LineSeries::new(pts, color.stroke_width(width)))
                 .map_err(|e| draw_err(e.to_string()))?

@@ -90,7 +90,7 @@ impl<'a, B: Backend> Run<'a, B> {
         let eval_set = eval_pieces(data::eval_batches(&split.val, t, b, args.eval_batches), t, b / world);
 
         let steps_per_epoch = loader.steps_per_epoch();
-        let total_steps = schedule_length(args, resumed.as_ref(), steps_per_epoch, comm.is_root());
+        let total_steps = schedule_length(args, resumed.as_ref(), steps_per_epoch, comm.is_root())?;
         if total_steps == 0 {
             let e = Error::Input("nothing to train: --steps / --epochs give 0 steps".into());
             return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
@@ -107,27 +107,27 @@ impl<'a, B: Backend> Run<'a, B> {
             root: comm.is_root(),
         };
         let optim = OptimConfig {
-            lr: setting.get("--lr", "lr", args.lr, DEFAULT_LR),
-            min_lr_frac: setting.get("--min-lr-frac", "min_lr_frac", args.min_lr_frac, DEFAULT_MIN_LR_FRAC),
-            warmup_steps: setting.get("--warmup", "warmup", args.warmup, DEFAULT_WARMUP),
+            lr: setting.get("--lr", "lr", args.lr, DEFAULT_LR)?,
+            min_lr_frac: setting.get("--min-lr-frac", "min_lr_frac", args.min_lr_frac, DEFAULT_MIN_LR_FRAC)?,
+            warmup_steps: setting.get("--warmup", "warmup", args.warmup, DEFAULT_WARMUP)?,
             total_steps,
             weight_decay: setting.get(
                 "--weight-decay",
                 "weight_decay",
                 args.weight_decay,
                 DEFAULT_WEIGHT_DECAY,
-            ),
+            )?,
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
-            grad_clip: setting.get("--grad-clip", "grad_clip", args.grad_clip, DEFAULT_GRAD_CLIP),
+            grad_clip: setting.get("--grad-clip", "grad_clip", args.grad_clip, DEFAULT_GRAD_CLIP)?,
         };
         let eval_every = setting
-            .get("--eval-every", "eval_every", args.eval_every, steps_per_epoch)
+            .get("--eval-every", "eval_every", args.eval_every, steps_per_epoch)?
             .max(1);
         let sync = args.sync.mode();
         // Micro-batches: the flag, else the checkpoint's, else 1.
-        let saved = resumed.as_ref().and_then(|m| saved_setting(m, "grad_accum"));
+        let saved = saved_setting(resumed.as_ref(), "grad_accum")?;
         let micro_batches = args.grad_accum.or(saved).unwrap_or(1);
         if !(b / world).is_multiple_of(micro_batches) {
             let e = Error::Input(format!(
@@ -143,12 +143,12 @@ impl<'a, B: Backend> Run<'a, B> {
             "sync_every": args.sync.sync_every, "grad_accum": micro_batches, "precision": be.precision().name(),
             "zero": args.sync.zero(),
         });
-        if let Some(meta) = resumed.as_ref().filter(|_| comm.is_root()) {
-            say_how_local_sgd_resumes(meta, args.sync.sync_every);
+        if let Some(meta) = resumed.as_ref() {
+            say_how_local_sgd_resumes(meta, args.sync.sync_every, comm.is_root())?;
         }
         // Master weights and moments are fp32 in every precision, so a checkpoint resumes
         // under any other; say so when it does.
-        let saved_precision = resumed.as_ref().and_then(|m| saved_setting::<String>(m, "precision"));
+        let saved_precision = saved_setting::<String>(resumed.as_ref(), "precision")?;
         if let Some(saved) = saved_precision.filter(|p| p != be.precision().name()) {
             if comm.is_root() {
                 eprintln!(
@@ -286,8 +286,13 @@ impl<'a, B: Backend> Run<'a, B> {
 
 /// Steps in the run: `--steps`, or `--epochs` worth, or the resumed checkpoint's schedule,
 /// or two epochs. A resumed run that is given another length says so in one line.
-fn schedule_length(args: &TrainArgs, resumed: Option<&CheckpointMeta>, steps_per_epoch: u64, root: bool) -> u64 {
-    let saved = resumed.and_then(|m| saved_setting(m, "total_steps"));
+fn schedule_length(
+    args: &TrainArgs,
+    resumed: Option<&CheckpointMeta>,
+    steps_per_epoch: u64,
+    root: bool,
+) -> Result<u64> {
+    let saved = saved_setting(resumed, "total_steps")?;
     let total = match (args.steps, args.epochs, saved) {
         (Some(s), _, _) => s,
         // Saturates far beyond any run; refused below (MAX_STEPS).
@@ -302,7 +307,7 @@ fn schedule_length(args: &TrainArgs, resumed: Option<&CheckpointMeta>, steps_per
             );
         }
     }
-    total
+    Ok(total)
 }
 
 /// Rank 0's checkpoint metadata, on every rank.
@@ -334,13 +339,17 @@ fn fixed_by_checkpoint<T: PartialEq + std::fmt::Display + Copy>(
     }
 }
 
-/// Rank 0, resuming: local SGD (`--sync-every K`) keeps each rank's moments, and its
-/// parameters between averages, apart, while a checkpoint holds rank 0's: when the checkpoint's
-/// run had several ranks, every rank resumes from rank 0's state, which is not where the run
-/// stood. Says so, and says when the flags change how gradients are synchronised.
-fn say_how_local_sgd_resumes(meta: &CheckpointMeta, sync_every: Option<u64>) {
-    let saved = saved_setting::<u64>(meta, "sync_every");
-    let world = saved_setting::<u64>(meta, "world").unwrap_or(1);
+/// Resuming: local SGD (`--sync-every K`) keeps each rank's moments, and its parameters
+/// between averages, apart, while a checkpoint holds rank 0's: when the checkpoint's run had
+/// several ranks, every rank resumes from rank 0's state, which is not where the run stood.
+/// Rank 0 (`root`) says so, and says when the flags change how gradients are synchronised;
+/// every rank reads the settings, so a bad one stops them all.
+fn say_how_local_sgd_resumes(meta: &CheckpointMeta, sync_every: Option<u64>, root: bool) -> Result<()> {
+    let saved = saved_setting::<u64>(Some(meta), "sync_every")?;
+    let world = saved_setting::<u64>(Some(meta), "world")?.unwrap_or(1);
+    if !root {
+        return Ok(());
+    }
     if let (Some(k), true) = (saved, world > 1) {
         crate::say!(
             "note: the checkpoint's run used local SGD (--sync-every {k}) over {world} ranks, whose moments (and \
@@ -360,20 +369,35 @@ fn say_how_local_sgd_resumes(meta: &CheckpointMeta, sync_every: Option<u64>) {
             show(saved)
         );
     }
+    Ok(())
 }
 
 /// The held-out fraction: `--val-fraction`, or the checkpoint's when resuming (another is
 /// refused: the split is where the checkpoint's data cursor points).
 fn run_val_fraction(args: &TrainArgs, resumed: Option<&CheckpointMeta>) -> Result<f32> {
-    let saved = resumed.and_then(|m| saved_setting(m, "val_fraction"));
+    let saved = saved_setting(resumed, "val_fraction")?;
     let why = "it fixes the split the data cursor points into";
     fixed_by_checkpoint("--val-fraction", args.val_fraction, saved, DEFAULT_VAL_FRACTION, why)
 }
 
 /// A setting of the run's that its checkpoint holds under `key` (older checkpoints may
 /// lack some).
-fn saved_setting<T: serde::de::DeserializeOwned>(meta: &CheckpointMeta, key: &str) -> Option<T> {
-    serde_json::from_value(meta.train.get(key)?.clone()).ok()
+fn saved_setting<T: serde::de::DeserializeOwned>(meta: Option<&CheckpointMeta>, key: &str) -> Result<Option<T>> {
+    let value = match meta.and_then(|m| m.train.get(key)) {
+        None | Some(serde_json::Value::Null) => return Ok(None),
+        Some(v) => v,
+    };
+    // The checksum covers what was written, not whether it makes sense: a value the flag of
+    // the same name would refuse is refused here too (every rank holds the same header).
+    let refuse =
+        |why: String| Error::Input(format!("cannot resume: the checkpoint's {key} {value} {why}")).on_every_rank();
+    let text = value.as_str().map_or_else(|| value.to_string(), str::to_string);
+    if let Some(why) = crate::cli::refused_as_train_flag(key, &text) {
+        return Err(refuse(format!("is refused: {why}")));
+    }
+    serde_json::from_value(value.clone())
+        .map(Some)
+        .map_err(|e| refuse(format!("is unreadable ({e})")))
 }
 
 /// The settings a resumed run takes from its checkpoint unless a flag gives another.
@@ -385,12 +409,12 @@ struct Resumed<'m> {
 impl Resumed<'_> {
     /// `given` (the flag `flag`), else the checkpoint's `key` when resuming, else `default`.
     /// A flag that changes a resumed run's value is taken and said in one line (rank 0).
-    fn get<T>(&self, flag: &str, key: &str, given: Option<T>, default: T) -> T
+    fn get<T>(&self, flag: &str, key: &str, given: Option<T>, default: T) -> Result<T>
     where
         T: Copy + PartialEq + std::fmt::Display + serde::de::DeserializeOwned,
     {
-        let saved = self.meta.and_then(|m| saved_setting::<T>(m, key));
-        match (given, saved) {
+        let saved = saved_setting::<T>(self.meta, key)?;
+        Ok(match (given, saved) {
             (Some(g), Some(s)) if g != s => {
                 if self.root {
                     crate::say!("note: {flag} {g} from here on (the checkpoint's run had {s})");
@@ -400,7 +424,7 @@ impl Resumed<'_> {
             (Some(g), _) => g,
             (None, Some(s)) => s,
             (None, None) => default,
-        }
+        })
     }
 }
 
@@ -464,9 +488,20 @@ fn run_model(
     };
     // The data cursor counts windows of this batch and length.
     let why = "the data cursor counts windows of it";
-    let saved = |key: &str| resumed.and_then(|m| saved_setting(m, key));
-    let b = fixed_by_checkpoint("--batch", args.batch, saved("batch"), DEFAULT_BATCH, why)?;
-    let t = fixed_by_checkpoint("--seq-len", args.seq_len, saved("seq_len"), DEFAULT_SEQ_LEN, why)?;
+    let b = fixed_by_checkpoint(
+        "--batch",
+        args.batch,
+        saved_setting(resumed, "batch")?,
+        DEFAULT_BATCH,
+        why,
+    )?;
+    let t = fixed_by_checkpoint(
+        "--seq-len",
+        args.seq_len,
+        saved_setting(resumed, "seq_len")?,
+        DEFAULT_SEQ_LEN,
+        why,
+    )?;
     validate_shape(&config, b, t, world)?;
     Ok((tok, config, b, t))
 }
