@@ -101,6 +101,14 @@ fn parse_bin(path: &Path, bytes: &[u8], vocab_size: usize) -> Result<Vec<u32>> {
 /// is read as is; anything else must be UTF-8 text and is encoded with `tok`.
 pub fn load_tokens(path: &Path, tok: &Tokenizer) -> Result<Vec<u32>> {
     let p = path.display();
+    // A device (/dev/zero, /dev/urandom) never ends: it would be read until memory ran out.
+    #[cfg(unix)]
+    if fs::metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_char_device() || m.file_type().is_block_device()
+    }) {
+        bail_input!("{p}: a device, not a corpus file");
+    }
     let bytes = fs::read(path).map_err(io_err(path))?;
     if bytes.is_empty() {
         bail_input!("{p}: file is empty");

@@ -35,6 +35,7 @@ const CASES: &[(&str, &str, &str)] = &[
         "train --data binary.dat --out o",
         "UTF-8",
     ),
+    ("a device as the corpus", "train --data /dev/zero --out o", "device"),
     (
         ".bin with a wrong magic number",
         "train --data magic.bin --out o",
