@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
-use crate::comm::{leave_together, Comm};
+use crate::comm::{agree, leave_together, on_root, Comm};
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions, Stop};
 use crate::model::Gpt2;
@@ -27,30 +27,47 @@ pub struct Stage<'a, B> {
 pub fn main<B: Backend>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode {
     match run(&stage, comm, cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let who = if comm.size() > 1 {
-                format!(" ({})", comm.describe())
-            } else {
-                String::new()
-            };
-            if e.is_on_every_rank() {
-                // Every rank leaves: together, so none is taken for one that died, learning
-                // whether all failed alike. Then rank 0 alone says why, in one line (as for a
-                // refused command line); otherwise each rank says its own.
-                match leave_together(comm, &e.to_string()) {
-                    Ok(true) if !comm.is_root() => {}
-                    Ok(true) => say(&format!("{}: error: {e}", stage.name)),
-                    _ => say(&format!("{}{who}: error: {e}", stage.name)),
-                }
-            } else {
-                say(&format!("{}{who}: error: {e}", stage.name));
-                // The other ranks did not see this error: end the whole job, or they would
-                // wait forever in their next collective.
-                comm.abort(e.exit_code());
-            }
-            ExitCode::from(e.exit_code())
-        }
+        Err(e) => fail(stage.name, comm, e),
     }
+}
+
+/// Ends this rank on `e`, stage `name`'s way: an error every rank met is said once, by rank
+/// 0, where every rank met it alike; an error on this rank alone ends the whole job.
+pub fn fail(name: &str, comm: &dyn Comm, e: Error) -> ExitCode {
+    let who = if comm.size() > 1 {
+        format!(" ({})", comm.describe())
+    } else {
+        String::new()
+    };
+    if e.is_on_every_rank() {
+        // Every rank leaves: together, so none is taken for one that died, learning
+        // whether all failed alike. Then rank 0 alone says why, in one line (as for a
+        // refused command line); otherwise each rank says its own.
+        match leave_together(comm, &e.to_string()) {
+            Ok(true) if !comm.is_root() => {}
+            Ok(true) => say(&format!("{name}: error: {e}")),
+            _ => say(&format!("{name}{who}: error: {e}")),
+        }
+    } else {
+        say(&format!("{name}{who}: error: {e}"));
+        // The other ranks did not see this error: end the whole job, or they would
+        // wait forever in their next collective.
+        comm.abort(e.exit_code());
+    }
+    ExitCode::from(e.exit_code())
+}
+
+/// This process's rank and the job's size where a launcher started it as one of several
+/// (MPICH's Hydra sets `PMI_RANK`/`PMI_SIZE`, Open MPI `OMPI_COMM_WORLD_*`).
+fn launched_as_several() -> Option<(usize, usize)> {
+    let var = |name: &str| std::env::var(name).ok()?.trim().parse::<usize>().ok();
+    [
+        ("PMI_RANK", "PMI_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ]
+    .iter()
+    .find_map(|(rank, size)| Some((var(rank).unwrap_or(0), var(size)?)))
+    .filter(|&(_, size)| size > 1)
 }
 
 /// Writes one line to stderr in one piece, so lines of ranks failing at once (all sent to
@@ -115,6 +132,16 @@ fn first_line(e: &clap::Error) -> String {
 /// that fail on some ranks only (different flags per rank) stop every rank instead of
 /// leaving the others waiting. Help, or an error every rank shares, is printed by rank 0.
 pub fn parse_cli(name: &str, kind: StageKind, comm: &dyn Comm) -> std::result::Result<Cli, ExitCode> {
+    if let (false, Some((rank, size))) = (kind.distributed, launched_as_several()) {
+        // `mpirun -n 8 stage0_serial`: 8 copies of one run writing one --out.
+        if rank == 0 {
+            say(&format!(
+                "{name}: error: started as {size} processes (mpirun -n {size}?), but this stage runs in one: \
+                 for several use stage1_mpi (CPUs) or stage3_mpi_cuda (GPUs)"
+            ));
+        }
+        return Err(ExitCode::from(2));
+    }
     let parsed = parse(name, kind);
     let mut failed = vec![0.0f32; comm.size()];
     failed[comm.rank()] = parsed.is_err() as u8 as f32;
@@ -142,26 +169,25 @@ pub fn parse_cli(name: &str, kind: StageKind, comm: &dyn Comm) -> std::result::R
 }
 
 fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
-    crate::cli::check_env().map_err(Error::Input)?;
+    // One environment for every rank, as mpirun passes it on: refused by all together.
+    agree(comm, crate::cli::check_env().map_err(Error::Input))?;
     match cli.command {
         Command::Train(args) => {
             let be = (stage.backend)(&args.device, comm)?;
             crate::train::train(&be, comm, &args)
         }
-        Command::Bench(args) if args.generate => {
-            if comm.is_root() {
-                let started = std::time::Instant::now();
-                let be = (stage.backend)(&args.device, comm)?;
-                let r = crate::bench::generate(&be, &args, started)?;
-                crate::say!(
-                    "{}: {} | {} params | start-up {:.2} s | prompt {} tokens: {:.1} ms, {:.0} tokens/s | decode {} tokens: {:.2} ms/token, {:.1} tokens/s",
-                    stage.name, r.device, r.params, r.startup_s, r.prompt_tokens, r.prefill_ms,
-                    r.prefill_tokens_per_s, r.new_tokens, r.decode_ms_per_token, r.decode_tokens_per_s
-                );
-                crate::say!("{}", serde_json::to_string(&r).expect("plain data serialises"));
-            }
+        Command::Bench(args) if args.generate => on_root(comm, || {
+            let started = std::time::Instant::now();
+            let be = (stage.backend)(&args.device, comm)?;
+            let r = crate::bench::generate(&be, &args, started)?;
+            crate::say!(
+                "{}: {} | {} params | start-up {:.2} s | prompt {} tokens: {:.1} ms, {:.0} tokens/s | decode {} tokens: {:.2} ms/token, {:.1} tokens/s",
+                stage.name, r.device, r.params, r.startup_s, r.prompt_tokens, r.prefill_ms,
+                r.prefill_tokens_per_s, r.new_tokens, r.decode_ms_per_token, r.decode_tokens_per_s
+            );
+            crate::say!("{}", serde_json::to_string(&r).expect("plain data serialises"));
             Ok(())
-        }
+        }),
         Command::Bench(args) if args.allreduce => {
             let be = (stage.backend)(&args.device, comm)?;
             let max = args.allreduce_max_mb << 20;
@@ -205,52 +231,38 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Generate(args) => {
-            if comm.is_root() {
-                // The inputs first: a bad checkpoint or prompt is the same error on any machine.
-                let ckpt = generate_weights(&args)?;
-                if args.temperature.is_nan() || (args.temperature <= 0.0 && !args.greedy) {
-                    crate::bail_input!("--temperature must be positive (or use --greedy)");
-                }
-                let be = (stage.backend)(&args.device, comm)?;
-                generate_cmd(&be, ckpt, &args, stage.name)
-            } else {
-                Ok(())
+        Command::Generate(args) => on_root(comm, || {
+            // The inputs first: a bad checkpoint or prompt is the same error on any machine.
+            let ckpt = generate_weights(&args)?;
+            if args.temperature.is_nan() || (args.temperature <= 0.0 && !args.greedy) {
+                crate::bail_input!("--temperature must be positive (or use --greedy)");
             }
-        }
+            let be = (stage.backend)(&args.device, comm)?;
+            generate_cmd(&be, ckpt, &args, stage.name)
+        }),
         Command::Mnist(args) => {
             let be = (stage.backend)(&args.device, comm)?;
             crate::mnist::run(&be, comm, &args)
         }
-        Command::Report(args) => {
-            if comm.is_root() {
-                let path = crate::report::report(&args.runs, &args.out)?;
-                crate::say!("wrote {}", path.display());
-            }
+        Command::Report(args) => on_root(comm, || {
+            let path = crate::report::report(&args.runs, &args.out)?;
+            crate::say!("wrote {}", path.display());
             Ok(())
-        }
-        Command::Plot(args) => {
-            if comm.is_root() {
-                crate::report::plot_table(&args)?;
-                crate::say!("wrote {}", args.out.display());
-            }
+        }),
+        Command::Plot(args) => on_root(comm, || {
+            crate::report::plot_table(&args)?;
+            crate::say!("wrote {}", args.out.display());
             Ok(())
-        }
-        Command::Tokenize(args) => {
-            if comm.is_root() {
-                tokenize_cmd(&args)
-            } else {
-                Ok(())
-            }
-        }
-        Command::Export(args) if comm.is_root() => {
+        }),
+        Command::Tokenize(args) => on_root(comm, || tokenize_cmd(&args)),
+        Command::Export(args) => on_root(comm, || {
             let ckpt = checkpoint::load(&args.checkpoint)?;
             let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
             crate::interop::export(&args.out, &ckpt.meta.config, kind, &ckpt.params)?;
             crate::say!("{}: written from {}", args.out.display(), args.checkpoint.display());
             Ok(())
-        }
-        Command::Import(args) if comm.is_root() => {
+        }),
+        Command::Import(args) => on_root(comm, || {
             let ckpt = crate::interop::import_checkpoint(&args.from)?;
             let n = ckpt.params.len();
             let zeros = vec![0.0f32; n];
@@ -262,8 +274,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
                 args.from.display()
             );
             Ok(())
-        }
-        Command::Export(_) | Command::Import(_) => Ok(()),
+        }),
     }
 }
 

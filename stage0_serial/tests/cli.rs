@@ -983,3 +983,53 @@ fn report_keeps_a_diverged_runs_rows_and_plots_its_finite_losses() {
         assert!(out.join("loss.png").exists());
     }
 }
+
+#[test]
+fn started_as_several_processes_it_refuses_in_one_line() {
+    // `mpirun -n 3 stage0_serial ...` (the launcher's variables, as MPICH and Open MPI set
+    // them): one line from the first process, the others silent, exit 2 for all.
+    let d = tmpdir("several");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let line = [
+        "train",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--model",
+        "tiny",
+    ];
+    for (rank, size) in [
+        ("PMI_RANK", "PMI_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ] {
+        for r in ["0", "2"] {
+            let o = Command::new(BIN)
+                .args(line)
+                .env(rank, r)
+                .env(size, "3")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{err}");
+            match r {
+                "0" => assert!(
+                    err.trim().lines().count() == 1
+                        && err.contains("started as 3 processes")
+                        && err.contains("stage1_mpi"),
+                    "{err}"
+                ),
+                _ => assert!(err.is_empty(), "{err}"),
+            }
+        }
+    }
+    assert!(!out.exists(), "nothing written");
+    // One process of one is a plain run.
+    let o = Command::new(BIN)
+        .args(["bench", "--model", "tiny", "--steps", "1"])
+        .env("PMI_SIZE", "1")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

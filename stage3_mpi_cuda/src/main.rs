@@ -30,10 +30,7 @@ fn main() -> ExitCode {
     };
     let comm = match NcclComm::init(mpi) {
         Ok(comm) => comm,
-        Err(e) => {
-            eprintln!("{NAME}: error: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err((e, mpi)) => return app::fail(NAME, &mpi, e),
     };
     let device = comm.device();
     let stage = Stage {

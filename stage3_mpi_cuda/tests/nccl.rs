@@ -79,11 +79,11 @@ fn table(dir: &Path) -> Vec<Vec<f32>> {
 }
 
 /// With no GPU visible (none on the machine, or CUDA_VISIBLE_DEVICES empty on one that
-/// has some) the job ends with a line that names the missing GPU.
+/// has some) the job ends with one line, rank 0's, that names the missing GPU.
 #[test]
 fn without_a_gpu_it_fails_cleanly() {
     let mut cmd = Command::new("timeout");
-    cmd.args(["120", "mpirun", "-n", "1"]).arg(bin());
+    cmd.args(["120", "mpirun", "-n", "2"]).arg(bin());
     cmd.args(["bench", "--model", "tiny", "--vocab", "256", "--steps", "1"]);
     let o = cmd
         .env("CUDA_VISIBLE_DEVICES", "")
@@ -96,6 +96,9 @@ fn without_a_gpu_it_fails_cleanly() {
         err.contains("libcuda.so") || err.contains("GPU"),
         "names the missing GPU: {err}"
     );
+    let lines: Vec<&str> = err.trim().lines().collect();
+    assert_eq!(lines.len(), 1, "one line for both ranks: {err}");
+    assert!(lines[0].starts_with("stage3_mpi_cuda: error: "), "{err}");
 }
 
 /// A CPU flag is refused at parse time, before NCCL or a GPU is touched: runs anywhere.

@@ -190,7 +190,15 @@ pub fn refused_as_train_flag(id: &str, value: &str) -> Option<String> {
 // (clap prints the message after "invalid value 'X' for '--flag'"; see `app` for the one line)
 
 fn number<T: std::str::FromStr>(s: &str) -> Result<T, String> {
-    s.trim().parse().map_err(|_| "not a number".to_string())
+    let s = s.trim();
+    // Where a whole number is wanted, a number of another kind is told what is wrong with it.
+    s.parse().map_err(|_| match s.parse::<f64>() {
+        Ok(x) if x.is_nan() => "not a number".to_string(),
+        Ok(x) if x < 0.0 => "must not be negative".to_string(),
+        Ok(x) if x.is_finite() && x.fract() != 0.0 => "must be a whole number".to_string(),
+        Ok(_) => "is too large".to_string(),
+        Err(_) => "not a number".to_string(),
+    })
 }
 
 pub(super) fn at_least_one(s: &str) -> Result<usize, String> {

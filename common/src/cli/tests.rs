@@ -356,3 +356,33 @@ fn zero_defaults_to_1_on_the_gpu_stage_only() {
         assert!(settled(sub, &["--zero", "1"], stage(false, true)), "{sub}: typed 1");
     }
 }
+
+#[test]
+fn a_whole_number_flag_says_what_is_wrong_with_a_value() {
+    let cases = [
+        ("-1", "must not be negative"),
+        ("0.5", "must be a whole number"),
+        ("1e300", "is too large"),
+        ("18446744073709551616", "is too large"),
+        ("inf", "is too large"),
+        ("nan", "not a number"),
+        ("x", "not a number"),
+    ];
+    for (value, why) in cases {
+        let line = [
+            "stage",
+            "train",
+            "--data",
+            "d",
+            "--out",
+            "o",
+            &format!("--comm-timeout={value}"),
+        ];
+        let err = Cli::grammar()
+            .try_get_matches_from(line)
+            .unwrap_err()
+            .render()
+            .to_string();
+        assert!(err.lines().next().unwrap_or("").ends_with(why), "{value}: {err}");
+    }
+}

@@ -59,6 +59,10 @@ pub fn agree<T>(comm: &dyn Comm, result: Result<T>) -> Result<T> {
 /// input on rank 0 fails all ranks, with rank 0's message (said once: see `app::main`),
 /// instead of leaving them waiting.
 pub fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec<u8>> {
+    if comm.size() == 1 {
+        return f(); // the error as it is
+    }
+    // The last byte: 0 for bytes, else the error's exit code (bad input 2, anything else 1).
     let mut msg = if comm.is_root() {
         match f() {
             Ok(mut bytes) => {
@@ -67,7 +71,7 @@ pub fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result
             }
             Err(e) => {
                 let mut m = e.to_string().into_bytes();
-                m.push(1);
+                m.push(if e.exit_code() == 2 { 2 } else { 1 });
                 m
             }
         }
@@ -75,10 +79,18 @@ pub fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result
         Vec::new()
     };
     comm.broadcast_bytes(&mut msg)?;
+    let text = |msg: Vec<u8>| String::from_utf8_lossy(&msg).into_owned();
     match msg.pop() {
         Some(0) => Ok(msg),
-        _ => Err(Error::Input(String::from_utf8_lossy(&msg).into_owned()).on_every_rank()),
+        Some(2) => Err(Error::Input(text(msg)).on_every_rank()),
+        _ => Err(Error::Device(text(msg)).on_every_rank()),
     }
+}
+
+/// Work rank 0 does alone (`generate`, `tokenize`, `report`, ...): its outcome reaches every
+/// rank, so under mpirun a failure ends them together in rank 0's one line, not an abort.
+pub fn on_root(comm: &dyn Comm, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    from_root(comm, || f().map(|()| Vec::new())).map(drop)
 }
 
 /// The environment variable `var` as rank 0 reads it, on every rank: `None` where unset, a
@@ -112,24 +124,23 @@ pub fn check_same_everywhere(comm: &dyn Comm, fingerprint: &str) -> Result<()> {
     let mine = (config ^ binary_hash()).to_le_bytes().to_vec();
     let mut root = mine.clone();
     comm.broadcast_bytes(&mut root)?;
-    let differ_here = root != mine;
-    let mut differ = [differ_here as u8 as f32];
+    // Which ranks differ, known to all: the same line on every rank, said once (app::fail).
+    let mut differ = vec![0.0f32; comm.size()];
+    differ[comm.rank()] = (root != mine) as u8 as f32;
     comm.all_reduce_sum_host(&mut differ)?;
-    let help = "start the same executable with the same flags on every rank";
-    if differ_here {
-        return Err(Error::Input(format!(
-            "this rank's binary or configuration differs from rank 0's: {help}"
-        ))
-        .on_every_rank());
+    let ranks: Vec<String> = (0..differ.len())
+        .filter(|&r| differ[r] > 0.0)
+        .map(|r| r.to_string())
+        .collect();
+    if ranks.is_empty() {
+        return Ok(());
     }
-    if differ[0] > 0.0 {
-        return Err(Error::Input(format!(
-            "{} rank(s) run a different binary or configuration than rank 0: {help}",
-            differ[0] as usize
-        ))
-        .on_every_rank());
-    }
-    Ok(())
+    Err(Error::Input(format!(
+        "rank(s) {} of {} run another binary or other flags than rank 0: start the same executable with the same flags on every rank",
+        ranks.join(", "),
+        comm.size()
+    ))
+    .on_every_rank())
 }
 
 /// Hash of this process's executable file (0 if it cannot be read), so ranks started from

@@ -126,19 +126,48 @@ fn split_beside(comm: sys::ncclComm_t, ctas: Option<i32>) -> Result<Option<sys::
     Ok(Some(beside))
 }
 
+/// What [`NcclComm::init`] opens beside the MPI communicator it keeps.
+struct Opened {
+    comm: sys::ncclComm_t,
+    beside: Option<sys::ncclComm_t>,
+    stream: Arc<CudaStream>,
+    ready: CudaEvent,
+    done: CudaEvent,
+    ctx: Arc<CudaContext>,
+    device: usize,
+}
+
 impl NcclComm {
     /// Picks GPU `local rank` on this host, makes the NCCL communicator (rank 0 creates the
     /// unique id, MPI broadcasts its 128 bytes) and keeps `mpi` for host-side collectives.
-    pub fn init(mpi: MpiComm) -> Result<Self> {
+    /// On an error `mpi` comes back, for the ranks to leave together (see `app::fail`): an
+    /// error every rank met alike (no GPU, no driver) is then one line.
+    pub fn init(mpi: MpiComm) -> std::result::Result<Self, (Error, MpiComm)> {
+        match Self::open(&mpi) {
+            Ok(o) => Ok(NcclComm {
+                mpi,
+                comm: o.comm,
+                beside: o.beside,
+                stream: o.stream,
+                ready: o.ready,
+                done: o.done,
+                _ctx: o.ctx,
+                device: o.device,
+            }),
+            Err(e) => Err((e, mpi)),
+        }
+    }
+
+    fn open(mpi: &MpiComm) -> Result<Opened> {
         // Every rank must get this far before any waits in the id broadcast.
-        let (ctx, stream, device) = agree(&mpi, open_device(&mpi))?;
+        let (ctx, stream, device) = agree(mpi, open_device(mpi))?;
         // Rank 0 makes the id; all ranks agree it worked before any waits in the broadcast.
         let id = if mpi.is_root() {
             nccl::get_uniqueid().map(Some)
         } else {
             Ok(None)
         };
-        let id = agree(&mpi, id.map_err(|e| nccl_err("ncclGetUniqueId", e)))?;
+        let id = agree(mpi, id.map_err(|e| nccl_err("ncclGetUniqueId", e)))?;
         let mut id_bytes: Vec<u8> = id.map_or_else(Vec::new, |id| id.internal.iter().map(|&c| c as u8).collect());
         mpi.broadcast_bytes(&mut id_bytes)?;
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
@@ -171,7 +200,7 @@ impl NcclComm {
         // take (unset: as many as NCCL chooses, no second communicator). Rank 0's setting on
         // every rank: ncclCommSplit waits for every rank, so a rank that did not see the
         // variable would hang the others (a bad value: every rank leaves, none waits).
-        let ctas = root_env_number(&mpi, "GPT2_NCCL_BESIDE_CTAS", 1..=64).map(|c| c.map(|c| c as i32));
+        let ctas = root_env_number(mpi, "GPT2_NCCL_BESIDE_CTAS", 1..=64).map(|c| c.map(|c| c as i32));
         let ctas = match ctas {
             Ok(ctas) => ctas,
             Err(e) => {
@@ -196,15 +225,14 @@ impl NcclComm {
             .and_then(|ready| Ok((ready, ctx.new_event(None)?)))
             .map_err(|e| nccl_err("creating CUDA events", e));
         // Every rank holds its communicator now: none may leave alone.
-        let (ready, done) = agree(&mpi, events)?;
-        Ok(NcclComm {
-            mpi,
+        let (ready, done) = agree(mpi, events)?;
+        Ok(Opened {
             comm,
             beside,
             stream,
             ready,
             done,
-            _ctx: ctx,
+            ctx,
             device,
         })
     }

@@ -130,8 +130,12 @@ impl<'a, B: Backend> Run<'a, B> {
         let saved = saved_setting(resumed.as_ref(), "grad_accum")?;
         let micro_batches = args.grad_accum.or(saved).unwrap_or(1);
         if !(b / world).is_multiple_of(micro_batches) {
+            let whose = match args.grad_accum {
+                None => " (the checkpoint's: give --grad-accum to change it)",
+                Some(_) => "",
+            };
             let e = Error::Input(format!(
-                "--batch {b} over {world} rank(s) gives {} rows each, which --grad-accum {micro_batches} does not divide",
+                "--batch {b} over {world} rank(s) gives {} rows each, which --grad-accum {micro_batches}{whose} does not divide",
                 b / world
             ));
             return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
@@ -502,6 +506,17 @@ fn run_model(
         DEFAULT_SEQ_LEN,
         why,
     )?;
+    if resumed.is_some() && !b.is_multiple_of(world) {
+        // The batch is the checkpoint's and cannot change: the rank count can.
+        let fit: Vec<String> = (1..=b.min(64))
+            .filter(|n| b.is_multiple_of(*n))
+            .map(|n| n.to_string())
+            .collect();
+        crate::bail_input!(
+            "the checkpoint's run has --batch {b}, which {world} ranks do not divide: resume on {} rank(s)",
+            fit.join(", ")
+        );
+    }
     validate_shape(&config, b, t, world)?;
     Ok((tok, config, b, t))
 }
