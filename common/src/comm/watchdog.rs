@@ -130,7 +130,7 @@ impl Watchdog {
                     }
                     if p.last.elapsed() >= timeout {
                         let line = format!(
-                            "{who}: no progress for {} s at step {} (--comm-timeout): another rank is stopped or hung; ending the job: {}",
+                            "{who}: no progress for {} s at step {} (--comm-timeout): another rank is stopped or hung (or a step, evaluation or checkpoint takes longer: raise --comm-timeout); ending the job: {}",
                             timeout.as_secs(),
                             p.step,
                             p.last_checkpoint()
