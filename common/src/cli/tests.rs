@@ -369,20 +369,12 @@ fn a_whole_number_flag_says_what_is_wrong_with_a_value() {
         ("x", "not a number"),
     ];
     for (value, why) in cases {
-        let line = [
-            "stage",
-            "train",
-            "--data",
-            "d",
-            "--out",
-            "o",
-            &format!("--comm-timeout={value}"),
-        ];
-        let err = Cli::grammar()
-            .try_get_matches_from(line)
-            .unwrap_err()
-            .render()
-            .to_string();
-        assert!(err.lines().next().unwrap_or("").ends_with(why), "{value}: {err}");
+        // As typed, and as a resumed checkpoint's setting is checked.
+        assert_eq!(
+            refused_as_train_flag("comm_timeout", value).as_deref(),
+            Some(why),
+            "{value}"
+        );
     }
+    assert_eq!(refused_as_train_flag("comm_timeout", "60"), None);
 }
