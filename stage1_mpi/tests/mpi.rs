@@ -544,6 +544,18 @@ fn resuming_on_ranks_that_do_not_divide_the_batch_names_those_that_do() {
 }
 
 #[test]
+fn an_mnist_sweep_on_ranks_that_do_not_divide_its_batches_says_which_do() {
+    let args: Vec<String> = "mnist --synthetic --bench --sweep --steps 2 --warmup 0"
+        .split(' ')
+        .map(str::to_string)
+        .collect();
+    let o = mpirun(3, &args, &[]);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    let want = "stage1_mpi: error: --sweep's batches [32, 128, 512] do not divide over 3 ranks: run it on 1, 2, 4, 8, 16 or 32";
+    assert_eq!(o.stderr.trim(), want);
+}
+
+#[test]
 fn rank_0_commands_and_the_environment_fail_in_one_line() {
     // Commands rank 0 runs alone share its outcome, and the environment is checked by every
     // rank together: under mpirun, one line (rank 0's) and no abort.

@@ -21,12 +21,14 @@ pub struct AllreduceRow {
     pub busbw_gb_s: f64,
 }
 
-/// Message sizes from 4 KiB to `max_bytes` (each ×4), the gradient buffer of GPT-2 124M
-/// (498 MB) within reach at the top.
+/// Message sizes from 4 KiB (each ×4) to `max_bytes`, which is always the last (the
+/// gradient buffer of GPT-2 124M, 498 MB, within reach at the top).
 fn sizes(max_bytes: usize) -> Vec<usize> {
-    std::iter::successors(Some(4usize << 10), |&b| Some(b * 4))
-        .take_while(|&b| b <= max_bytes)
-        .collect()
+    let mut sizes: Vec<usize> = std::iter::successors(Some(4usize << 10), |&b| Some(b * 4))
+        .take_while(|&b| b < max_bytes)
+        .collect();
+    sizes.push(max_bytes);
+    sizes
 }
 
 /// Times `reps` blocking all-reduces of each size after `warmup` untimed ones; every rank
@@ -48,7 +50,11 @@ pub fn allreduce<B: Backend>(
     }
     let sizes = sizes(max_bytes);
     let largest = sizes.last().copied().unwrap_or(0) / 4;
-    let buf = be.alloc::<f32>(largest.max(1))?;
+    // Every rank allocates alike: where it fails, all leave together, in one line.
+    let buf = be
+        .alloc::<f32>(largest.max(1))
+        .map_err(|e| crate::error::Error::Device(format!("{e} (a smaller --allreduce-max-mb needs less)")));
+    let buf = crate::comm::agree(comm, buf)?;
     let mut rows = Vec::with_capacity(sizes.len());
     for bytes in sizes {
         let n = bytes / 4;
@@ -77,4 +83,14 @@ pub fn allreduce<B: Backend>(
         });
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_largest_message_asked_for_is_timed() {
+        assert_eq!(super::sizes(1 << 20), [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]);
+        assert_eq!(super::sizes(3 << 20).last(), Some(&(3 << 20)));
+        assert_eq!(super::sizes(3 << 20).len(), 6);
+    }
 }

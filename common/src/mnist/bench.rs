@@ -50,6 +50,14 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         true => load_sets(comm, args)?.0,
         false => super::train::synthetic_sets().0,
     };
+    let world = comm.size();
+    if args.sweep && SWEEP_BATCHES.iter().any(|b| !b.is_multiple_of(world)) {
+        // The sweep's batches are fixed: only the rank count can change.
+        return Err(Error::Input(format!(
+            "--sweep's batches {SWEEP_BATCHES:?} do not divide over {world} ranks: run it on 1, 2, 4, 8, 16 or 32"
+        ))
+        .on_every_rank());
+    }
     let shapes: Vec<(usize, Vec<usize>)> = match args.sweep {
         true => SWEEP_BATCHES
             .iter()
