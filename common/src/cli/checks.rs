@@ -234,20 +234,26 @@ pub(super) fn at_least_one_u64(s: &str) -> Result<u64, String> {
 /// The most steps `bench` and `mnist --bench` time, and the most they run first untimed.
 pub const MAX_BENCH_STEPS: u64 = 1_000_000;
 
+/// A whole number from `range`, else why not ("must be 1 to 1000000").
+fn whole_in<T>(s: &str, range: std::ops::RangeInclusive<T>) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    let n = number::<T>(s)?;
+    match range.contains(&n) {
+        true => Ok(n),
+        false => Err(format!("must be {} to {}", range.start(), range.end())),
+    }
+}
+
 /// `bench --steps`, `mnist --steps`: timed steps, 1 to [`MAX_BENCH_STEPS`].
 pub(super) fn bench_steps(s: &str) -> Result<u64, String> {
-    match number::<u64>(s)? {
-        n @ 1..=MAX_BENCH_STEPS => Ok(n),
-        _ => Err(format!("must be 1 to {MAX_BENCH_STEPS}")),
-    }
+    whole_in(s, 1..=MAX_BENCH_STEPS)
 }
 
 /// `bench --warmup`, `mnist --warmup`: untimed steps, 0 to [`MAX_BENCH_STEPS`].
 pub(super) fn bench_warmup(s: &str) -> Result<u64, String> {
-    match number::<u64>(s)? {
-        n @ 0..=MAX_BENCH_STEPS => Ok(n),
-        _ => Err(format!("must be 0 to {MAX_BENCH_STEPS}")),
-    }
+    whole_in(s, 0..=MAX_BENCH_STEPS)
 }
 
 /// `bench --kernel-tokens`: the rows of every timed op, at most 2^20 (GPT-2's logits alone are
@@ -255,10 +261,7 @@ pub(super) fn bench_warmup(s: &str) -> Result<u64, String> {
 pub const MAX_KERNEL_TOKENS: usize = 1 << 20;
 
 pub(super) fn kernel_tokens(s: &str) -> Result<usize, String> {
-    match number::<usize>(s)? {
-        n @ 1..=MAX_KERNEL_TOKENS => Ok(n),
-        _ => Err(format!("must be 1 to {MAX_KERNEL_TOKENS}")),
-    }
+    whole_in(s, 1..=MAX_KERNEL_TOKENS)
 }
 
 /// `train --seed`, `--batch` and `--seq-len` when none is given (and not resuming).

@@ -251,6 +251,14 @@ fn check_rank_parts(comm: &(impl Comm + ?Sized), parts: &[Range<usize>], gaps: b
     Ok(())
 }
 
+/// The rank counts up to 64 that split every one of `batches` evenly, for a line that says
+/// which to run on where the batch cannot change.
+pub fn ranks_dividing(batches: &[usize]) -> Vec<usize> {
+    (1..=64)
+        .filter(|n| batches.iter().all(|b| b.is_multiple_of(*n)))
+        .collect()
+}
+
 /// `n` values cut into `ranks` contiguous parts, in rank order, as even as `align` allows:
 /// every part but the last starts at a multiple of `align` values (so a part's vectorised
 /// kernels see aligned memory); the last part takes what is left, and parts past the end are

@@ -225,6 +225,11 @@ pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The smallest and largest of `values` (f64::MAX, f64::MIN for none).
+pub(crate) fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    values.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)))
+}
+
 /// Refuses an axis from `lo` to `hi` that could not be drawn: one whose length is not a finite
 /// number (values near f64's limits; plotters would never finish laying out its labels).
 pub(crate) fn drawable(axis: &str, lo: f64, hi: f64) -> Result<()> {
@@ -272,9 +277,7 @@ fn plot(runs: &[Run], path: &Path) -> Result<()> {
         crate::bail_input!("no finite losses to plot");
     }
     let max_epoch = all.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-3);
-    let (lo, hi) = all
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let (lo, hi) = span(all.iter().map(|p| p.1));
     drawable("epoch", 0.0, max_epoch * 1.02)?;
     drawable("loss", lo - 0.05, hi + 0.05)?;
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();

@@ -3,7 +3,7 @@
 //! line per y column and per value of the series column, points joined in the table's
 //! order. Log axes plot log10 of the values with the values as labels.
 
-use super::{drawable, load_font};
+use super::{drawable, load_font, span};
 use crate::cli::PlotArgs;
 use crate::error::{io_err, Error, Result};
 use std::path::Path;
@@ -86,11 +86,6 @@ fn trim(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// The y axis's name: its columns.
-fn y_name(args: &PlotArgs) -> String {
-    args.y.join(", ")
-}
-
 pub fn plot_table(args: &PlotArgs) -> Result<()> {
     use plotters::prelude::*;
     if !args.out.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) || args.out.is_dir() {
@@ -111,9 +106,8 @@ pub fn plot_table(args: &PlotArgs) -> Result<()> {
         }
     }
     let all = || lines.iter().flat_map(|(_, p)| p.iter());
-    let span = |v: &mut dyn Iterator<Item = f64>| v.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
-    let (x0, x1) = span(&mut all().map(|p| p.0));
-    let (y0, y1) = span(&mut all().map(|p| p.1));
+    let (x0, x1) = span(all().map(|p| p.0));
+    let (y0, y1) = span(all().map(|p| p.1));
     let pad = |a: f64, b: f64, log: bool| {
         let d = ((b - a) * 0.05).max(if log { 0.05 } else { 1e-9 });
         (if log { a - d } else { (a - d).min(0.0) }, b + d)
@@ -121,7 +115,8 @@ pub fn plot_table(args: &PlotArgs) -> Result<()> {
     let ((x0, x1), (y0, y1)) = (pad(x0, x1, lx), pad(y0, y1, ly));
     let at = |e: Error| Error::Input(format!("{}: {e}", args.data.display()));
     drawable(&args.x, x0, x1).map_err(at)?;
-    drawable(&y_name(args), y0, y1).map_err(at)?;
+    let y_name = args.y.join(", ");
+    drawable(&y_name, y0, y1).map_err(at)?;
     load_font()?;
     let out = &args.out;
     let draw_err = |e: String| Error::Input(format!("{}: {e}", out.display()));
@@ -136,7 +131,6 @@ pub fn plot_table(args: &PlotArgs) -> Result<()> {
         .map_err(|e| draw_err(e.to_string()))?;
     let unlog = |log: bool| move |v: &f64| label(if log { 10f64.powf(*v) } else { *v });
     let axis = |name: &str, log: bool| format!("{name}{}", if log { " (log scale)" } else { "" });
-    let y_name = y_name(args);
     // On a log axis, about one label a decade (plotters then picks whole powers of ten).
     let labels = |log: bool, a: f64, b: f64| if log { ((b - a).ceil() as usize + 1).max(2) } else { 10 };
     chart

@@ -508,8 +508,8 @@ fn run_model(
     )?;
     if resumed.is_some() && !b.is_multiple_of(world) {
         // The batch is the checkpoint's and cannot change: the rank count can.
-        let fit: Vec<String> = (1..=b.min(64))
-            .filter(|n| b.is_multiple_of(*n))
+        let fit: Vec<String> = crate::comm::ranks_dividing(&[b])
+            .iter()
             .map(|n| n.to_string())
             .collect();
         crate::bail_input!(
