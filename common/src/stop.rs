@@ -1,7 +1,7 @@
 //! Asking a run to stop at the end of its current step, with a checkpoint: Ctrl-C; SIGTERM
-//! and SIGHUP where there is one process (with several, the watchdog of `comm` takes them and
-//! ends the job at once); stdout gone (a closed pipe, a full disk: see [`say`]). The loops
-//! that can stop early (`train`, `generate`) read [`asked`].
+//! and SIGHUP (with several processes the watchdog of `comm` takes them and asks here while
+//! the run steps: `comm/watchdog.rs`); stdout gone (a closed pipe, a full disk: see [`say`]).
+//! The loops that can stop early (`train`, `generate`) read [`asked`].
 
 use crate::comm::Comm;
 use std::io::Write;
@@ -22,7 +22,8 @@ pub fn ask() {
 }
 
 /// Installs the handlers: Ctrl-C always; SIGTERM and SIGHUP where `comm` has no job to end
-/// (one process). Once per process, however many runs it makes (tests make several).
+/// (one process; with several, the watchdog takes them). Once per process, however many runs
+/// it makes (tests make several).
 pub fn on_signals(comm: &dyn Comm) {
     // A second Ctrl-C handler is refused; one is enough.
     let _ = ctrlc::set_handler(ask);

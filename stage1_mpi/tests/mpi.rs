@@ -865,22 +865,64 @@ fn ends_within_a_minute(mut child: std::process::Child) -> (Option<i32>, String,
 }
 
 #[test]
-fn a_rank_stopped_by_sigterm_names_itself_and_the_last_checkpoint() {
+fn a_rank_stopped_by_sigquit_names_itself_and_the_last_checkpoint() {
     let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let d = tmpdir("sigterm");
+    let d = tmpdir("sigquit");
     let out = d.join("run");
     let (child, _, _, pid1) = long_run_with_checkpoints(&out, &corpus(&d), &[]);
-    send("TERM", pid1);
+    send("QUIT", pid1);
     let (code, err, took) = ends_within_a_minute(child);
     assert_ne!(code, Some(0), "{err}");
-    let line = line_with(&err, "stopped by SIGTERM");
+    let line = line_with(&err, "stopped by SIGQUIT");
     assert!(line.contains("rank 1 of 2"), "{line}");
     assert!(
         line.contains("last good checkpoint is") && line.contains("model.ckpt (step"),
         "{line}"
     );
-    eprintln!("job ended {took:?} after the SIGTERM: {line}");
+    eprintln!("job ended {took:?} after the SIGQUIT: {line}");
     common::checkpoint::load(&out.join("model.ckpt")).expect("the named checkpoint loads");
+}
+
+/// SIGTERM, to one rank (`kill` of its PID) or to mpirun (a scheduler's time limit; mpirun
+/// passes it to every rank), stops the job as Ctrl-C does: every rank after the same step,
+/// with a checkpoint of that step, in one line, and the run resumes from it.
+#[test]
+fn sigterm_to_one_rank_or_to_mpirun_stops_the_job_after_a_step_with_a_checkpoint() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmpdir("sigterm");
+    let data = corpus(&d);
+    for to_mpirun in [false, true] {
+        let out = d.join(if to_mpirun { "mpirun" } else { "rank1" });
+        let (child, _, seen, pid1) = long_run_with_checkpoints(&out, &data, &[]);
+        let pid = if to_mpirun { child.id() } else { pid1 };
+        send("TERM", pid);
+        let (code, err, took) = ends_within_a_minute(child);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "one line (to mpirun: {to_mpirun}): {err}");
+        let line = lines[0];
+        let step: u64 = line
+            .split("interrupted: stopped after step ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("not a stop after a step (to mpirun: {to_mpirun}): {line}"));
+        assert!(line.contains("--resume"), "{line}");
+        assert_eq!(code, Some(130), "exit 130, as after Ctrl-C: {err}");
+        let ckpt = common::checkpoint::load(&out.join("model.ckpt")).expect("the checkpoint loads");
+        assert_eq!(ckpt.meta.step, step, "the checkpoint is of the step the line names");
+        assert!(step >= 10, "stopped after the first checkpoint (step 10): {seen:?}");
+        eprintln!("job stopped {took:?} after the SIGTERM (to mpirun: {to_mpirun}): {line}");
+    }
+    drop(_one);
+    // The run resumes from the checkpoint the stop wrote (as after Ctrl-C, whose resumed run
+    // equals an uninterrupted one: a_run_stopped_by_stop_after_or_ctrl_c_resumes_as_the_same_run).
+    let out = d.join("mpirun");
+    let ckpt = out.join("model.ckpt");
+    let step = common::checkpoint::load(&ckpt).unwrap().meta.step;
+    let more = (step + 3).to_string();
+    let rest = ["--stop-after", &more, "--resume", ckpt.to_str().unwrap()];
+    assert_ok(&mpirun(2, &train_args(&data, &out, &rest), &[]));
+    assert_eq!(common::checkpoint::load(&ckpt).unwrap().meta.step, step + 3);
 }
 
 #[test]

@@ -592,3 +592,33 @@ fn a_stopped_gpu_rank_is_caught_by_the_comm_timeout() {
     );
     println!("FAULT sigstop: job ended {took:?} after the SIGSTOP: {line}");
 }
+
+/// SIGTERM to mpirun (a scheduler's time limit; mpirun passes it to both ranks) stops a
+/// two-GPU run as Ctrl-C does: after the same step on both GPUs, with a checkpoint of that
+/// step, in one line, exit 130.
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn sigterm_to_mpirun_stops_two_gpus_after_a_step_with_a_checkpoint() {
+    let d = tmpdir("sigterm");
+    let out = d.join("run");
+    let (child, _, _) = long_gpu_run(&out, &corpus(&d), &[]);
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let (code, err, took) = ends_within_a_minute(child);
+    assert_eq!(code, Some(130), "{err}");
+    let stops: Vec<&str> = err.lines().filter(|l| l.contains("interrupted: stopped after step")).collect();
+    assert_eq!(stops.len(), 1, "one line: {err}");
+    assert!(!err.contains("stopped by SIGTERM") && !err.contains("rank 1 of 2"), "{err}");
+    let step: u64 = stops[0]
+        .split("stopped after step ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    let ckpt = common::checkpoint::load(&out.join("model.ckpt")).expect("the checkpoint loads");
+    assert_eq!(ckpt.meta.step, step, "the checkpoint is of the step the line names");
+    println!("FAULT sigterm: job stopped {took:?} after the SIGTERM: {}", stops[0]);
+}
