@@ -30,12 +30,29 @@ pub fn on_signals(comm: &dyn Comm) {
     static TERMINATION: std::sync::Once = std::sync::Once::new();
     if comm.job_abort().is_none() {
         TERMINATION.call_once(|| {
+            take_back_termination_signals();
             for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
                 // SAFETY: the action stores to an atomic, which is async-signal-safe.
                 let _ = unsafe { signal_hook::low_level::register(sig, ask) };
             }
         });
     }
+}
+
+/// Takes SIGTERM, SIGHUP and SIGQUIT back from handlers that libraries installed: their
+/// default action again, once per process, before the first handler of ours (signal-hook,
+/// which ours go through, calls a handler it finds after its own). On the GPU hosts, MPI's
+/// start-up (hwloc's OpenCL plugin) loads LLVM, whose handlers end the process at once on
+/// these signals: a rank then died at a SIGTERM instead of stopping after its step.
+pub fn take_back_termination_signals() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            // SAFETY: sets a signal's action to the default; none of ours is installed yet
+            // (the callers run this first), so no handler of ours is dropped.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    });
 }
 
 /// One line on stdout, as `println!` writes it, but never a panic: when stdout fails (the

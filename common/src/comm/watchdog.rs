@@ -100,6 +100,7 @@ impl Watchdog {
             return Ok(None);
         };
         use signal_hook::consts::{SIGHUP, SIGQUIT, SIGTERM};
+        crate::stop::take_back_termination_signals();
         let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGQUIT])
             .map_err(|e| Error::Device(format!("cannot watch for termination signals: {e}")))?;
         let progress = Arc::new(Mutex::new(Progress {
