@@ -1006,6 +1006,9 @@ fn a_stopped_rank_is_caught_by_the_comm_timeout() {
         line.contains("rank 0 of 2") && line.contains("last good checkpoint is"),
         "{line}"
     );
+    // Rank 0 sees rank 1 stopped on their host and names it.
+    let named = format!("rank 1 (PID {pid1}) is stopped (SIGSTOP or a debugger)");
+    assert!(line.contains(&named), "{line}");
     eprintln!("job ended {took:?} after the SIGSTOP: {line}");
 }
 

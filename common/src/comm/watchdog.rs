@@ -28,7 +28,8 @@
 //!   [`leave_together`]), so a rank that ends normally is never reported.
 //! - A rank that stops making progress (a collective that never completes because another
 //!   rank is stopped or hung: `--comm-timeout` seconds without a step) prints one line
-//!   naming itself, the step and the last good checkpoint, then ends the job.
+//!   naming itself, the step, the ranks on its host that are stopped (SIGSTOP, a debugger),
+//!   if any, and the last good checkpoint, then ends the job.
 
 use super::Comm;
 use crate::error::{Error, Result};
@@ -135,6 +136,7 @@ impl Watchdog {
             .map_err(|e| Error::Device(format!("cannot start the watchdog thread: {e}")))?;
         if let Some(timeout) = timeout {
             let (seen, who) = (Arc::clone(&progress), comm.describe());
+            let peers = ranks.map(|r| r.here(comm.rank())).unwrap_or_default();
             std::thread::Builder::new()
                 .name("comm-timeout".into())
                 .spawn(move || loop {
@@ -145,9 +147,10 @@ impl Watchdog {
                     }
                     if p.last.elapsed() >= timeout {
                         let line = format!(
-                            "{who}: no progress for {} s at step {} (--comm-timeout): another rank is stopped or hung (or a step, evaluation or checkpoint takes longer: raise --comm-timeout); ending the job: {}",
+                            "{who}: no progress for {} s at step {} (--comm-timeout): {}; ending the job: {}",
                             timeout.as_secs(),
                             p.step,
+                            why_no_progress(&peers),
                             p.last_checkpoint()
                         );
                         end_job(abort_job, line, 1);
@@ -274,6 +277,31 @@ fn host_id() -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+/// Why a rank has waited past `--comm-timeout`, as far as it can see: the ranks among `peers`
+/// (rank, PID: those on this host) that are stopped (SIGSTOP, a debugger), else the causes it
+/// cannot tell apart.
+fn why_no_progress(peers: &[(usize, u32)]) -> String {
+    let stopped: Vec<String> = (peers.iter())
+        .filter(|&&(_, pid)| is_stopped(pid))
+        .map(|(rank, pid)| format!("rank {rank} (PID {pid})"))
+        .collect();
+    match stopped.len() {
+        0 => "another rank is stopped or hung (or a step, evaluation or checkpoint takes longer: raise --comm-timeout)"
+            .to_string(),
+        1 => format!("{} is stopped (SIGSTOP or a debugger)", stopped[0]),
+        _ => format!("{} are stopped (SIGSTOP or a debugger)", stopped.join(", ")),
+    }
+}
+
+/// Whether process `pid` is stopped: its state in /proc/PID/stat (after the command's closing
+/// parenthesis) is T (stopped by a signal) or t (by a tracer).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['T', 't'])))
+        .unwrap_or(false)
 }
 
 /// How long a rank that saw another die waits for the launcher to end the job.
