@@ -2,17 +2,17 @@
 //! where the last good checkpoint is. One implementation for MPI (stage 1) and NCCL
 //! (stage 3):
 //!
-//! - SIGTERM or SIGHUP on any rank while the run steps (a scheduler's time limit, mpirun
-//!   passing on a `kill`, a `kill` of one rank) stops the run as Ctrl-C does: the rank asks
-//!   to stop ([`crate::stop::ask`]), the ranks agree on it after the current step (the sum
-//!   at every step's end), rank 0 writes a checkpoint and says in one line how to resume,
-//!   and every rank exits 130. Nothing is said at the signal itself, so a signal that reaches
-//!   every rank (mpirun passes it on) is still one line. A rank stuck where the others cannot
-//!   reach that sum is ended by `--comm-timeout` (below).
-//! - SIGQUIT, or SIGTERM or SIGHUP once the run has stopped stepping (its last checkpoint
-//!   written or being written, rank 0 sampling alone): the rank prints one line naming
-//!   itself, the step and the last good checkpoint, then ends the whole job (MPI_Abort), so
-//!   no rank waits for it in a collective.
+//! - SIGTERM or SIGHUP on any rank (a scheduler's time limit, mpirun passing on a `kill`, a
+//!   `kill` of one rank) stops the run as Ctrl-C does: the rank asks to stop
+//!   ([`crate::stop::ask`]), the ranks agree on it after the current step (the sum at every
+//!   step's end), rank 0 writes a checkpoint and says in one line how to resume, and every
+//!   rank exits 130. Nothing is said at the signal itself, so a signal that reaches every
+//!   rank (mpirun passes it on), or comes again while the ranks leave (Hydra's, to the ranks
+//!   still running when one has exited 130), is still one line. After the last step it only
+//!   cuts rank 0's closing sample short. A rank stuck where the others cannot reach that sum
+//!   is ended by `--comm-timeout` (below).
+//! - SIGQUIT: the rank prints one line naming itself, the step and the last good checkpoint,
+//!   then ends the whole job at once (MPI_Abort), so no rank waits for it in a collective.
 //! - A rank killed outright (SIGKILL, the OOM killer) cannot speak. The ranks on its host
 //!   hold a process handle of it (pidfd) and wake when it ends; the first to wake prints
 //!   one line naming it (rank and PID), the step and the last good checkpoint, and ends the
@@ -117,12 +117,12 @@ impl Watchdog {
             .name("watchdog".into())
             .spawn(move || {
                 for sig in signals.forever() {
-                    let p = seen.lock().unwrap_or_else(|e| e.into_inner());
-                    if sig != SIGQUIT && !p.disarmed {
+                    if sig != SIGQUIT {
                         // Stops after the current step with a checkpoint, on every rank.
                         crate::stop::ask();
                         continue;
                     }
+                    let p = seen.lock().unwrap_or_else(|e| e.into_inner());
                     let name = signal_hook::low_level::signal_name(sig).unwrap_or("a signal");
                     let line = format!(
                         "{who}: stopped by {name} at step {}; ending the job: {}",
@@ -170,7 +170,7 @@ impl Watchdog {
     }
 
     /// The run is over, or stopping on its own: no more timeouts, and the other ranks may
-    /// leave; a signal now ends the job at once (there is no step left to stop after).
+    /// leave.
     pub fn disarm(&self) {
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         (p.disarmed, p.leaving) = (true, true);
