@@ -86,6 +86,11 @@ impl Cli {
 #[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum Command {
     /// Train a model; writes OUT/loss.tsv, OUT/model.ckpt and prints the loss table.
+    ///
+    /// Ctrl-C, SIGTERM or SIGHUP (to the process, to mpirun, or a scheduler's time limit)
+    /// stop the run after the current step: OUT/model.ckpt is saved, and `--resume
+    /// OUT/model.ckpt` continues the run as if it had not stopped. SIGQUIT ends a job of
+    /// several processes at once, naming the last checkpoint.
     Train(TrainArgs),
     /// Generate text from a checkpoint.
     ///

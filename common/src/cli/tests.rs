@@ -378,3 +378,13 @@ fn a_whole_number_flag_says_what_is_wrong_with_a_value() {
     }
     assert_eq!(refused_as_train_flag("comm_timeout", "60"), None);
 }
+
+#[test]
+fn train_help_says_how_a_run_stops_and_resumes() {
+    let mut cli = Cli::grammar();
+    let train = cli.find_subcommand_mut("train").expect("train");
+    let help = train.render_long_help().to_string();
+    for what in ["Ctrl-C", "SIGTERM", "mpirun", "--resume OUT/model.ckpt", "SIGQUIT"] {
+        assert!(help.contains(what), "train --help does not say {what:?}: {help}");
+    }
+}
