@@ -1,7 +1,8 @@
 //! Asking a run to stop at the end of its current step, with a checkpoint: Ctrl-C; SIGTERM
 //! and SIGHUP (with several processes the watchdog of `comm` takes them and asks here while
 //! the run steps: `comm/watchdog.rs`); stdout gone (a closed pipe, a full disk: see [`say`]).
-//! The loops that can stop early (`train`, `generate`) read [`asked`].
+//! `train`'s steps and its closing sample read [`asked`] (the `generate` command ends on
+//! Ctrl-C as any program does).
 
 use crate::comm::Comm;
 use std::io::Write;

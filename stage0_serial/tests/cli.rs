@@ -610,6 +610,48 @@ fn sigterm_and_sighup_stop_a_run_with_a_checkpoint_as_ctrl_c_does() {
 }
 
 #[test]
+fn ctrl_c_during_the_closing_sample_cuts_it_short() {
+    // After the last step the run samples; Ctrl-C there ends the sample, not the finished
+    // run: it exits 0 with its summary, which counts the tokens sampled.
+    use std::io::{BufRead, BufReader};
+    let d = tmpdir("sample-int");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let (data, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let args = with_flag(train_args(data, out_s, &["--steps", "4"]), "--sample-len", "1000000");
+    let mut child = Command::new(BIN)
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // "saved OUT/model.ckpt" is the run's last line before the sample.
+    while !lines.next().expect("a line before the sample").unwrap().starts_with("saved ") {}
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    assert!(sent.unwrap().success());
+    std::thread::spawn(move || lines.for_each(drop)); // the sample's lines, read as they come
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the sample went on for 30 s after Ctrl-C");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "a finished run: {err}");
+    let summary = std::fs::read_to_string(out.join("summary.json")).expect("the summary is written");
+    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    let tokens = summary["sample_tokens"].as_u64().expect("sample_tokens");
+    assert!((1..1_000_000).contains(&tokens), "the sample was cut short: {tokens} tokens");
+}
+
+#[test]
 fn a_closed_stdout_stops_the_run_with_a_checkpoint_not_a_panic() {
     // `train ... | head -3`: once the reader has gone, the run stops as Ctrl-C stops it.
     use std::io::{BufRead, BufReader};

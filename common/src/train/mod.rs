@@ -159,8 +159,9 @@ fn finish<B: Backend>(
             ..SampleOptions::default()
         };
         let started = Instant::now();
-        summary.sample = run.trainer.sample(&run.tok, "\n", &opts)?;
-        (summary.sample_tokens, summary.sample_time_s) = (args.sample_len, started.elapsed().as_secs_f64());
+        let (sample, tokens) = run.trainer.sample(&run.tok, "\n", &opts)?;
+        (summary.sample, summary.sample_tokens) = (sample, tokens);
+        summary.sample_time_s = started.elapsed().as_secs_f64();
         crate::say!("---- sample ----\n{}\n----------------", summary.sample);
     }
     let path = args.out.join("summary.json");

@@ -492,13 +492,17 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// Text continuing `prompt`, in printable form ([`crate::text::printable`]: control bytes
     /// and invalid UTF-8 escaped). That form is both what `train` prints and what
     /// `summary.json` keeps, so the report's README never holds raw control bytes and no
-    /// byte the model wrote is lost to U+FFFD.
-    pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<String> {
+    /// byte the model wrote is lost to U+FFFD. With the number of tokens: fewer than asked
+    /// where the run is asked to stop meanwhile (Ctrl-C, SIGTERM: [`crate::stop::asked`]).
+    pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<(String, usize)> {
         let ids = tok.encode(prompt);
         let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {
-            std::ops::ControlFlow::Continue(())
+            match crate::stop::asked() {
+                true => std::ops::ControlFlow::Break(()), // Ctrl-C, SIGTERM: cut it short
+                false => std::ops::ControlFlow::Continue(()),
+            }
         })?;
-        Ok(crate::text::printable(&tok.bytes(&out.tokens)))
+        Ok((crate::text::printable(&tok.bytes(&out.tokens)), out.tokens.len()))
     }
 
     fn fetch(&self, buf: &B::Buffer<f32>) -> Result<Vec<f32>> {
