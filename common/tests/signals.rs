@@ -21,5 +21,8 @@ fn a_handler_installed_before_ours_is_not_called_after_ours() {
     // SAFETY: raises a signal whose handler is ours (above).
     unsafe { libc::raise(libc::SIGTERM) };
     assert!(common::stop::asked(), "our handler ran");
-    assert!(!FOREIGN.load(Ordering::SeqCst), "the library's handler was not called after ours");
+    assert!(
+        !FOREIGN.load(Ordering::SeqCst),
+        "the library's handler was not called after ours"
+    );
 }

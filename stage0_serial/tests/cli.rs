@@ -627,11 +627,14 @@ fn ctrl_c_during_the_closing_sample_cuts_it_short() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // "saved OUT/model.ckpt" is the run's last line before the sample.
-    while !lines.next().expect("a line before the sample").unwrap().starts_with("saved ") {}
+    while !lines
+        .next()
+        .expect("a line before the sample")
+        .unwrap()
+        .starts_with("saved ")
+    {}
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
+    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
     assert!(sent.unwrap().success());
     std::thread::spawn(move || lines.for_each(drop)); // the sample's lines, read as they come
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -648,7 +651,10 @@ fn ctrl_c_during_the_closing_sample_cuts_it_short() {
     let summary = std::fs::read_to_string(out.join("summary.json")).expect("the summary is written");
     let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
     let tokens = summary["sample_tokens"].as_u64().expect("sample_tokens");
-    assert!((1..1_000_000).contains(&tokens), "the sample was cut short: {tokens} tokens");
+    assert!(
+        (1..1_000_000).contains(&tokens),
+        "the sample was cut short: {tokens} tokens"
+    );
 }
 
 #[test]

@@ -609,9 +609,15 @@ fn sigterm_to_mpirun_stops_two_gpus_after_a_step_with_a_checkpoint() {
         .unwrap()
         .success());
     let (code, err, took) = ends_within_a_minute(child);
-    let stops: Vec<&str> = err.lines().filter(|l| l.contains("interrupted: stopped after step")).collect();
+    let stops: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("interrupted: stopped after step"))
+        .collect();
     assert_eq!(stops.len(), 1, "one line: {err}");
-    assert!(!err.contains("stopped by SIGTERM") && !err.contains("rank 1 of 2"), "{err}");
+    assert!(
+        !err.contains("stopped by SIGTERM") && !err.contains("rank 1 of 2"),
+        "{err}"
+    );
     let step: u64 = stops[0]
         .split("stopped after step ")
         .nth(1)
@@ -620,5 +626,8 @@ fn sigterm_to_mpirun_stops_two_gpus_after_a_step_with_a_checkpoint() {
         .unwrap_or_else(|| panic!("{err}"));
     let ckpt = common::checkpoint::load(&out.join("model.ckpt")).expect("the checkpoint loads");
     assert_eq!(ckpt.meta.step, step, "the checkpoint is of the step the line names");
-    println!("FAULT sigterm: job stopped {took:?} after the SIGTERM (mpirun's exit {code:?}): {}", stops[0]);
+    println!(
+        "FAULT sigterm: job stopped {took:?} after the SIGTERM (mpirun's exit {code:?}): {}",
+        stops[0]
+    );
 }

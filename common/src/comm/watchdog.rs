@@ -300,7 +300,10 @@ fn why_no_progress(peers: &[(usize, u32)]) -> String {
 fn is_stopped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['T', 't'])))
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+        })
         .unwrap_or(false)
 }
 
