@@ -524,6 +524,14 @@ fn long_gpu_run(out: &Path, data: &Path, extra: &[&str]) -> (std::process::Child
     (child, seen, pid1.unwrap())
 }
 
+/// Sends signal `sig` ("KILL", "TERM", ...) to process `pid`.
+fn send(sig: &str, pid: u32) {
+    let sent = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status();
+    assert!(sent.unwrap().success(), "kill -{sig} {pid}");
+}
+
 /// Waits at most 60 s for the job; its exit code, stderr and the time it took.
 fn ends_within_a_minute(mut child: std::process::Child) -> (Option<i32>, String, Duration) {
     use std::io::Read;
@@ -554,11 +562,7 @@ fn a_gpu_rank_killed_outright_ends_the_job() {
     let d = tmpdir("sigkill");
     let out = d.join("run");
     let (child, printed, pid1) = long_gpu_run(&out, &corpus(&d), &[]);
-    assert!(Command::new("kill")
-        .args(["-KILL", &pid1.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    send("KILL", pid1);
     let (code, err, took) = ends_within_a_minute(child);
     assert_ne!(code, Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -575,11 +579,7 @@ fn a_stopped_gpu_rank_is_caught_by_the_comm_timeout() {
     let d = tmpdir("sigstop");
     let out = d.join("run");
     let (child, _, pid1) = long_gpu_run(&out, &corpus(&d), &["--comm-timeout", "5"]);
-    assert!(Command::new("kill")
-        .args(["-STOP", &pid1.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    send("STOP", pid1);
     let (code, err, took) = ends_within_a_minute(child);
     assert_ne!(code, Some(0), "{err}");
     let line = err
@@ -603,11 +603,7 @@ fn sigterm_to_mpirun_stops_two_gpus_after_a_step_with_a_checkpoint() {
     let d = tmpdir("sigterm");
     let out = d.join("run");
     let (child, _, _) = long_gpu_run(&out, &corpus(&d), &[]);
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    send("TERM", child.id());
     let (code, err, took) = ends_within_a_minute(child);
     let stops: Vec<&str> = err
         .lines()
