@@ -1,6 +1,7 @@
 # GPT-2 in Rust, four stages. `make run` trains stage 0 on the bundled corpus;
 # `make test` runs every test (CI runs exactly this); `make bench`, `make results`.
-# Missing system packages (MPICH, libclang for rsmpi's bindings) and the NVRTC library
+# Missing system packages (MPICH, libclang for rsmpi's bindings, hwloc's plugins as the GPU
+# hosts' MPICH has them, for a stage 1 test) and the NVRTC library
 # that CI uses to compile the CUDA kernels without a GPU are installed on first use.
 
 SHELL := /bin/bash
@@ -30,6 +31,7 @@ deps:
 	@missing=""; \
 	command -v mpicc >/dev/null || missing="$$missing mpich libmpich-dev"; \
 	ldconfig -p | grep -q 'libclang[-.0-9]*\.so' || missing="$$missing libclang-dev"; \
+	ls /usr/lib/*/hwloc/hwloc_opencl.so >/dev/null 2>&1 || missing="$$missing libhwloc-plugins"; \
 	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing="$$missing fonts-dejavu-core"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing (apt)"; \

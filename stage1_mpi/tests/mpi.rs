@@ -1207,3 +1207,31 @@ fn mnist_reproduces_stage0() {
         assert!(want[4][2] > 0.9, "{optimizer}: it learns: {want:?}");
     }
 }
+
+/// hwloc (which MPICH asks for the topology at MPI_Init) does not probe OpenCL unless the user
+/// names the components. What shows the probe: the OpenCL loader, pointed by OCL_ICD_VENDORS
+/// at a folder naming a made-up driver, looks that library up, which `LD_DEBUG=libs` prints.
+#[test]
+fn mpi_init_keeps_hwloc_off_opencl_unless_the_user_names_its_components() {
+    let d = tmpdir("hwloc");
+    let driver = "libgpt2rs_made_up_opencl_driver.so";
+    std::fs::write(d.join("made-up.icd"), format!("{driver}\n")).unwrap();
+    let vendors = d.to_str().unwrap();
+    let bench: Vec<String> = "bench --model tiny --batch 2 --seq-len 16 --steps 1 --warmup 0"
+        .split(' ')
+        .map(str::to_string)
+        .collect();
+    let probes = |extra: &[(&str, &str)]| {
+        let mut env = vec![("OCL_ICD_VENDORS", vendors), ("LD_DEBUG", "libs")];
+        env.extend_from_slice(extra);
+        let o = mpirun(2, &bench, &env);
+        assert_ok(&o);
+        o.stderr.contains(&format!("find library={driver}"))
+    };
+    assert!(
+        probes(&[("HWLOC_COMPONENTS", "-gl")]),
+        "with HWLOC_COMPONENTS=-gl set by the user, hwloc's OpenCL plugin should probe the made-up \
+         driver; is libhwloc-plugins installed (`make deps`)?"
+    );
+    assert!(!probes(&[]), "by default MPI_Init should not let hwloc probe OpenCL");
+}

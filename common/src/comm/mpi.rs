@@ -19,6 +19,24 @@ extern "C" {
     fn gpt2rs_mpi_in_place() -> *mut c_void;
 }
 
+/// hwloc components that MPI_Init leaves out unless the user's environment names its own.
+const HWLOC_COMPONENTS: (&str, &str) = ("HWLOC_COMPONENTS", "-opencl,-gl");
+
+/// MPICH asks hwloc for the host's topology at MPI_Init. hwloc's OpenCL and GL plugins then
+/// open every OpenCL platform and X display: on the GPU hosts that loads pocl and LLVM into
+/// each rank, which cost 0.4-0.65 s of every start-up there (results/runs/gpu-x2-5acd144,
+/// call 11) and brought LLVM's signal handlers (see `stop::take_back_termination_signals`).
+/// MPICH needs only the cores, caches and PCI devices, so the two are left out, unless the
+/// user set `HWLOC_COMPONENTS`, which is then kept as it is.
+fn keep_hwloc_off_opencl_and_gl() {
+    let (name, value) = HWLOC_COMPONENTS;
+    if std::env::var_os(name).is_none() {
+        // Setting the environment races with threads reading it; `init` runs first in main,
+        // before this process starts any thread.
+        std::env::set_var(name, value);
+    }
+}
+
 /// Most elements one MPI call takes (its count is a C int): longer buffers go in pieces.
 const MAX_COUNT: usize = 1 << 30;
 
@@ -43,7 +61,10 @@ pub struct MpiComm {
 impl MpiComm {
     /// Initialises MPI. Only the main thread calls MPI while the CPU backend's workers
     /// compute, so `MPI_THREAD_FUNNELED` is the level we need, and refuse to run without.
+    /// Call it first thing in `main`, before any other thread starts: it may set an
+    /// environment variable (see [`keep_hwloc_off_opencl_and_gl`]).
     pub fn init() -> Result<Self> {
+        keep_hwloc_off_opencl_and_gl();
         let (universe, provided) = mpi::initialize_with_threading(Threading::Funneled)
             .ok_or_else(|| Error::Device("MPI is already initialised in this process".into()))?;
         if provided < Threading::Funneled {
