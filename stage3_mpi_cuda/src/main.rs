@@ -32,11 +32,19 @@ fn main() -> ExitCode {
         Ok(comm) => comm,
         Err((e, mpi)) => return app::fail(NAME, &mpi, e),
     };
-    let device = comm.device();
+    let (device, peer) = (comm.device(), comm.peer_memory());
     let stage = Stage {
         name: NAME,
         kind: KIND,
-        backend: &|args, _comm| CudaBackend::new(device, args.precision()),
+        // The weights' bf16 copy in memory the other GPUs can map: ZeRO-1's gathers into it
+        // then run on copy engines (common/src/comm/nccl.rs).
+        backend: &|args, _comm| {
+            let be = CudaBackend::new(device, args.precision())?;
+            if let Some(peer) = peer {
+                be.share_memory_with(peer);
+            }
+            Ok(be)
+        },
     };
     let code = app::main(stage, &comm, cli);
     drop(comm);

@@ -225,6 +225,17 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
             &pieces,
         );
         assert_eq!(table_without_times(&one), table_without_times(&four), "{precision}");
+        if precision == "bf16" {
+            // The bf16 copy gathered by thread blocks instead of copy engines: the same bits.
+            let blocks = run_env(
+                "zero1-no-copy-engines-bf16",
+                precision,
+                &["--zero", "1"],
+                &[("GPT2_NCCL_COPY_ENGINES", "0")],
+            );
+            assert_eq!(table_without_times(&one), table_without_times(&blocks));
+            assert!(state(&one) == state(&blocks), "copy engines changed the final state");
+        }
         let whole = table(&run(&format!("zero0-{precision}"), precision, &["--zero", "0"]));
         for (name, extra) in [
             ("zero1", &["--zero", "1"][..]),
@@ -450,7 +461,8 @@ fn overlap_on_two_gpus_equals_no_overlap() {
 }
 
 /// `GPT2_NCCL_BESIDE_CTAS` on one GPU: a value out of range ends the job with one line naming
-/// the variable; a good one makes the second communicator (one rank) and the run trains.
+/// the variable; a good one makes the second communicator (one rank) and the run trains. A bad
+/// `GPT2_NCCL_COPY_ENGINES` is one line too.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn beside_ctas_is_checked_and_splits_on_one_gpu() {
@@ -467,6 +479,11 @@ fn beside_ctas_is_checked_and_splits_on_one_gpu() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success(), "0 thread blocks was accepted");
     assert!(err.contains("GPT2_NCCL_BESIDE_CTAS must be"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let bad = mpirun_env(1, &args, &[("GPT2_NCCL_COPY_ENGINES", "yes")]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "GPT2_NCCL_COPY_ENGINES=yes was accepted");
+    assert!(err.contains("GPT2_NCCL_COPY_ENGINES must be"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     let good = mpirun_env(1, &args, &[("GPT2_NCCL_BESIDE_CTAS", "4")]);
     assert!(good.status.success(), "{}", String::from_utf8_lossy(&good.stderr));

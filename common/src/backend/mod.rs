@@ -353,6 +353,13 @@ pub trait Backend {
     /// A zero-filled buffer of `n` elements.
     fn alloc<T: Elem>(&self, n: usize) -> Result<Self::Buffer<T>>;
 
+    /// As [`Backend::alloc`], in memory the other GPUs of this host can map where the backend
+    /// was given a way to allocate it (stage 3: the weights' bf16 copy, which ZeRO-1 gathers
+    /// into, so NCCL fills it with copy engines rather than thread blocks).
+    fn alloc_shared<T: Elem>(&self, n: usize) -> Result<Self::Buffer<T>> {
+        self.alloc(n)
+    }
+
     /// Copies `src` into `dst[at..at + src.len()]`.
     fn write<T: Elem>(&self, dst: &Self::Buffer<T>, at: usize, src: &[T]) -> Result<()> {
         check_range("write", dst.len(), at, src.len())?;

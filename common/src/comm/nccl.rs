@@ -9,16 +9,24 @@
 //! (cuStreamWaitEvent) and then queues the collective, so backward goes on while a bucket is
 //! summed; at the end the compute stream waits for an event recorded on the communication
 //! stream after the last collective, before anything reads the sums.
+//!
+//! ZeRO-1's gathers into the weights' bf16 copy run on copy engines where NCCL can (2.28 or
+//! later, every GPU joined by NVLink): that buffer comes from `ncclMemAlloc` ([`NcclComm::peer_memory`],
+//! which the CUDA backend's `alloc_shared` takes), is registered once as a symmetric window, and is
+//! gathered through a third communicator whose CTA policy is zero (no thread blocks): the
+//! multiprocessors stay with the optimiser's update beside it. `GPT2_NCCL_COPY_ENGINES=0`
+//! (rank 0's setting) keeps every collective on thread blocks.
 
 use super::mpi::MpiComm;
 use super::{agree, root_env_number, Comm, Lane, Words};
+use crate::backend::cuda::PeerMemory;
 use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaEvent, CudaStream};
 use cudarc::nccl::{result as nccl, sys};
 use std::ffi::c_void;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct NcclComm {
     mpi: MpiComm,
@@ -27,6 +35,9 @@ pub struct NcclComm {
     /// the sums started beside computing ([`Lane::Beside`]): they leave the rest of the
     /// multiprocessors to backward's kernels. `None`: every sum uses `comm`.
     beside: Option<sys::ncclComm_t>,
+    /// The same ranks with CTA policy zero: the gathers into peer memory, on copy engines.
+    /// `None` (NCCL before 2.28, one rank, `GPT2_NCCL_COPY_ENGINES=0`): every gather uses `comm`.
+    copy: Option<sys::ncclComm_t>,
     /// NCCL's own stream on this rank's GPU (the communication stream). Before a blocking
     /// collective the trainer synchronises its backend, and the collective waits for this
     /// stream before returning; a started one is ordered by the two events below. Either
@@ -82,33 +93,56 @@ fn nccl_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Device(format!("NCCL: {what}: {e:?}"))
 }
 
-/// A communicator of the same ranks as `comm` whose collectives take at most `ctas` thread
-/// blocks (ncclCommSplit with a config), where `ctas` is given. Every rank calls it.
-fn split_beside(comm: sys::ncclComm_t, ctas: Option<i32>) -> Result<Option<sys::ncclComm_t>> {
-    let Some(ctas) = ctas else {
-        return Ok(None);
-    };
+/// NCCL's version as a number (2.28.9: 22809).
+fn nccl_version() -> Result<i32> {
     let mut version = 0;
     // SAFETY: writes one int.
     unsafe { sys::ncclGetVersion(&mut version) }
         .result()
         .map_err(|e| nccl_err("ncclGetVersion", e))?;
-    // NCCL_CONFIG_INITIALIZER: every field undefined (NCCL's defaults) but the CTA bounds.
+    Ok(version)
+}
+
+/// NCCL_CTA_POLICY_ZERO: no thread blocks where NCCL can (copy engines), from 2.28.
+const CTA_POLICY_ZERO: i32 = 2;
+/// The first NCCL with copy-engine collectives (2.28.0).
+const COPY_ENGINES_SINCE: i32 = 22800;
+/// NCCL_WIN_COLL_SYMMETRIC: every rank registers the same layout, collectives use the same
+/// offsets everywhere.
+const WIN_COLL_SYMMETRIC: i32 = 1;
+
+/// What a communicator split off the first is for.
+enum Split {
+    /// Collectives started beside computing take at most this many thread blocks.
+    Beside(i32),
+    /// No thread blocks where NCCL can do without (CTA policy zero): copy engines.
+    CopyEngines,
+}
+
+/// A communicator of the same ranks as `comm` for `what` (ncclCommSplit with a config). Every
+/// rank calls it.
+fn split(comm: sys::ncclComm_t, what: Split) -> Result<sys::ncclComm_t> {
+    let version = nccl_version()?;
+    // NCCL_CONFIG_INITIALIZER: every field undefined (NCCL's defaults) but what `what` sets.
     const UNDEF: i32 = i32::MIN;
+    let (min_ctas, max_ctas, policy, name) = match what {
+        Split::Beside(ctas) => (1, ctas, UNDEF, "GPT2_NCCL_BESIDE_CTAS"),
+        Split::CopyEngines => (UNDEF, UNDEF, CTA_POLICY_ZERO, "CTA policy zero"),
+    };
     let mut config = sys::ncclConfig_t {
         size: std::mem::size_of::<sys::ncclConfig_t>(),
         magic: 0xcafe_beef,
         version: version as u32,
         blocking: UNDEF,
         cgaClusterSize: UNDEF,
-        minCTAs: 1,
-        maxCTAs: ctas,
+        minCTAs: min_ctas,
+        maxCTAs: max_ctas,
         netName: std::ptr::null(),
         splitShare: UNDEF,
         trafficClass: UNDEF,
         commName: std::ptr::null(),
         collnetEnable: UNDEF,
-        CTAPolicy: UNDEF,
+        CTAPolicy: policy,
         shrinkShare: UNDEF,
         nvlsCTAs: UNDEF,
         nChannelsPerNetPeer: UNDEF,
@@ -117,19 +151,70 @@ fn split_beside(comm: sys::ncclComm_t, ctas: Option<i32>) -> Result<Option<sys::
         numRmaCtx: UNDEF,
         maxP2pPeers: UNDEF,
     };
-    let mut beside = std::ptr::null_mut();
+    let mut split = std::ptr::null_mut();
     // SAFETY: `comm` is live; every rank splits with the same colour (one group, ranks in
-    // the same order); NCCL writes `beside` and reads `config` during the call.
-    unsafe { sys::ncclCommSplit(comm, 0, 0, &mut beside, &mut config) }
+    // the same order); NCCL writes `split` and reads `config` during the call.
+    unsafe { sys::ncclCommSplit(comm, 0, 0, &mut split, &mut config) }
         .result()
-        .map_err(|e| nccl_err("ncclCommSplit (GPT2_NCCL_BESIDE_CTAS)", e))?;
-    Ok(Some(beside))
+        .map_err(|e| nccl_err(&format!("ncclCommSplit ({name})"), e))?;
+    Ok(split)
+}
+
+/// A buffer from `ncclMemAlloc` ([`NcclComm::peer_memory`]), and its window once a gather has
+/// registered it.
+struct PeerBuffer {
+    addr: u64,
+    bytes: usize,
+    /// (the copy-engine communicator, the window), as addresses (raw pointers are not Send).
+    window: Option<(usize, usize)>,
+}
+
+/// Every live buffer of this process from `ncclMemAlloc`.
+static PEER_BUFFERS: Mutex<Vec<PeerBuffer>> = Mutex::new(Vec::new());
+
+fn peer_buffers() -> std::sync::MutexGuard<'static, Vec<PeerBuffer>> {
+    PEER_BUFFERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn alloc_peer(bytes: usize) -> std::result::Result<u64, String> {
+    let mut ptr = std::ptr::null_mut();
+    // SAFETY: NCCL writes the address of `bytes` bytes on the current context's GPU.
+    unsafe { sys::ncclMemAlloc(&mut ptr, bytes) }
+        .result()
+        .map_err(|e| format!("ncclMemAlloc: {e:?}"))?;
+    let addr = ptr as u64;
+    peer_buffers().push(PeerBuffer {
+        addr,
+        bytes,
+        window: None,
+    });
+    Ok(addr)
+}
+
+fn free_peer(addr: u64) {
+    let mut buffers = peer_buffers();
+    if let Some(at) = buffers.iter().position(|b| b.addr == addr) {
+        let buffer = buffers.swap_remove(at);
+        if let Some((comm, win)) = buffer.window {
+            // SAFETY: registered on `comm`, which is live (NcclComm's drop deregisters its
+            // windows before destroying it) and deregistered once; every rank frees its model
+            // at the same point.
+            unsafe {
+                let _ = sys::ncclCommWindowDeregister(comm as sys::ncclComm_t, win as sys::ncclWindow_t);
+            }
+        }
+    }
+    // SAFETY: from `ncclMemAlloc`, freed once; the caller waited for the work on it.
+    unsafe {
+        let _ = sys::ncclMemFree(addr as *mut c_void);
+    }
 }
 
 /// What [`NcclComm::init`] opens beside the MPI communicator it keeps.
 struct Opened {
     comm: sys::ncclComm_t,
     beside: Option<sys::ncclComm_t>,
+    copy: Option<sys::ncclComm_t>,
     stream: Arc<CudaStream>,
     ready: CudaEvent,
     done: CudaEvent,
@@ -148,6 +233,7 @@ impl NcclComm {
                 mpi,
                 comm: o.comm,
                 beside: o.beside,
+                copy: o.copy,
                 stream: o.stream,
                 ready: o.ready,
                 done: o.done,
@@ -201,8 +287,11 @@ impl NcclComm {
         // every rank: ncclCommSplit waits for every rank, so a rank that did not see the
         // variable would hang the others (a bad value: every rank leaves, none waits).
         let ctas = root_env_number(mpi, "GPT2_NCCL_BESIDE_CTAS", 1..=64).map(|c| c.map(|c| c as i32));
-        let ctas = match ctas {
-            Ok(ctas) => ctas,
+        // `GPT2_NCCL_COPY_ENGINES=0`: no copy-engine gathers (rank 0's setting, for the same reason).
+        let copy = root_env_number(mpi, "GPT2_NCCL_COPY_ENGINES", 0..=1);
+        let settings = ctas.and_then(|ctas| Ok((ctas, copy?, nccl_version()?)));
+        let (ctas, copy) = match settings {
+            Ok((ctas, copy, version)) => (ctas, copy != Some(0) && version >= COPY_ENGINES_SINCE && mpi.size() > 1),
             Err(e) => {
                 // SAFETY: made above, destroyed once, used by nothing else.
                 unsafe {
@@ -211,8 +300,15 @@ impl NcclComm {
                 return Err(e);
             }
         };
-        let beside = match split_beside(comm, ctas) {
-            Ok(beside) => beside,
+        let splits = ctas
+            .map(|c| split(comm, Split::Beside(c)))
+            .transpose()
+            .and_then(|beside| {
+                let copy = copy.then(|| split(comm, Split::CopyEngines)).transpose()?;
+                Ok((beside, copy))
+            });
+        let (beside, copy) = match splits {
+            Ok(splits) => splits,
             Err(e) => {
                 // The other ranks may be waiting inside ncclCommSplit: end the whole job.
                 eprintln!("stage3_mpi_cuda ({}): error: {e}", mpi.describe());
@@ -229,6 +325,7 @@ impl NcclComm {
         Ok(Opened {
             comm,
             beside,
+            copy,
             stream,
             ready,
             done,
@@ -240,6 +337,48 @@ impl NcclComm {
     /// The GPU this rank drives (its rank among the ranks on its host).
     pub fn device(&self) -> usize {
         self.device
+    }
+
+    /// Where the CUDA backend should take the buffers it shares (`alloc_shared`: the weights'
+    /// bf16 copy), when the gathers into them can run on copy engines (see the module
+    /// documentation); `None`: plain memory, as any other buffer.
+    pub fn peer_memory(&self) -> Option<PeerMemory> {
+        self.copy.map(|_| PeerMemory {
+            alloc: alloc_peer,
+            free: free_peer,
+        })
+    }
+
+    /// The communicator for an all-gather over `bytes` bytes at `addr`: the copy-engine one
+    /// where they lie in a buffer from `ncclMemAlloc` (registering it as a window on the first
+    /// gather into it: a collective, which every rank reaches at the same gather), else `comm`.
+    fn gather_comm(&self, addr: u64, bytes: usize) -> Result<sys::ncclComm_t> {
+        let Some(copy) = self.copy else {
+            return Ok(self.comm);
+        };
+        let mut buffers = peer_buffers();
+        let within = |b: &PeerBuffer| b.addr <= addr && addr + bytes as u64 <= b.addr + b.bytes as u64;
+        let Some(buffer) = buffers.iter_mut().find(|b| within(b)) else {
+            return Ok(self.comm);
+        };
+        if buffer.window.is_none() {
+            let mut win = std::ptr::null_mut();
+            // SAFETY: the buffer is live device memory from `ncclMemAlloc` on this GPU, of
+            // `bytes` bytes; every rank registers its own copy's buffer here, at the same gather.
+            unsafe {
+                sys::ncclCommWindowRegister(
+                    copy,
+                    buffer.addr as *mut c_void,
+                    buffer.bytes,
+                    &mut win,
+                    WIN_COLL_SYMMETRIC,
+                )
+            }
+            .result()
+            .map_err(|e| nccl_err("ncclCommWindowRegister", e))?;
+            buffer.window = Some((copy as usize, win as usize));
+        }
+        Ok(copy)
     }
 
     /// Waits for what was queued on NCCL's stream (`what` names it in an error).
@@ -355,7 +494,8 @@ impl NcclComm {
             Some(len) => unsafe {
                 let own = base.add(parts[self.rank()].start * size) as *const c_void;
                 let run = base.add(parts[0].start * size) as *mut c_void;
-                nccl::all_gather(own, run, len, words, self.comm, self.raw_stream())
+                let comm = self.gather_comm(run as u64, len * parts.len() * size)?;
+                nccl::all_gather(own, run, len, words, comm, self.raw_stream())
                     .map_err(|e| nccl_err("ncclAllGather", e))?;
             },
             None => grouped(|| {
@@ -480,6 +620,16 @@ impl Drop for NcclComm {
         unsafe {
             if let Some(beside) = self.beside {
                 let _ = nccl::comm_destroy(beside);
+            }
+            if let Some(copy) = self.copy {
+                // Windows of buffers still alive go first (see `free_peer`).
+                for buffer in peer_buffers().iter_mut() {
+                    if let Some((comm, win)) = buffer.window.filter(|&(comm, _)| comm == copy as usize) {
+                        let _ = sys::ncclCommWindowDeregister(comm as sys::ncclComm_t, win as sys::ncclWindow_t);
+                        buffer.window = None;
+                    }
+                }
+                let _ = nccl::comm_destroy(copy);
             }
             let _ = nccl::comm_destroy(self.comm);
         }

@@ -39,7 +39,8 @@ impl<B: Backend> Gpt2<B> {
         let grads = be.alloc(layout.total)?;
         let params_bf16 = match be.act() {
             ActType::F32 => None,
-            ActType::Bf16 => Some(be.alloc(layout.total)?),
+            // What ZeRO-1 gathers into: memory other GPUs can map, where the backend has some.
+            ActType::Bf16 => Some(be.alloc_shared(layout.total)?),
         };
         Ok(Gpt2 {
             config,

@@ -1,9 +1,11 @@
 //! Device memory: plain `cuMemAlloc` buffers that free themselves on drop, with the bytes in
 //! use and the peak counted here (what `peak_memory_bytes` reports, cuBLAS's workspace and
 //! the attention scratch included). Out of memory says how much was asked and how much is free.
+//! Where a [`PeerMemory`] is given (stage 3), [`DeviceMemory::alloc_shared`] takes its buffers
+//! from it instead: memory the other GPUs of the host can map.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaStream, DriverError};
 
@@ -16,6 +18,19 @@ pub(super) struct DeviceMemory {
     pub(super) stream: Arc<CudaStream>,
     in_use: AtomicU64,
     peak: AtomicU64,
+    /// Where `alloc_shared` takes its memory from; unset: as `alloc`.
+    peer: OnceLock<PeerMemory>,
+}
+
+/// A way to allocate device memory that the other GPUs of this host can map into their
+/// collectives (stage 3: NCCL's `ncclMemAlloc`). ZeRO-1 gathers into such a buffer, which NCCL
+/// then fills with copy engines instead of thread blocks on the multiprocessors.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerMemory {
+    /// `bytes` bytes on the current context's GPU: their address, or why not.
+    pub alloc: fn(bytes: usize) -> std::result::Result<u64, String>,
+    /// Frees what `alloc` returned.
+    pub free: fn(addr: u64),
 }
 
 impl DeviceMemory {
@@ -25,6 +40,20 @@ impl DeviceMemory {
             stream,
             in_use: AtomicU64::new(0),
             peak: AtomicU64::new(0),
+            peer: OnceLock::new(),
+        }
+    }
+
+    /// Has `alloc_shared` take its memory from `peer` (the first call only counts).
+    pub(super) fn share_with(&self, peer: PeerMemory) {
+        let _ = self.peer.set(peer);
+    }
+
+    /// As `alloc`, in memory from the [`PeerMemory`] given (`share_with`), where one was.
+    pub(super) fn alloc_shared<T: Elem>(self: &Arc<Self>, len: usize) -> Result<CudaBuffer<T>> {
+        match self.peer.get() {
+            Some(&peer) if len > 0 => self.alloc_from(len, Some(peer)),
+            _ => self.alloc(len),
         }
     }
 
@@ -39,20 +68,34 @@ impl DeviceMemory {
                 ptr: DevPtr::from_addr(0),
                 len,
                 memory: Arc::clone(self),
+                peer: None,
             });
         }
+        self.alloc_from(len, None)
+    }
+
+    /// `len` (> 0) zero-filled elements from `peer`, or plain `cuMemAlloc` memory.
+    fn alloc_from<T: Elem>(self: &Arc<Self>, len: usize, peer: Option<PeerMemory>) -> Result<CudaBuffer<T>> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::Device(format!("cannot allocate {len} elements: size overflows")))?;
         self.ctx
             .bind_to_thread()
             .map_err(|e| device_err("binding the CUDA context", e))?;
-        // SAFETY: a plain allocation; the pointer is owned by the returned buffer.
-        let ptr = unsafe { driver::malloc_sync(bytes) }.map_err(|e| self.alloc_error(bytes, e))?;
+        let ptr = match peer {
+            // SAFETY: a plain allocation; the pointer is owned by the returned buffer.
+            None => unsafe { driver::malloc_sync(bytes) }.map_err(|e| self.alloc_error(bytes, e))?,
+            Some(peer) => (peer.alloc)(bytes).map_err(|e| {
+                Error::Device(format!(
+                    "GPU allocation of {bytes} bytes other GPUs can map failed: {e}"
+                ))
+            })?,
+        };
         let buffer = CudaBuffer {
             ptr: DevPtr::from_addr(ptr),
             len,
             memory: Arc::clone(self),
+            peer,
         };
         let now = self.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
         self.peak.fetch_max(now, Ordering::Relaxed);
@@ -96,6 +139,8 @@ pub struct CudaBuffer<T = f32> {
     ptr: DevPtr<T>,
     len: usize,
     memory: Arc<DeviceMemory>,
+    /// Where the memory came from, when not from `cuMemAlloc` (it goes back there).
+    peer: Option<PeerMemory>,
 }
 
 impl<T: Elem> DeviceBuffer<T> for CudaBuffer<T> {
@@ -116,8 +161,13 @@ impl<T> Drop for CudaBuffer<T> {
         // Queued kernels may still use the buffer: let them finish before it goes back.
         let _ = memory.ctx.bind_to_thread();
         let _ = memory.stream.synchronize();
-        // SAFETY: allocated by `DeviceMemory::alloc`, freed exactly once, no work pending on it.
-        let _ = unsafe { driver::free_sync(self.ptr.addr()) };
+        match self.peer {
+            Some(peer) => (peer.free)(self.ptr.addr()),
+            // SAFETY: allocated by `DeviceMemory::alloc`, freed exactly once, no work pending on it.
+            None => {
+                let _ = unsafe { driver::free_sync(self.ptr.addr()) };
+            }
+        }
         let bytes = (self.len * std::mem::size_of::<T>()) as u64;
         let before = memory.in_use.fetch_sub(bytes, Ordering::Relaxed);
         if alloc_log() {

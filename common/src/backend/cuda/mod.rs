@@ -28,7 +28,7 @@ use memory::{device_err, DeviceMemory};
 use nvrtc::Kernels;
 
 pub use flash::HopperBackward;
-pub use memory::CudaBuffer;
+pub use memory::{CudaBuffer, PeerMemory};
 pub use nvrtc::{
     compile, compile_cached, kernel_cache_dir, kernel_names, kernel_sources, nvrtc_present, nvrtc_version,
 };
@@ -282,6 +282,12 @@ impl BiasGradPath {
 }
 
 impl CudaBackend {
+    /// Has [`Backend::alloc_shared`](crate::backend::Backend::alloc_shared) take its buffers
+    /// from `peer` (before the model is made; the first call only counts).
+    pub fn share_memory_with(&self, peer: PeerMemory) {
+        self.memory.share_with(peer);
+    }
+
     /// Opens GPU `device`, compiles the kernels for its architecture and sets up cuBLAS.
     pub fn new(device: usize, precision: Precision) -> Result<Self> {
         check_libraries()?;

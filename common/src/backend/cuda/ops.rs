@@ -427,6 +427,10 @@ impl Backend for CudaBackend {
         self.memory.alloc(n)
     }
 
+    fn alloc_shared<T: Elem>(&self, n: usize) -> Result<CudaBuffer<T>> {
+        self.memory.alloc_shared(n)
+    }
+
     unsafe fn upload<T: Elem>(&self, dst: DevPtr<T>, src: &[T]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
