@@ -378,25 +378,26 @@ impl GradSync {
 
 impl GradSync {
     /// Seconds one step's gradient sums take on their own, the host waiting for them (the
-    /// mean of `reps`): the whole buffer's sum, or under ZeRO-1 its reduce-scatter and an
-    /// all-gather of the words the steps gather (`GradSync::gathered`), on the model's
-    /// gradients too: the parameters are left alone. 0 with one rank or under local SGD.
-    /// For the benchmark: what a step would add if computing hid none of it.
+    /// mean of `reps`): the whole buffer's sum (on the gradients), or under ZeRO-1 its
+    /// reduce-scatter and the all-gather of the steps (`GradSync::gathered`), into the same
+    /// buffer, so by the same means (copy engines where the steps use them). Between steps
+    /// every rank holds the same gathered words, so gathering them again changes nothing.
+    /// 0 with one rank or under local SGD. For the benchmark: what a step would add if
+    /// computing hid none of it.
     pub fn time_sums<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>, reps: usize) -> Result<f64> {
         if comm.size() == 1 || matches!(self.mode, SyncMode::LocalSgd { .. }) || reps == 0 {
             return Ok(0.0);
         }
         let grads = &model.grads;
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
-        let words = match self.gathered(model) {
-            Words::Bf16(_) => Words::Bf16(grads.ptr().cast()), // half the bytes of the f32 values
-            Words::F32(_) => Words::F32(grads.ptr()),
-        };
+        let words = self.gathered(model);
         be.synchronize()?;
         let mut seconds = 0.0;
         for _ in 0..reps {
-            // SAFETY: the whole layout, inside `grads` (checked above), which nothing else
-            // uses between steps; each call returns once its collective is done.
+            // SAFETY: the whole layout, inside `grads` and the gathered buffer (checked above
+            // and by `gathered`), which nothing else uses between steps; the gather writes
+            // every rank's shard with the values it holds already; each call returns once
+            // its collective is done.
             timed(&mut seconds, || unsafe {
                 self.sum_whole(comm, grads.ptr())?;
                 match self.shards.sharded() {
