@@ -62,7 +62,7 @@ impl MpiComm {
     /// Initialises MPI. Only the main thread calls MPI while the CPU backend's workers
     /// compute, so `MPI_THREAD_FUNNELED` is the level we need, and refuse to run without.
     /// Call it first thing in `main`, before any other thread starts: it may set an
-    /// environment variable (see [`keep_hwloc_off_opencl_and_gl`]).
+    /// environment variable (see `keep_hwloc_off_opencl_and_gl`).
     pub fn init() -> Result<Self> {
         keep_hwloc_off_opencl_and_gl();
         let (universe, provided) = mpi::initialize_with_threading(Threading::Funneled)

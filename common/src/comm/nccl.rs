@@ -13,7 +13,7 @@
 //! ZeRO-1's gathers into the weights' bf16 copy run on copy engines where NCCL can (2.28 or
 //! later, every GPU joined by NVLink): that buffer comes from `ncclMemAlloc` ([`NcclComm::peer_memory`],
 //! which the CUDA backend's `alloc_shared` takes), is registered once as a symmetric window, and is
-//! gathered through a third communicator whose CTA policy is zero (no thread blocks): the
+//! gathered through a communicator of its own whose CTA policy is zero (no thread blocks): the
 //! multiprocessors stay with the optimiser's update beside it. `GPT2_NCCL_COPY_ENGINES=0`
 //! (rank 0's setting) keeps every collective on thread blocks.
 
