@@ -24,6 +24,7 @@ use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaEvent, CudaStream};
 use cudarc::nccl::{result as nccl, sys};
+use std::cell::RefCell;
 use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,9 @@ pub struct NcclComm {
     /// The same ranks with CTA policy zero: the gathers into peer memory, on copy engines.
     /// `None` (NCCL before 2.28, one rank, `GPT2_NCCL_COPY_ENGINES=0`): every gather uses `comm`.
     copy: Option<sys::ncclComm_t>,
+    /// For each run gathered so far (address, bytes): whether it goes through `copy`, as every
+    /// rank agreed at its first gather (see `gather_comm`).
+    gathers: RefCell<Vec<(u64, usize, bool)>>,
     /// NCCL's own stream on this rank's GPU (the communication stream). Before a blocking
     /// collective the trainer synchronises its backend, and the collective waits for this
     /// stream before returning; a started one is ordered by the two events below. Either
@@ -191,6 +195,51 @@ fn alloc_peer(bytes: usize) -> std::result::Result<u64, String> {
     Ok(addr)
 }
 
+/// Which buffer from `ncclMemAlloc` holds the `bytes` bytes at `addr`, if one does.
+fn peer_buffer_index(addr: u64, bytes: usize) -> Option<usize> {
+    let within = |b: &PeerBuffer| b.addr <= addr && addr + bytes as u64 <= b.addr + b.bytes as u64;
+    peer_buffers().iter().position(within)
+}
+
+/// Registers the buffer from `ncclMemAlloc` that holds the `bytes` bytes at `addr` as a
+/// symmetric window on `copy` (once; a collective every rank calls together).
+fn register_window(copy: sys::ncclComm_t, addr: u64, bytes: usize) -> Result<()> {
+    let at = peer_buffer_index(addr, bytes).ok_or_else(|| nccl_err("ncclCommWindowRegister", "not NCCL memory"))?;
+    let mut buffers = peer_buffers();
+    let buffer = &mut buffers[at];
+    if buffer.window.is_none() {
+        let mut win = std::ptr::null_mut();
+        // SAFETY: the buffer is live device memory from `ncclMemAlloc` on this GPU, of
+        // `buffer.bytes` bytes; every rank registers its own such buffer here, together.
+        unsafe {
+            sys::ncclCommWindowRegister(
+                copy,
+                buffer.addr as *mut c_void,
+                buffer.bytes,
+                &mut win,
+                WIN_COLL_SYMMETRIC,
+            )
+        }
+        .result()
+        .map_err(|e| nccl_err("ncclCommWindowRegister", e))?;
+        buffer.window = Some((copy as usize, win as usize));
+    }
+    Ok(())
+}
+
+/// Takes back the window of the buffer holding the `bytes` bytes at `addr`, if it has one.
+fn deregister_window(addr: u64, bytes: usize) {
+    let Some(at) = peer_buffer_index(addr, bytes) else {
+        return;
+    };
+    if let Some((comm, win)) = peer_buffers()[at].window.take() {
+        // SAFETY: registered on `comm`, which is live (the caller holds it), deregistered once.
+        unsafe {
+            let _ = sys::ncclCommWindowDeregister(comm as sys::ncclComm_t, win as sys::ncclWindow_t);
+        }
+    }
+}
+
 fn free_peer(addr: u64) {
     let mut buffers = peer_buffers();
     if let Some(at) = buffers.iter().position(|b| b.addr == addr) {
@@ -234,6 +283,7 @@ impl NcclComm {
                 comm: o.comm,
                 beside: o.beside,
                 copy: o.copy,
+                gathers: RefCell::new(Vec::new()),
                 stream: o.stream,
                 ready: o.ready,
                 done: o.done,
@@ -350,35 +400,44 @@ impl NcclComm {
     }
 
     /// The communicator for an all-gather over `bytes` bytes at `addr`: the copy-engine one
-    /// where they lie in a buffer from `ncclMemAlloc` (registering it as a window on the first
-    /// gather into it: a collective, which every rank reaches at the same gather), else `comm`.
+    /// where they lie in a buffer from `ncclMemAlloc` registered as a window, else `comm`.
+    /// Decided at the first gather over that run, a point every rank reaches together: every
+    /// rank must hold it in such a buffer (one whose `ncclMemAlloc` failed holds plain memory,
+    /// see `alloc_shared`), and then every rank's registration must succeed; otherwise every
+    /// rank gathers through `comm`, as without copy engines. (A decision outlives a freed
+    /// buffer: either communicator gathers any memory correctly, `copy` through thread blocks
+    /// where no window holds it.)
     fn gather_comm(&self, addr: u64, bytes: usize) -> Result<sys::ncclComm_t> {
         let Some(copy) = self.copy else {
             return Ok(self.comm);
         };
-        let mut buffers = peer_buffers();
-        let within = |b: &PeerBuffer| b.addr <= addr && addr + bytes as u64 <= b.addr + b.bytes as u64;
-        let Some(buffer) = buffers.iter_mut().find(|b| within(b)) else {
-            return Ok(self.comm);
-        };
-        if buffer.window.is_none() {
-            let mut win = std::ptr::null_mut();
-            // SAFETY: the buffer is live device memory from `ncclMemAlloc` on this GPU, of
-            // `bytes` bytes; every rank registers its own copy's buffer here, at the same gather.
-            unsafe {
-                sys::ncclCommWindowRegister(
-                    copy,
-                    buffer.addr as *mut c_void,
-                    buffer.bytes,
-                    &mut win,
-                    WIN_COLL_SYMMETRIC,
-                )
+        let known = self
+            .gathers
+            .borrow()
+            .iter()
+            .find(|g| (g.0, g.1) == (addr, bytes))
+            .map(|g| g.2);
+        let use_copy = match known {
+            Some(use_copy) => use_copy,
+            None => {
+                let all_hold = self.on_every_rank(peer_buffer_index(addr, bytes).is_some())?;
+                let registered = all_hold && register_window(copy, addr, bytes).is_ok();
+                let use_copy = all_hold && self.on_every_rank(registered)?;
+                if registered && !use_copy {
+                    deregister_window(addr, bytes);
+                }
+                self.gathers.borrow_mut().push((addr, bytes, use_copy));
+                use_copy
             }
-            .result()
-            .map_err(|e| nccl_err("ncclCommWindowRegister", e))?;
-            buffer.window = Some((copy as usize, win as usize));
-        }
-        Ok(copy)
+        };
+        Ok(if use_copy { copy } else { self.comm })
+    }
+
+    /// Whether `yes` holds on every rank (a host collective every rank calls).
+    fn on_every_rank(&self, yes: bool) -> Result<bool> {
+        let mut noes = [if yes { 0.0 } else { 1.0 }];
+        self.mpi.all_reduce_sum_host(&mut noes)?;
+        Ok(noes[0] == 0.0)
     }
 
     /// Waits for what was queued on NCCL's stream (`what` names it in an error).

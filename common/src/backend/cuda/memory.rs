@@ -49,10 +49,11 @@ impl DeviceMemory {
         let _ = self.peer.set(peer);
     }
 
-    /// As `alloc`, in memory from the [`PeerMemory`] given (`share_with`), where one was.
+    /// As `alloc`, in memory from the [`PeerMemory`] given (`share_with`), where one was and
+    /// it can give this much; else plain memory (the collectives on it then use thread blocks).
     pub(super) fn alloc_shared<T: Elem>(self: &Arc<Self>, len: usize) -> Result<CudaBuffer<T>> {
         match self.peer.get() {
-            Some(&peer) if len > 0 => self.alloc_from(len, Some(peer)),
+            Some(&peer) if len > 0 => self.alloc_from(len, Some(peer)).or_else(|_| self.alloc(len)),
             _ => self.alloc(len),
         }
     }
