@@ -1,10 +1,10 @@
-//! Asking a run to stop at the end of its current step, with a checkpoint: Ctrl-C; SIGTERM
-//! and SIGHUP (with several processes the watchdog of `comm` takes them and asks here while
-//! the run steps: `comm/watchdog.rs`); stdout gone (a closed pipe, a full disk: see [`say`]).
+//! Asking a run to stop at the end of its current step, with a checkpoint: Ctrl-C, SIGTERM
+//! and SIGHUP, in one process or in each rank of a job (there the ranks agree on the stop at
+//! the step's end, and the watchdog of `comm/watchdog.rs` takes SIGQUIT); stdout gone (a
+//! closed pipe, a full disk: see [`say`]).
 //! `train`'s steps and its closing sample read [`asked`] (the `generate` command ends on
 //! Ctrl-C as any program does).
 
-use crate::comm::Comm;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -22,22 +22,19 @@ pub fn ask() {
     STOP.store(true, Ordering::SeqCst);
 }
 
-/// Installs the handlers: Ctrl-C always; SIGTERM and SIGHUP where `comm` has no job to end
-/// (one process; with several, the watchdog takes them). Once per process, however many runs
-/// it makes (tests make several).
-pub fn on_signals(comm: &dyn Comm) {
+/// Installs the handlers of Ctrl-C, SIGTERM and SIGHUP, each of which asks for a stop. Once
+/// per process, however many runs it makes (tests make several).
+pub fn on_signals() {
     // A second Ctrl-C handler is refused; one is enough.
     let _ = ctrlc::set_handler(ask);
     static TERMINATION: std::sync::Once = std::sync::Once::new();
-    if comm.job_abort().is_none() {
-        TERMINATION.call_once(|| {
-            take_back_termination_signals();
-            for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
-                // SAFETY: the action stores to an atomic, which is async-signal-safe.
-                let _ = unsafe { signal_hook::low_level::register(sig, ask) };
-            }
-        });
-    }
+    TERMINATION.call_once(|| {
+        take_back_termination_signals();
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+            // SAFETY: the action stores to an atomic, which is async-signal-safe.
+            let _ = unsafe { signal_hook::low_level::register(sig, ask) };
+        }
+    });
 }
 
 /// Takes SIGTERM, SIGHUP and SIGQUIT back from handlers that libraries installed: their

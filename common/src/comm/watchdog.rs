@@ -3,8 +3,8 @@
 //! (stage 3):
 //!
 //! - SIGTERM or SIGHUP on any rank (a scheduler's time limit, mpirun passing on a `kill`, a
-//!   `kill` of one rank) stops the run as Ctrl-C does: the rank asks to stop
-//!   ([`crate::stop::ask`]), the ranks agree on it after the current step (the sum at every
+//!   `kill` of one rank) stops the run as Ctrl-C does: the rank asks to stop (the handler of
+//!   [`crate::stop::on_signals`], as in one process), the ranks agree on it after the current step (the sum at every
 //!   step's end), rank 0 writes a checkpoint and says in one line how to resume, and every
 //!   rank exits 130. Nothing is said at the signal itself, so a signal that reaches every
 //!   rank (mpirun passes it on), or comes again while the ranks leave (Hydra's, to the ranks
@@ -81,7 +81,8 @@ fn end_job(abort_job: fn(u8), line: String, status: u8) {
     abort_job(status);
 }
 
-/// Listens for termination signals on a thread of its own; see the module documentation.
+/// Watches for SIGQUIT, for a rank on this host that ends without a word, and (with a
+/// timeout) for a lack of progress, on threads of its own; see the module documentation.
 pub struct Watchdog {
     progress: Arc<Mutex<Progress>>,
 }
@@ -100,10 +101,11 @@ impl Watchdog {
         let Some(abort_job) = comm.job_abort() else {
             return Ok(None);
         };
-        use signal_hook::consts::{SIGHUP, SIGQUIT, SIGTERM};
+        use signal_hook::consts::SIGQUIT;
         crate::stop::take_back_termination_signals();
-        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGQUIT])
-            .map_err(|e| Error::Device(format!("cannot watch for termination signals: {e}")))?;
+        // SIGTERM and SIGHUP ask for a stop (`stop::on_signals`); SIGQUIT ends the job here.
+        let mut signals = signal_hook::iterator::Signals::new([SIGQUIT])
+            .map_err(|e| Error::Device(format!("cannot watch for SIGQUIT: {e}")))?;
         let progress = Arc::new(Mutex::new(Progress {
             step: 0,
             last: Instant::now(),
@@ -116,12 +118,7 @@ impl Watchdog {
         std::thread::Builder::new()
             .name("watchdog".into())
             .spawn(move || {
-                for sig in signals.forever() {
-                    if sig != SIGQUIT {
-                        // Stops after the current step with a checkpoint, on every rank.
-                        crate::stop::ask();
-                        continue;
-                    }
+                if let Some(sig) = signals.forever().next() {
                     let p = seen.lock().unwrap_or_else(|e| e.into_inner());
                     let name = signal_hook::low_level::signal_name(sig).unwrap_or("a signal");
                     let line = format!(
@@ -130,7 +127,6 @@ impl Watchdog {
                         p.last_checkpoint()
                     );
                     end_job(abort_job, line, status_for(sig));
-                    return;
                 }
             })
             .map_err(|e| Error::Device(format!("cannot start the watchdog thread: {e}")))?;

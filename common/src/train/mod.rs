@@ -24,7 +24,7 @@ use std::time::Instant;
 
 /// The `train` subcommand.
 pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()> {
-    crate::stop::on_signals(comm);
+    crate::stop::on_signals();
     if args.dump_batches.is_some() && comm.size() > 1 {
         let e = Error::Input("--dump-batches writes one process's batches: run it on one rank".into());
         return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
