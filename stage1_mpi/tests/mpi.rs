@@ -669,6 +669,8 @@ fn bench_reports_compute_and_comm_time() {
         for key in ["compute_ms_per_step", "comm_ms_per_step", "tokens_per_s"] {
             assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} missing in {last}");
         }
+        // MPI gathers one way: the field says nothing (stage 3's say how NCCL ran them).
+        assert!(v["gather"].is_null() && last.contains("\"gather\":null"), "{last}");
         assert_eq!(
             o.stdout.matches("ms/step").count(),
             1,

@@ -302,32 +302,35 @@ fn state(dir: &Path) -> Vec<u8> {
     bytes[24 + meta + 8..bytes.len() - 8].to_vec()
 }
 
+/// `bench` on two GPUs prints its JSON line, which says how ZeRO-1's gathers ran: on copy
+/// engines by default, on thread blocks with `GPT2_NCCL_COPY_ENGINES=0`, and on thread blocks
+/// on every rank when one rank cannot have NCCL memory (the fallback).
 #[test]
 #[ignore = "needs 2 CUDA devices"]
 fn bench_on_two_gpus_prints_json() {
-    let o = mpirun(
-        2,
-        &[
-            "bench",
-            "--model",
-            "tiny",
-            "--vocab",
-            "256",
-            "--batch",
-            "4",
-            "--seq-len",
-            "32",
-            "--steps",
-            "3",
-        ],
+    let args = "bench --model tiny --vocab 256 --batch 4 --seq-len 32 --steps 3";
+    let args: Vec<&str> = args.split(' ').collect();
+    // The JSON line, and how its ZeRO-1 gathers ran (bf16, --zero 1: stage 3's defaults).
+    let gather = |env: &[(&str, &str)]| -> String {
+        let o = mpirun_env(2, &args, env);
+        assert!(o.status.success(), "{env:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let last = stdout.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.contains("\"ranks\":2") && last.contains("tokens_per_s"),
+            "{stdout}"
+        );
+        let report: serde_json::Value = serde_json::from_str(last).expect("a JSON line");
+        report["gather"].as_str().unwrap_or("null").to_string()
+    };
+    assert_eq!(
+        gather(&[]),
+        "copy engines",
+        "NCCL 2.28 or later and NVLink are needed for them"
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let last = stdout.trim().lines().last().unwrap_or_default();
-    assert!(
-        last.contains("\"ranks\":2") && last.contains("tokens_per_s"),
-        "{stdout}"
-    );
+    assert_eq!(gather(&[("GPT2_NCCL_COPY_ENGINES", "0")]), "thread blocks");
+    // Rank 1 refused NCCL memory: every rank falls back (rank 0 reports).
+    assert_eq!(gather(&[("GPT2RS_NO_NCCL_MEMORY_RANK", "1")]), "thread blocks");
 }
 
 /// Bad input that both GPU ranks meet alike (a missing corpus, read by rank 0; `--seq-len 32`

@@ -42,6 +42,9 @@ pub struct BenchReport {
     /// One step's gradient sums timed alone after the run, the host waiting for them (0 on
     /// one process): what a step would add were none of it hidden behind computing.
     pub sums_alone_ms: f64,
+    /// How ZeRO-1's all-gathers ran, where the communicator has more than one way (stage 3:
+    /// "copy engines" or "thread blocks"); null elsewhere.
+    pub gather: Option<&'static str>,
     pub peak_rss_mb: f64,
     /// Device memory high-water mark (GPU backends; equals RSS on the CPU).
     pub peak_device_mb: f64,
@@ -150,6 +153,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         comm_ms_per_step: comm_s * 1e3 / steps,
         compute_ms_per_step: (secs - comm_s) * 1e3 / steps,
         sums_alone_ms: sums_alone_s * 1e3,
+        gather: comm.gather_means(),
         peak_rss_mb: rss,
         peak_device_mb: be.peak_memory_bytes() as f64 / (1 << 20) as f64,
         optimizer_state_mb: trainer.optimizer_state_bytes() as f64 / (1 << 20) as f64,

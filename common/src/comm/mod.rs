@@ -110,6 +110,12 @@ pub trait Comm {
         host_ordered(self, after)?;
         self.all_gather(buf, parts)
     }
+    /// How the all-gathers so far ran, where the communicator has more than one way (NCCL:
+    /// `"copy engines"` or `"thread blocks"`, both where some ran each way); `None` where it
+    /// has one, or before any.
+    fn gather_means(&self) -> Option<&'static str> {
+        None
+    }
     /// Sums a small host array over all ranks, in place.
     fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()>;
     /// Rank 0's bytes replace every other rank's (`data` is resized to match).

@@ -422,29 +422,32 @@ impl NcclComm {
     /// buffer: either communicator gathers any memory correctly, `copy` through thread blocks
     /// where no window holds it.)
     fn gather_comm(&self, addr: u64, bytes: usize) -> Result<sys::ncclComm_t> {
-        let Some(copy) = self.copy else {
-            return Ok(self.comm);
-        };
         let known = self
             .gathers
             .borrow()
             .iter()
             .find(|g| (g.0, g.1) == (addr, bytes))
             .map(|g| g.2);
-        let use_copy = match known {
-            Some(use_copy) => use_copy,
-            None => {
+        let use_copy = match (known, self.copy) {
+            (_, None) => false,
+            (Some(use_copy), Some(_)) => use_copy,
+            (None, Some(copy)) => {
                 let all_hold = self.on_every_rank(peer_buffer_index(addr, bytes).is_some())?;
                 let registered = all_hold && register_window(copy, addr, bytes).is_ok();
                 let use_copy = all_hold && self.on_every_rank(registered)?;
                 if registered && !use_copy {
                     deregister_window(addr, bytes);
                 }
-                self.gathers.borrow_mut().push((addr, bytes, use_copy));
                 use_copy
             }
         };
-        Ok(if use_copy { copy } else { self.comm })
+        if known.is_none() {
+            self.gathers.borrow_mut().push((addr, bytes, use_copy));
+        }
+        Ok(match (use_copy, self.copy) {
+            (true, Some(copy)) => copy,
+            _ => self.comm,
+        })
     }
 
     /// Whether `yes` holds on every rank (a host collective every rank calls).
@@ -669,6 +672,16 @@ impl Comm for NcclComm {
         self.wait_for(after)?;
         // SAFETY: as in `start_all_reduce_sum`.
         unsafe { self.queue_all_gather(buf, parts) }
+    }
+    fn gather_means(&self) -> Option<&'static str> {
+        let gathers = self.gathers.borrow();
+        let copy = gathers.iter().filter(|g| g.2).count();
+        match (copy, gathers.len() - copy) {
+            (0, 0) => None,
+            (_, 0) => Some("copy engines"),
+            (0, _) => Some("thread blocks"),
+            _ => Some("copy engines and thread blocks"),
+        }
     }
     fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()> {
         self.mpi.all_reduce_sum_host(v)
