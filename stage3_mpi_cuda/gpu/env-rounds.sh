@@ -5,7 +5,7 @@
 #   [SETTINGS="-|NCCL_MIN_CTAS=32"] [ROUNDS=3] [FLAGS="--zero 1"] stage3_mpi_cuda/gpu/env-rounds.sh [N]
 # SETTINGS: `|`-separated; each a space-separated list of VAR=value (`-`: none, the
 # defaults). N: GPUs (default: all that nvidia-smi lists). One line per run: ms a step,
-# tokens/s and the gradient sums timed alone. From the project root after
+# tokens/s, the gradient sums timed alone and how ZeRO-1 gathered (bench's `gather`). From the project root after
 # `../shared/gpu/bundle.sh`.
 set -uo pipefail
 source stage3_mpi_cuda/gpu/multi-gpu-env.sh
@@ -19,7 +19,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
      timeout 60 mpirun -n "$n" stage3_mpi_cuda $gpt2 2>/dev/null | tail -1 | python3 -c "
 import json, sys
 r = json.load(sys.stdin)
-print(f\"round $r [$s] {r['ms_per_step']:.3f} ms {r['tokens_per_s']:,.0f} tokens/s sums_alone {r['sums_alone_ms']:.3f} ms\")" \
+print(f\"round $r [$s] {r['ms_per_step']:.3f} ms {r['tokens_per_s']:,.0f} tokens/s sums_alone {r['sums_alone_ms']:.3f} ms gather {r.get('gather')}\")" \
        || echo "round $r [$s] FAILED")
   done
 done

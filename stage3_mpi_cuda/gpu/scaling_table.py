@@ -25,9 +25,10 @@ print("gradient sums (the all-reduce; under ZeRO-1 the reduce-scatter and all-ga
 print("their own after the run. Hidden: the share of them a run does not add to the one-GPU")
 print("step, 1 - (ms/step - one GPU's) / sums alone. All runs but the eager one (GPT2_CUDA_GRAPH=0,")
 print("op by op) replay each step as one CUDA graph with NCCL's sums inside. Peak: device")
-print("memory per GPU.\n")
-print("| run | GPUs | tokens/s | tokens/s per GPU | weak-scaling eff. | vs DDP | ms/step | sums alone ms | hidden | peak MiB per GPU |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("memory per GPU. Gather: how ZeRO-1's all-gathers ran (bench's `gather`, from session 26;")
+print("blank where the run had none or its bench did not say).\n")
+print("| run | GPUs | tokens/s | tokens/s per GPU | weak-scaling eff. | vs DDP | ms/step | sums alone ms | hidden | peak MiB per GPU | gather |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
     g, tps = r["gpus"], r["tokens_per_s"]
     # DDP's against torch.compile on one GPU (PyTorch's own one-GPU run), ours against stage 2.
@@ -37,7 +38,8 @@ for r in rows:
     alone = r.get("sums_alone_ms", 0.0)
     comm = f"{alone:.2f}" if alone > 0 else ""
     hidden = f"{1 - (r['ms_per_step'] - one['ms_per_step']) / alone:.0%}" if one and alone > 0 else ""
-    print(f"| {r['label']} | {g} | {tps:,.0f} | {tps / g:,.0f} | {eff} | {vs} | {r['ms_per_step']:.1f} | {comm} | {hidden} | {r['peak_device_mb']:,.0f} |")
+    gather = r.get("gather") or ""
+    print(f"| {r['label']} | {g} | {tps:,.0f} | {tps / g:,.0f} | {eff} | {vs} | {r['ms_per_step']:.1f} | {comm} | {hidden} | {r['peak_device_mb']:,.0f} | {gather} |")
 if len(sys.argv) > 4:
     started = re.findall(r"^== ([^:]+):", open(sys.argv[4]).read(), re.M)
     failed = [l for l in started if l not in by]
