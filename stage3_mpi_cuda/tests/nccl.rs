@@ -226,25 +226,17 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
         );
         assert_eq!(table_without_times(&one), table_without_times(&four), "{precision}");
         if precision == "bf16" {
-            // The bf16 copy gathered by thread blocks instead of copy engines: the same bits.
-            let blocks = run_env(
-                "zero1-no-copy-engines-bf16",
-                precision,
-                &["--zero", "1"],
-                &[("GPT2_NCCL_COPY_ENGINES", "0")],
-            );
-            assert_eq!(table_without_times(&one), table_without_times(&blocks));
-            assert!(state(&one) == state(&blocks), "copy engines changed the final state");
-            // Rank 1 refused NCCL memory: every rank falls back to thread blocks (were rank 0
-            // to register its window alone, the job would hang): the same bits again.
-            let fallback = run_env(
-                "zero1-rank1-without-nccl-memory-bf16",
-                precision,
-                &["--zero", "1"],
-                &[("GPT2RS_NO_NCCL_MEMORY_RANK", "1")],
-            );
-            assert_eq!(table_without_times(&one), table_without_times(&fallback));
-            assert!(state(&one) == state(&fallback), "the fallback changed the final state");
+            // The bf16 copy gathered by thread blocks instead of copy engines, and the fallback
+            // (rank 1 refused NCCL memory: every rank gathers by thread blocks; were rank 0 to
+            // register its window alone, the job would hang): the same bits both times.
+            for (name, setting) in [
+                ("no-copy-engines", ("GPT2_NCCL_COPY_ENGINES", "0")),
+                ("rank1-without-nccl-memory", ("GPT2RS_NO_NCCL_MEMORY_RANK", "1")),
+            ] {
+                let other = run_env(&format!("zero1-{name}-bf16"), precision, &["--zero", "1"], &[setting]);
+                assert_eq!(table_without_times(&one), table_without_times(&other), "{name}");
+                assert!(state(&one) == state(&other), "{name}: the final state differs");
+            }
         }
         let whole = table(&run(&format!("zero0-{precision}"), precision, &["--zero", "0"]));
         for (name, extra) in [
