@@ -55,6 +55,14 @@ pub fn agree<T>(comm: &dyn Comm, result: Result<T>) -> Result<T> {
     }
 }
 
+/// Whether `yes` holds on every rank (a host collective every rank calls): for a choice
+/// each rank can only make for itself but all must make alike.
+pub fn everywhere(comm: &dyn Comm, yes: bool) -> Result<bool> {
+    let mut noes = [if yes { 0.0 } else { 1.0 }];
+    comm.all_reduce_sum_host(&mut noes)?;
+    Ok(noes[0] == 0.0)
+}
+
 /// Rank 0 runs `f`; its result (bytes or an error message) reaches every rank, so a bad
 /// input on rank 0 fails all ranks, with rank 0's message (said once: see `app::main`),
 /// instead of leaving them waiting.

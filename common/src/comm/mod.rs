@@ -14,7 +14,7 @@ use crate::backend::{bf16, DevPtr, DeviceStream};
 use crate::error::Result;
 use std::ops::Range;
 
-pub use agree::{agree, broadcast_f32, check_same_everywhere, from_root, on_root, root_env_number};
+pub use agree::{agree, broadcast_f32, check_same_everywhere, everywhere, from_root, on_root, root_env_number};
 pub use watchdog::{leave_together, Ranks, Watchdog};
 
 pub trait Comm {

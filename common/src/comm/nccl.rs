@@ -11,14 +11,15 @@
 //! stream after the last collective, before anything reads the sums.
 //!
 //! ZeRO-1's gathers into the weights' bf16 copy run on copy engines where NCCL can (2.28 or
-//! later, every GPU joined by NVLink): that buffer comes from `ncclMemAlloc` ([`NcclComm::peer_memory`],
-//! which the CUDA backend's `alloc_shared` takes), is registered once as a symmetric window, and is
-//! gathered through a communicator of its own whose CTA policy is zero (no thread blocks): the
-//! multiprocessors stay with the optimiser's update beside it. `GPT2_NCCL_COPY_ENGINES=0`
-//! (rank 0's setting) keeps every collective on thread blocks.
+//! later, every GPU joined by NVLink): that buffer comes from `ncclMemAlloc`
+//! ([`NcclComm::peer_memory`], which the CUDA backend's `alloc_shared` takes), is registered
+//! once as a symmetric window, and is gathered through a communicator of its own whose CTA
+//! policy is zero (no thread blocks): the multiprocessors stay with the optimiser's update
+//! beside it. `GPT2_NCCL_COPY_ENGINES=0` (rank 0's setting) keeps every collective on thread
+//! blocks.
 
 use super::mpi::MpiComm;
-use super::{agree, root_env_number, Comm, Lane, Words};
+use super::{agree, everywhere, root_env_number, Comm, Lane, Words};
 use crate::backend::cuda::PeerMemory;
 use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
@@ -235,15 +236,22 @@ fn register_window(copy: sys::ncclComm_t, addr: u64, bytes: usize) -> Result<()>
     Ok(())
 }
 
+/// Takes back a window (the communicator it was registered on, the window), taken out of its
+/// `PeerBuffer` so that it is deregistered once. Its communicator is live: NcclComm's drop
+/// deregisters the windows still held before destroying it; every rank takes its own back at
+/// the same point (a failed registration, a freed model, the communicator's end).
+fn deregister((comm, win): (usize, usize)) {
+    // SAFETY: as above.
+    unsafe {
+        let _ = sys::ncclCommWindowDeregister(comm as sys::ncclComm_t, win as sys::ncclWindow_t);
+    }
+}
+
 /// Takes back the window of the buffer holding the `bytes` bytes at `addr`, if it has one.
 fn deregister_window(addr: u64, bytes: usize) {
-    let Some(at) = peer_buffer_index(addr, bytes) else {
-        return;
-    };
-    if let Some((comm, win)) = peer_buffers()[at].window.take() {
-        // SAFETY: registered on `comm`, which is live (the caller holds it), deregistered once.
-        unsafe {
-            let _ = sys::ncclCommWindowDeregister(comm as sys::ncclComm_t, win as sys::ncclWindow_t);
+    if let Some(at) = peer_buffer_index(addr, bytes) {
+        if let Some(window) = peer_buffers()[at].window.take() {
+            deregister(window);
         }
     }
 }
@@ -251,14 +259,8 @@ fn deregister_window(addr: u64, bytes: usize) {
 fn free_peer(addr: u64) {
     let mut buffers = peer_buffers();
     if let Some(at) = buffers.iter().position(|b| b.addr == addr) {
-        let buffer = buffers.swap_remove(at);
-        if let Some((comm, win)) = buffer.window {
-            // SAFETY: registered on `comm`, which is live (NcclComm's drop deregisters its
-            // windows before destroying it) and deregistered once; every rank frees its model
-            // at the same point.
-            unsafe {
-                let _ = sys::ncclCommWindowDeregister(comm as sys::ncclComm_t, win as sys::ncclWindow_t);
-            }
+        if let Some(window) = buffers.swap_remove(at).window {
+            deregister(window);
         }
     }
     // SAFETY: from `ncclMemAlloc`, freed once; the caller waited for the work on it.
@@ -432,9 +434,9 @@ impl NcclComm {
             (_, None) => false,
             (Some(use_copy), Some(_)) => use_copy,
             (None, Some(copy)) => {
-                let all_hold = self.on_every_rank(peer_buffer_index(addr, bytes).is_some())?;
+                let all_hold = everywhere(&self.mpi, peer_buffer_index(addr, bytes).is_some())?;
                 let registered = all_hold && register_window(copy, addr, bytes).is_ok();
-                let use_copy = all_hold && self.on_every_rank(registered)?;
+                let use_copy = all_hold && everywhere(&self.mpi, registered)?;
                 if registered && !use_copy {
                     deregister_window(addr, bytes);
                 }
@@ -448,13 +450,6 @@ impl NcclComm {
             (true, Some(copy)) => copy,
             _ => self.comm,
         })
-    }
-
-    /// Whether `yes` holds on every rank (a host collective every rank calls).
-    fn on_every_rank(&self, yes: bool) -> Result<bool> {
-        let mut noes = [if yes { 0.0 } else { 1.0 }];
-        self.mpi.all_reduce_sum_host(&mut noes)?;
-        Ok(noes[0] == 0.0)
     }
 
     /// Waits for what was queued on NCCL's stream (`what` names it in an error).
@@ -708,11 +703,10 @@ impl Drop for NcclComm {
                 let _ = nccl::comm_destroy(beside);
             }
             if let Some(copy) = self.copy {
-                // Windows of buffers still alive go first (see `free_peer`).
+                // Windows of buffers still alive go first (see `deregister`).
                 for buffer in peer_buffers().iter_mut() {
-                    if let Some((comm, win)) = buffer.window.filter(|&(comm, _)| comm == copy as usize) {
-                        let _ = sys::ncclCommWindowDeregister(comm as sys::ncclComm_t, win as sys::ncclWindow_t);
-                        buffer.window = None;
+                    if let Some(window) = buffer.window.take_if(|&mut (comm, _)| comm == copy as usize) {
+                        deregister(window);
                     }
                 }
                 let _ = nccl::comm_destroy(copy);

@@ -4,8 +4,8 @@
 //!
 //! - SIGTERM or SIGHUP on any rank (a scheduler's time limit, mpirun passing on a `kill`, a
 //!   `kill` of one rank) stops the run as Ctrl-C does: the rank asks to stop (the handler of
-//!   [`crate::stop::on_signals`], as in one process), the ranks agree on it after the current step (the sum at every
-//!   step's end), rank 0 writes a checkpoint and says in one line how to resume, and every
+//!   [`crate::stop::on_signals`], as in one process), the ranks agree on it after the
+//!   current step (the sum at every step's end), rank 0 writes a checkpoint and says in one line how to resume, and every
 //!   rank exits 130. Nothing is said at the signal itself, so a signal that reaches every
 //!   rank (mpirun passes it on), or comes again while the ranks leave (Hydra's, to the ranks
 //!   still running when one has exited 130), is still one line. After the last step it only
