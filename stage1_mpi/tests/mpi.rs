@@ -537,7 +537,7 @@ fn resuming_on_ranks_that_do_not_divide_the_batch_names_those_that_do() {
         lines[0].clone()
     };
     let want =
-        "stage1_mpi: error: the checkpoint's run has --batch 4, which 3 ranks do not divide: resume on 1, 2, 4 rank(s)";
+        "stage1_mpi: error: the checkpoint's run has --batch 4, which 3 ranks do not divide: resume on 1, 2 or 4 rank(s)";
     assert_eq!(resume(3), want);
     // On 4 ranks, 1 row each: the checkpoint's --grad-accum 2 is named as the checkpoint's.
     assert!(resume(4).contains("--grad-accum 2 (the checkpoint's: give --grad-accum to change it)"));

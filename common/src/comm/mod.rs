@@ -257,12 +257,17 @@ fn check_rank_parts(comm: &(impl Comm + ?Sized), parts: &[Range<usize>], gaps: b
     Ok(())
 }
 
-/// The rank counts up to 64 that split every one of `batches` evenly, for a line that says
-/// which to run on where the batch cannot change.
-pub fn ranks_dividing(batches: &[usize]) -> Vec<usize> {
-    (1..=64)
+/// The rank counts up to 64 that split every one of `batches` evenly, as words ("1, 2 or 4"),
+/// for a line that says which to run on where the batch cannot change.
+pub fn ranks_dividing(batches: &[usize]) -> String {
+    let fit: Vec<String> = (1..=64)
         .filter(|n| batches.iter().all(|b| b.is_multiple_of(*n)))
-        .collect()
+        .map(|n| n.to_string())
+        .collect();
+    match fit.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => fit.join(""),
+    }
 }
 
 /// `n` values cut into `ranks` contiguous parts, in rank order, as even as `align` allows:

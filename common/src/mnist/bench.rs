@@ -53,14 +53,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     let world = comm.size();
     if args.sweep && SWEEP_BATCHES.iter().any(|b| !b.is_multiple_of(world)) {
         // The sweep's batches are fixed: only the rank count can change.
-        let fit: Vec<String> = crate::comm::ranks_dividing(&SWEEP_BATCHES)
-            .iter()
-            .map(|n| n.to_string())
-            .collect();
-        let fit = match fit.split_last() {
-            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-            _ => fit.join(""),
-        };
+        let fit = crate::comm::ranks_dividing(&SWEEP_BATCHES);
         return Err(Error::Input(format!(
             "--sweep's batches {SWEEP_BATCHES:?} do not divide over {world} ranks: run it on {fit}"
         ))

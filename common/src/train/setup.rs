@@ -508,13 +508,9 @@ fn run_model(
     )?;
     if resumed.is_some() && !b.is_multiple_of(world) {
         // The batch is the checkpoint's and cannot change: the rank count can.
-        let fit: Vec<String> = crate::comm::ranks_dividing(&[b])
-            .iter()
-            .map(|n| n.to_string())
-            .collect();
         crate::bail_input!(
             "the checkpoint's run has --batch {b}, which {world} ranks do not divide: resume on {} rank(s)",
-            fit.join(", ")
+            crate::comm::ranks_dividing(&[b])
         );
     }
     validate_shape(&config, b, t, world)?;
