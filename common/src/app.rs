@@ -71,8 +71,16 @@ fn launched_as_several() -> Option<(usize, usize)> {
 }
 
 /// Writes one line to stderr in one piece, so lines of ranks failing at once (all sent to
-/// the terminal by mpirun) do not interleave.
+/// the terminal by mpirun) do not interleave. Control characters in it (a newline in a flag's
+/// value or a file name that the message quotes) are escaped, so it stays one line.
 fn say(line: &str) {
+    let line: String = line
+        .chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect();
     let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
@@ -307,7 +315,7 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
         .map(|t| t as usize);
     drop(ckpt);
     if let Some(path) = &args.dump_logits {
-        return dump_logits(be, &model, &args.prompt, &tok.encode(&args.prompt), path);
+        return dump_logits(be, &model, &args.prompt, &tok.encode(&args.prompt)?, path);
     }
     let prompts = prompts(args)?;
     if args.stop.as_deref() == Some("") {
@@ -330,7 +338,7 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
     // halfway).
     let mut encoded = Vec::with_capacity(prompts.len());
     for prompt in &prompts {
-        let ids = tok.encode(prompt);
+        let ids = tok.encode(prompt)?;
         if ids.is_empty() {
             crate::bail_input!("--prompt is empty: give at least one character");
         }

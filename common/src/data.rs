@@ -118,7 +118,7 @@ pub fn load_tokens(path: &Path, tok: &Tokenizer) -> Result<Vec<u32>> {
         parse_bin(path, &bytes, tok.vocab_size())?
     } else {
         match std::str::from_utf8(&bytes) {
-            Ok(text) => tok.encode(text),
+            Ok(text) => tok.encode(text).map_err(|e| Error::Input(format!("{p}: {e}")))?,
             Err(e) => bail_input!(
                 "{p}: neither UTF-8 text (invalid byte at offset {}) nor an llm.c .bin token file",
                 e.valid_up_to()

@@ -39,6 +39,30 @@ impl TokenizerKind {
     }
 }
 
+/// The longest run of whitespace characters the GPT-2 tokenizer encodes whole. Its
+/// pre-tokenizer (tiktoken's regex, which backtracks) fails on a run of a few hundred thousand
+/// (a stack limit: 400,000 spaces pass, 1,000,000 do not), so a longer run is cut into pieces
+/// of this many characters, each encoded on its own. Only the tokens of such a run can differ
+/// from a tokenizer that takes it whole; text without one is encoded exactly as before.
+pub const LONGEST_WHITESPACE_RUN: usize = 1 << 16;
+
+/// `text` cut before the (`longest` + 1)-th whitespace character of every run, and every
+/// `longest` characters after: no piece holds a run of more than `longest`. One piece where
+/// no run is that long.
+fn cut_whitespace_runs(text: &str, longest: usize) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let (mut start, mut run) = (0, 0);
+    for (i, c) in text.char_indices() {
+        run = if c.is_whitespace() { run + 1 } else { 0 };
+        if run > longest {
+            pieces.push(&text[start..i]);
+            (start, run) = (i, 1);
+        }
+    }
+    pieces.push(&text[start..]);
+    pieces
+}
+
 /// A ready tokenizer. Cloning is cheap: the BPE tables are shared, since building them takes
 /// a noticeable fraction of a second.
 #[derive(Clone)]
@@ -88,11 +112,21 @@ impl Tokenizer {
 
     /// Byte: the UTF-8 bytes. GPT-2: BPE, with `<|endoftext|>` in the text read as the special
     /// token 50256 (how GPT-2 corpora separate documents) rather than as seven ordinary pieces.
-    pub fn encode(&self, text: &str) -> Vec<u32> {
-        match &self.bpe {
-            None => text.bytes().map(u32::from).collect(),
-            Some(bpe) => bpe.encode_with_special_tokens(text),
+    /// A run of more than [`LONGEST_WHITESPACE_RUN`] whitespace characters is cut into pieces
+    /// of that many, each encoded apart (see there); text without one is encoded whole.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let Some(bpe) = &self.bpe else {
+            return Ok(text.bytes().map(u32::from).collect());
+        };
+        let special = bpe.special_tokens();
+        let mut ids = Vec::new();
+        for piece in cut_whitespace_runs(text, LONGEST_WHITESPACE_RUN) {
+            let (piece_ids, _) = bpe
+                .encode(piece, &special)
+                .map_err(|e| Error::Input(format!("the GPT-2 tokenizer cannot encode this text: {e}")))?;
+            ids.extend(piece_ids);
         }
+        Ok(ids)
     }
 
     /// Lossy: a sample may end inside a multi-byte character, and a model may emit ids outside
@@ -125,5 +159,25 @@ impl Tokenizer {
             Some(bpe) => bpe.decode_bytes(&[id]).ok(),
         };
         piece.unwrap_or_else(|| REPLACEMENT.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_whitespace_runs;
+
+    #[test]
+    fn whitespace_runs_are_cut_past_the_longest_and_nothing_else() {
+        assert_eq!(cut_whitespace_runs("ab   cd  e", 3), vec!["ab   cd  e"]);
+        assert_eq!(cut_whitespace_runs("ab    cd", 3), vec!["ab   ", " cd"]);
+        assert_eq!(
+            cut_whitespace_runs("a\u{3000}\n \t\n\n b", 2),
+            vec!["a\u{3000}\n", " \t", "\n\n", " b"]
+        );
+        assert_eq!(cut_whitespace_runs("", 2), vec![""]);
+        let text = format!("x{}y{}", " ".repeat(10), "\n".repeat(7));
+        let pieces = cut_whitespace_runs(&text, 4);
+        assert_eq!(pieces.concat(), text);
+        assert_eq!(pieces.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![5, 4, 7, 3]);
     }
 }

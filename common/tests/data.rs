@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::data::{eval_batches, load_tokens, read_bin, split, write_bin, Batch, DataCursor, Loader, BIN_MAGIC};
-use common::tokenizer::{Tokenizer, TokenizerKind};
+use common::tokenizer::{Tokenizer, TokenizerKind, LONGEST_WHITESPACE_RUN};
 use common::Error;
 
 /// A fresh directory under the system temp dir, removed on drop.
@@ -52,7 +52,7 @@ fn byte_tokenizer_round_trip() {
     assert_eq!(tok.kind(), TokenizerKind::Byte);
     assert_eq!(tok.vocab_size(), 256);
     let text = "héllo, wörld ✓\n";
-    let ids = tok.encode(text);
+    let ids = tok.encode(text).unwrap();
     assert_eq!(ids, text.bytes().map(u32::from).collect::<Vec<_>>());
     assert_eq!(tok.decode(&ids), text);
     // A sample cut inside 'é' (0xC3 0xA9) decodes lossily instead of failing.
@@ -71,14 +71,38 @@ fn unknown_tokenizer_in_a_checkpoint_is_named_on_one_line() {
 fn gpt2_tokenizer_known_ids() {
     let tok = Tokenizer::new(TokenizerKind::Gpt2).unwrap();
     assert_eq!(tok.vocab_size(), 50257);
-    assert_eq!(tok.encode("Hello world"), vec![15496, 995]);
+    assert_eq!(tok.encode("Hello world").unwrap(), vec![15496, 995]);
     assert_eq!(tok.decode(&[15496, 995]), "Hello world");
     // The document separator is one special token, not seven ordinary pieces.
-    assert_eq!(tok.encode("<|endoftext|>"), vec![50256]);
+    assert_eq!(tok.encode("<|endoftext|>").unwrap(), vec![50256]);
     let text = "First Citizen:\nBefore we proceed any further, hear me speak.";
-    assert_eq!(tok.decode(&tok.encode(text)), text);
+    assert_eq!(tok.decode(&tok.encode(text).unwrap()), text);
     // Ids past the vocabulary (padded logits) decode to U+FFFD, not a panic.
     assert_eq!(tok.decode(&[15496, 60000]), "Hello\u{FFFD}");
+}
+
+#[test]
+fn gpt2_tokenizer_encodes_a_whitespace_run_too_long_for_its_regex() {
+    // tiktoken's pre-tokenizer backtracks and fails ("Max stack size exceeded") on a run of
+    // ~10^6 whitespace characters; such a run is cut into pieces of LONGEST_WHITESPACE_RUN.
+    let tok = Tokenizer::new(TokenizerKind::Gpt2).unwrap();
+    for ws in [" ", "\n", " \t"] {
+        let text = format!("Before{}after <|endoftext|> end", ws.repeat(1_500_000));
+        let ids = tok.encode(&text).unwrap();
+        assert_eq!(tok.decode(&ids), text);
+        assert!(ids.contains(&50256), "the special token survives the cut");
+    }
+    // Up to the limit a run is encoded whole: the ids tiktoken gives the text in one piece.
+    let bpe = tiktoken_rs::r50k_base().unwrap();
+    let n = LONGEST_WHITESPACE_RUN;
+    for text in [
+        format!("a{}b", " ".repeat(n)),
+        format!("x\n{}\ny", "\r\n".repeat(n / 2)),
+    ] {
+        assert_eq!(tok.encode(&text).unwrap(), bpe.encode_with_special_tokens(&text));
+    }
+    let longer = format!("a{}b", " ".repeat(n + 1));
+    assert_eq!(tok.decode(&tok.encode(&longer).unwrap()), longer);
 }
 
 #[test]

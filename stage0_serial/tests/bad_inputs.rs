@@ -305,7 +305,17 @@ const CASES: &[(&str, &str, &str)] = &[
         "bench --model gpt2 --batch 4000000000000",
         "too large",
     ),
+    (
+        "a batch whose attention state would not fit a 64-bit size",
+        "bench --batch 2000000000000000",
+        "too large",
+    ),
     ("vocabulary of 0", "bench --vocab 0", "--vocab"),
+    (
+        "a flag's value with a newline in it",
+        "train --data corpus.txt --out o --model x\ny",
+        "unknown model preset 'x\\ny'",
+    ),
     (
         "tokenize a missing file",
         "tokenize --input missing.txt --output out.bin",
@@ -466,6 +476,16 @@ const CASES: &[(&str, &str, &str)] = &[
         "min_lr_frac",
     ),
     (
+        "a checkpoint whose log counts more steps than it ran",
+        "train --data corpus.txt --out o --resume window-steps.ckpt",
+        "more steps",
+    ),
+    (
+        "a checkpoint whose data cursor is past its steps",
+        "train --data corpus.txt --out o --resume epoch.ckpt",
+        "epoch 18446744073709551615 after 4 steps",
+    ),
+    (
         "report: a loss that is not a number",
         "report --run a=badloss --out o",
         "not a number",
@@ -619,18 +639,32 @@ fn fixtures() -> PathBuf {
         ("floor", "min_lr_frac", 7.into()),
     ];
     for (name, key, value) in settings {
-        write(&dir, &format!("{name}.ckpt"), &with_setting(&good, key, value));
+        write(
+            &dir,
+            &format!("{name}.ckpt"),
+            &with_meta(&good, &format!("/train/{key}"), value),
+        );
+    }
+    // Counters no run of its 4 steps could have written (they would overflow as it goes on).
+    let counters = [
+        ("window-steps", "/progress/window/steps", u64::MAX),
+        ("epoch", "/data_epoch", u64::MAX),
+    ];
+    for (name, at, value) in counters {
+        write(&dir, &format!("{name}.ckpt"), &with_meta(&good, at, value.into()));
     }
     hf_fixtures(&dir);
     dir
 }
 
-/// The checkpoint `ckpt` with its run setting `key` (in the metadata's "train") set to
-/// `value`, its lengths and checksum made to match.
-fn with_setting(ckpt: &[u8], key: &str, value: serde_json::Value) -> Vec<u8> {
+/// The checkpoint `ckpt` with the metadata's value at JSON pointer `at` (e.g. "/train/lr")
+/// set to `value`, its lengths and checksum made to match.
+fn with_meta(ckpt: &[u8], at: &str, value: serde_json::Value) -> Vec<u8> {
     let meta_len = u64::from_le_bytes(ckpt[16..24].try_into().unwrap()) as usize;
     let mut meta: serde_json::Value = serde_json::from_slice(&ckpt[24..24 + meta_len]).unwrap();
-    meta["train"][key] = value;
+    *meta
+        .pointer_mut(at)
+        .unwrap_or_else(|| panic!("no {at} in the checkpoint's metadata")) = value;
     let json = serde_json::to_vec(&meta).unwrap();
     let mut out = ckpt[..16].to_vec();
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
@@ -721,7 +755,8 @@ fn every_bad_input_is_one_line_and_exit_2() {
         }
         let shown = machine_independent(&err, checkpoint_bytes).replace('|', "\\|");
         table.push_str(&format!(
-            "| {what} | `stage0_serial {line}` | {} | {shown} |\n",
+            "| {what} | `stage0_serial {}` | {} | {shown} |\n",
+            line.replace('\n', "\\n"),
             code.unwrap_or(-1)
         ));
     }

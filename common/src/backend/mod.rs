@@ -702,7 +702,8 @@ pub trait Backend {
     }
 
     /// f32 elements of saved state `attention_forward` needs for its backward (the backend
-    /// chooses: full probabilities on the CPU, log-sum-exp rows in a flash kernel).
+    /// chooses: full probabilities on the CPU, log-sum-exp rows in a flash kernel). Saturates
+    /// at `usize::MAX` where the size does not fit, so that size checks refuse it.
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize;
     /// Causal multi-head self-attention: qkv (B,T,3C) → out (B,T,C).
     /// # Safety

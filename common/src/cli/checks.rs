@@ -376,7 +376,25 @@ const ENV_SWITCHES: &[&str] = &[
 /// Checks the environment settings that are read where a wrong value could not be said in a
 /// line (the switches, and `GPT2_GRAD_NORMS`' step list), before any command runs.
 pub fn check_env() -> Result<(), String> {
+    not_text_settings(std::env::vars_os())?;
     check_env_with(|name| std::env::var(name).ok())
+}
+
+/// Refuses a setting of this program (`GPT2_*`, `GPT2RS_*`) whose value is not UTF-8 text:
+/// the code reads such a value as unset, so it would otherwise be ignored without a word.
+pub(super) fn not_text_settings(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<(), String> {
+    for (name, value) in vars {
+        let name = name.to_string_lossy();
+        if (name.starts_with("GPT2_") || name.starts_with("GPT2RS_")) && value.to_str().is_none() {
+            return Err(format!(
+                "{name}={}: the value is not UTF-8 text",
+                value.to_string_lossy().escape_debug()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// [`check_env`] over the settings `get` gives.

@@ -299,6 +299,22 @@ fn a_conflict_at_one_value_accepts_the_others() {
 }
 
 #[test]
+fn a_setting_whose_value_is_not_text_is_refused_not_ignored() {
+    use super::checks::not_text_settings;
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let var = |name: &str, value: &[u8]| (OsString::from(name), OsString::from_vec(value.to_vec()));
+    assert_eq!(
+        not_text_settings([var("GPT2_CUDA_GRAPH", b"0"), var("HOME", b"\xff")].into_iter()),
+        Ok(())
+    );
+    for name in ["GPT2_CUDA_ATTENTION", "GPT2RS_FAIL_MODE"] {
+        let err = not_text_settings([var("PATH", b"/bin"), var(name, b"fl\xffash")].into_iter()).unwrap_err();
+        assert_eq!(err, format!("{name}=fl\u{fffd}ash: the value is not UTF-8 text"));
+    }
+}
+
+#[test]
 fn environment_switches_are_0_or_1_and_step_lists_are_numbers() {
     use super::checks::check_env_with;
     let env = |pairs: &'static [(&'static str, &'static str)]| {

@@ -166,3 +166,25 @@ pub struct LogState {
     #[serde(default)]
     pub bad_in_a_row: u64,
 }
+
+impl LogState {
+    /// Why no run could have written this state after `step` steps, if none could: its
+    /// counters are past the steps run, or a time or loss sum is not a finite number. (A
+    /// checkpoint's checksum covers what was written, not whether it makes sense; counters
+    /// past their range would overflow as the run goes on.)
+    pub fn impossible_after(&self, step: u64) -> Option<String> {
+        let w = &self.window;
+        let counted = w.steps.checked_add(w.bad_steps);
+        if counted.is_none_or(|n| n > step) || self.bad_in_a_row > step {
+            return Some(format!(
+                "its log counts more steps ({} in the open window, {} skipped, {} skipped in a row) than the {step} it has run",
+                w.steps, w.bad_steps, self.bad_in_a_row
+            ));
+        }
+        let times = [self.elapsed_s, w.seconds];
+        if !(times.iter().all(|t| t.is_finite() && *t >= 0.0) && w.loss_sum.is_finite()) {
+            return Some("its log holds a time or loss sum that is not a finite number".into());
+        }
+        None
+    }
+}

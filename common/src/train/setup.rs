@@ -198,6 +198,17 @@ impl<'a, B: Backend> Run<'a, B> {
                     Error::Input(format!("cannot resume: the checkpoint's log state is unreadable ({e})"))
                         .on_every_rank()
                 })?;
+                // One batch a step: no run of `step` steps reaches a later epoch.
+                let impossible = match meta.data_epoch > meta.step {
+                    true => Some(format!(
+                        "its data cursor is in epoch {} after {} steps",
+                        meta.data_epoch, meta.step
+                    )),
+                    false => log_state.impossible_after(meta.step),
+                };
+                if let Some(why) = impossible {
+                    return Err(Error::Input(format!("cannot resume: {why}")).on_every_rank());
+                }
             }
             _ => match &args.init_from {
                 // Its weights only: the moments start at zero, as in a new run.

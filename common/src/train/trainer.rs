@@ -495,7 +495,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// byte the model wrote is lost to U+FFFD. With the number of tokens: fewer than asked
     /// where the run is asked to stop meanwhile (Ctrl-C, SIGTERM: [`crate::stop::asked`]).
     pub fn sample(&mut self, tok: &Tokenizer, prompt: &str, opts: &SampleOptions) -> Result<(String, usize)> {
-        let ids = tok.encode(prompt);
+        let ids = tok.encode(prompt)?;
         let out = generate::generate(&self.model, self.be, &mut self.pool, &ids, opts, |_| {
             match crate::stop::asked() {
                 true => std::ops::ControlFlow::Break(()), // Ctrl-C, SIGTERM: cut it short

@@ -340,7 +340,9 @@ impl Backend for CpuBackend {
     }
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
-        b * nh * t * t // softmax probabilities, (B,NH,T,T)
+        // softmax probabilities, (B,NH,T,T); saturated, so a size past usize is refused
+        // (`train::check_fits`) rather than wrapped
+        b.saturating_mul(nh).saturating_mul(t).saturating_mul(t)
     }
 
     unsafe fn attention_forward(

@@ -896,8 +896,11 @@ impl Backend for CudaBackend {
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
         match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => b * nh * t, // log-sum-exp per row
-            AttentionPath::Gemm => b * nh * t * t, // the probabilities
+            // log-sum-exp per row
+            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
+                b.saturating_mul(nh).saturating_mul(t)
+            }
+            AttentionPath::Gemm => b.saturating_mul(nh).saturating_mul(t).saturating_mul(t), // the probabilities
         }
     }
 
