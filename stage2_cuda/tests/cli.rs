@@ -168,6 +168,35 @@ fn a_bad_input_is_one_line_and_exit_2() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// A head size the flash kernels cannot run is refused in one line before training starts
+/// (it was a device error at the first step); the GEMM attention path takes it.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_head_size_flash_attention_cannot_run_is_refused_up_front() {
+    let d = tmpdir("head-size");
+    let data = corpus(&d);
+    let train = |out: &str, attention: &str| {
+        let (data, out) = (data.to_str().unwrap(), d.join(out));
+        let shape = "--layers 1 --heads 2 --width 512 --batch 2 --seq-len 16 --steps 2 --sample-len 0";
+        Command::new(bin())
+            .args(["train", "--data", data, "--out", out.to_str().unwrap()])
+            .args(shape.split(' '))
+            .env("GPT2_CUDA_ATTENTION", attention)
+            .output()
+            .unwrap()
+    };
+    let o = train("flash", "flash");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("flash attention runs head sizes up to 128 (--width / --heads), not 256"),
+        "{err}"
+    );
+    let o = train("gemm", "gemm");
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 /// Flags of other stages are refused at parse time, before any GPU is opened: these run
 /// anywhere (`cli::STAGE_FLAGS`).
 #[test]

@@ -701,6 +701,12 @@ pub trait Backend {
         }
     }
 
+    /// Why this backend's attention cannot run heads of `head_size` values, if it cannot (a
+    /// flash kernel's bound), so that the size is refused before anything is allocated.
+    fn attention_refuses(&self, head_size: usize) -> Option<String> {
+        let _ = head_size;
+        None
+    }
     /// f32 elements of saved state `attention_forward` needs for its backward (the backend
     /// chooses: full probabilities on the CPU, log-sum-exp rows in a flash kernel). Saturates
     /// at `usize::MAX` where the size does not fit, so that size checks refuse it.

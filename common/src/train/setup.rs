@@ -545,10 +545,14 @@ pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) ->
     Ok(())
 }
 
-/// Refuses a model and batch that cannot fit before anything is allocated: a tensor
-/// beyond the kernels' 32-bit indices, or (a lower bound of) parameters, gradients, AdamW
-/// moments and activations beyond the backend's memory. `b` is the per-process batch.
+/// Refuses a model and batch that cannot fit before anything is allocated: a head size the
+/// backend's attention cannot run, a tensor beyond the kernels' 32-bit indices, or (a lower
+/// bound of) parameters, gradients, AdamW moments and activations beyond the backend's
+/// memory. `b` is the per-process batch.
 pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize) -> Result<()> {
+    if let Some(why) = be.attention_refuses(config.n_embd / config.n_head) {
+        crate::bail_input!("{why}");
+    }
     let saved = be.attention_saved_len(b, t, config.n_head);
     let (largest, activations) = config.activation_values(b, t, saved);
     if largest >= crate::backend::MAX_TENSOR_VALUES as u128 {

@@ -35,13 +35,16 @@ struct Variant {
     forward_rows: usize,
 }
 
+/// The largest head size the flash kernels run.
+pub(super) const LARGEST_HEAD: usize = 128;
+
 /// `wgmma`: the Hopper kernels may run (an sm_90a build, head size 64, rows 16-byte aligned).
 fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) -> Result<Variant> {
     let d = match hs {
         1..=16 => 16,
         17..=32 => 32,
         33..=64 => 64,
-        65..=128 => 128,
+        65..=LARGEST_HEAD => LARGEST_HEAD,
         _ => {
             return Err(Error::Device(format!(
                 "flash attention supports head sizes 1..=128, not {hs} (set GPT2_CUDA_ATTENTION=gemm)"

@@ -894,6 +894,16 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn attention_refuses(&self, head_size: usize) -> Option<String> {
+        let flash = !matches!(self.attention, AttentionPath::Gemm);
+        (flash && !(1..=super::flash::LARGEST_HEAD).contains(&head_size)).then(|| {
+            format!(
+                "flash attention runs head sizes up to {} (--width / --heads), not {head_size}: set GPT2_CUDA_ATTENTION=gemm for larger heads",
+                super::flash::LARGEST_HEAD
+            )
+        })
+    }
+
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
         match self.attention {
             // log-sum-exp per row
