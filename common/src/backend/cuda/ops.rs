@@ -898,7 +898,7 @@ impl Backend for CudaBackend {
         let flash = !matches!(self.attention, AttentionPath::Gemm);
         (flash && !(1..=super::flash::LARGEST_HEAD).contains(&head_size)).then(|| {
             format!(
-                "flash attention runs head sizes up to {} (--width / --heads), not {head_size}: set GPT2_CUDA_ATTENTION=gemm for larger heads",
+                "flash attention runs head sizes up to {} (--width / --heads), not {head_size}: GPT2_CUDA_ATTENTION=gemm with --precision fp32 or tf32 runs larger heads",
                 super::flash::LARGEST_HEAD
             )
         })
