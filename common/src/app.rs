@@ -305,6 +305,7 @@ fn generate_weights(args: &GenerateArgs) -> Result<checkpoint::Checkpoint> {
 fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &GenerateArgs, name: &str) -> Result<()> {
     let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
     let tok = Tokenizer::new(kind)?;
+    crate::train::check_heads(be, &ckpt.meta.config)?;
     let model = Gpt2::new(be, ckpt.meta.config)?;
     model.set_params(be, &ckpt.params)?;
     let trained_seq_len = ckpt

@@ -169,7 +169,8 @@ fn a_bad_input_is_one_line_and_exit_2() {
 }
 
 /// A head size the flash kernels cannot run is refused in one line before training starts
-/// (it was a device error at the first step); the GEMM attention path (f32 only) takes it.
+/// (it was a device error at the first step), by train and by generate; the GEMM attention
+/// path (f32 only) takes it.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_head_size_flash_attention_cannot_run_is_refused_up_front() {
@@ -195,6 +196,22 @@ fn a_head_size_flash_attention_cannot_run_is_refused_up_front() {
     );
     let o = train("gemm", "gemm");
     assert!(o.status.success(), "{}", stderr(&o));
+    // generate refuses that checkpoint's heads under flash attention the same way.
+    let ckpt = d.join("gemm/model.ckpt");
+    let o = Command::new(bin())
+        .args([
+            "generate",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--max-new-tokens",
+            "4",
+        ])
+        .env("GPT2_CUDA_ATTENTION", "flash")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("flash attention runs head sizes up to 128"), "{err}");
 }
 
 /// Flags of other stages are refused at parse time, before any GPU is opened: these run

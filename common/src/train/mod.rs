@@ -10,7 +10,7 @@ mod setup;
 mod trainer;
 
 pub use dump::{BatchDump, DumpMeta};
-pub use setup::{check_fits, validate_shape, Run};
+pub use setup::{check_fits, check_heads, validate_shape, Run};
 pub use trainer::{StepReport, Trainer, TrainerSettings};
 
 use crate::backend::Backend;

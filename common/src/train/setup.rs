@@ -545,14 +545,21 @@ pub fn validate_shape(config: &ModelConfig, b: usize, t: usize, world: usize) ->
     Ok(())
 }
 
+/// Refuses a model whose heads the backend's attention cannot run (see
+/// [`Backend::attention_refuses`]), in one line before anything is allocated.
+pub fn check_heads<B: Backend>(be: &B, config: &ModelConfig) -> Result<()> {
+    match be.attention_refuses(config.n_embd / config.n_head) {
+        Some(why) => crate::bail_input!("{why}"),
+        None => Ok(()),
+    }
+}
+
 /// Refuses a model and batch that cannot fit before anything is allocated: a head size the
 /// backend's attention cannot run, a tensor beyond the kernels' 32-bit indices, or (a lower
 /// bound of) parameters, gradients, AdamW moments and activations beyond the backend's
 /// memory. `b` is the per-process batch.
 pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize) -> Result<()> {
-    if let Some(why) = be.attention_refuses(config.n_embd / config.n_head) {
-        crate::bail_input!("{why}");
-    }
+    check_heads(be, config)?;
     let saved = be.attention_saved_len(b, t, config.n_head);
     let (largest, activations) = config.activation_values(b, t, saved);
     if largest >= crate::backend::MAX_TENSOR_VALUES as u128 {
