@@ -46,9 +46,10 @@ fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) ->
         33..=64 => 64,
         65..=LARGEST_HEAD => LARGEST_HEAD,
         _ => {
+            // `Backend::attention_refuses` says so before anything runs; this is the backstop.
             return Err(Error::Device(format!(
-                "flash attention supports head sizes 1..=128, not {hs} (set GPT2_CUDA_ATTENTION=gemm)"
-            )))
+                "flash attention supports head sizes 1..={LARGEST_HEAD}, not {hs} (set GPT2_CUDA_ATTENTION=gemm)"
+            )));
         }
     };
     Ok(match (precision, path) {
