@@ -178,6 +178,43 @@ fn same_seed_gives_identical_losses_and_stop_after_resumes_as_the_same_run() {
     assert!(e.windows(2).all(|w| w[1] >= w[0]), "elapsed_s never goes back: {e:?}");
 }
 
+/// A new run in an `--out` that holds a stopped run's files moves them to `earlier/` before it
+/// writes its table (a checkpoint of one run beside another run's table would be joined by a
+/// resume), and the stopped run resumes from there to the uninterrupted run's table.
+#[test]
+fn a_new_run_moves_an_earlier_run_aside_and_that_run_still_resumes() {
+    let d = tmpdir("earlier");
+    let data = corpus(&d);
+    let data = data.to_str().unwrap();
+    let (whole, out) = (d.join("whole"), d.join("out"));
+    assert!(run(&train_args(data, whole.to_str().unwrap(), &SCHEDULE))
+        .status
+        .success());
+    let stopped = [&SCHEDULE[..], &["--stop-after", "17"]].concat();
+    assert!(run(&train_args(data, out.to_str().unwrap(), &stopped)).status.success());
+    let (table, ckpt) = (
+        table_without_times(&out),
+        std::fs::read(out.join("model.ckpt")).unwrap(),
+    );
+    // Another run (another seed) in the same --out.
+    let other = with_flag(train_args(data, out.to_str().unwrap(), &SCHEDULE), "--steps", "4");
+    let o = run(&with_flag(other, "--seed", "9"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("held an earlier run's files: moved to"), "{said}");
+    let earlier = out.join("earlier");
+    assert_eq!(table_without_times(&earlier), table);
+    assert_eq!(std::fs::read(earlier.join("model.ckpt")).unwrap(), ckpt);
+    assert_ne!(table_without_times(&out), table, "the new run's own table");
+    // The earlier run goes on where it stopped, in its new place.
+    let earlier_ckpt = earlier.join("model.ckpt");
+    let resume = ["--resume", earlier_ckpt.to_str().unwrap()];
+    let o = run(&train_args(data, earlier.to_str().unwrap(), &resume));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(table_without_times(&earlier), table_without_times(&whole));
+    assert_eq!(params_of(&earlier), params_of(&whole));
+}
+
 #[test]
 fn recompute_trains_the_same_run_bit_for_bit() {
     // --recompute computes GELU and layernorm outputs again in backward: the same kernels on

@@ -221,7 +221,7 @@ pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
         Err(e) => eprintln!("warning: no plot: {e}"),
     }
     let path = out.join("README.md");
-    std::fs::write(&path, md).map_err(io_err(&path))?;
+    crate::atomic_file::write(&path, |f| std::io::Write::write_all(f, md.as_bytes()))?;
     Ok(path)
 }
 

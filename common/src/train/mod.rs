@@ -16,7 +16,7 @@ pub use trainer::{StepReport, Trainer, TrainerSettings};
 use crate::backend::Backend;
 use crate::cli::TrainArgs;
 use crate::comm::Comm;
-use crate::error::{io_err, Error, Result};
+use crate::error::{Error, Result};
 use crate::generate::SampleOptions;
 use crate::report::RunSummary;
 use session::Session;
@@ -166,7 +166,7 @@ fn finish<B: Backend>(
     }
     let path = args.out.join("summary.json");
     let json = serde_json::to_string_pretty(&summary).expect("plain data serialises");
-    std::fs::write(&path, json).map_err(io_err(&path))
+    crate::atomic_file::write(&path, |f| std::io::Write::write_all(f, json.as_bytes()))
 }
 
 /// A debugging aid: the 0-based steps of `GPT2_GRAD_NORMS=36,37,38`, after which rank 0

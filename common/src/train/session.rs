@@ -9,12 +9,12 @@ use crate::backend::Backend;
 use crate::checkpoint::{BackgroundWriter, HostState, SaveReport};
 use crate::cli::{TrainArgs, DEFAULT_COMM_TIMEOUT};
 use crate::comm::{agree, leave_together, Comm, Ranks, Watchdog};
-use crate::error::{Error, Result};
+use crate::error::{io_err, Error, Result};
 use crate::optim::StepStats;
 use crate::report::log::{LogState, LossLog, LossRow, Window};
 use crate::report::progress;
 use indicatif::ProgressBar;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Why a run stops before its last step.
@@ -60,22 +60,53 @@ pub struct Session<'a> {
     prepared_s: f64,
 }
 
+/// The files of a run in its `--out`, which a new run there writes anew: the checkpoint last,
+/// so that a move cut short leaves it with the files not yet moved.
+const RUN_FILES: [&str; 4] = ["summary.json", "loss.tsv", "init.ckpt", "model.ckpt"];
+
+/// Where a new run finds an earlier run's files in `out`, moves them to `out/earlier/` (whose
+/// own are dropped first), so that no checkpoint of one run stays beside another run's table
+/// (a resume would join the two) and the earlier run is not lost: `--resume
+/// out/earlier/model.ckpt --out out/earlier` continues it. Rank 0, before the table opens.
+fn set_aside_earlier_run(out: &Path) -> Result<()> {
+    if !RUN_FILES.iter().any(|f| out.join(f).exists()) {
+        return Ok(());
+    }
+    let earlier = out.join("earlier");
+    atomic_file::create_dir(&earlier)?;
+    for f in RUN_FILES {
+        match std::fs::remove_file(earlier.join(f)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&earlier.join(f))(e)),
+            _ => {}
+        }
+    }
+    for f in RUN_FILES.iter().filter(|f| out.join(f).exists()) {
+        std::fs::rename(out.join(f), earlier.join(f)).map_err(io_err(&out.join(f)))?;
+    }
+    crate::say!(
+        "note: {} held an earlier run's files: moved to {} (--resume {} --out {} continues that run)",
+        out.display(),
+        earlier.display(),
+        earlier.join("model.ckpt").display(),
+        earlier.display()
+    );
+    Ok(())
+}
+
 impl<'a> Session<'a> {
     /// Opens the loss table (kept up to the checkpoint when resuming), prints the run's
     /// first lines and starts the bar, the clock and the watchdog.
     pub fn open<B: Backend>(run: &Run<B>, comm: &'a dyn Comm, args: &'a TrainArgs) -> Result<Self> {
         let root = comm.is_root();
         let ckpt = args.out.join("model.ckpt");
-        if root && args.resume.is_none() && ckpt.exists() {
-            crate::say!(
-                "note: {} holds an earlier run's model.ckpt and loss.tsv, which this run replaces (another --out keeps \
-                 them; --resume {} continues that run)",
-                args.out.display(),
-                ckpt.display()
-            );
-        }
         let keep_rows = args.resume.is_some().then_some(run.log_state.rows);
-        let log = agree(comm, root.then(|| LossLog::open(&args.out, keep_rows)).transpose())?;
+        let open_log = || {
+            if args.resume.is_none() {
+                set_aside_earlier_run(&args.out)?;
+            }
+            LossLog::open(&args.out, keep_rows)
+        };
+        let log = agree(comm, root.then(open_log).transpose())?;
         // Before the first step: pinned host memory for checkpoints' copies takes a while.
         let preparing = Instant::now();
         run.trainer.prepare_checkpoints();
