@@ -21,7 +21,8 @@ pub fn write(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Re
 /// rename): what is left of the time once the bytes are in the OS's cache.
 pub fn write_timed(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<Duration> {
     let path = &landing(path)?;
-    let tmp = tmp_path(path)?;
+    remove_stale_temps(path);
+    let tmp = tmp_path(path, false)?;
     let written = write_synced(&tmp, path, fill).and_then(|sync| {
         std::fs::rename(&tmp, path).map_err(io_err(path))?;
         Ok(sync)
@@ -37,6 +38,25 @@ pub fn write_timed(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::
     let syncing = Instant::now();
     sync_dir(dir_of(path))?;
     Ok(sync + syncing.elapsed())
+}
+
+/// Replaces `path` with the file `make` creates at the path it is given: for writers that take
+/// a path rather than a stream (a PNG encoder). That temporary path ends in `path`'s own
+/// extension, as such writers choose their format by it. On any error it is removed and `path`
+/// is left as it was.
+pub fn write_by_path(path: &Path, make: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let path = &landing(path)?;
+    remove_stale_temps(path);
+    let tmp = tmp_path(path, true)?;
+    let made = make(&tmp).and_then(|()| {
+        File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(path))?;
+        std::fs::rename(&tmp, path).map_err(io_err(path))
+    });
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
+        return Err(e);
+    }
+    sync_dir(dir_of(path))
 }
 
 /// Writes and syncs `tmp`, the temporary file of `path` (which errors name: the one the user
@@ -102,12 +122,20 @@ pub fn remove_stale_temps(path: &Path) -> usize {
     let Some(name) = path.file_name() else {
         return 0;
     };
-    let (prefix, suffix) = tmp_name_around(&name.to_string_lossy());
+    let name = name.to_string_lossy();
+    let (prefix, suffixes) = (
+        tmp_name_around(&name, false).0,
+        [false, true].map(|ext| tmp_name_around(&name, ext).1),
+    );
     let (Ok(entries), true) = (std::fs::read_dir(dir_of(path)), Path::new("/proc/self").exists()) else {
         return 0;
     };
     let stale = |file: &str| -> bool {
-        let Some(pid) = file.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(suffix)) else {
+        let rest = file.strip_prefix(&prefix);
+        let Some(pid) = suffixes
+            .iter()
+            .find_map(|suffix| rest.and_then(|r| r.strip_suffix(suffix.as_str())))
+        else {
             return false;
         };
         pid.parse::<u32>()
@@ -120,19 +148,25 @@ pub fn remove_stale_temps(path: &Path) -> usize {
         .count()
 }
 
-/// `<dir>/.<name>.<pid>.tmp`: beside the target, so the rename never crosses file systems,
-/// and one per process, so two writers never share it.
-fn tmp_path(path: &Path) -> Result<PathBuf> {
+/// `<dir>/.<name>.<pid>.tmp` (with `keep_extension`, `.tmp.<ext>` of `name`'s extension):
+/// beside the target, so the rename never crosses file systems, and one per process, so two
+/// writers never share it.
+fn tmp_path(path: &Path, keep_extension: bool) -> Result<PathBuf> {
     let Some(name) = path.file_name() else {
         return Err(Error::Input(format!("{}: not a file path", path.display())));
     };
-    let (prefix, suffix) = tmp_name_around(&name.to_string_lossy());
+    let (prefix, suffix) = tmp_name_around(&name.to_string_lossy(), keep_extension);
     Ok(path.with_file_name(format!("{prefix}{}{suffix}", std::process::id())))
 }
 
 /// What stands before and after the process id in the temporary file of a file `name`.
-fn tmp_name_around(name: &str) -> (String, &'static str) {
-    (format!(".{name}."), ".tmp")
+fn tmp_name_around(name: &str, keep_extension: bool) -> (String, String) {
+    let ext = Path::new(name).extension().filter(|_| keep_extension);
+    let suffix = match ext {
+        Some(ext) => format!(".tmp.{}", ext.to_string_lossy()),
+        None => ".tmp".to_string(),
+    };
+    (format!(".{name}."), suffix)
 }
 
 /// The directory `path` lies in (`.` for a bare file name).
@@ -189,6 +223,37 @@ mod tests {
             );
             assert_eq!(std::fs::read_to_string(dir.join(target)).unwrap(), link);
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_write_by_path_keeps_the_extension_replaces_whole_and_sweeps_dead_writers_temps() {
+        let dir = scratch("by-path");
+        let target = dir.join("loss.png");
+        std::fs::write(&target, "old").unwrap();
+        // A writer that fails halfway leaves the old file and no temporary one.
+        let e = write_by_path(&target, |tmp| {
+            assert_eq!(tmp.extension().unwrap(), "png", "{}", tmp.display());
+            std::fs::write(tmp, "half").unwrap();
+            Err(Error::Input("drawing failed".into()))
+        });
+        assert!(e.is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "old");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
+        // Temporary files of writers that died (no such process) go; a live one's stays.
+        let dead = dir.join(".loss.png.999999999.tmp.png");
+        let stream_dead = dir.join(".loss.png.999999998.tmp");
+        let live = dir.join(format!(".loss.png.{}.tmp.png", std::process::id()));
+        for f in [&dead, &stream_dead] {
+            std::fs::write(f, "x").unwrap();
+        }
+        write_by_path(&target, |tmp| {
+            assert_eq!(tmp, live.as_path());
+            std::fs::write(tmp, "new").map_err(io_err(tmp))
+        })
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
+        assert!(!dead.exists() && !stream_dead.exists() && !live.exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

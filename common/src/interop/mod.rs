@@ -59,14 +59,12 @@ pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &
         .collect::<Result<Vec<_>>>()?;
     let weights = dir.join(WEIGHTS);
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(metadata), &weights)
+    // Serialised in memory (the size of the weights once more), then written as the other
+    // files are: a temporary file synced and renamed, never a torn one, none left behind by a
+    // kill (the crate's own file writer does not sync and leaves its temporary file).
+    let bytes = safetensors::serialize(views, Some(metadata))
         .map_err(|e| Error::Input(format!("{}: cannot write: {e}", weights.display())))?;
-    // The crate writes through a private temporary file: readable by all, as the others are.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&weights, std::fs::Permissions::from_mode(0o644)).map_err(io_err(&weights))?;
-    }
+    write(&weights, &bytes)?;
 
     let pretty = |v: &serde_json::Value| serde_json::to_vec_pretty(v).expect("plain data serialises");
     write(&dir.join(CONFIG), &pretty(&config::to_json(cfg, tokenizer)))?;

@@ -280,38 +280,41 @@ fn plot(runs: &[Run], path: &Path) -> Result<()> {
     let (lo, hi) = span(all.iter().map(|p| p.1));
     drawable("epoch", 0.0, max_epoch * 1.02)?;
     drawable("loss", lo - 0.05, hi + 0.05)?;
-    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| draw_err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("GPT-2 loss per epoch, by stage", ("sans-serif", 24))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0.0..max_epoch * 1.02, (lo - 0.05)..(hi + 0.05))
-        .map_err(|e| draw_err(e.to_string()))?;
-    chart
-        .configure_mesh()
-        .x_desc("epoch")
-        .y_desc("loss (nats/token)")
-        .draw()
-        .map_err(|e| draw_err(e.to_string()))?;
-    for (i, r) in runs.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        for (col, name, width) in [(2, "val", 3), (1, "train", 1)] {
-            let pts = points(r, col);
-            chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(width)))
-                .map_err(|e| draw_err(e.to_string()))?
-                .label(format!("{} {name}", r.label))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width)));
+    // Drawn into a temporary file beside it, then renamed over it: never a torn image.
+    crate::atomic_file::write_by_path(path, |tmp| {
+        let root = BitMapBackend::new(tmp, (900, 560)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(e.to_string()))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("GPT-2 loss per epoch, by stage", ("sans-serif", 24))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0.0..max_epoch * 1.02, (lo - 0.05)..(hi + 0.05))
+            .map_err(|e| draw_err(e.to_string()))?;
+        chart
+            .configure_mesh()
+            .x_desc("epoch")
+            .y_desc("loss (nats/token)")
+            .draw()
+            .map_err(|e| draw_err(e.to_string()))?;
+        for (i, r) in runs.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            for (col, name, width) in [(2, "val", 3), (1, "train", 1)] {
+                let pts = points(r, col);
+                chart
+                    .draw_series(LineSeries::new(pts, color.stroke_width(width)))
+                    .map_err(|e| draw_err(e.to_string()))?
+                    .label(format!("{} {name}", r.label))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width)));
+            }
         }
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| draw_err(e.to_string()))?;
-    root.present().map_err(|e| draw_err(e.to_string()))?;
-    Ok(())
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| draw_err(e.to_string()))?;
+        root.present().map_err(|e| draw_err(e.to_string()))?;
+        Ok(())
+    })
 }

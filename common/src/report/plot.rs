@@ -120,49 +120,52 @@ pub fn plot_table(args: &PlotArgs) -> Result<()> {
     load_font()?;
     let out = &args.out;
     let draw_err = |e: String| Error::Input(format!("{}: {e}", out.display()));
-    let root = BitMapBackend::new(out, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| draw_err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(args.title.as_deref().unwrap_or(""), ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
-        .build_cartesian_2d(x0..x1, y0..y1)
-        .map_err(|e| draw_err(e.to_string()))?;
-    let unlog = |log: bool| move |v: &f64| label(if log { 10f64.powf(*v) } else { *v });
-    let axis = |name: &str, log: bool| format!("{name}{}", if log { " (log scale)" } else { "" });
-    // On a log axis, about one label a decade (plotters then picks whole powers of ten).
-    let labels = |log: bool, a: f64, b: f64| if log { ((b - a).ceil() as usize + 1).max(2) } else { 10 };
-    chart
-        .configure_mesh()
-        .x_labels(labels(lx, x0, x1))
-        .y_labels(labels(ly, y0, y1))
-        .x_desc(axis(&args.x, lx))
-        .y_desc(axis(&y_name, ly))
-        .x_label_formatter(&unlog(lx))
-        .y_label_formatter(&unlog(ly))
-        .draw()
-        .map_err(|e| draw_err(e.to_string()))?;
-    for (i, (name, pts)) in lines.into_iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|e| draw_err(e.to_string()))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+    // Drawn into a temporary file beside it, then renamed over it: never a torn image.
+    crate::atomic_file::write_by_path(out, |tmp| {
+        let root = BitMapBackend::new(tmp, (900, 560)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(e.to_string()))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(args.title.as_deref().unwrap_or(""), ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(|e| draw_err(e.to_string()))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| draw_err(e.to_string()))?;
-    root.present().map_err(|e| draw_err(e.to_string()))?;
-    Ok(())
+        let unlog = |log: bool| move |v: &f64| label(if log { 10f64.powf(*v) } else { *v });
+        let axis = |name: &str, log: bool| format!("{name}{}", if log { " (log scale)" } else { "" });
+        // On a log axis, about one label a decade (plotters then picks whole powers of ten).
+        let labels = |log: bool, a: f64, b: f64| if log { ((b - a).ceil() as usize + 1).max(2) } else { 10 };
+        chart
+            .configure_mesh()
+            .x_labels(labels(lx, x0, x1))
+            .y_labels(labels(ly, y0, y1))
+            .x_desc(axis(&args.x, lx))
+            .y_desc(axis(&y_name, ly))
+            .x_label_formatter(&unlog(lx))
+            .y_label_formatter(&unlog(ly))
+            .draw()
+            .map_err(|e| draw_err(e.to_string()))?;
+        for (i, (name, pts)) in lines.into_iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(|e| draw_err(e.to_string()))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| draw_err(e.to_string()))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| draw_err(e.to_string()))?;
+        root.present().map_err(|e| draw_err(e.to_string()))?;
+        Ok(())
+    })
 }
 
 #[cfg(test)]
