@@ -59,6 +59,51 @@ pub fn write_by_path(path: &Path, make: impl FnOnce(&Path) -> Result<()>) -> Res
     sync_dir(dir_of(path))
 }
 
+/// A file written over a long time (a stream), which replaces its target only when
+/// [`Pending::commit`]ted: until then the target keeps its old content, and an interrupted
+/// writer leaves a temporary file that the next write of the target sweeps.
+pub struct Pending {
+    tmp: PathBuf,
+    path: PathBuf,
+    file: BufWriter<File>,
+}
+
+impl Pending {
+    /// Starts the replacement of `path` (refused, as by [`write()`], where it is no regular file).
+    pub fn create(path: &Path) -> Result<Pending> {
+        let path = landing(path)?;
+        remove_stale_temps(&path);
+        let tmp = tmp_path(&path, false)?;
+        let file = File::create(&tmp).map_err(io_err(&path))?;
+        Ok(Pending {
+            tmp,
+            path,
+            file: BufWriter::with_capacity(IO_BUF, file),
+        })
+    }
+
+    /// Appends `bytes` (errors name the target).
+    pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
+        self.file.write_all(bytes).map_err(io_err(&self.path))
+    }
+
+    /// Syncs what was written and renames it over the target.
+    pub fn commit(self) -> Result<()> {
+        let Pending { tmp, path, file } = self;
+        let done = file
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all())
+            .map_err(io_err(&path))
+            .and_then(|()| std::fs::rename(&tmp, &path).map_err(io_err(&path)));
+        if let Err(e) = done {
+            let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
+            return Err(e);
+        }
+        sync_dir(dir_of(&path))
+    }
+}
+
 /// Writes and syncs `tmp`, the temporary file of `path` (which errors name: the one the user
 /// knows): how long the sync took.
 fn write_synced(

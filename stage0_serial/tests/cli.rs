@@ -995,6 +995,30 @@ fn dump_batches_writes_what_was_trained_on() {
     assert_eq!(batches2, batches);
     assert_eq!(meta2.loss, meta.loss);
 
+    // A run that dies at step 3 (as a crashed process: exit at once) while dumping over that
+    // dump leaves it and its description as they were; its temporary file goes at the next write.
+    let crashed = with_flag(resumed.clone(), "--dump-batches", dump.to_str().unwrap());
+    let o = Command::new(BIN)
+        .args(&crashed)
+        .env("GPT2RS_FAIL_RANK", "0")
+        .env("GPT2RS_FAIL_AT_STEP", "3")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let (meta3, batches3) = common::train::dump::read(&dump).unwrap();
+    assert_eq!((meta3.steps, &batches3, &meta3.loss), (steps, &batches, &meta.loss));
+    let temps = || {
+        std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".batches.bin."))
+            .count()
+    };
+    assert_eq!(temps(), 1, "the crashed writer's temporary file");
+    run_ok(&crashed);
+    assert_eq!(temps(), 0, "swept by the next write");
+    assert_eq!(common::train::dump::read(&dump).unwrap().1, batches);
+
     // A path that cannot be written is one line and exit 2, before anything is written.
     let bad = d.join("no-such-dir").join("b.bin");
     let fresh = d.join("fresh");

@@ -41,6 +41,22 @@ struct Run {
     env: Option<String>,
 }
 
+/// `text` without a last line that has no newline after the header: a row whose write an
+/// interruption cut short (a power cut mid-append; every row is written whole with its
+/// newline), left out with a note rather than refused.
+fn complete_lines<'t>(text: &'t str, path: &Path) -> &'t str {
+    match text.rfind('\n') {
+        Some(end) if end + 1 < text.len() => {
+            eprintln!(
+                "note: {}: its last line has no end (a write cut short): left out",
+                path.display()
+            );
+            &text[..=end]
+        }
+        _ => text,
+    }
+}
+
 fn read_run(spec: &str) -> Result<Run> {
     let Some((label, dir)) = spec
         .split_once('=')
@@ -51,6 +67,7 @@ fn read_run(spec: &str) -> Result<Run> {
     let dir = Path::new(dir);
     let tsv = dir.join("loss.tsv");
     let text = std::fs::read_to_string(&tsv).map_err(io_err(&tsv))?;
+    let text = complete_lines(&text, &tsv);
     // Columns by name: tables from before the bad_steps column read the same.
     let header: Vec<&str> = text.lines().next().unwrap_or("").split('\t').collect();
     let wanted = ["epoch", "train_loss", "val_loss", "tokens_per_s", "elapsed_s"];
@@ -317,4 +334,22 @@ fn plot(runs: &[Run], path: &Path) -> Result<()> {
         root.present().map_err(|e| draw_err(e.to_string()))?;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_cut_short_is_left_out_and_a_whole_table_kept() {
+        let p = Path::new("loss.tsv");
+        let whole = "epoch\ttrain_loss\n0.1\t2.5\n0.2\t2.4\n";
+        assert_eq!(complete_lines(whole, p), whole);
+        assert_eq!(
+            complete_lines("epoch\ttrain_loss\n0.1\t2.5\n0.2\t2.", p),
+            "epoch\ttrain_loss\n0.1\t2.5\n"
+        );
+        // A header alone without its newline is left for the header check to judge.
+        assert_eq!(complete_lines("epoch\ttrain", p), "epoch\ttrain");
+    }
 }

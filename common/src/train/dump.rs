@@ -13,7 +13,7 @@ use crate::data::Batch;
 use crate::error::{io_err, Error, Result};
 use crate::optim::{OptimConfig, StepStats};
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// `FILE.json`'s `format`.
@@ -62,7 +62,9 @@ fn nan_for_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<V
 /// they are read back, and the description at [`BatchDump::finish`].
 pub struct BatchDump {
     path: PathBuf,
-    file: BufWriter<File>,
+    /// The new dump, which replaces `path` only when finished (an interrupted run leaves the
+    /// earlier dump and its description as they were).
+    file: crate::atomic_file::Pending,
     meta: DumpMeta,
     /// Steps whose batch is in the file.
     batches: u64,
@@ -101,15 +103,15 @@ pub fn meta_path(path: &Path) -> PathBuf {
 }
 
 impl BatchDump {
-    /// Creates (or truncates) `path`. `meta`'s per-step lists and counts start empty.
+    /// Starts a dump that replaces `path` when finished. `meta`'s per-step lists and counts
+    /// start empty.
     pub fn create(path: &Path, meta: DumpMeta) -> Result<Self> {
         if path.is_dir() {
             crate::bail_input!("--dump-batches {}: is a directory; give a file name", path.display());
         }
-        let file = File::create(path).map_err(io_err(path))?;
         Ok(BatchDump {
             path: path.to_path_buf(),
-            file: BufWriter::with_capacity(1 << 20, file),
+            file: crate::atomic_file::Pending::create(path)?,
             meta: DumpMeta {
                 steps: 0,
                 loss: Vec::new(),
@@ -133,7 +135,7 @@ impl BatchDump {
         );
         for ids in [&batch.inputs, &batch.targets] {
             let bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
-            self.file.write_all(&bytes).map_err(io_err(&self.path))?;
+            self.file.write_all(&bytes)?;
         }
         self.batches += 1;
         Ok(())
@@ -151,16 +153,16 @@ impl BatchDump {
         }
     }
 
-    /// Flushes the batches and writes `FILE.json` for the steps whose batch and stats are both
-    /// in hand; returns its path and the steps it describes.
-    pub fn finish(mut self) -> Result<(PathBuf, u64)> {
-        self.file.flush().map_err(io_err(&self.path))?;
-        let file = self
-            .file
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .map_err(io_err(&self.path))?;
-        file.sync_all().map_err(io_err(&self.path))?;
+    /// Puts the batches in place of an earlier dump and writes `FILE.json` for the steps
+    /// whose batch and stats are both in hand; returns its path and the steps it describes.
+    /// The earlier description goes first, so that no moment pairs it with the new batches.
+    pub fn finish(self) -> Result<(PathBuf, u64)> {
+        let sidecar = meta_path(&self.path);
+        match std::fs::remove_file(&sidecar) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&sidecar)(e)),
+            _ => {}
+        }
+        self.file.commit()?;
         let steps = self.batches.min(self.meta.loss.len() as u64);
         let mut meta = self.meta;
         meta.steps = steps;
@@ -169,7 +171,6 @@ impl BatchDump {
         }
         meta.skipped.truncate(steps as usize);
         let json = serde_json::to_vec_pretty(&meta).expect("plain data serialises");
-        let sidecar = meta_path(&self.path);
         crate::atomic_file::write(&sidecar, |f| f.write_all(&json))?;
         Ok((sidecar, steps))
     }
