@@ -23,21 +23,22 @@ pub fn write_timed(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::
     let path = &landing(path)?;
     remove_stale_temps(path);
     let tmp = tmp_path(path, false)?;
-    let written = write_synced(&tmp, path, fill).and_then(|sync| {
-        std::fs::rename(&tmp, path).map_err(io_err(path))?;
-        Ok(sync)
-    });
-    let sync = match written {
-        Ok(sync) => sync,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
-            return Err(e);
-        }
-    };
-    // The rename is durable only once the directory entry is on disk.
+    let mut sync = Duration::ZERO;
+    let written = write_synced(&tmp, path, fill).map(|took| sync = took);
     let syncing = Instant::now();
-    sync_dir(dir_of(path))?;
+    put_in_place(&tmp, path, written)?;
     Ok(sync + syncing.elapsed())
+}
+
+/// Renames `tmp` over `path` where `written` (its writing and syncing) succeeded, then syncs
+/// the directory (the rename is durable only once the entry is on disk). On any error `tmp` is
+/// removed and `path` left as it was.
+fn put_in_place(tmp: &Path, path: &Path, written: Result<()>) -> Result<()> {
+    if let Err(e) = written.and_then(|()| std::fs::rename(tmp, path).map_err(io_err(path))) {
+        let _ = std::fs::remove_file(tmp); // best effort: the error above is the one to report
+        return Err(e);
+    }
+    sync_dir(dir_of(path))
 }
 
 /// Replaces `path` with the file `make` creates at the path it is given: for writers that take
@@ -48,15 +49,8 @@ pub fn write_by_path(path: &Path, make: impl FnOnce(&Path) -> Result<()>) -> Res
     let path = &landing(path)?;
     remove_stale_temps(path);
     let tmp = tmp_path(path, true)?;
-    let made = make(&tmp).and_then(|()| {
-        File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(path))?;
-        std::fs::rename(&tmp, path).map_err(io_err(path))
-    });
-    if let Err(e) = made {
-        let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
-        return Err(e);
-    }
-    sync_dir(dir_of(path))
+    let made = make(&tmp).and_then(|()| File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(path)));
+    put_in_place(&tmp, path, made)
 }
 
 /// A file written over a long time (a stream), which replaces its target only when
@@ -90,17 +84,12 @@ impl Pending {
     /// Syncs what was written and renames it over the target.
     pub fn commit(self) -> Result<()> {
         let Pending { tmp, path, file } = self;
-        let done = file
+        let synced = file
             .into_inner()
             .map_err(|e| e.into_error())
             .and_then(|f| f.sync_all())
-            .map_err(io_err(&path))
-            .and_then(|()| std::fs::rename(&tmp, &path).map_err(io_err(&path)));
-        if let Err(e) = done {
-            let _ = std::fs::remove_file(&tmp); // best effort: the error above is the one to report
-            return Err(e);
-        }
-        sync_dir(dir_of(&path))
+            .map_err(io_err(&path));
+        put_in_place(&tmp, &path, synced)
     }
 }
 
@@ -144,6 +133,14 @@ fn landing(path: &Path) -> Result<PathBuf> {
         "{}: too many levels of symbolic links",
         path.display()
     )))
+}
+
+/// Removes `path` where it is there (a file that must not outlive what replaces it).
+pub fn remove_if_present(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(path)(e)),
+        _ => Ok(()),
+    }
 }
 
 /// Makes the directory an `--out` names (and its parents) where it is missing: one line where

@@ -158,10 +158,7 @@ impl BatchDump {
     /// The earlier description goes first, so that no moment pairs it with the new batches.
     pub fn finish(self) -> Result<(PathBuf, u64)> {
         let sidecar = meta_path(&self.path);
-        match std::fs::remove_file(&sidecar) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&sidecar)(e)),
-            _ => {}
-        }
+        crate::atomic_file::remove_if_present(&sidecar)?;
         self.file.commit()?;
         let steps = self.batches.min(self.meta.loss.len() as u64);
         let mut meta = self.meta;

@@ -75,10 +75,7 @@ fn set_aside_earlier_run(out: &Path) -> Result<()> {
     let earlier = out.join("earlier");
     atomic_file::create_dir(&earlier)?;
     for f in RUN_FILES {
-        match std::fs::remove_file(earlier.join(f)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&earlier.join(f))(e)),
-            _ => {}
-        }
+        atomic_file::remove_if_present(&earlier.join(f))?;
     }
     for f in RUN_FILES.iter().filter(|f| out.join(f).exists()) {
         std::fs::rename(out.join(f), earlier.join(f)).map_err(io_err(&out.join(f)))?;
