@@ -20,13 +20,11 @@ pub fn write(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Re
 /// [`write()`], returning how long the syncs took (the file's, then the directory's after the
 /// rename): what is left of the time once the bytes are in the OS's cache.
 pub fn write_timed(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<Duration> {
-    let path = &landing(path)?;
-    remove_stale_temps(path);
-    let tmp = tmp_path(path, false)?;
+    let (path, tmp) = &replacing(path, false)?;
     let mut sync = Duration::ZERO;
-    let written = write_synced(&tmp, path, fill).map(|took| sync = took);
+    let written = write_synced(tmp, path, fill).map(|took| sync = took);
     let syncing = Instant::now();
-    put_in_place(&tmp, path, written)?;
+    put_in_place(tmp, path, written)?;
     Ok(sync + syncing.elapsed())
 }
 
@@ -46,11 +44,9 @@ fn put_in_place(tmp: &Path, path: &Path, written: Result<()>) -> Result<()> {
 /// extension, as such writers choose their format by it. On any error it is removed and `path`
 /// is left as it was.
 pub fn write_by_path(path: &Path, make: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let path = &landing(path)?;
-    remove_stale_temps(path);
-    let tmp = tmp_path(path, true)?;
-    let made = make(&tmp).and_then(|()| File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(path)));
-    put_in_place(&tmp, path, made)
+    let (path, tmp) = &replacing(path, true)?;
+    let made = make(tmp).and_then(|()| File::open(tmp).and_then(|f| f.sync_all()).map_err(io_err(path)));
+    put_in_place(tmp, path, made)
 }
 
 /// A file written over a long time (a stream), which replaces its target only when
@@ -65,9 +61,7 @@ pub struct Pending {
 impl Pending {
     /// Starts the replacement of `path` (refused, as by [`write()`], where it is no regular file).
     pub fn create(path: &Path) -> Result<Pending> {
-        let path = landing(path)?;
-        remove_stale_temps(&path);
-        let tmp = tmp_path(&path, false)?;
+        let (path, tmp) = replacing(path, false)?;
         let file = File::create(&tmp).map_err(io_err(&path))?;
         Ok(Pending {
             tmp,
@@ -188,6 +182,15 @@ pub fn remove_stale_temps(path: &Path) -> usize {
         .filter(|e| stale(&e.file_name().to_string_lossy()))
         .filter(|e| std::fs::remove_file(e.path()).is_ok())
         .count()
+}
+
+/// Where a replacement of `path` lands ([`landing`]) and the temporary file it is written to
+/// first ([`tmp_path`]), dead writers' temporary files of it swept beforehand.
+fn replacing(path: &Path, keep_extension: bool) -> Result<(PathBuf, PathBuf)> {
+    let path = landing(path)?;
+    remove_stale_temps(&path);
+    let tmp = tmp_path(&path, keep_extension)?;
+    Ok((path, tmp))
 }
 
 /// `<dir>/.<name>.<pid>.tmp` (with `keep_extension`, `.tmp.<ext>` of `name`'s extension):
