@@ -521,6 +521,9 @@ fn read_head(path: &Path) -> Result<Head> {
     let got = file_len.min(HEADER_LEN) as usize;
     input.take(&mut header[..got]).map_err(io_err(path))?;
     let magic = &header[..got.min(8)];
+    if magic == crate::mnist::checkpoint::MAGIC {
+        crate::bail_input!("{shown}: an MLP checkpoint (`mnist` writes it), not a GPT-2 one");
+    }
     if magic != &MAGIC[..magic.len()] {
         crate::bail_input!(
             "{shown}: not a checkpoint (expected magic \"{}\", found \"{}\")",

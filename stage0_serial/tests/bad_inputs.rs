@@ -159,6 +159,11 @@ const CASES: &[(&str, &str, &str)] = &[
         "--batch",
     ),
     (
+        "an MLP checkpoint given to train",
+        "train --data corpus.txt --out o --resume mlp.ckpt",
+        "MLP checkpoint",
+    ),
+    (
         "resume with another model",
         "train --data corpus.txt --out o --resume good.ckpt --layers 3",
         "n_layer",
@@ -405,6 +410,50 @@ const CASES: &[(&str, &str, &str)] = &[
         "--batch",
     ),
     (
+        "an MLP run resumed with another batch size",
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "test-images.idx",
+            "test-labels.idx",
+            "--epochs 2 --resume mlp.ckpt --batch 40"
+        ),
+        "--batch",
+    ),
+    (
+        "an MLP run resumed on other images",
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "other-images.idx",
+            "other-labels.idx",
+            "--epochs 2 --resume mlp.ckpt"
+        ),
+        "test set",
+    ),
+    (
+        "a GPT-2 checkpoint given to mnist --resume",
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "test-images.idx",
+            "test-labels.idx",
+            "--epochs 2 --resume good.ckpt"
+        ),
+        "GPT-2 checkpoint",
+    ),
+    (
+        "an MLP checkpoint with a flipped byte",
+        mnist!(
+            "train-images.idx",
+            "train-labels.idx",
+            "test-images.idx",
+            "test-labels.idx",
+            "--epochs 2 --resume mlp-corrupt.ckpt"
+        ),
+        "corrupt",
+    ),
+    (
         "momentum with AdamW",
         mnist!(
             "train-images.idx",
@@ -603,6 +652,7 @@ fn fixtures() -> PathBuf {
     idx_pair(&train, "train");
     idx_pair(&common::mnist::synthetic::dataset(100, 8, 2), "test");
     idx_pair(&common::mnist::synthetic::dataset(100, 6, 2), "small");
+    idx_pair(&common::mnist::synthetic::dataset(100, 8, 3), "other");
     let images = std::fs::read(dir.join("train-images.idx")).unwrap();
     let mut magic = images.clone();
     magic[2] = 0x0d; // another type code reads as another format
@@ -612,6 +662,16 @@ fn fixtures() -> PathBuf {
     let mut labels = train.labels.clone();
     labels[17] = 12;
     write(&dir, "label-12.idx", &common::mnist::idx::encode(&[200], &labels));
+    // An MLP checkpoint (3 steps an epoch, stopped after 2) and a copy with a flipped byte.
+    let mlp = "mnist --out mlprun --train-images train-images.idx --train-labels train-labels.idx \
+               --test-images test-images.idx --test-labels test-labels.idx --epochs 2 --stop-after 2";
+    let o = Command::new(BIN).args(words(mlp)).current_dir(&dir).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mlp = std::fs::read(dir.join("mlprun/mlp.ckpt")).unwrap();
+    write(&dir, "mlp.ckpt", &mlp);
+    let mut flipped = mlp.clone();
+    flipped[mlp.len() / 2] ^= 0x40;
+    write(&dir, "mlp-corrupt.ckpt", &flipped);
     // A good checkpoint (tiny model, 4 steps) and broken copies of it.
     let train = "train --data corpus.txt --out run --model tiny --batch 4 --seq-len 16 --steps 4 --sample-len 0 --eval-batches 1";
     let o = Command::new(BIN).args(words(train)).current_dir(&dir).output().unwrap();

@@ -881,6 +881,33 @@ fn export_import_round_trips_and_init_from_starts_a_new_run() {
     let mut resume = args.clone();
     resume.extend(["--resume", imported.to_str().unwrap()]);
     assert_bad_input(&run(&resume), "--init-from");
+    // An export cut short leaves no config.json (it is removed first and written last), not the
+    // earlier export's beside new files: here vocab.json cannot be replaced (a directory holds
+    // its place), and import then says so in one line.
+    std::fs::remove_file(hf.join("vocab.json")).unwrap();
+    std::fs::create_dir_all(hf.join("vocab.json").join("in-the-way")).unwrap();
+    let cut = run(&[
+        "export",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--out",
+        hf.to_str().unwrap(),
+    ]);
+    assert!(!cut.status.success());
+    assert!(
+        !hf.join("config.json").exists(),
+        "config.json stayed beside a cut-short export"
+    );
+    assert_bad_input(
+        &run(&[
+            "import",
+            "--from",
+            hf.to_str().unwrap(),
+            "--out",
+            imported.to_str().unwrap(),
+        ]),
+        "export cut short",
+    );
 }
 
 #[test]

@@ -216,3 +216,199 @@ fn bench_prints_one_json_line_per_shape() {
     let o = Command::new(BIN).args(["mnist", "--steps", "5"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "--steps without --bench is refused");
 }
+
+/// A run's checkpoint (OUT/mlp.ckpt), read and checked.
+fn checkpoint(out: &Path) -> common::mnist::checkpoint::MlpCheckpoint {
+    let path = out.join("mlp.ckpt");
+    common::mnist::checkpoint::parse(&std::fs::read(&path).unwrap(), &path).expect("the checkpoint reads")
+}
+
+/// Its parameters and the optimiser's state, the values that the run goes on from.
+fn arrays(out: &Path) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let ck = checkpoint(out);
+    (ck.params, ck.state)
+}
+
+/// A run stopped mid-epoch by --stop-after, resumed, ends with the table and the weights of
+/// the run never stopped: SGD on the fused step, AdamW on the generic one.
+#[test]
+fn a_stopped_run_resumes_to_the_uninterrupted_table_and_weights() {
+    let d = tmpdir("resume");
+    let files = data(&d, "idx");
+    for optimizer in ["sgd", "adamw"] {
+        let flags = [
+            "--optimizer",
+            optimizer,
+            "--lr",
+            if optimizer == "sgd" { "0.05" } else { "3e-3" },
+        ];
+        let (straight, stopped) = (
+            d.join(format!("{optimizer}-straight")),
+            d.join(format!("{optimizer}-stopped")),
+        );
+        assert_ok(&mnist(&files, &straight, &flags));
+        let ck = checkpoint(&straight);
+        assert_eq!((ck.meta.step, ck.meta.log.rows), (120, 4), "the end's checkpoint");
+        // 30 steps an epoch: step 45 is mid-way through the second.
+        let o = mnist(&files, &stopped, &[&flags[..], &["--stop-after", "45"]].concat());
+        assert_ok(&o);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            stdout.contains("stopped after step 45 as --stop-after asked"),
+            "{stdout}"
+        );
+        assert_eq!(table(&stopped).len(), 1, "one whole epoch");
+        assert_eq!(checkpoint(&stopped).meta.step, 45);
+        let resume = stopped.join("mlp.ckpt");
+        let o = mnist(
+            &files,
+            &stopped,
+            &[&flags[..], &["--resume", resume.to_str().unwrap()]].concat(),
+        );
+        assert_ok(&o);
+        assert!(String::from_utf8_lossy(&o.stdout).contains("at step 45 of 120"));
+        assert_eq!(table(&stopped), table(&straight), "{optimizer}");
+        assert_eq!(arrays(&stopped), arrays(&straight), "{optimizer}");
+    }
+}
+
+/// Ctrl-C, SIGTERM and SIGHUP stop a run after its current step with a checkpoint of that
+/// step, in one line, exit 130; and a new run in the same --out moves that run aside.
+#[test]
+fn a_signal_stops_the_run_with_a_checkpoint_and_a_new_run_moves_it_aside() {
+    let d = tmpdir("signal");
+    let files = data(&d, "idx");
+    for sig in ["INT", "TERM", "HUP"] {
+        let out = d.join(sig);
+        let child = Command::new(BIN)
+            .arg("mnist")
+            .args(&files)
+            .arg("--out")
+            .arg(&out)
+            .args([
+                "--hidden",
+                "32,16",
+                "--batch",
+                "20",
+                "--epochs",
+                "1000000",
+                "--threads",
+                "2",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The first epoch's checkpoint shows the run under way.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !out.join("mlp.ckpt").exists() {
+            assert!(std::time::Instant::now() < deadline, "no checkpoint within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let sent = Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status();
+        assert!(sent.unwrap().success());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(130), "SIG{sig}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "SIG{sig}: {err}");
+        let step: u64 = err
+            .split("stopped after step ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("SIG{sig}: {err}"));
+        assert!(err.contains("--resume"), "SIG{sig}: {err}");
+        assert_eq!(
+            checkpoint(&out).meta.step,
+            step,
+            "SIG{sig}: the checkpoint of the step named"
+        );
+    }
+    // A new run there moves the stopped one's table and checkpoint to OUT/earlier/.
+    let out = d.join("TERM");
+    let (before_table, before) = (std::fs::read(out.join("loss.tsv")).unwrap(), checkpoint(&out).meta);
+    let o = mnist(&files, &out, &[]);
+    assert_ok(&o);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("held an earlier run's files"));
+    let earlier = out.join("earlier");
+    assert_eq!(std::fs::read(earlier.join("loss.tsv")).unwrap(), before_table);
+    assert_eq!(checkpoint(&earlier).meta, before);
+    assert_eq!(checkpoint(&out).meta.step, 120);
+}
+
+/// A checkpoint that cannot continue this run is refused in one line, exit 2.
+#[test]
+fn resume_refuses_another_runs_or_a_broken_checkpoint() {
+    let d = tmpdir("resume-bad");
+    let files = data(&d, "idx");
+    let run = d.join("run");
+    assert_ok(&mnist(&files, &run, &["--stop-after", "40"]));
+    let ck = run.join("mlp.ckpt");
+    let ck_s = ck.to_str().unwrap();
+    let refused = |extra: &[&str], needle: &str| {
+        // The run's flags (as `mnist` gives them), --batch from `extra` where it has one.
+        let batch = if extra.contains(&"--batch") {
+            &[][..]
+        } else {
+            &["--batch", "20"][..]
+        };
+        let o = Command::new(BIN)
+            .arg("mnist")
+            .args(&files)
+            .arg("--out")
+            .arg(d.join("other"))
+            .args(["--hidden", "32,16", "--epochs", "4", "--threads", "2"])
+            .args(batch)
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains(needle), "{extra:?}: expected {needle:?} in {err}");
+    };
+    refused(&["--resume", ck_s, "--batch", "30"], "--batch 20 (this run: 30)");
+    refused(
+        &["--resume", ck_s, "--seed", "9", "--lr", "0.1"],
+        "--lr 0.05 (this run: 0.1)",
+    );
+    refused(&["--resume", ck_s, "--trace"], "--trace");
+    refused(
+        &["--resume", d.join("none.ckpt").to_str().unwrap()],
+        "no such checkpoint file",
+    );
+    // Other data: the test set's 200 images made with another seed.
+    let other = d.join("other-data");
+    std::fs::create_dir_all(&other).unwrap();
+    let mut changed = files.clone();
+    let (images, labels) = (other.join("test-images.idx"), other.join("test-labels.idx"));
+    synthetic::write_idx(&synthetic::dataset(200, 12, 5), &images, &labels).unwrap();
+    let at = changed.iter().position(|f| f == "--test-images").unwrap();
+    changed[at + 1] = images.display().to_string();
+    changed[at + 3] = labels.display().to_string();
+    let o = mnist(&changed, &d.join("other"), &["--resume", ck_s]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("test set 200 images"));
+    // A flipped byte, a cut file, a GPT-2 checkpoint, a finished run.
+    let bytes = std::fs::read(&ck).unwrap();
+    let bad = d.join("bad.ckpt");
+    let bad_s = bad.to_str().unwrap();
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 1;
+    std::fs::write(&bad, &flipped).unwrap();
+    refused(&["--resume", bad_s], "corrupt");
+    std::fs::write(&bad, &bytes[..bytes.len() - 100]).unwrap();
+    refused(&["--resume", bad_s], "corrupt");
+    std::fs::write(&bad, &bytes[..10]).unwrap();
+    refused(&["--resume", bad_s], "truncated");
+    let mut gpt2 = b"GPT2RSCK".to_vec();
+    gpt2.extend_from_slice(&bytes[8..]);
+    std::fs::write(&bad, &gpt2).unwrap();
+    refused(&["--resume", bad_s], "a GPT-2 checkpoint");
+    assert_ok(&mnist(&files, &d.join("done"), &[]));
+    let done = d.join("done").join("mlp.ckpt");
+    refused(&["--resume", done.to_str().unwrap()], "is finished");
+}

@@ -1207,7 +1207,67 @@ fn mnist_reproduces_stage0() {
             assert!(close, "{optimizer}: stage 1 {got:?} vs stage 0 {want:?}");
         }
         assert!(want[4][2] > 0.9, "{optimizer}: it learns: {want:?}");
+        // Stopped mid-epoch (20 steps an epoch) and resumed on the ranks: the same table.
+        let stopped = d.join(format!("stage1-{optimizer}-stopped"));
+        let stop = ["--stop-after", "30"].map(str::to_string);
+        assert_ok(&mpirun(
+            2,
+            &[args(&stopped), flag.to_vec(), stop.to_vec()].concat(),
+            &[],
+        ));
+        assert_eq!(mnist_table(&stopped).len(), 1);
+        let ckpt = stopped.join("mlp.ckpt").display().to_string();
+        let resume = ["--resume".to_string(), ckpt];
+        assert_ok(&mpirun(
+            2,
+            &[args(&stopped), flag.to_vec(), resume.to_vec()].concat(),
+            &[],
+        ));
+        assert_eq!(mnist_table(&stopped), got, "{optimizer}: resumed on 2 ranks");
     }
+}
+
+/// SIGTERM to mpirun (a scheduler's time limit) stops `mnist` as it stops `train`: every rank
+/// after the same step (the ranks agree in the loss's sum), a checkpoint of that step, one line.
+#[test]
+fn sigterm_to_mpirun_stops_mnist_after_a_step_with_a_checkpoint() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmpdir("mnist-sigterm");
+    let out = d.join("run");
+    let args = "mnist --synthetic --hidden 32 --batch 64 --epochs 1000".split(' ');
+    let mut child = Command::new("mpirun")
+        .args(["-n", "2", BIN])
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // The first epoch's checkpoint shows the job under way.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !out.join("mlp.ckpt").exists() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no checkpoint within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    send("TERM", child.id());
+    let (_, err, took) = ends_within_a_minute(child);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    let step: u64 = lines[0]
+        .split("stopped after step ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a stop after a step: {err}"));
+    let path = out.join("mlp.ckpt");
+    let ck = common::mnist::checkpoint::parse(&std::fs::read(&path).unwrap(), &path).unwrap();
+    assert_eq!(ck.meta.step, step, "the checkpoint is of the step the line names");
+    eprintln!("mnist job stopped {took:?} after the SIGTERM: {}", lines[0]);
 }
 
 /// hwloc (which MPICH asks for the topology at MPI_Init) does not probe OpenCL unless the user

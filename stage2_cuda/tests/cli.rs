@@ -532,3 +532,50 @@ fn a_checkpoint_moves_between_the_gpu_and_the_cpu() {
         println!("CROSS {name}: {got:?} (GPU straight {want:?})");
     }
 }
+
+/// `mnist` on the GPU (the fused step: data on the device, one graph replay a step, in bf16),
+/// stopped mid-epoch by --stop-after and resumed: the table and the checkpoint's arrays of the
+/// run never stopped.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_stopped_and_resumed_mnist_run_is_the_same_run_on_the_gpu() {
+    let d = tmpdir("mnist-resume");
+    let mnist = |out: &Path, extra: &[&str]| {
+        let flags = [
+            "mnist",
+            "--synthetic",
+            "--hidden",
+            "64,32",
+            "--batch",
+            "500",
+            "--epochs",
+            "3",
+        ];
+        let o = Command::new(bin())
+            .args(flags)
+            .arg("--out")
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let state = |out: &Path| {
+        let path = out.join("mlp.ckpt");
+        let ck = common::mnist::checkpoint::parse(&std::fs::read(&path).unwrap(), &path).unwrap();
+        let table: Vec<String> = std::fs::read_to_string(out.join("loss.tsv"))
+            .unwrap()
+            .lines()
+            .map(|l| l.split('\t').take(4).collect::<Vec<_>>().join("\t"))
+            .collect();
+        (table, ck.meta.step, ck.params, ck.state)
+    };
+    let (straight, stopped) = (d.join("straight"), d.join("stopped"));
+    assert!(mnist(&straight, &[]).contains("one graph replay a step"));
+    // 120 steps an epoch: step 200 is mid-way through the second.
+    assert!(mnist(&stopped, &["--stop-after", "200"]).contains("stopped after step 200"));
+    let ckpt = stopped.join("mlp.ckpt");
+    mnist(&stopped, &["--resume", ckpt.to_str().unwrap()]);
+    assert_eq!(state(&stopped), state(&straight));
+}

@@ -418,9 +418,19 @@ pub struct MnistArgs {
     /// Test labels, an idx file (gzipped or not).
     #[arg(long, requires_all = ["train_images", "train_labels", "test_images"])]
     pub test_labels: Option<PathBuf>,
-    /// Output directory for loss.tsv (created if missing).
+    /// Output directory for loss.tsv and the checkpoint mlp.ckpt (created if missing).
     #[arg(long, default_value = "runs/mnist")]
     pub out: PathBuf,
+    /// Continue the run saved in this checkpoint (an OUT/mlp.ckpt), given the flags it was
+    /// started with: it ends with the table and weights of the run never stopped. Ctrl-C,
+    /// SIGTERM and SIGHUP stop a run after its current step with such a checkpoint; one is
+    /// also written after every epoch.
+    #[arg(long, value_name = "CHECKPOINT", conflicts_with_all = ["bench", "trace"])]
+    pub resume: Option<PathBuf>,
+    /// End the run after this many steps (counted from its start), with a checkpoint, without
+    /// changing the schedule; --resume continues it.
+    #[arg(long, value_name = "N", value_parser = at_least_one_u64, conflicts_with = "bench")]
+    pub stop_after: Option<u64>,
     /// Widths of the hidden layers, comma-separated (the input width comes from the images,
     /// the output is the 10 classes).
     #[arg(long, value_delimiter = ',', default_value = "256,128", value_parser = at_least_one)]
@@ -455,7 +465,8 @@ pub struct MnistArgs {
     /// Also write into OUT/trace/ what another framework needs to repeat the run step for step:
     /// the initial parameters (init.f32, the flat layout, little-endian), every step's images
     /// (order.i32), every step's learning rate and loss (steps.tsv), the settings
-    /// (settings.json), and with --synthetic the training set (idx files).
+    /// (settings.json), and with --synthetic the training set (idx files). A run stopped
+    /// early leaves the trace of its whole epochs; a trace cannot be continued (--resume).
     #[arg(long, conflicts_with = "bench")]
     pub trace: bool,
     /// Time training steps instead of training: --warmup steps, then --steps timed ones, on

@@ -109,6 +109,8 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("mnist", "test_images", &[]),
     ("mnist", "test_labels", &[]),
     ("mnist", "out", &[]),
+    ("mnist", "resume", &[]),
+    ("mnist", "stop_after", &["0", "-1", "x"]),
     ("mnist", "hidden", &["0", "x", "256,0", "-1", "1.5"]),
     ("mnist", "epochs", &["0", "-1", "1.5"]),
     ("mnist", "batch", &["0", "-4"]),

@@ -41,7 +41,7 @@ pub struct Imported {
 }
 
 /// Writes `params` (our flat layout for `cfg`) into `dir` (created if missing) as Hugging
-/// Face's GPT-2, with `tokenizer`'s files.
+/// Face's GPT-2, with `tokenizer`'s files; `config.json` last (see below).
 pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &[f32]) -> Result<()> {
     crate::atomic_file::create_dir(dir)?;
     let layout = ParamLayout::new(cfg);
@@ -57,6 +57,10 @@ pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &
             Ok((t.name.clone(), view))
         })
         .collect::<Result<Vec<_>>>()?;
+    // config.json goes first and comes back last: a directory whose writing was cut short
+    // (a kill, a full disk) holds no config.json, which `import` and `generate` refuse in one
+    // line, rather than an earlier export's config beside this one's weights.
+    atomic_file::remove_if_present(&dir.join(CONFIG))?;
     let weights = dir.join(WEIGHTS);
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     // Serialised in memory (the size of the weights once more), then written as the other
@@ -67,7 +71,6 @@ pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &
     write(&weights, &bytes)?;
 
     let pretty = |v: &serde_json::Value| serde_json::to_vec_pretty(v).expect("plain data serialises");
-    write(&dir.join(CONFIG), &pretty(&config::to_json(cfg, tokenizer)))?;
     let tok = Tokenizer::new(tokenizer)?;
     let (vocab, merges) = vocab::files(&tok);
     write(
@@ -82,7 +85,8 @@ pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &
         "add_prefix_space": false,
         "bos_token": eot, "eos_token": eot, "unk_token": eot,
     });
-    write(&dir.join("tokenizer_config.json"), &pretty(&tokenizer_config))
+    write(&dir.join("tokenizer_config.json"), &pretty(&tokenizer_config))?;
+    write(&dir.join(CONFIG), &pretty(&config::to_json(cfg, tokenizer)))
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -124,6 +128,12 @@ pub fn import_checkpoint(dir: &Path) -> Result<Checkpoint> {
 /// tokenizer follows from the vocabulary: 50257 is GPT-2's BPE, 256 bytes.
 pub fn import(dir: &Path) -> Result<Imported> {
     let config_path = dir.join(CONFIG);
+    if dir.is_dir() && !config_path.exists() {
+        crate::bail_input!(
+            "{}: no {CONFIG}: not a Hugging Face model directory, or an export cut short (export it again)",
+            dir.display()
+        );
+    }
     let json = read_at_most(&config_path, MAX_CONFIG_BYTES)?;
     let cfg = config::from_json(&json).map_err(|e| Error::Input(format!("{}: {e}", dir.display())))?;
     let tokenizer = match cfg.vocab_size {

@@ -2,12 +2,14 @@
 //! this order: `idx` (the data sets' files, read and checked), `data` (the training and test
 //! sets, read by rank 0 and sent to every rank), `mlp` (the model: Linear and ReLU layers as
 //! autograd ops, softmax cross-entropy), `train` (the loop: batches split over ranks,
-//! gradients summed, SGD with momentum or AdamW, a loss and accuracy row per epoch), `fused`
+//! gradients summed, SGD with momentum or AdamW, a loss and accuracy row per epoch),
+//! `checkpoint` (the run's state after every epoch and at a stop, for `--resume`), `fused`
 //! (on one GPU with SGD: the data set on the device, each step one CUDA graph replay, the
 //! update fused into backward), `bench` (`mnist --bench`: steps timed, `--sweep` over shapes),
 //! and `synthetic` (made-up data sets of the same form, for tests and speed figures).
 
 pub mod bench;
+pub mod checkpoint;
 pub mod data;
 pub mod fused;
 pub mod idx;

@@ -9,6 +9,7 @@
 //! each step is one replay of a recorded step (`GPT2_MNIST_FUSED=0` turns the fused step off;
 //! `GPT2_CUDA_GRAPH=0` queues its ops each time instead of replaying).
 
+use super::checkpoint::{self, Meta, MlpCheckpoint, Settings};
 use super::data::{self, Dataset, Files, CLASSES};
 use super::fused::FusedStep;
 use super::mlp::Mlp;
@@ -16,13 +17,15 @@ use super::synthetic;
 use crate::autograd::{Graph, Pool};
 use crate::backend::Backend;
 use crate::cli::{MnistArgs, OptimizerFlag};
-use crate::comm::Comm;
+use crate::comm::{agree, from_root, Comm};
 use crate::error::{Error, Result};
 use crate::grad_sync::{GradSync, SyncMode};
 use crate::optim::{AdamW, OptimConfig, Optimizer, Sgd, StepStats};
-use crate::report::log::{LossLog, Window};
+use crate::report::log::{set_aside_earlier_run, LogState, LossLog};
 use crate::report::progress;
+use indicatif::ProgressBar;
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Test images per forward pass when evaluating.
@@ -67,6 +70,9 @@ pub struct MlpTrainer<'a, B: Backend> {
     pub opt: Optimizer<B>,
     sync: GradSync,
     pool: Pool<B>,
+    /// A stop was asked for (Ctrl-C, SIGTERM, SIGHUP) on some rank by the end of the last
+    /// step: the same on every rank, which all stop after that step.
+    pub stop_asked: bool,
 }
 
 impl<'a, B: Backend> MlpTrainer<'a, B> {
@@ -94,12 +100,43 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
             mlp,
             opt,
             pool: Pool::default(),
+            stop_asked: false,
         })
+    }
+
+    /// The buffers of the optimiser's state: SGD's velocity, or AdamW's m and v.
+    fn state_buffers(&self) -> Vec<&B::Buffer<f32>> {
+        match &self.opt {
+            Optimizer::Sgd(o) => vec![&o.velocity],
+            Optimizer::AdamW(o) => vec![&o.m, &o.v],
+        }
+    }
+
+    /// The parameters and the optimiser's state (SGD's velocity, or AdamW's m and v), read back.
+    pub fn state(&self) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        let n = self.mlp.num_params();
+        let read = |b: &B::Buffer<f32>| {
+            let mut host = vec![0.0f32; n];
+            self.be.read(b, 0, &mut host).map(|()| host)
+        };
+        let params = read(&self.mlp.params)?;
+        let state = self.state_buffers().into_iter().map(read).collect::<Result<_>>()?;
+        Ok((params, state))
+    }
+
+    /// The parameters (and their bf16 copy) and the optimiser's state from a checkpoint's.
+    pub fn restore(&self, params: &[f32], state: &[Vec<f32>]) -> Result<()> {
+        self.mlp.set_params(self.be, params)?;
+        for (buffer, host) in self.state_buffers().into_iter().zip(state) {
+            self.be.write(buffer, 0, host)?;
+        }
+        Ok(())
     }
 
     /// One optimiser step (0-based `step`) on this rank's `rows` images: forward, backward,
     /// gradients summed over ranks, the update. The loss is averaged over ranks; a non-finite
-    /// one stops the run (every rank sees the same).
+    /// one stops the run (every rank sees the same). Notes whether a stop was asked for
+    /// ([`MlpTrainer::stop_asked`]).
     pub fn step(&mut self, pixels: &[f32], labels: &[i32], rows: usize, step: u64) -> Result<StepStats> {
         let (be, comm) = (self.be, self.comm);
         self.opt.begin_step(be, step)?;
@@ -115,12 +152,15 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
         let (n, config) = (self.mlp.num_params(), *self.opt.config());
         let meter = self.opt.meter();
         meter.finish_gradients(be, &self.mlp.grads, n, config.grad_clip, 1.0)?;
-        let (mut loss, norm) = meter.read_loss_and_norm(be)?;
+        let (loss, norm) = meter.read_loss_and_norm(be)?;
+        // The loss averaged over ranks, and whether any rank was asked to stop, in one sum.
+        let mut v = [loss, crate::stop::asked() as u8 as f32];
         if comm.size() > 1 {
-            let mut v = [loss];
             comm.all_reduce_sum_host(&mut v)?;
-            loss = v[0] / comm.size() as f32;
+            v[0] /= comm.size() as f32;
         }
+        let loss = v[0];
+        self.stop_asked = v[1] > 0.0;
         let stats = StepStats::of(&config, step, loss, norm);
         if stats.skipped {
             return Err(not_finite(step, &stats));
@@ -159,7 +199,8 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
     /// The global 0-based `steps` of the generic step, each on this rank's share of its batch
     /// of `batch` images of `set` (the epoch's order from `seed`), `each` called after every
     /// step. Returns their stats and the seconds spent in steps (the batches' gathering left
-    /// out). `order` is reused between calls.
+    /// out): fewer than `steps` where a stop was asked for (every rank stops after the same
+    /// step). `order` is reused between calls.
     pub fn run_generic(
         &mut self,
         set: &Dataset,
@@ -187,6 +228,9 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
             seconds += t0.elapsed().as_secs_f64();
             each(&st);
             stats.push((step, st));
+            if self.stop_asked {
+                break;
+            }
         }
         Ok((stats, seconds))
     }
@@ -194,7 +238,8 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
     /// As [`MlpTrainer::run_generic`] with `fused` (made for this set and batch; one rank,
     /// SGD): each epoch's order and learning rates are uploaded at its first step, the steps
     /// are queued (replayed) without waiting, and their stats are read at each epoch's end and
-    /// at the end of `steps`. The seconds are the wall time, reads included.
+    /// at the end of `steps`, or after the step where a stop was asked for (one rank: no other
+    /// to agree with). The seconds are the wall time, reads included.
     pub fn run_fused(
         &mut self,
         fused: &mut FusedStep<B>,
@@ -225,13 +270,17 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
             }
             fused.step(be, &self.mlp, sgd)?;
             each();
-            if (step + 1) % spe == 0 || step + 1 == steps.end {
+            self.stop_asked = crate::stop::asked();
+            if (step + 1) % spe == 0 || step + 1 == steps.end || self.stop_asked {
                 let read = fused.read(be, &config, unread..step + 1)?;
                 if let Some((s, st)) = read.iter().find(|(_, st)| st.skipped) {
                     return Err(not_finite(*s, st));
                 }
                 stats.extend(read);
                 unread = step + 1;
+            }
+            if self.stop_asked {
+                break;
             }
         }
         Ok((stats, started.elapsed().as_secs_f64()))
@@ -290,8 +339,10 @@ fn argmax(row: &[f32]) -> usize {
         .fold(0, |best, (i, &x)| if x > row[best] { i } else { best })
 }
 
-/// The `mnist` subcommand without `--bench`: trains, tests after each epoch, prints the table.
+/// The `mnist` subcommand without `--bench`: trains, tests after each epoch, prints the table,
+/// and keeps `OUT/mlp.ckpt` (after every epoch, at a stop, at the end) for `--resume`.
 pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()> {
+    crate::stop::on_signals();
     // The same flags everywhere: every rank refuses them together.
     let momentum = args.momentum().map_err(Error::on_every_rank)?;
     let (train, test) = load_sets(comm, args)?;
@@ -307,8 +358,20 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     };
     let config = mnist_config(args.lr(), total_steps, args.weight_decay);
     let widths = widths(&train, &args.hidden)?;
-    let mut trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
-    let mut fused = match fused_path(comm, args.optimizer) {
+    let settings = Settings::of(args, &widths, momentum, &train, &test);
+    let resumed = match &args.resume {
+        Some(path) => Some(resume_from(comm, path, &settings, total_steps)?),
+        None => None,
+    };
+    let trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
+    let (start, log_state) = match &resumed {
+        Some(ck) => {
+            trainer.restore(&ck.params, &ck.state)?;
+            (ck.meta.step, ck.meta.log)
+        }
+        None => (0, LogState::default()),
+    };
+    let fused = match fused_path(comm, args.optimizer) {
         true => Some(FusedStep::new(
             be,
             &trainer.mlp,
@@ -321,11 +384,18 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     };
 
     let root = comm.is_root();
-    let mut log = match root {
-        true => Some(LossLog::open_table(&args.out, EpochRow::HEADER, None)?),
-        false => None,
+    let open_log = || {
+        if args.resume.is_none() {
+            set_aside_earlier_run(&args.out, &RUN_FILES)?;
+        }
+        LossLog::open_table(
+            &args.out,
+            EpochRow::HEADER,
+            args.resume.is_some().then_some(log_state.rows),
+        )
     };
-    let mut trace = match root && args.trace {
+    let log = agree(comm, root.then(open_log).transpose())?;
+    let trace = match root && args.trace {
         true => Some(Trace::open(be, &args.out, args, &trainer, &train, b, steps_per_epoch)?),
         false => None,
     };
@@ -346,47 +416,41 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
             train.len(),
             test.len(),
         );
+        if let Some(path) = &args.resume {
+            crate::say!("resuming {} at step {start} of {total_steps}", path.display());
+        }
         crate::say!("{}", EpochRow::HEADER.replace('\t', "  "));
     }
-    let bar = progress::bar(root, total_steps, 0);
-    let started = Instant::now();
-    let mut order = Vec::new();
-    let mut last = None;
-    for epoch in 0..args.epochs {
-        let steps = epoch * steps_per_epoch..(epoch + 1) * steps_per_epoch;
-        let (stats, seconds) = match fused.as_mut() {
-            Some(f) => trainer.run_fused(f, &train, steps, args.seed, &mut order, || bar.inc(1))?,
-            None => trainer.run_generic(&train, b, steps, args.seed, &mut order, |st| {
-                bar.set_message(format!("epoch {} loss {:.4} lr {:.2e}", epoch + 1, st.loss, st.lr));
-                bar.inc(1);
-            })?,
-        };
-        let mut window = Window::default();
-        for (_, st) in &stats {
-            window.add(st.loss, false);
-        }
-        window.add_time(seconds);
-        if let Some(trace) = trace.as_mut() {
-            trace.epoch(&order[..steps_per_epoch as usize * b], &stats)?;
-        }
-        let (train_loss, _, samples_per_s) = window.take(b);
-        if let Some(log) = log.as_mut() {
-            let (test_loss, test_accuracy) = trainer.evaluate(&test)?;
-            let row = EpochRow {
-                epoch: epoch + 1,
-                train_loss,
-                test_loss,
-                test_accuracy,
-                samples_per_s,
-                elapsed_s: started.elapsed().as_secs_f64(),
-            };
-            bar.suspend(|| crate::say!("{}", row.display()));
-            log.append_line(&row.tsv())?;
-            last = Some(row);
+    let mut run = MlpRun {
+        trainer,
+        fused,
+        log,
+        trace,
+        train: &train,
+        test: &test,
+        seed: args.seed,
+        steps_per_epoch,
+        ckpt: args.out.join(checkpoint::FILE),
+        meta: Meta {
+            settings,
+            step: start,
+            log: log_state,
+        },
+        bar: progress::bar(root, total_steps, start),
+        started: Instant::now(),
+        last: None,
+    };
+    let end = args.stop_after.map_or(total_steps, |s| s.min(total_steps));
+    while run.meta.step < end {
+        if run.epoch(end)? == Ended::Stopped {
+            let how = run.saved_how();
+            run.bar.abandon();
+            let msg = format!("stopped after step {}; {how}", run.meta.step);
+            return Err(Error::Interrupted(msg).on_every_rank());
         }
     }
-    bar.finish_and_clear();
-    if let Some(row) = last {
+    run.bar.finish_and_clear();
+    if let Some(row) = run.last.filter(|_| end == total_steps) {
         crate::say!(
             "test accuracy {:.2}% after {} epochs ({:.1} s); table in {}",
             100.0 * row.test_accuracy,
@@ -395,7 +459,163 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
             args.out.join("loss.tsv").display()
         );
     }
+    if root {
+        match end < total_steps {
+            true => crate::say!("stopped after step {end} as --stop-after asked; {}", run.saved_how()),
+            false => crate::say!("saved {}", run.ckpt.display()),
+        }
+    }
     Ok(())
+}
+
+/// The files of a run in its `--out` that a new run there writes anew (the checkpoint last).
+const RUN_FILES: [&str; 2] = ["loss.tsv", checkpoint::FILE];
+
+/// Rank 0 reads the checkpoint to resume and every rank receives it, checked against this
+/// run's settings (the same everywhere) and schedule.
+fn resume_from(comm: &dyn Comm, path: &Path, settings: &Settings, total_steps: u64) -> Result<MlpCheckpoint> {
+    let check = |ck: &MlpCheckpoint| {
+        checkpoint::check_same_run(&ck.meta.settings, settings)?;
+        match ck.meta.step {
+            s if s > total_steps => crate::bail_input!(
+                "{}: cannot resume: the checkpoint counts {s} steps, its run has {total_steps}",
+                path.display()
+            ),
+            s if s == total_steps => crate::bail_input!(
+                "{}: cannot resume: the checkpoint's run is finished (all {total_steps} steps)",
+                path.display()
+            ),
+            _ => Ok(()),
+        }
+    };
+    let bytes = from_root(comm, || {
+        let bytes = checkpoint::read(path)?;
+        check(&checkpoint::parse(&bytes, path)?)?;
+        Ok(bytes)
+    })?;
+    checkpoint::parse(&bytes, path).map_err(Error::on_every_rank)
+}
+
+/// How an [`MlpRun::epoch`] ended.
+#[derive(PartialEq)]
+enum Ended {
+    /// At the epoch's end or the run's (`--stop-after`).
+    Ran,
+    /// A stop was asked for: a checkpoint of the steps done is written.
+    Stopped,
+}
+
+/// A training run under way: the trainer, the table and the checkpoint it keeps, where it
+/// stands ([`Meta`]: the steps done, the open epoch's losses, the time so far).
+struct MlpRun<'a, 'b, B: Backend> {
+    trainer: MlpTrainer<'a, B>,
+    fused: Option<FusedStep<B>>,
+    /// Rank 0's table, trace and checkpoint.
+    log: Option<LossLog>,
+    trace: Option<Trace>,
+    train: &'b Dataset,
+    test: &'b Dataset,
+    seed: u64,
+    steps_per_epoch: u64,
+    ckpt: PathBuf,
+    meta: Meta,
+    bar: ProgressBar,
+    started: Instant,
+    /// The last row written.
+    last: Option<EpochRow>,
+}
+
+impl<B: Backend> MlpRun<'_, '_, B> {
+    /// Training time, the resumed run's before this process included.
+    fn elapsed(&self) -> f64 {
+        self.meta.log.elapsed_s + self.started.elapsed().as_secs_f64()
+    }
+
+    /// Runs the steps from where the run stands to the end of their epoch (or to `end`):
+    /// a row of the table at the epoch's end, a checkpoint there, at `end` and at a stop.
+    fn epoch(&mut self, end: u64) -> Result<Ended> {
+        let (spe, b) = (self.steps_per_epoch, self.meta.settings.batch);
+        let epoch = self.meta.step / spe;
+        let steps = self.meta.step..((epoch + 1) * spe).min(end);
+        let bar = &self.bar;
+        let mut order = Vec::new();
+        let (stats, seconds) = match self.fused.as_mut() {
+            Some(f) => self
+                .trainer
+                .run_fused(f, self.train, steps.clone(), self.seed, &mut order, || bar.inc(1))?,
+            None => self
+                .trainer
+                .run_generic(self.train, b, steps.clone(), self.seed, &mut order, |st| {
+                    bar.set_message(format!("epoch {} loss {:.4} lr {:.2e}", epoch + 1, st.loss, st.lr));
+                    bar.inc(1);
+                })?,
+        };
+        let window = &mut self.meta.log.window;
+        for (_, st) in &stats {
+            window.add(st.loss, false);
+        }
+        window.add_time(seconds);
+        self.meta.step += stats.len() as u64;
+        if self.meta.step == (epoch + 1) * spe {
+            if let Some(trace) = self.trace.as_mut() {
+                trace.epoch(&order[..spe as usize * b], &stats)?;
+            }
+            self.row(epoch + 1)?;
+        }
+        self.save()?;
+        // A stop asked for at an epoch's last step ends the run there too (not one step on).
+        Ok(match self.trainer.stop_asked && self.meta.step < end {
+            true => Ended::Stopped,
+            false => Ended::Ran,
+        })
+    }
+
+    /// Rank 0 tests the model and writes the row of `epoch` (1-based) from the epoch's window.
+    fn row(&mut self, epoch: u64) -> Result<()> {
+        let (train_loss, _, samples_per_s) = self.meta.log.window.take(self.meta.settings.batch);
+        let elapsed_s = self.elapsed();
+        let Some(log) = self.log.as_mut() else {
+            return Ok(());
+        };
+        let (test_loss, test_accuracy) = self.trainer.evaluate(self.test)?;
+        let row = EpochRow {
+            epoch,
+            train_loss,
+            test_loss,
+            test_accuracy,
+            samples_per_s,
+            elapsed_s,
+        };
+        self.bar.suspend(|| crate::say!("{}", row.display()));
+        log.append_line(&row.tsv())?;
+        self.last = Some(row);
+        Ok(())
+    }
+
+    /// Rank 0 writes the checkpoint of the steps done (every rank learns how the write went).
+    fn save(&mut self) -> Result<()> {
+        let mut meta = self.meta.clone();
+        meta.log.elapsed_s = self.elapsed();
+        let written = match &self.log {
+            Some(log) => {
+                meta.log.rows = log.rows();
+                self.trainer.state().and_then(|(params, state)| {
+                    let state: Vec<&[f32]> = state.iter().map(Vec::as_slice).collect();
+                    checkpoint::save(&self.ckpt, &meta, &params, &state)
+                })
+            }
+            None => Ok(()),
+        };
+        agree(self.trainer.comm, written)
+    }
+
+    /// "saved OUT/mlp.ckpt (continue with ...)".
+    fn saved_how(&self) -> String {
+        format!(
+            "saved {0} (continue with the same flags and --resume {0})",
+            self.ckpt.display()
+        )
+    }
 }
 
 /// A global batch of `b` images must split evenly over the ranks and fit the training set
@@ -474,8 +694,10 @@ impl Trace {
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let mut params = vec![0.0f32; trainer.mlp.num_params()];
         be.read(&trainer.mlp.params, 0, &mut params)?;
-        let path = dir.join("init.f32");
-        std::fs::write(&path, bytemuck::cast_slice::<f32, u8>(&params)).map_err(io_err(&path))?;
+        // The settings and the initial parameters are replaced whole (a kill leaves the
+        // earlier files or these); order.i32 and steps.tsv grow by whole epochs.
+        let replace = |name: &str, bytes: &[u8]| crate::atomic_file::write(&dir.join(name), |f| f.write_all(bytes));
+        replace("init.f32", bytemuck::cast_slice::<f32, u8>(&params))?;
         let (lr, momentum) = (args.lr(), args.momentum()?);
         let settings = serde_json::json!({
             "widths": trainer.mlp.widths,
@@ -491,8 +713,7 @@ impl Trace {
             "device": be.name(),
             "layout": "per layer: weight (out, in) row-major, then bias (out); f32 little-endian",
         });
-        let path = dir.join("settings.json");
-        std::fs::write(&path, format!("{settings:#}\n")).map_err(io_err(&path))?;
+        replace("settings.json", format!("{settings:#}\n").as_bytes())?;
         if args.synthetic {
             synthetic::write_idx(train, &dir.join("train-images.idx"), &dir.join("train-labels.idx"))?;
         }

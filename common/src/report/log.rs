@@ -154,6 +154,34 @@ impl LossLog {
     }
 }
 
+/// Where a new run finds an earlier run's `files` in `out` (its checkpoint last, so that a move
+/// cut short leaves it with the files not yet moved), moves them to `out/earlier/` (whose own
+/// are dropped first), so that no checkpoint of one run stays beside another run's table (a
+/// resume would join the two) and the earlier run is not lost: `--resume
+/// out/earlier/CHECKPOINT --out out/earlier` continues it. Rank 0, before the table opens.
+pub fn set_aside_earlier_run(out: &Path, files: &[&str]) -> Result<()> {
+    if !files.iter().any(|f| out.join(f).exists()) {
+        return Ok(());
+    }
+    let earlier = out.join("earlier");
+    atomic_file::create_dir(&earlier)?;
+    for f in files {
+        atomic_file::remove_if_present(&earlier.join(f))?;
+    }
+    for f in files.iter().filter(|f| out.join(f).exists()) {
+        std::fs::rename(out.join(f), earlier.join(f)).map_err(io_err(out.join(f)))?;
+    }
+    let checkpoint = files.last().map_or(earlier.clone(), |f| earlier.join(f));
+    crate::say!(
+        "note: {} held an earlier run's files: moved to {} (--resume {} --out {} continues that run)",
+        out.display(),
+        earlier.display(),
+        checkpoint.display(),
+        earlier.display()
+    );
+    Ok(())
+}
+
 /// Where a run's log stands, saved in every checkpoint so that a resumed run continues the
 /// same table: the rows written, the training time so far, the open window, and the steps
 /// skipped in a row up to it (`--max-bad-steps` goes on counting them).

@@ -9,12 +9,12 @@ use crate::backend::Backend;
 use crate::checkpoint::{BackgroundWriter, HostState, SaveReport};
 use crate::cli::{TrainArgs, DEFAULT_COMM_TIMEOUT};
 use crate::comm::{agree, leave_together, Comm, Ranks, Watchdog};
-use crate::error::{io_err, Error, Result};
+use crate::error::{Error, Result};
 use crate::optim::StepStats;
-use crate::report::log::{LogState, LossLog, LossRow, Window};
+use crate::report::log::{set_aside_earlier_run, LogState, LossLog, LossRow, Window};
 use crate::report::progress;
 use indicatif::ProgressBar;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Why a run stops before its last step.
@@ -64,32 +64,6 @@ pub struct Session<'a> {
 /// so that a move cut short leaves it with the files not yet moved.
 const RUN_FILES: [&str; 4] = ["summary.json", "loss.tsv", "init.ckpt", "model.ckpt"];
 
-/// Where a new run finds an earlier run's files in `out`, moves them to `out/earlier/` (whose
-/// own are dropped first), so that no checkpoint of one run stays beside another run's table
-/// (a resume would join the two) and the earlier run is not lost: `--resume
-/// out/earlier/model.ckpt --out out/earlier` continues it. Rank 0, before the table opens.
-fn set_aside_earlier_run(out: &Path) -> Result<()> {
-    if !RUN_FILES.iter().any(|f| out.join(f).exists()) {
-        return Ok(());
-    }
-    let earlier = out.join("earlier");
-    atomic_file::create_dir(&earlier)?;
-    for f in RUN_FILES {
-        atomic_file::remove_if_present(&earlier.join(f))?;
-    }
-    for f in RUN_FILES.iter().filter(|f| out.join(f).exists()) {
-        std::fs::rename(out.join(f), earlier.join(f)).map_err(io_err(&out.join(f)))?;
-    }
-    crate::say!(
-        "note: {} held an earlier run's files: moved to {} (--resume {} --out {} continues that run)",
-        out.display(),
-        earlier.display(),
-        earlier.join("model.ckpt").display(),
-        earlier.display()
-    );
-    Ok(())
-}
-
 impl<'a> Session<'a> {
     /// Opens the loss table (kept up to the checkpoint when resuming), prints the run's
     /// first lines and starts the bar, the clock and the watchdog.
@@ -99,7 +73,7 @@ impl<'a> Session<'a> {
         let keep_rows = args.resume.is_some().then_some(run.log_state.rows);
         let open_log = || {
             if args.resume.is_none() {
-                set_aside_earlier_run(&args.out)?;
+                set_aside_earlier_run(&args.out, &RUN_FILES)?;
             }
             LossLog::open(&args.out, keep_rows)
         };

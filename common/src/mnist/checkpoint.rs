@@ -1,0 +1,306 @@
+//! The MLP's checkpoints: `mnist` writes `OUT/mlp.ckpt` after every epoch, where a run is
+//! stopped (Ctrl-C, SIGTERM, SIGHUP, `--stop-after`) and at its end; `--resume` continues
+//! from one to the table and the bits of the run that was never stopped. The file is small
+//! (three arrays of the MLP's size at most), so it is read whole and checked before use.
+//!
+//! ```text
+//! offset  size      field (all integers little-endian)
+//! 0       8         magic b"GPT2MLPK"
+//! 8       4         u32 format version (1)
+//! 12      4         u32 reserved (0)
+//! 16      8         u64 meta length L
+//! 24      L         JSON: Meta (the settings that fix the run, the steps done, the log)
+//! 24+L    8         u64 parameter count N (= the layers' of settings.widths)
+//! 32+L    4N        params  f32
+//!         4N × k    the optimiser's state, f32: SGD's velocity (k = 1), AdamW's m and v (k = 2)
+//!         8         u64 xxHash64 (seed 0) of every byte above
+//! ```
+
+use super::data::Dataset;
+use super::mlp::layers;
+use crate::atomic_file;
+use crate::cli::{MnistArgs, OptimizerFlag};
+use crate::error::{io_err, Error, Result};
+use crate::report::log::LogState;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+use xxhash_rust::xxh64::{xxh64, Xxh64};
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the MLP checkpoint format stores f32 arrays as raw little-endian bytes");
+
+pub const MAGIC: [u8; 8] = *b"GPT2MLPK";
+pub const FORMAT_VERSION: u32 = 1;
+/// The checkpoint's name in a run's `--out`.
+pub const FILE: &str = "mlp.ckpt";
+/// Magic, version, reserved and meta length.
+const HEADER_LEN: usize = 24;
+
+/// What fixes a run's values: a run resumes only with the same (each shown as its flag).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// Input width, hidden widths, classes.
+    pub widths: Vec<usize>,
+    /// "sgd" | "adamw".
+    pub optimizer: String,
+    pub lr: f32,
+    /// SGD's momentum; none with AdamW.
+    pub momentum: Option<f32>,
+    pub weight_decay: f32,
+    pub seed: u64,
+    pub batch: usize,
+    pub epochs: u64,
+    /// The training and the test set, as [`fingerprint`] describes them.
+    pub train_set: String,
+    pub test_set: String,
+}
+
+impl Settings {
+    /// The settings of a run of `args` on these sets with these layer widths.
+    pub fn of(args: &MnistArgs, widths: &[usize], momentum: f32, train: &Dataset, test: &Dataset) -> Settings {
+        Settings {
+            widths: widths.to_vec(),
+            optimizer: optimizer_name(args.optimizer).into(),
+            lr: args.lr(),
+            momentum: (args.optimizer == OptimizerFlag::Sgd).then_some(momentum),
+            weight_decay: args.weight_decay,
+            seed: args.seed,
+            batch: args.batch,
+            epochs: args.epochs,
+            train_set: fingerprint(train),
+            test_set: fingerprint(test),
+        }
+    }
+
+    /// Each setting as the flag (or the data) that gives it, and its value.
+    fn shown(&self) -> [(&'static str, String); 10] {
+        let hidden = self.widths.get(1..self.widths.len().saturating_sub(1)).unwrap_or(&[]);
+        let hidden: Vec<String> = hidden.iter().map(|w| w.to_string()).collect();
+        [
+            ("--hidden", hidden.join(",")),
+            ("--optimizer", self.optimizer.clone()),
+            ("--lr", self.lr.to_string()),
+            ("--momentum", self.momentum.map_or("none".into(), |m| m.to_string())),
+            ("--weight-decay", self.weight_decay.to_string()),
+            ("--seed", self.seed.to_string()),
+            ("--batch", self.batch.to_string()),
+            ("--epochs", self.epochs.to_string()),
+            ("training set", self.train_set.clone()),
+            ("test set", self.test_set.clone()),
+        ]
+    }
+
+    /// Arrays of optimiser state the checkpoint holds after the parameters.
+    fn state_arrays(&self) -> Option<usize> {
+        match self.optimizer.as_str() {
+            "sgd" => Some(1),
+            "adamw" => Some(2),
+            _ => None,
+        }
+    }
+}
+
+pub fn optimizer_name(flag: OptimizerFlag) -> &'static str {
+    match flag {
+        OptimizerFlag::Sgd => "sgd",
+        OptimizerFlag::Adamw => "adamw",
+    }
+}
+
+/// A data set in a few words that change with any pixel or label: "600 images of 12×12,
+/// xxh64 0x…".
+pub fn fingerprint(set: &Dataset) -> String {
+    let im = &set.images;
+    let mut h = Xxh64::new(0);
+    for n in [im.count, im.rows, im.cols] {
+        h.update(&(n as u64).to_le_bytes());
+    }
+    h.update(&im.pixels);
+    h.update(&set.labels);
+    format!(
+        "{} images of {}×{}, xxh64 {:#018x}",
+        im.count,
+        im.rows,
+        im.cols,
+        h.digest()
+    )
+}
+
+/// Everything but the arrays, as JSON in the file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub settings: Settings,
+    /// Optimiser steps done.
+    pub step: u64,
+    /// Where `loss.tsv` stood: its rows, the time so far, the epoch's steps not yet in a row.
+    pub log: LogState,
+}
+
+pub struct MlpCheckpoint {
+    pub meta: Meta,
+    pub params: Vec<f32>,
+    /// SGD's velocity, or AdamW's m and v; each in the parameters' layout.
+    pub state: Vec<Vec<f32>>,
+}
+
+/// Writes a checkpoint atomically (a crash leaves the old file or the new one).
+pub fn save(path: &Path, meta: &Meta, params: &[f32], state: &[&[f32]]) -> Result<()> {
+    let shown = path.display();
+    let json = serde_json::to_vec(meta)
+        .map_err(|e| Error::Input(format!("{shown}: cannot encode checkpoint metadata: {e}")))?;
+    atomic_file::write(path, |file| {
+        let mut sum = Xxh64::new(0);
+        let mut put = |bytes: &[u8]| {
+            sum.update(bytes);
+            file.write_all(bytes)
+        };
+        put(&MAGIC)?;
+        put(&FORMAT_VERSION.to_le_bytes())?;
+        put(&0u32.to_le_bytes())?;
+        put(&(json.len() as u64).to_le_bytes())?;
+        put(&json)?;
+        put(&(params.len() as u64).to_le_bytes())?;
+        for array in std::iter::once(params).chain(state.iter().copied()) {
+            put(bytemuck::cast_slice(array))?;
+        }
+        let digest = sum.digest();
+        file.write_all(&digest.to_le_bytes())
+    })
+}
+
+/// Reads a checkpoint's bytes (see [`parse`]).
+pub fn read(path: &Path) -> Result<Vec<u8>> {
+    if path.is_dir() {
+        crate::bail_input!("{}: is a directory, not an MLP checkpoint file", path.display());
+    }
+    std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::Input(format!("{}: no such checkpoint file", path.display())),
+        _ => io_err(path)(e),
+    })
+}
+
+/// A checkpoint from its bytes, every part checked: magic, version, lengths, checksum, the
+/// settings, the parameter count against the widths, the steps against the schedule, the log,
+/// and that every value is finite. `path` names it in errors.
+pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
+    let shown = path.display();
+    let bad = |why: String| Error::Input(format!("{shown}: {why}"));
+    let magic = &bytes[..bytes.len().min(8)];
+    if magic != &MAGIC[..magic.len()] {
+        let what = match magic == crate::checkpoint::MAGIC {
+            true => "a GPT-2 checkpoint (`train` writes it), not an MLP one".to_string(),
+            false => format!("not an MLP checkpoint (expected magic \"{}\")", MAGIC.escape_ascii()),
+        };
+        return Err(bad(what));
+    }
+    if bytes.len() >= 12 {
+        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        if version != FORMAT_VERSION {
+            return Err(bad(format!(
+                "unsupported MLP checkpoint format version {version} (this build reads version {FORMAT_VERSION})"
+            )));
+        }
+    }
+    let truncated = |at_least: usize| {
+        bad(format!(
+            "checkpoint is truncated (expected at least {at_least} bytes, found {})",
+            bytes.len()
+        ))
+    };
+    if bytes.len() < HEADER_LEN + 8 + 8 {
+        return Err(truncated(HEADER_LEN + 16));
+    }
+    let (body, stored) = bytes.split_at(bytes.len() - 8);
+    if xxh64(body, 0) != u64::from_le_bytes(stored.try_into().unwrap()) {
+        return Err(bad(
+            "checkpoint is corrupt (its checksum does not match its contents)".into()
+        ));
+    }
+    let meta_len = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
+    let arrays_at = (HEADER_LEN as u64).saturating_add(meta_len).saturating_add(8);
+    if arrays_at > body.len() as u64 {
+        return Err(truncated(arrays_at as usize + 8));
+    }
+    let json = &body[HEADER_LEN..HEADER_LEN + meta_len as usize];
+    let meta: Meta = serde_json::from_slice(json).map_err(|e| bad(format!("checkpoint metadata is invalid: {e}")))?;
+    let s = &meta.settings;
+    let Some(k) = s.state_arrays() else {
+        return Err(bad(format!(
+            "checkpoint names an unknown optimiser \"{}\"",
+            s.optimizer.escape_default()
+        )));
+    };
+    let widths_ok = s.widths.len() >= 2
+        && s.widths.iter().all(|&w| w > 0)
+        && s.widths.windows(2).all(|p| {
+            p[0].checked_mul(p[1])
+                .is_some_and(|n| n < crate::backend::MAX_TENSOR_VALUES)
+        });
+    if !widths_ok || s.batch == 0 || s.epochs == 0 {
+        return Err(bad(format!(
+            "checkpoint settings no run could have: widths {:?}, batch {}, epochs {}",
+            s.widths, s.batch, s.epochs
+        )));
+    }
+    let n = layers(&s.widths).last().map_or(0, |l| l.bias.end);
+    let at = arrays_at as usize;
+    let stored_n = u64::from_le_bytes(body[at - 8..at].try_into().unwrap());
+    if stored_n != n as u64 {
+        return Err(bad(format!(
+            "checkpoint holds {stored_n} parameters but its widths {:?} need {n}",
+            s.widths
+        )));
+    }
+    let expected = at + 4 * n * (1 + k);
+    if body.len() != expected {
+        return Err(bad(format!(
+            "checkpoint holds {} bytes of arrays where its settings need {} ({} parameters, {} array(s))",
+            body.len() - at,
+            expected - at,
+            n,
+            1 + k
+        )));
+    }
+    if let Some(why) = meta.log.impossible_after(meta.step) {
+        return Err(bad(format!("cannot resume: {why}")));
+    }
+    // n > 0 (the widths are positive), and the arrays fill the rest exactly (checked above).
+    let mut arrays: Vec<Vec<f32>> = body[at..]
+        .chunks_exact(4 * n)
+        .map(bytemuck::pod_collect_to_vec)
+        .collect();
+    let names = ["params", "the optimiser's state", "the optimiser's state"];
+    for (name, a) in names.iter().zip(&arrays) {
+        if let Some(i) = a.iter().position(|x| !x.is_finite()) {
+            return Err(bad(format!(
+                "checkpoint holds {name}[{i}] = {}: refusing to load a diverged model",
+                a[i]
+            )));
+        }
+    }
+    let params = arrays.remove(0);
+    Ok(MlpCheckpoint {
+        meta,
+        params,
+        state: arrays,
+    })
+}
+
+/// Refuses to resume a run whose settings differ from the checkpoint's, naming each one.
+pub fn check_same_run(saved: &Settings, asked: &Settings) -> Result<()> {
+    let conflicts: Vec<String> = saved
+        .shown()
+        .into_iter()
+        .zip(asked.shown())
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|((flag, was), (_, now))| format!("{flag} {was} (this run: {now})"))
+        .collect();
+    if !conflicts.is_empty() {
+        crate::bail_input!(
+            "cannot resume: the checkpoint's run had {}; resume with the flags and data it was started with",
+            conflicts.join("; ")
+        );
+    }
+    Ok(())
+}
