@@ -299,10 +299,10 @@ fn a_signal_stops_the_run_with_a_checkpoint_and_a_new_run_moves_it_aside() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        // The first epoch's checkpoint shows the run under way.
+        // The first epoch's row shows the run under way.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !out.join("mlp.ckpt").exists() {
-            assert!(std::time::Instant::now() < deadline, "no checkpoint within 60 s");
+        while std::fs::read_to_string(out.join("loss.tsv")).map_or(0, |t| t.lines().count()) < 2 {
+            assert!(std::time::Instant::now() < deadline, "no epoch within 60 s");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let sent = Command::new("kill")

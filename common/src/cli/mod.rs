@@ -424,7 +424,7 @@ pub struct MnistArgs {
     /// Continue the run saved in this checkpoint (an OUT/mlp.ckpt), given the flags it was
     /// started with: it ends with the table and weights of the run never stopped. Ctrl-C,
     /// SIGTERM and SIGHUP stop a run after its current step with such a checkpoint; one is
-    /// also written after every epoch.
+    /// also written at the end, and after an epoch once 30 s have passed since the last.
     #[arg(long, value_name = "CHECKPOINT", conflicts_with_all = ["bench", "trace"])]
     pub resume: Option<PathBuf>,
     /// End the run after this many steps (counted from its start), with a checkpoint, without

@@ -1,5 +1,6 @@
-//! The MLP's checkpoints: `mnist` writes `OUT/mlp.ckpt` after every epoch, where a run is
-//! stopped (Ctrl-C, SIGTERM, SIGHUP, `--stop-after`) and at its end; `--resume` continues
+//! The MLP's checkpoints: `mnist` writes `OUT/mlp.ckpt` where a run is stopped (Ctrl-C,
+//! SIGTERM, SIGHUP, `--stop-after`), at its end, and after an epoch once 30 s have passed
+//! since the last; `--resume` continues
 //! from one to the table and the bits of the run that was never stopped. The file is small
 //! (three arrays of the MLP's size at most), so it is read whole and checked before use.
 //!

@@ -340,7 +340,8 @@ fn argmax(row: &[f32]) -> usize {
 }
 
 /// The `mnist` subcommand without `--bench`: trains, tests after each epoch, prints the table,
-/// and keeps `OUT/mlp.ckpt` (after every epoch, at a stop, at the end) for `--resume`.
+/// and keeps `OUT/mlp.ckpt` (at a stop, at the end, and after an epoch at most every
+/// [`SAVE_EVERY`]) for `--resume`.
 pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()> {
     crate::stop::on_signals();
     // The same flags everywhere: every rank refuses them together.
@@ -438,6 +439,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         },
         bar: progress::bar(root, total_steps, start),
         started: Instant::now(),
+        saved: Instant::now(),
         last: None,
     };
     let end = args.stop_after.map_or(total_steps, |s| s.min(total_steps));
@@ -496,6 +498,12 @@ fn resume_from(comm: &dyn Comm, path: &Path, settings: &Settings, total_steps: u
     checkpoint::parse(&bytes, path).map_err(Error::on_every_rank)
 }
 
+/// The longest a run goes without a checkpoint: one is written at the end of the first epoch
+/// to end this long after the last (a stop and the run's end always write one). Not every
+/// epoch: on one GPU an epoch of the default MLP takes about 60 ms, of the order of a file's
+/// write and sync.
+const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How an [`MlpRun::epoch`] ended.
 #[derive(PartialEq)]
 enum Ended {
@@ -521,6 +529,8 @@ struct MlpRun<'a, 'b, B: Backend> {
     meta: Meta,
     bar: ProgressBar,
     started: Instant,
+    /// When the last checkpoint was written (the run's start before the first).
+    saved: Instant,
     /// The last row written.
     last: Option<EpochRow>,
 }
@@ -532,7 +542,8 @@ impl<B: Backend> MlpRun<'_, '_, B> {
     }
 
     /// Runs the steps from where the run stands to the end of their epoch (or to `end`):
-    /// a row of the table at the epoch's end, a checkpoint there, at `end` and at a stop.
+    /// a row of the table at the epoch's end, a checkpoint at `end`, at a stop, and at an
+    /// epoch's end once [`SAVE_EVERY`] has passed since the last.
     fn epoch(&mut self, end: u64) -> Result<Ended> {
         let (spe, b) = (self.steps_per_epoch, self.meta.settings.batch);
         let epoch = self.meta.step / spe;
@@ -562,9 +573,12 @@ impl<B: Backend> MlpRun<'_, '_, B> {
             }
             self.row(epoch + 1)?;
         }
-        self.save()?;
         // A stop asked for at an epoch's last step ends the run there too (not one step on).
-        Ok(match self.trainer.stop_asked && self.meta.step < end {
+        let stopped = self.trainer.stop_asked && self.meta.step < end;
+        if stopped || self.meta.step == end || self.save_due()? {
+            self.save()?;
+        }
+        Ok(match stopped {
             true => Ended::Stopped,
             false => Ended::Ran,
         })
@@ -592,8 +606,20 @@ impl<B: Backend> MlpRun<'_, '_, B> {
         Ok(())
     }
 
+    /// Whether a checkpoint is due at this epoch's end: [`SAVE_EVERY`] has passed since the
+    /// last one (or the start) by rank 0's clock, which every rank learns.
+    fn save_due(&self) -> Result<bool> {
+        let comm = self.trainer.comm;
+        let mut due = [(comm.is_root() && self.saved.elapsed() >= SAVE_EVERY) as u8 as f32];
+        if comm.size() > 1 {
+            comm.all_reduce_sum_host(&mut due)?;
+        }
+        Ok(due[0] > 0.0)
+    }
+
     /// Rank 0 writes the checkpoint of the steps done (every rank learns how the write went).
     fn save(&mut self) -> Result<()> {
+        self.saved = Instant::now();
         let mut meta = self.meta.clone();
         meta.log.elapsed_s = self.elapsed();
         let written = match &self.log {
