@@ -1,6 +1,7 @@
 //! Property-based fuzzing of the loaders that read files a user hands us: checkpoints
 //! (`checkpoint::load`, `checkpoint::load_meta`), llm.c `.bin` token files (`data::read_bin`,
-//! `data::load_tokens`) and Hugging Face directories (`interop::import`: safetensors and
+//! `data::load_tokens`), the MLP's checkpoints (`mnist::checkpoint::parse`: never a panic, one
+//! line, nothing damaged accepted) and Hugging Face directories (`interop::import`: safetensors and
 //! config.json, whose header fields and JSON lie in the ways listed at `HeaderEdit`). Inputs are arbitrary bytes and valid files with random mutations
 //! (byte flips, truncations, insertions, removals, header fields and JSON metadata fields set
 //! to extreme values, optionally with the checksum recomputed so the structural checks behind
@@ -1007,4 +1008,153 @@ proptest! {
         let text = serde_json::to_vec(&json).unwrap();
         check_import(weights, &text, unchanged.then_some(&params[..]))?;
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The MLP's checkpoints (`mnist::checkpoint::parse`, which `mnist --resume` reads): read whole,
+// every part checked before use.
+
+use common::mnist::checkpoint as mlp_ckpt;
+
+/// A valid MLP checkpoint: widths 4 → 3 → 2, AdamW (two state arrays), 5 steps done.
+fn valid_mlp_checkpoint() -> &'static Vec<u8> {
+    static FILE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let settings = mlp_ckpt::Settings {
+            widths: vec![4, 3, 2],
+            optimizer: "adamw".into(),
+            lr: 1e-3,
+            momentum: None,
+            weight_decay: 0.0,
+            seed: 1,
+            batch: 2,
+            epochs: 3,
+            train_set: "made up".into(),
+            test_set: "made up".into(),
+        };
+        let meta = mlp_ckpt::Meta {
+            settings,
+            step: 5,
+            log: Default::default(),
+        };
+        let n = 4 * 3 + 3 + 3 * 2 + 2;
+        let arrays: Vec<Vec<f32>> = (0..3)
+            .map(|k| (0..n).map(|i| (i + k) as f32 * 0.25).collect())
+            .collect();
+        let dir = TempDir::new("valid-mlp");
+        let path = dir.file("mlp.ckpt");
+        mlp_ckpt::save(&path, &meta, &arrays[0], &[&arrays[1], &arrays[2]]).unwrap();
+        std::fs::read(&path).unwrap()
+    })
+}
+
+/// The file with its metadata replaced by `json` (the length field follows) and, with
+/// `reseal`, its checksum recomputed, so that the checks behind the checksum are reached.
+fn with_mlp_meta(file: &[u8], json: Option<&serde_json::Value>, reseal: bool) -> Vec<u8> {
+    let mut out = file.to_vec();
+    if let Some(json) = json {
+        let old = u64::from_le_bytes(file[16..24].try_into().unwrap()) as usize;
+        let text = serde_json::to_vec(json).unwrap();
+        out = [
+            &file[..16],
+            &(text.len() as u64).to_le_bytes(),
+            &text[..],
+            &file[24 + old..],
+        ]
+        .concat();
+    }
+    if reseal && out.len() >= 8 {
+        let body = out.len() - 8;
+        let sum = xxhash_rust::xxh64::xxh64(&out[..body], 0);
+        out[body..].copy_from_slice(&sum.to_le_bytes());
+    }
+    out
+}
+
+/// `parse` of `bytes`: never a panic; an error is one line naming the path; `Ok` only where
+/// `may_be_valid`.
+fn check_mlp(bytes: &[u8], may_be_valid: bool) -> Result<(), TestCaseError> {
+    let path = Path::new("m.ckpt");
+    match std::panic::catch_unwind(|| mlp_ckpt::parse(bytes, path)) {
+        Err(_) => prop_assert!(false, "parse panicked"),
+        Ok(Ok(_)) => prop_assert!(may_be_valid, "a damaged MLP checkpoint was accepted"),
+        Ok(Err(e)) => check_err(path, &e)?,
+    }
+    Ok(())
+}
+
+/// Settings and counters no run could have written, for the metadata.
+fn mlp_meta_edit() -> impl Strategy<Value = (&'static str, serde_json::Value)> {
+    use serde_json::json;
+    prop_oneof![
+        Just(("widths", json!([]))),
+        Just(("widths", json!([4]))),
+        Just(("widths", json!([4, 0, 2]))),
+        Just(("widths", json!([4_000_000_000u64, 4_000_000_000u64]))),
+        Just(("widths", json!([u64::MAX, 2]))),
+        Just(("widths", json!([65_536, 32_768, 65_536, 32_768, 65_536]))),
+        Just(("widths", json!([4, 3, 3, 2]))),
+        Just(("optimizer", json!("lbfgs"))),
+        Just(("batch", json!(0))),
+        Just(("epochs", json!(0))),
+        Just(("lr", json!("x"))),
+        Just(("step", json!(-1))),
+        Just((
+            "log",
+            json!({"rows": 1, "elapsed_s": 1.0, "window": {"loss_sum": 1.0, "steps": 99, "bad_steps": 0, "seconds": 1.0}})
+        )),
+        Just((
+            "log",
+            json!({"rows": 1, "elapsed_s": -1.0, "window": {"loss_sum": 1.0, "steps": 1, "bad_steps": 0, "seconds": 1.0}})
+        )),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn mlp_checkpoint_arbitrary_bytes(magic in any::<bool>(), tail in prop::collection::vec(any::<u8>(), 0..512)) {
+        let mut bytes = if magic { mlp_ckpt::MAGIC.to_vec() } else { Vec::new() };
+        bytes.extend_from_slice(&tail);
+        check_mlp(&bytes, false)?;
+    }
+
+    #[test]
+    fn mlp_checkpoint_mutated(
+        at in any::<Index>(),
+        byte in any::<u8>(),
+        cut in any::<Index>(),
+        how in 0..3u8,
+        reseal in any::<bool>(),
+        (key, value) in mlp_meta_edit(),
+    ) {
+        let original = valid_mlp_checkpoint();
+        let mut bytes = original.clone();
+        match how {
+            0 => bytes[at.index(original.len())] = byte, // a byte set
+            1 => bytes.truncate(cut.index(original.len())), // cut short
+            _ => {
+                // A metadata field set to a value no run writes.
+                let len = u64::from_le_bytes(original[16..24].try_into().unwrap()) as usize;
+                let mut meta: serde_json::Value = serde_json::from_slice(&original[24..24 + len]).unwrap();
+                match key {
+                    "step" | "log" => meta[key] = value, // (a step past the schedule: resume_from)
+                    _ => meta["settings"][key] = value,
+                }
+                bytes = with_mlp_meta(original, Some(&meta), false);
+            }
+        }
+        let bytes = with_mlp_meta(&bytes, None, reseal);
+        // Only the file unchanged, or a byte of its arrays set and resealed, may read.
+        check_mlp(&bytes, bytes == *original || (reseal && how == 0))?;
+    }
+}
+
+#[test]
+fn a_valid_mlp_checkpoint_reads_back_exactly() {
+    let file = valid_mlp_checkpoint();
+    let ck = mlp_ckpt::parse(file, Path::new("m.ckpt")).unwrap();
+    assert_eq!((ck.meta.step, ck.params.len(), ck.state.len()), (5, 23, 2));
+    assert_eq!(ck.state[1][22], 24.0 * 0.25);
 }
