@@ -249,7 +249,10 @@ fn a_stopped_run_resumes_to_the_uninterrupted_table_and_weights() {
         assert_ok(&mnist(&files, &straight, &flags));
         let ck = checkpoint(&straight);
         assert_eq!((ck.meta.step, ck.meta.log.rows), (120, 4), "the end's checkpoint");
-        // 30 steps an epoch: step 45 is mid-way through the second.
+        // 30 steps an epoch: step 45 is mid-way through the second, step 60 its end. The
+        // second stop is of the resumed run, which the third run continues.
+        let resume = stopped.join("mlp.ckpt");
+        let resume = ["--resume", resume.to_str().unwrap()];
         let o = mnist(&files, &stopped, &[&flags[..], &["--stop-after", "45"]].concat());
         assert_ok(&o);
         let stdout = String::from_utf8_lossy(&o.stdout);
@@ -259,14 +262,23 @@ fn a_stopped_run_resumes_to_the_uninterrupted_table_and_weights() {
         );
         assert_eq!(table(&stopped).len(), 1, "one whole epoch");
         assert_eq!(checkpoint(&stopped).meta.step, 45);
-        let resume = stopped.join("mlp.ckpt");
         let o = mnist(
             &files,
             &stopped,
-            &[&flags[..], &["--resume", resume.to_str().unwrap()]].concat(),
+            &[&flags[..], &resume, &["--stop-after", "60"]].concat(),
         );
         assert_ok(&o);
         assert!(String::from_utf8_lossy(&o.stdout).contains("at step 45 of 120"));
+        assert_eq!((table(&stopped).len(), checkpoint(&stopped).meta.step), (2, 60));
+        // --stop-after counts from the run's start: a step already done is refused.
+        let o = mnist(
+            &files,
+            &stopped,
+            &[&flags[..], &resume, &["--stop-after", "60"]].concat(),
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("done 60 steps already"));
+        assert_ok(&mnist(&files, &stopped, &[&flags[..], &resume].concat()));
         assert_eq!(table(&stopped), table(&straight), "{optimizer}");
         assert_eq!(arrays(&stopped), arrays(&straight), "{optimizer}");
     }
@@ -380,7 +392,10 @@ fn resume_refuses_another_runs_or_a_broken_checkpoint() {
         &["--resume", d.join("none.ckpt").to_str().unwrap()],
         "no such checkpoint file",
     );
-    // Other data: the test set's 200 images made with another seed.
+    let fifo = d.join("pipe");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    refused(&["--resume", fifo.to_str().unwrap()], "not a regular file"); // no wait for a writer
+                                                                          // Other data: the test set's 200 images made with another seed.
     let other = d.join("other-data");
     std::fs::create_dir_all(&other).unwrap();
     let mut changed = files.clone();

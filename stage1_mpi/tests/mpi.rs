@@ -1224,6 +1224,16 @@ fn mnist_reproduces_stage0() {
             &[],
         ));
         assert_eq!(mnist_table(&stopped), got, "{optimizer}: resumed on 2 ranks");
+        let arrays = |dir: &Path| {
+            let path = dir.join("mlp.ckpt");
+            let ck = common::mnist::checkpoint::parse(&std::fs::read(&path).unwrap(), &path).unwrap();
+            (ck.meta.step, ck.params, ck.state)
+        };
+        assert_eq!(
+            arrays(&stopped),
+            arrays(&out),
+            "{optimizer}: the same weights and state"
+        );
     }
 }
 

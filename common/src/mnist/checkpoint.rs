@@ -18,7 +18,6 @@
 //! ```
 
 use super::data::Dataset;
-use super::mlp::layers;
 use crate::atomic_file;
 use crate::cli::{MnistArgs, OptimizerFlag};
 use crate::error::{io_err, Error, Result};
@@ -170,15 +169,18 @@ pub fn save(path: &Path, meta: &Meta, params: &[f32], state: &[&[f32]]) -> Resul
     })
 }
 
-/// Reads a checkpoint's bytes (see [`parse`]).
+/// Reads a checkpoint's bytes (see [`parse`]): a regular file (a FIFO or a device would block
+/// or never end).
 pub fn read(path: &Path) -> Result<Vec<u8>> {
-    if path.is_dir() {
-        crate::bail_input!("{}: is a directory, not an MLP checkpoint file", path.display());
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => crate::bail_input!("{shown}: is a directory, not an MLP checkpoint file"),
+        Ok(m) if !m.is_file() => crate::bail_input!("{shown}: not a regular file, so not an MLP checkpoint"),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => crate::bail_input!("{shown}: no such checkpoint file"),
+        Err(e) => return Err(io_err(path)(e)),
     }
-    std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::Input(format!("{}: no such checkpoint file", path.display())),
-        _ => io_err(path)(e),
-    })
+    std::fs::read(path).map_err(io_err(path))
 }
 
 /// A checkpoint from its bytes, every part checked: magic, version, lengths, checksum, the
@@ -203,14 +205,14 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
             )));
         }
     }
-    let truncated = |at_least: usize| {
+    let truncated = |at_least: u64| {
         bad(format!(
             "checkpoint is truncated (expected at least {at_least} bytes, found {})",
             bytes.len()
         ))
     };
     if bytes.len() < HEADER_LEN + 8 + 8 {
-        return Err(truncated(HEADER_LEN + 16));
+        return Err(truncated(HEADER_LEN as u64 + 16));
     }
     let (body, stored) = bytes.split_at(bytes.len() - 8);
     if xxh64(body, 0) != u64::from_le_bytes(stored.try_into().unwrap()) {
@@ -221,7 +223,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
     let meta_len = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
     let arrays_at = (HEADER_LEN as u64).saturating_add(meta_len).saturating_add(8);
     if arrays_at > body.len() as u64 {
-        return Err(truncated(arrays_at as usize + 8));
+        return Err(truncated(arrays_at.saturating_add(8)));
     }
     let json = &body[HEADER_LEN..HEADER_LEN + meta_len as usize];
     let meta: Meta = serde_json::from_slice(json).map_err(|e| bad(format!("checkpoint metadata is invalid: {e}")))?;
@@ -244,7 +246,18 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
             s.widths, s.batch, s.epochs
         )));
     }
-    let n = layers(&s.widths).last().map_or(0, |l| l.bias.end);
+    // Each layer's weights and biases (each below 2^31, checked above); the sum checked, as the
+    // count of layers is the file's word.
+    let n = s
+        .widths
+        .windows(2)
+        .try_fold(0usize, |n, p| n.checked_add(p[0] * p[1] + p[1]));
+    let Some(n) = n else {
+        return Err(bad(format!(
+            "checkpoint widths {:?} hold more parameters than any file can",
+            s.widths
+        )));
+    };
     let at = arrays_at as usize;
     let stored_n = u64::from_le_bytes(body[at - 8..at].try_into().unwrap());
     if stored_n != n as u64 {
@@ -253,13 +266,12 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
             s.widths
         )));
     }
-    let expected = at + 4 * n * (1 + k);
-    if body.len() != expected {
+    let needed = n.checked_mul(4 * (1 + k));
+    if needed != Some(body.len() - at) {
+        let needed = needed.map_or("more".to_string(), |b| b.to_string());
         return Err(bad(format!(
-            "checkpoint holds {} bytes of arrays where its settings need {} ({} parameters, {} array(s))",
+            "checkpoint holds {} bytes of arrays where its settings need {needed} ({n} parameters, {} array(s))",
             body.len() - at,
-            expected - at,
-            n,
             1 + k
         )));
     }
@@ -271,7 +283,10 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
         .chunks_exact(4 * n)
         .map(bytemuck::pod_collect_to_vec)
         .collect();
-    let names = ["params", "the optimiser's state", "the optimiser's state"];
+    let names = match k {
+        1 => ["params", "velocity", ""],
+        _ => ["params", "m", "v"],
+    };
     for (name, a) in names.iter().zip(&arrays) {
         if let Some(i) = a.iter().position(|x| !x.is_finite()) {
             return Err(bad(format!(
@@ -303,5 +318,95 @@ pub fn check_same_run(saved: &Settings, asked: &Settings) -> Result<()> {
             conflicts.join("; ")
         );
     }
+    // The input and output widths follow from the data and the classes; a file may say others.
+    if saved.widths != asked.widths {
+        crate::bail_input!(
+            "cannot resume: the checkpoint's layers are {:?} where this run's are {:?}",
+            saved.widths,
+            asked.widths
+        );
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A valid file: widths 3 → 2, SGD (one state array), 4 steps done.
+    fn valid() -> Vec<u8> {
+        let settings = Settings {
+            widths: vec![3, 2],
+            optimizer: "sgd".into(),
+            lr: 0.05,
+            momentum: Some(0.9),
+            weight_decay: 0.0,
+            seed: 1,
+            batch: 2,
+            epochs: 2,
+            train_set: "t".into(),
+            test_set: "s".into(),
+        };
+        let meta = Meta {
+            settings,
+            step: 4,
+            log: LogState::default(),
+        };
+        let dir = std::env::temp_dir().join(format!("mlp-ckpt-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("valid.ckpt");
+        save(&path, &meta, &[0.5; 8], &[&[0.25; 8]]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        bytes
+    }
+
+    /// `bytes` with its checksum recomputed, so that the checks behind it are reached.
+    fn resealed(mut bytes: Vec<u8>) -> Vec<u8> {
+        let body = bytes.len() - 8;
+        let sum = xxh64(&bytes[..body], 0);
+        bytes[body..].copy_from_slice(&sum.to_le_bytes());
+        bytes
+    }
+
+    fn refused(bytes: Vec<u8>, needle: &str) {
+        let e = parse(&resealed(bytes), Path::new("c.ckpt"))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.starts_with("c.ckpt: ") && e.contains(needle) && !e.contains('\n'),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_checks_behind_the_checksum_refuse_in_one_line() {
+        let ok = parse(&valid(), Path::new("c.ckpt")).unwrap();
+        assert_eq!(
+            (ok.meta.step, ok.params, ok.state),
+            (4, vec![0.5; 8], vec![vec![0.25; 8]])
+        );
+        let meta_len_at = 16..24;
+        let mut huge = valid();
+        huge[meta_len_at.clone()].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
+        refused(huge, "truncated");
+        let mut short = valid();
+        short[meta_len_at].copy_from_slice(&3u64.to_le_bytes());
+        refused(short, "metadata is invalid");
+        let mut nan = valid();
+        let last = nan.len() - 12;
+        nan[last..last + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        refused(nan, "velocity[7] = NaN");
+        let mut count = valid();
+        let len = u64::from_le_bytes(count[16..24].try_into().unwrap()) as usize;
+        count[24 + len..32 + len].copy_from_slice(&9u64.to_le_bytes());
+        refused(count, "holds 9 parameters");
+        let mut extra = valid();
+        extra.splice(extra.len() - 8..extra.len() - 8, [0u8; 4]);
+        refused(extra, "bytes of arrays");
+        let text = String::from_utf8_lossy(&valid()[24..24 + len]).replace("\"sgd\"", "\"sga\"");
+        let other = [&valid()[..24], text.as_bytes(), &valid()[24 + len..]].concat();
+        refused(other, "unknown optimiser");
+    }
 }

@@ -3,7 +3,7 @@
 //! sets, read by rank 0 and sent to every rank), `mlp` (the model: Linear and ReLU layers as
 //! autograd ops, softmax cross-entropy), `train` (the loop: batches split over ranks,
 //! gradients summed, SGD with momentum or AdamW, a loss and accuracy row per epoch),
-//! `checkpoint` (the run's state after every epoch and at a stop, for `--resume`), `fused`
+//! `checkpoint` (the run's state at a stop, at the end and every 30 s, for `--resume`), `fused`
 //! (on one GPU with SGD: the data set on the device, each step one CUDA graph replay, the
 //! update fused into backward), `bench` (`mnist --bench`: steps timed, `--sweep` over shapes),
 //! and `synthetic` (made-up data sets of the same form, for tests and speed figures).

@@ -126,8 +126,16 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
 
     /// The parameters (and their bf16 copy) and the optimiser's state from a checkpoint's.
     pub fn restore(&self, params: &[f32], state: &[Vec<f32>]) -> Result<()> {
+        let (n, buffers) = (self.mlp.num_params(), self.state_buffers());
+        if params.len() != n || state.len() != buffers.len() || state.iter().any(|a| a.len() != n) {
+            return Err(Error::Input(format!(
+                "cannot resume: the checkpoint's arrays do not fit this MLP of {n} parameters and {} state array(s)",
+                buffers.len()
+            ))
+            .on_every_rank());
+        }
         self.mlp.set_params(self.be, params)?;
-        for (buffer, host) in self.state_buffers().into_iter().zip(state) {
+        for (buffer, host) in buffers.into_iter().zip(state) {
             self.be.write(buffer, 0, host)?;
         }
         Ok(())
@@ -340,8 +348,8 @@ fn argmax(row: &[f32]) -> usize {
 }
 
 /// The `mnist` subcommand without `--bench`: trains, tests after each epoch, prints the table,
-/// and keeps `OUT/mlp.ckpt` (at a stop, at the end, and after an epoch at most every
-/// [`SAVE_EVERY`]) for `--resume`.
+/// and keeps `OUT/mlp.ckpt` (at a stop, at the end, and after an epoch once 30 s have passed
+/// since the last) for `--resume`.
 pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()> {
     crate::stop::on_signals();
     // The same flags everywhere: every rank refuses them together.
@@ -361,7 +369,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     let widths = widths(&train, &args.hidden)?;
     let settings = Settings::of(args, &widths, momentum, &train, &test);
     let resumed = match &args.resume {
-        Some(path) => Some(resume_from(comm, path, &settings, total_steps)?),
+        Some(path) => Some(resume_from(comm, path, &settings, total_steps, args.stop_after)?),
         None => None,
     };
     let trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
@@ -461,11 +469,10 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
             args.out.join("loss.tsv").display()
         );
     }
-    if root {
-        match end < total_steps {
-            true => crate::say!("stopped after step {end} as --stop-after asked; {}", run.saved_how()),
-            false => crate::say!("saved {}", run.ckpt.display()),
-        }
+    if root && end < total_steps {
+        crate::say!("stopped after step {end} as --stop-after asked; {}", run.saved_how());
+    } else if root {
+        crate::say!("saved {}", run.ckpt.display());
     }
     Ok(())
 }
@@ -474,18 +481,26 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
 const RUN_FILES: [&str; 2] = ["loss.tsv", checkpoint::FILE];
 
 /// Rank 0 reads the checkpoint to resume and every rank receives it, checked against this
-/// run's settings (the same everywhere) and schedule.
-fn resume_from(comm: &dyn Comm, path: &Path, settings: &Settings, total_steps: u64) -> Result<MlpCheckpoint> {
+/// run's settings (the same everywhere), its schedule and `--stop-after`.
+fn resume_from(
+    comm: &dyn Comm,
+    path: &Path,
+    settings: &Settings,
+    total_steps: u64,
+    stop_after: Option<u64>,
+) -> Result<MlpCheckpoint> {
     let check = |ck: &MlpCheckpoint| {
         checkpoint::check_same_run(&ck.meta.settings, settings)?;
-        match ck.meta.step {
-            s if s > total_steps => crate::bail_input!(
-                "{}: cannot resume: the checkpoint counts {s} steps, its run has {total_steps}",
-                path.display()
-            ),
-            s if s == total_steps => crate::bail_input!(
-                "{}: cannot resume: the checkpoint's run is finished (all {total_steps} steps)",
-                path.display()
+        let (shown, s) = (path.display(), ck.meta.step);
+        if s > total_steps {
+            crate::bail_input!("{shown}: cannot resume: the checkpoint counts {s} steps, its run has {total_steps}");
+        }
+        if s == total_steps {
+            crate::bail_input!("{shown}: cannot resume: the checkpoint's run is finished (all {total_steps} steps)");
+        }
+        match stop_after {
+            Some(n) if n <= s => crate::bail_input!(
+                "--stop-after {n}: the checkpoint's run has done {s} steps already (--stop-after counts from the run's start)"
             ),
             _ => Ok(()),
         }
@@ -495,6 +510,7 @@ fn resume_from(comm: &dyn Comm, path: &Path, settings: &Settings, total_steps: u
         check(&checkpoint::parse(&bytes, path)?)?;
         Ok(bytes)
     })?;
+    // Rank 0's bytes, checked there: every rank makes the same checkpoint of them.
     checkpoint::parse(&bytes, path).map_err(Error::on_every_rank)
 }
 
@@ -568,20 +584,22 @@ impl<B: Backend> MlpRun<'_, '_, B> {
         window.add_time(seconds);
         self.meta.step += stats.len() as u64;
         if self.meta.step == (epoch + 1) * spe {
-            if let Some(trace) = self.trace.as_mut() {
-                trace.epoch(&order[..spe as usize * b], &stats)?;
-            }
-            self.row(epoch + 1)?;
+            // Rank 0 alone writes them; every rank learns how that went (a full disk stops all).
+            let mut written = || -> Result<()> {
+                if let Some(trace) = self.trace.as_mut() {
+                    trace.epoch(&order[..spe as usize * b], &stats)?;
+                }
+                self.row(epoch + 1)
+            };
+            let written = written();
+            agree(self.trainer.comm, written)?;
         }
         // A stop asked for at an epoch's last step ends the run there too (not one step on).
         let stopped = self.trainer.stop_asked && self.meta.step < end;
         if stopped || self.meta.step == end || self.save_due()? {
             self.save()?;
         }
-        Ok(match stopped {
-            true => Ended::Stopped,
-            false => Ended::Ran,
-        })
+        Ok(if stopped { Ended::Stopped } else { Ended::Ran })
     }
 
     /// Rank 0 tests the model and writes the row of `epoch` (1-based) from the epoch's window.
