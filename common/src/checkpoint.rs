@@ -139,26 +139,39 @@ fn save_timed(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: 
     };
     let json = serde_json::to_vec(&header)
         .map_err(|e| Error::Input(format!("{shown}: cannot encode checkpoint metadata: {e}")))?;
-    let synced = atomic_file::write_timed(path, |file| {
+    let synced = write_envelope(path, (MAGIC, FORMAT_VERSION), &json, n, &[params, m, v])?;
+    Ok(synced.as_secs_f64())
+}
+
+/// Writes, atomically, the layout this file's checkpoints and the MLP's share: `magic`, the
+/// format `version`, a reserved word, the metadata's length and its `json`, the value count
+/// `n`, the `arrays` (n f32 each), and an xxHash64 of all of it. Returns the syncs' time.
+pub(crate) fn write_envelope(
+    path: &Path,
+    (magic, version): ([u8; 8], u32),
+    json: &[u8],
+    n: usize,
+    arrays: &[&[f32]],
+) -> Result<std::time::Duration> {
+    atomic_file::write_timed(path, |file| {
         let mut out = HashingWriter {
             inner: file,
             sum: Xxh64::new(0),
         };
         let mut header = Vec::with_capacity(HEADER_LEN as usize);
-        header.extend_from_slice(&MAGIC);
-        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header.extend_from_slice(&magic);
+        header.extend_from_slice(&version.to_le_bytes());
         header.extend_from_slice(&0u32.to_le_bytes());
         header.extend_from_slice(&(json.len() as u64).to_le_bytes());
         out.put(&header)?;
-        out.put(&json)?;
+        out.put(json)?;
         out.put(&(n as u64).to_le_bytes())?;
-        for array in [params, m, v] {
+        for array in arrays {
             out.put(bytemuck::cast_slice(array))?;
         }
         let sum = out.sum.digest();
         out.inner.write_all(&sum.to_le_bytes())
-    })?;
-    Ok(synced.as_secs_f64())
+    })
 }
 
 /// A checkpoint's training state on its way to the file: parameters, m and v.

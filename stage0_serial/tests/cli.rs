@@ -2,8 +2,11 @@
 //! are deterministic, resume continues exactly, generation is reproducible, and every
 //! kind of bad input gives a one-line error and exit code 2 (never a panic).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use support::send;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stage0_serial");
 
@@ -594,11 +597,7 @@ fn ctrl_c_saves_a_checkpoint_and_the_resumed_run_is_the_same_run() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    send("INT", child.id());
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
@@ -634,10 +633,7 @@ fn sigterm_and_sighup_stop_a_run_with_a_checkpoint_as_ctrl_c_does() {
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1500));
-        let sent = Command::new("kill")
-            .args([&format!("-{sig}"), &child.id().to_string()])
-            .status();
-        assert!(sent.unwrap().success());
+        send(sig, child.id());
         let o = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(130), "SIG{sig}: {err}");
@@ -671,8 +667,7 @@ fn ctrl_c_during_the_closing_sample_cuts_it_short() {
         .starts_with("saved ")
     {}
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
-    assert!(sent.unwrap().success());
+    send("INT", child.id());
     std::thread::spawn(move || lines.for_each(drop)); // the sample's lines, read as they come
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while child.try_wait().unwrap().is_none() {

@@ -3,9 +3,12 @@
 //! optimisers train, gzipped files read like plain ones, and a missing data set says to run
 //! `make run-mnist`. Malformed idx files are in `bad_inputs`.
 
+mod support;
+
 use common::mnist::synthetic;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use support::{send, stopped_after_step};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stage0_serial");
 
@@ -317,20 +320,12 @@ fn a_signal_stops_the_run_with_a_checkpoint_and_a_new_run_moves_it_aside() {
             assert!(std::time::Instant::now() < deadline, "no epoch within 60 s");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let sent = Command::new("kill")
-            .args([&format!("-{sig}"), &child.id().to_string()])
-            .status();
-        assert!(sent.unwrap().success());
+        send(sig, child.id());
         let o = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(130), "SIG{sig}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "SIG{sig}: {err}");
-        let step: u64 = err
-            .split("stopped after step ")
-            .nth(1)
-            .and_then(|rest| rest.split(';').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("SIG{sig}: {err}"));
+        let step = stopped_after_step(&err).unwrap_or_else(|| panic!("SIG{sig}: {err}"));
         assert!(err.contains("--resume"), "SIG{sig}: {err}");
         assert_eq!(
             checkpoint(&out).meta.step,

@@ -847,6 +847,17 @@ fn line_with<'a>(err: &'a str, what: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no line with {what:?}: {err}"))
 }
 
+/// The N of "`words`N;" in `line`, if it says so (a stop line's step).
+fn step_after(line: &str, words: &str) -> Option<u64> {
+    line.split(words).nth(1)?.split(';').next()?.parse().ok()
+}
+
+/// OUT/mlp.ckpt of an `mnist` run in `dir`, read and checked.
+fn mlp_checkpoint(dir: &Path) -> common::mnist::checkpoint::MlpCheckpoint {
+    let path = dir.join("mlp.ckpt");
+    common::mnist::checkpoint::parse(&std::fs::read(&path).unwrap(), &path).unwrap()
+}
+
 /// Waits for the job (at most 60 s) and returns its exit code, stderr and the time it took
 /// after the kill.
 fn ends_within_a_minute(mut child: std::process::Child) -> (Option<i32>, String, Duration) {
@@ -902,11 +913,7 @@ fn sigterm_to_one_rank_or_to_mpirun_stops_the_job_after_a_step_with_a_checkpoint
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 1, "one line (to mpirun: {to_mpirun}): {err}");
         let line = lines[0];
-        let step: u64 = line
-            .split("interrupted: stopped after step ")
-            .nth(1)
-            .and_then(|rest| rest.split(';').next())
-            .and_then(|n| n.parse().ok())
+        let step = step_after(line, "interrupted: stopped after step ")
             .unwrap_or_else(|| panic!("not a stop after a step (to mpirun: {to_mpirun}): {line}"));
         assert!(line.contains("--resume"), "{line}");
         // The ranks exit 130, as after Ctrl-C; mpirun's own status after passing a signal on
@@ -1225,8 +1232,7 @@ fn mnist_reproduces_stage0() {
         ));
         assert_eq!(mnist_table(&stopped), got, "{optimizer}: resumed on 2 ranks");
         let arrays = |dir: &Path| {
-            let path = dir.join("mlp.ckpt");
-            let ck = common::mnist::checkpoint::parse(&std::fs::read(&path).unwrap(), &path).unwrap();
+            let ck = mlp_checkpoint(dir);
             (ck.meta.step, ck.params, ck.state)
         };
         assert_eq!(
@@ -1268,15 +1274,12 @@ fn sigterm_to_mpirun_stops_mnist_after_a_step_with_a_checkpoint() {
     let (_, err, took) = ends_within_a_minute(child);
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one line: {err}");
-    let step: u64 = lines[0]
-        .split("stopped after step ")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("not a stop after a step: {err}"));
-    let path = out.join("mlp.ckpt");
-    let ck = common::mnist::checkpoint::parse(&std::fs::read(&path).unwrap(), &path).unwrap();
-    assert_eq!(ck.meta.step, step, "the checkpoint is of the step the line names");
+    let step = step_after(lines[0], "stopped after step ").unwrap_or_else(|| panic!("not a stop after a step: {err}"));
+    assert_eq!(
+        mlp_checkpoint(&out).meta.step,
+        step,
+        "the checkpoint is of the step the line names"
+    );
     eprintln!("mnist job stopped {took:?} after the SIGTERM: {}", lines[0]);
 }
 

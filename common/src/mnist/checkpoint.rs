@@ -18,12 +18,10 @@
 //! ```
 
 use super::data::Dataset;
-use crate::atomic_file;
 use crate::cli::{MnistArgs, OptimizerFlag};
 use crate::error::{io_err, Error, Result};
 use crate::report::log::LogState;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::Path;
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
@@ -144,29 +142,13 @@ pub struct MlpCheckpoint {
     pub state: Vec<Vec<f32>>,
 }
 
-/// Writes a checkpoint atomically (a crash leaves the old file or the new one).
+/// Writes a checkpoint atomically (a crash leaves the old file or the new one), in the layout
+/// GPT-2's checkpoints have (`checkpoint::write_envelope`).
 pub fn save(path: &Path, meta: &Meta, params: &[f32], state: &[&[f32]]) -> Result<()> {
-    let shown = path.display();
     let json = serde_json::to_vec(meta)
-        .map_err(|e| Error::Input(format!("{shown}: cannot encode checkpoint metadata: {e}")))?;
-    atomic_file::write(path, |file| {
-        let mut sum = Xxh64::new(0);
-        let mut put = |bytes: &[u8]| {
-            sum.update(bytes);
-            file.write_all(bytes)
-        };
-        put(&MAGIC)?;
-        put(&FORMAT_VERSION.to_le_bytes())?;
-        put(&0u32.to_le_bytes())?;
-        put(&(json.len() as u64).to_le_bytes())?;
-        put(&json)?;
-        put(&(params.len() as u64).to_le_bytes())?;
-        for array in std::iter::once(params).chain(state.iter().copied()) {
-            put(bytemuck::cast_slice(array))?;
-        }
-        let digest = sum.digest();
-        file.write_all(&digest.to_le_bytes())
-    })
+        .map_err(|e| Error::Input(format!("{}: cannot encode checkpoint metadata: {e}", path.display())))?;
+    let arrays: Vec<&[f32]> = std::iter::once(params).chain(state.iter().copied()).collect();
+    crate::checkpoint::write_envelope(path, (MAGIC, FORMAT_VERSION), &json, params.len(), &arrays).map(|_| ())
 }
 
 /// Reads a checkpoint's bytes (see [`parse`]): a regular file (a FIFO or a device would block

@@ -448,6 +448,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         bar: progress::bar(root, total_steps, start),
         started: Instant::now(),
         saved: Instant::now(),
+        order: Vec::new(),
         last: None,
     };
     let end = args.stop_after.map_or(total_steps, |s| s.min(total_steps));
@@ -547,6 +548,8 @@ struct MlpRun<'a, 'b, B: Backend> {
     started: Instant,
     /// When the last checkpoint was written (the run's start before the first).
     saved: Instant,
+    /// The epoch's order of the training images (kept from one epoch to the next).
+    order: Vec<usize>,
     /// The last row written.
     last: Option<EpochRow>,
 }
@@ -564,15 +567,14 @@ impl<B: Backend> MlpRun<'_, '_, B> {
         let (spe, b) = (self.steps_per_epoch, self.meta.settings.batch);
         let epoch = self.meta.step / spe;
         let steps = self.meta.step..((epoch + 1) * spe).min(end);
-        let bar = &self.bar;
-        let mut order = Vec::new();
+        let (bar, order) = (&self.bar, &mut self.order);
         let (stats, seconds) = match self.fused.as_mut() {
             Some(f) => self
                 .trainer
-                .run_fused(f, self.train, steps.clone(), self.seed, &mut order, || bar.inc(1))?,
+                .run_fused(f, self.train, steps.clone(), self.seed, order, || bar.inc(1))?,
             None => self
                 .trainer
-                .run_generic(self.train, b, steps.clone(), self.seed, &mut order, |st| {
+                .run_generic(self.train, b, steps.clone(), self.seed, order, |st| {
                     bar.set_message(format!("epoch {} loss {:.4} lr {:.2e}", epoch + 1, st.loss, st.lr));
                     bar.inc(1);
                 })?,
@@ -585,13 +587,7 @@ impl<B: Backend> MlpRun<'_, '_, B> {
         self.meta.step += stats.len() as u64;
         if self.meta.step == (epoch + 1) * spe {
             // Rank 0 alone writes them; every rank learns how that went (a full disk stops all).
-            let mut written = || -> Result<()> {
-                if let Some(trace) = self.trace.as_mut() {
-                    trace.epoch(&order[..spe as usize * b], &stats)?;
-                }
-                self.row(epoch + 1)
-            };
-            let written = written();
+            let written = self.close_epoch(epoch + 1, &stats);
             agree(self.trainer.comm, written)?;
         }
         // A stop asked for at an epoch's last step ends the run there too (not one step on).
@@ -602,8 +598,13 @@ impl<B: Backend> MlpRun<'_, '_, B> {
         Ok(if stopped { Ended::Stopped } else { Ended::Ran })
     }
 
-    /// Rank 0 tests the model and writes the row of `epoch` (1-based) from the epoch's window.
-    fn row(&mut self, epoch: u64) -> Result<()> {
+    /// At the end of `epoch` (1-based), whose last `stats` these are: rank 0 traces the epoch,
+    /// tests the model and writes its row from the epoch's window.
+    fn close_epoch(&mut self, epoch: u64, stats: &[(u64, StepStats)]) -> Result<()> {
+        if let Some(trace) = self.trace.as_mut() {
+            let images = self.steps_per_epoch as usize * self.meta.settings.batch;
+            trace.epoch(&self.order[..images], stats)?;
+        }
         let (train_loss, _, samples_per_s) = self.meta.log.window.take(self.meta.settings.batch);
         let elapsed_s = self.elapsed();
         let Some(log) = self.log.as_mut() else {
