@@ -11,10 +11,10 @@
 #   allreduce  stage 1's MPI all-reduce against message size (NP ranks) -> allreduce-mpi.md, .png
 #   zero       stage 1's step (NP ranks, 1 thread each) with --zero 0 and --zero 1, GPT-2 124M and
 #              char, ROUNDS rounds in turns: why stage 1's default is --zero 0 -> zero-cpu.md
-#   steps      stage0_serial/cpu-bench.sh as before: stages 0 and 1 on 124M and char, REPS runs
+#   steps      stage0_serial/cpu-bench.sh: stages 0 and 1 on 124M and char, REPS runs
 #              in turns -> results/cpu-bench.md
 #   mlp        results/mlp-cpu-bench.sh: the MLP on stage 0 against PyTorch eager on the CPU,
-#              alternating rounds -> mlp-cpu.md (skipped, saying so, where torch cannot be had)
+#              alternating rounds -> results/mlp-cpu.md (skipped, saying so, where torch cannot be had)
 # results/bench/README.md gathers the tables. Usage, from anywhere:
 #   results/bench-suite.sh [kernels] [threads] [train] [allreduce] [zero] [steps] [mlp]   (default: all)
 # Needs the release binaries (`make build`); BIN (default target/release), NP (default 2),
@@ -172,7 +172,8 @@ fi
   echo "Written by \`results/bench-suite.sh\` (\`make bench\`, this machine's CPU) and, for the GPU host's"
   echo "tables, copied from \`results/bench-suite-gpu.sh\`'s output. Each table names the machine, the commit"
   echo "and the load it was measured at. The stages' step times of \`stage0_serial/cpu-bench.sh\` (\`steps\`) are"
-  echo "in [../cpu-bench.md](../cpu-bench.md); stage 1 against its rank count in [../rank-scaling.md](../rank-scaling.md)."
+  echo "in [../cpu-bench.md](../cpu-bench.md), the MLP against PyTorch eager (\`mlp\`) in [../mlp-cpu.md](../mlp-cpu.md);"
+  echo "stage 1 against its rank count in [../rank-scaling.md](../rank-scaling.md)."
   echo
   for f in "$OUT"/*.md; do
     [ "$(basename "$f")" = README.md ] && continue

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One line naming where a result was measured: the device, the GPU driver, CUDA, NCCL, MPI and
-# the commit. Every script that writes under results/ records it (runs: DIR/env.txt, which
+# One line naming where and when a result was measured: the device, the GPU driver, CUDA, NCCL,
+# MPI, PyTorch, the commit and the date (UTC). Every script that writes under results/ records it (runs: DIR/env.txt, which
 # `report` shows; benches: the table's header). On a GPU host the commit comes from
 # .gpu/commit, written where the bundle was built (the copy on the GPU host may carry an
 # older .git, or none).
@@ -30,4 +30,4 @@ else
     || commit="$commit with uncommitted code changes"
 fi
 torch=${torch_versions%% *}; nccl=${torch_versions#* }
-echo "device: $device; driver: ${driver:--}; CUDA: ${cuda:--}; NCCL: ${nccl:--}; MPI: ${mpi:--}; PyTorch: ${torch:--}; commit: $commit"
+echo "device: $device; driver: ${driver:--}; CUDA: ${cuda:--}; NCCL: ${nccl:--}; MPI: ${mpi:--}; PyTorch: ${torch:--}; commit: $commit; date: $(date -u +%F)"

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# The MLP on the CPU against PyTorch eager (issue 13's CPU target: ≥ 2× PyTorch eager on the
-# 2-core machine, in the same run). For each shape, ROUNDS rounds in turns (the order of the two
+# The MLP on the CPU against PyTorch eager (the CPU target: ≥ 2× PyTorch eager on the 2-core
+# machine, in the same run). For each shape, ROUNDS rounds in turns (the order of the two
 # swapped every round, so a drift of the machine's speed falls on both alike):
 #   ours     stage0_serial mnist --bench --synthetic (made-up MNIST-shaped images, SGD momentum
 #            0.9, lr 0.05 along a cosine, no weight decay, fp32) --threads THREADS
-#   PyTorch  stage2_cuda/gpu/pytorch_mlp.py --device cpu --threads THREADS: the same model
+#   PyTorch  gpu/py/pytorch_mlp.py --device cpu --threads THREADS: the same model
 #            (Linear + ReLU, PyTorch's initialisation), softmax cross-entropy, SGD momentum 0.9,
 #            lr 0.05, fp32, eager; a made-up 60,000 × 784 float32 set in memory, each batch
 #            indexed from it by a permutation, nothing read back per step
 # Shapes (SHAPES, "batch:hidden" words): the default MLP 784→256→128→10 at batch 64, the GPU
 # target's 784→128→128→128→10 at batch 32, and the default MLP at batch 256.
-# Writes results/bench/mlp-cpu.md (steps/s, µs/step, samples/s, ours ÷ PyTorch per round and
-# their median, the machine, the load, the commands) and results/bench/mlp-cpu.jsonl (every run).
+# Writes results/mlp-cpu.md (steps/s, µs/step, samples/s, ours ÷ PyTorch per round and
+# their median, the machine, the load, the commands) and results/mlp-cpu.jsonl (every run).
 #
 # PyTorch: TORCH_PYTHON (a python that imports torch), else .venv-torch/bin/python, else the
 # script makes .venv-torch (git-ignored) and pip-installs torch's CPU wheel into it (plain PyPI,
 # whose Linux wheel brings CUDA's libraries, gigabytes, if PyTorch's CPU index cannot be reached). When torch cannot be installed it says so in one
 # line and exits 0 (`make bench` goes on); nothing under `make test` runs this.
-# Usage, from anywhere: results/mlp-cpu-bench.sh   (env: ROUNDS 3, THREADS 2, STEPS 2000,
-# WARMUP 200, SHAPES, BIN: a built stage0_serial, else cargo builds it in CARGO_TARGET_DIR;
+# Usage, from anywhere: results/mlp-cpu-bench.sh   (env, defaults: ROUNDS=3, THREADS=2, STEPS=2000,
+# WARMUP=200, SHAPES, BIN: a built stage0_serial, else cargo builds it in CARGO_TARGET_DIR;
 # NAME: the output files' name, mlp-cpu; OURS_COMMIT: the commit BIN was built from, when it is
 # not this checkout's, named in the table)
 set -euo pipefail
@@ -28,7 +28,7 @@ THREADS=${THREADS:-2}
 STEPS=${STEPS:-2000}
 WARMUP=${WARMUP:-200}
 SHAPES=${SHAPES:-"64:256,128 32:128,128,128 256:256,128"}
-OUT=results/bench
+OUT=results
 NAME=${NAME:-mlp-cpu}
 say() { echo "== $*" >&2; }
 
@@ -70,7 +70,7 @@ own_ticks() { sed 's/.*) //' /proc/$$/stat | awk '{print $12 + $13 + $14 + $15}'
 t0_busy=$(cpu_ticks); t0_own=$(own_ticks); t0=$(date +%s.%N)
 
 ours_cmd() { echo "${3:-$BIN} mnist --bench --synthetic --batch $1 --hidden $2 --steps $STEPS --warmup $WARMUP --threads $THREADS"; }
-torch_cmd() { echo "${3:-$py} stage2_cuda/gpu/pytorch_mlp.py --device cpu --threads $THREADS --batch $1 --hidden $2 --steps $STEPS --warmup $WARMUP"; }
+torch_cmd() { echo "${3:-$py} gpu/py/pytorch_mlp.py --device cpu --threads $THREADS --batch $1 --hidden $2 --steps $STEPS --warmup $WARMUP"; }
 
 # One run: impl, round, batch, hidden; its JSON line (tagged) onto the jsonl, a line to stderr.
 run() {
@@ -109,7 +109,7 @@ path, machine, torch_version, load, cores, ours_cmd, torch_cmd, env, ours_commit
 rows = [json.loads(l) for l in open(path) if l.strip()]
 shapes = list(dict.fromkeys(r["shape"] for r in rows))
 ours0 = next(r for r in rows if r["bench_impl"] == "ours")
-print("## The MLP on the CPU against PyTorch eager" + (f" (ours at {ours_commit})" if ours_commit else "") + "\n")
+print("# The MLP on the CPU against PyTorch eager" + (f" (ours at {ours_commit})" if ours_commit else "") + "\n")
 print("Written by `results/mlp-cpu-bench.sh`. Measured on: " + machine + ".\n")
 line = f"Load: other processes took {load}% of the {cores} cores while this ran"
 print(line + (" (this machine is shared: another build or test was running beside it and slowed these figures)."
@@ -120,7 +120,7 @@ print(f"Ours: `stage0_serial mnist --bench --synthetic`{built}, {ours0['device']
       f"lr 0.05, no weight decay, softmax cross-entropy, made-up MNIST-shaped images (60,000 × 784), "
       f"{ours0['warmup']} untimed steps then {ours0['steps']} timed ones; each round runs both "
       f"(the order swapped every round). Figures are medians over the rounds; \"ours ÷ PyTorch\" is the "
-      f"steps/s ratio, per round and its median (issue 13's CPU target: ≥ 2×).\n")
+      f"steps/s ratio, per round and its median (the CPU target: ≥ 2×).\n")
 print("| MLP | batch | ours steps/s | ours µs/step | PyTorch steps/s | PyTorch µs/step | ours images/s | ours ÷ PyTorch (per round) | median | ≥ 2× |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |")
 for shape in shapes:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# results/mnist-stage0.md from a finished `stage0_serial mnist` run and, when given, the same
+# results/mnist.md from a finished `stage0_serial mnist` run and, when given, the same
 # run on stage 1 (`make mnist-results` makes both): the loss-per-epoch table, the final test
-# accuracy against the issue's target (89% on Fashion-MNIST with the default MLP in 20
+# accuracy against the target (89% on Fashion-MNIST with the default MLP in 20
 # epochs), stage 1's against stage 0's, and where it was measured.
-# Usage: results/mnist-stage0.sh STAGE0_RUN_DIR [STAGE1_RUN_DIR] > results/mnist-stage0.md
+# Usage: results/mnist.sh STAGE0_RUN_DIR [STAGE1_RUN_DIR] > results/mnist.md
 set -euo pipefail
 run=${1:?usage: $0 STAGE0_RUN_DIR [STAGE1_RUN_DIR]}
 table="$run/loss.tsv"
@@ -38,7 +38,7 @@ if [ -n "${2:-}" ]; then
   echo
   echo "\`mpirun -n 2 stage1_mpi mnist --epochs 20\`: each global batch of 64 split into 32 per rank, the"
   echo "gradients summed. Test accuracy after 20 epochs: **$accuracy1%** against stage 0's $accuracy%"
-  echo "($(awk -v a="$accuracy1" -v b="$accuracy" 'BEGIN { d = a - b; printf "%+.2f", d }') points; the issue asks for 0.2 at most). The largest difference of a loss"
+  echo "($(awk -v a="$accuracy1" -v b="$accuracy" 'BEGIN { d = a - b; printf "%+.2f", d }') points; the target: 0.2 at most). The largest difference of a loss"
   echo "in the two tables is $drift: the ranks sum the same gradients in another order, and"
   echo "thousands of steps amplify that rounding. Over the first 100 steps the tables agree within 1e-4"
   echo "(\`make test\`: stage1_mpi's \`mnist_reproduces_stage0\`, on made-up data, SGD and AdamW)."
