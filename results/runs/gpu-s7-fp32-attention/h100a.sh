@@ -1,5 +1,5 @@
 #!/bin/bash
-# session 7 H100 round A: peaked attention test, fp32 attention paths' speed vs PyTorch eager, checkpoint stall
+# H100: peaked attention test, fp32 attention paths' speed vs PyTorch eager, checkpoint stall
 source .gpu/env.sh >/dev/null 2>&1; cat .gpu/commit; nvidia-smi -L
 t=$(ls /tmp/gpu-rt/tests/cuda_backend-* | head -1)
 timeout 200 $t --include-ignored --test-threads 1 attention 2>&1 | grep -E "PARITY|^test |test result|panicked" | cut -c1-160
