@@ -80,8 +80,8 @@ PARTS ?=
 bench: build
 	NP=$(NP) results/bench-suite.sh $(PARTS)
 
-# The MLP on stage 0 against PyTorch eager on the CPU, in alternating rounds (issue 13's CPU
-# target, ≥ 2×): results/bench/mlp-cpu.md. Installs torch's CPU wheel from PyPI into
+# The MLP on stage 0 against PyTorch eager on the CPU, in alternating rounds:
+# results/mlp-cpu.md. Installs torch's CPU wheel from PyPI into
 # .venv-torch on first use (TORCH_PYTHON=... names a python that has it); when it cannot, says
 # so in one line and skips. `make bench` runs it as its part `mlp`; `make test` never does.
 mlp-cpu-bench:

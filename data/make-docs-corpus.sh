@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes data/docs-gpt2.bin: a corpus of >= 10M GPT-2 tokens for the run at the used-by scale
-# (issue 14, item 3; stage3_mpi_cuda/gpu/docs-run.sh), from documentation that Debian ships:
+# (gpu/corpus-run.sh), from documentation that Debian ships:
 # the Linux kernel's reStructuredText sources (package linux-doc, /usr/share/doc/linux-doc-*/
 # html/_sources) and Python's (python3-doc, /usr/share/doc/python3.*/html/_sources), both
 # English prose with code, concatenated in byte order of their paths, then tokenized by

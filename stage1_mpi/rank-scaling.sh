@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage 1 against the number of ranks on one machine's cores, and the MPI all-reduce's
-# bandwidth against message size (issue 13's bench suite). Run from the project root, with
+# bandwidth against message size (part of `make bench`). Run from the project root, with
 # stage1_mpi on PATH (or BIN=target/release), on a machine with CORES cores (default: all):
 #   stage1_mpi/rank-scaling.sh            # writes $OUT/rank-scaling.md and .jsonl, table printed
 # GPT-2 124M, global batch 16 x 64 tokens, ranks 1, 2, 4, 8 (as far as the cores go), each

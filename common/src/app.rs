@@ -258,7 +258,7 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             Ok(())
         }),
         Command::Plot(args) => on_root(comm, || {
-            crate::report::plot_table(&args)?;
+            crate::report::plot_table(&args.chart())?;
             crate::say!("wrote {}", args.out.display());
             Ok(())
         }),

@@ -157,6 +157,22 @@ pub struct PlotArgs {
     pub title: Option<String>,
 }
 
+impl PlotArgs {
+    /// The chart these flags ask for.
+    pub fn chart(&self) -> crate::report::Chart {
+        crate::report::Chart {
+            data: self.data.clone(),
+            x: self.x.clone(),
+            y: self.y.clone(),
+            series: self.series.clone(),
+            out: self.out.clone(),
+            log_x: self.log_x,
+            log_y: self.log_y,
+            title: self.title.clone(),
+        }
+    }
+}
+
 /// Model shape: a preset with optional overrides.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {

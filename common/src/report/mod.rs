@@ -8,7 +8,7 @@ pub mod log;
 mod plot;
 pub mod progress;
 
-pub use plot::plot_table;
+pub use plot::{plot_table, Chart};
 
 use crate::error::{io_err, Error, Result};
 use std::fmt::Write as _;

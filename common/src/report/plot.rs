@@ -4,15 +4,32 @@
 //! order. Log axes plot log10 of the values with the values as labels.
 
 use super::{drawable, load_font, span};
-use crate::cli::PlotArgs;
 use crate::error::{io_err, Error, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// What to draw: the table's columns, the axes, the files.
+#[derive(Debug, Clone, Default)]
+pub struct Chart {
+    /// The table: tab-separated, its first line naming the columns.
+    pub data: PathBuf,
+    /// The column along the x axis.
+    pub x: String,
+    /// The columns drawn against it.
+    pub y: Vec<String>,
+    /// A column whose values each get lines of their own (rows in the table's order).
+    pub series: Option<String>,
+    /// The PNG to write.
+    pub out: PathBuf,
+    pub log_x: bool,
+    pub log_y: bool,
+    pub title: Option<String>,
+}
 
 /// One line of the chart: its label and points.
 type Line = (String, Vec<(f64, f64)>);
 
 /// The lines the table holds for `args`' columns.
-fn lines(text: &str, path: &Path, args: &PlotArgs) -> Result<Vec<Line>> {
+fn lines(text: &str, path: &Path, args: &Chart) -> Result<Vec<Line>> {
     let mut rows = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<&str> = rows.next().unwrap_or("").split('\t').collect();
     let col = |name: &str| {
@@ -86,7 +103,8 @@ fn trim(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-pub fn plot_table(args: &PlotArgs) -> Result<()> {
+/// Draws `args`' chart into its PNG (written atomically).
+pub fn plot_table(args: &Chart) -> Result<()> {
     use plotters::prelude::*;
     if !args.out.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) || args.out.is_dir() {
         crate::bail_input!(
@@ -172,16 +190,14 @@ pub fn plot_table(args: &PlotArgs) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn args(y: &[&str], series: Option<&str>) -> PlotArgs {
-        PlotArgs {
+    fn args(y: &[&str], series: Option<&str>) -> Chart {
+        Chart {
             data: "t.tsv".into(),
             x: "threads".into(),
             y: y.iter().map(|s| s.to_string()).collect(),
             series: series.map(String::from),
             out: "t.png".into(),
-            log_x: false,
-            log_y: false,
-            title: None,
+            ..Chart::default()
         }
     }
 

@@ -5,6 +5,8 @@
 //! [`crate::backend::replay`]).
 
 pub mod dump;
+#[cfg(feature = "fault-injection")]
+mod fault;
 mod session;
 mod setup;
 mod trainer;
@@ -57,7 +59,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     let local_batch = run.batch / comm.size();
     let grad_norm_steps = grad_norm_steps();
     for step in run.start_step..run.total_steps {
-        fail_if_asked(comm, step)?;
+        #[cfg(feature = "fault-injection")]
+        fault::fail_if_asked(comm, step)?;
         session.starting(step)?;
         let batch = run.loader.next_batch();
         if let Some(d) = dump.as_mut() {
@@ -187,24 +190,4 @@ fn print_grad_norms_if_asked<B: Backend>(run: &Run<B>, comm: &dyn Comm, step: u6
         crate::say!("grad-norms step {step}: {}", line.join(" "));
     }
     Ok(())
-}
-
-/// Test hook for failure handling: `GPT2RS_FAIL_RANK=r GPT2RS_FAIL_AT_STEP=s` makes rank
-/// r exit(1) at once when it reaches step s, without telling the other ranks, as a crashed
-/// process would; with `GPT2RS_FAIL_MODE=error` it returns an error instead (an error on
-/// one rank alone), with `panic` it panics (a bug). The stage 1 tests check that the job
-/// then ends, and never hangs.
-fn fail_if_asked(comm: &dyn Comm, step: u64) -> Result<()> {
-    let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-    if var("GPT2RS_FAIL_RANK") != Some(comm.rank() as u64) || var("GPT2RS_FAIL_AT_STEP") != Some(step) {
-        return Ok(());
-    }
-    let why = format!("failing on purpose at step {step} (GPT2RS_FAIL_RANK test hook)");
-    match std::env::var("GPT2RS_FAIL_MODE").as_deref() {
-        Ok("error") => return Err(Error::Device(why)),
-        Ok("panic") => panic!("{}: {why}", comm.describe()),
-        _ => {}
-    }
-    eprintln!("{}: {why}", comm.describe());
-    std::process::exit(1);
 }
