@@ -5,7 +5,7 @@ profiled with torch.profiler over `--steps` steps after warm-up. Prints one line
 (grouped by name prefix: launches, ms per step, share) like profile.sh does for ours, and
 groups them into attention / matmul / other so the two step profiles can be set side by side.
 
-  python3 stage2_cuda/gpu/pytorch_profile.py --compile --precision bf16
+  python3 gpu/py/pytorch_profile.py --compile --precision bf16
 """
 import argparse
 import collections
@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_gpt2 import model_and_optimizer, training_step  # noqa: E402
+from pytorch_gpt2 import MODELS, model_and_optimizer, training_step  # noqa: E402
 
 
 def group(name):
@@ -35,7 +35,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="bf16")
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--model", choices=["gpt2", "gpt2-medium"], default="gpt2")
+    p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=2)

@@ -6,11 +6,11 @@ line on rank 0, as pytorch_gpt2.py does: tokens_per_s over all GPUs, ms_per_step
 GPU (the largest over ranks).
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node N pytorch_ddp.py \\
-        [--precision bf16|tf32|fp32] [--no-compile] [--model gpt2|gpt2-medium] \\
+        [--precision bf16|tf32|fp32] [--no-compile] [--model gpt2|gpt2-medium|gpt2-large] \\
         [--batch 16 --seq-len 1024 --steps 10 --warmup 3]
 
-Keep NCCL_NVLS_ENABLE=0 (NVLink multicast off) on the lent GPU machines; this script sets it
-when unset, before NCCL starts.
+NVLink multicast (NVLS) is off unless NCCL_NVLS_ENABLE is set, as gpu/lib.sh leaves it for
+stage 3: both sides then choose among the same NCCL algorithms.
 """
 import argparse
 import json
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from pytorch_gpt2 import VOCAB, model_and_optimizer  # noqa: E402
+from pytorch_gpt2 import MODELS, VOCAB, model_and_optimizer  # noqa: E402
 
 
 def main(args):
@@ -98,7 +98,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="bf16")
     p.add_argument("--no-compile", action="store_true", help="eager DDP instead of torch.compile")
-    p.add_argument("--model", choices=["gpt2", "gpt2-medium"], default="gpt2")
+    p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
     p.add_argument("--batch", type=int, default=16, help="sequences per GPU")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)

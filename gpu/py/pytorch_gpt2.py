@@ -1,8 +1,8 @@
-"""PyTorch baseline for `stage2_cuda bench`: GPT-2 124M (or medium) defined as ours is (pre-LN, GELU
+"""PyTorch baseline for `stage2_cuda bench`: GPT-2 124M (or medium, large) defined as ours is (pre-LN, GELU
 tanh, tied wte, vocabulary padded to 50304, AdamW with betas (0.9, 0.95), eps 1e-8, weight decay 0.1
 on matrices and embeddings, global grad-norm clip 1.0), trained on random tokens; prints one JSON line.
 
-    python3 pytorch_gpt2.py --precision fp32|tf32|bf16 [--compile] [--model gpt2|gpt2-medium]
+    python3 pytorch_gpt2.py --precision fp32|tf32|bf16 [--compile] [--model gpt2|gpt2-medium|gpt2-large]
                             [--batch 16 --seq-len 1024 --steps 10 --warmup 3]
     python3 pytorch_gpt2.py --ceilings      # copy bandwidth and 8192^3 matmul rates, one JSON line
     python3 pytorch_gpt2.py --kernels --precision bf16   # each op alone, one JSON line per op
@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 VOCAB, PADDED_VOCAB = 50257, 50304
+# (layers, heads, width) of the presets `--model` names, as common/src/model/config.rs has them.
+MODELS = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280)}
 
 
 class Block(nn.Module):
@@ -82,7 +84,7 @@ def model_and_optimizer(args, dev):
     shared with pytorch_ddp.py."""
     set_precision(args.precision)
     torch.manual_seed(1)
-    layers, heads, width = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}[args.model]
+    layers, heads, width = MODELS[args.model]
     model = GPT2(layers, heads, width, max(1024, args.seq_len)).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -233,7 +235,7 @@ def kernels(args):
 
 
 def ceilings():
-    """The two roofs METHOD.md asks for, on random data: copy bandwidth and matmul rates."""
+    """The device's two ceilings, on random data: copy bandwidth and 8192^3 matmul rates."""
     dev = torch.device("cuda")
     src = torch.randn(512 * 2**20, device=dev)  # 2 GiB
     dst = torch.empty_like(src)
@@ -257,7 +259,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="tf32")
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--model", choices=["gpt2", "gpt2-medium"], default="gpt2")
+    p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)

@@ -243,6 +243,8 @@ def main():
         "max_rel_lr_diff": lr_rel,
         "tol": args.tol,
         "torch_s": secs,
+        "losses_ours": [r["loss_ours"] for r in rows],
+        "losses_torch": [r["loss_torch"] for r in rows],
         "ok": not failures,
         "failures": failures,
     }
