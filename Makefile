@@ -22,7 +22,7 @@ NVRTC_LIB = $(shell python3 -c "import nvidia, os; print(os.path.join(list(nvidi
 
 .PHONY: all deps build run run-mnist mnist-results test bench mlp-cpu-bench llmc-compare char-model docs-corpus results clean
 
-# GPU results copied back from a device run (see stage2_cuda/gpu/), when present.
+# The GPU stages' runs that gpu/stages.sh wrote into results/runs/, when present.
 GPU_RUNS = $(foreach s,stage2 stage3,$(if $(wildcard results/runs/$(1)$(s)/loss.tsv),--run "$(s)=results/runs/$(1)$(s)"))
 
 all: build
@@ -60,11 +60,11 @@ run-mnist:
 	$(BIN)/stage0_serial mnist --epochs 20 --out $(RUN_DIR)/mnist
 
 # `make run-mnist`, the same run on stage 1 ($(NP) ranks, the same global batch), then the
-# table, the test accuracy and stage 1's against it in results/mnist-stage0.md.
+# table, the test accuracy and stage 1's against it in results/mnist.md.
 mnist-results: run-mnist deps
 	$(CARGO) build --release -p stage1_mpi
 	mpirun -n $(NP) $(BIN)/stage1_mpi mnist --epochs 20 --out $(RUN_DIR)/mnist-stage1
-	results/mnist-stage0.sh $(RUN_DIR)/mnist $(RUN_DIR)/mnist-stage1 > results/mnist-stage0.md
+	results/mnist.sh $(RUN_DIR)/mnist $(RUN_DIR)/mnist-stage1 > results/mnist.md
 
 test: deps
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH REQUIRE_NVRTC=1 $(CARGO) test --workspace
@@ -75,7 +75,8 @@ test: deps
 # thread scaling, end-to-end training tokens/s per preset and stage, the MPI all-reduce
 # against message size, stage 1 with and without ZeRO-1, the MLP against PyTorch eager) and results/cpu-bench.md (stages 0 and
 # 1, 3 runs each in turns).
-# One part alone: make bench PARTS=threads. The GPU host's part: results/bench-suite-gpu.sh.
+# One part alone: make bench PARTS=threads. The GPU host's parts: gpu/kernels.sh, gpu/scaling.sh,
+# gpu/stages.sh --gpt2.
 PARTS ?=
 bench: build
 	NP=$(NP) results/bench-suite.sh $(PARTS)
@@ -99,13 +100,13 @@ char-model: deps
 
 # data/docs-gpt2.bin: >= 10M GPT-2 tokens of the documentation Debian ships (linux-doc and
 # python3-doc, installed on first use), for the run at the used-by scale
-# (stage3_mpi_cuda/gpu/docs-run.sh). Ignored by git: 24 MB, made again by this target.
+# (gpu/corpus-run.sh). Ignored by git: 24 MB, made again by this target.
 docs-corpus: deps
 	$(CARGO) build --release -p stage0_serial
 	BIN=$(BIN)/stage0_serial data/make-docs-corpus.sh
 
 # Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch (with the
-# GPU stages' runs that stage3_mpi_cuda/gpu/run.sh brought back into results/runs/), then
+# GPU stages' runs that gpu/stages.sh wrote into results/runs/), then
 # the side-by-side tables and plot in results/README.md.
 results: build
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out results/runs/stage0

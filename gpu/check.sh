@@ -5,7 +5,7 @@
 #
 # Tests: each test executable that holds GPU tests (the ones marked ignored: "needs a CUDA
 # device" / "needs 2 CUDA devices") runs with --include-ignored, its CPU tests too. With cargo
-# installed they are `cargo test --release --workspace --features cuda,nccl`'s executables
+# installed they are `cargo test --release --workspace`'s executables
 # (built first if needed); without, the executables in the bundle's tests/ folder (TESTS=DIR
 # to name another). The GPU tests of one executable take turns on the device (they hold a lock),
 # so --test-threads 4 only runs CPU tests beside them. Stage 3's executable (nccl) runs with one

@@ -2,7 +2,7 @@
 # Sourced by the scripts in gpu/ (not a tool of its own). It
 #   - moves to the workspace root (the folder above gpu/), where every script runs;
 #   - finds the binaries: $BIN if set (a folder holding stage2_cuda, stage3_mpi_cuda, ...),
-#     else target/release (`cargo build --release --features cuda,nccl`), else PATH (for
+#     else target/release (`cargo build --release`), else PATH (for
 #     example a bundle's env.sh that put them there);
 #   - finds the test executables (gpu_tests): cargo's, where cargo is installed, else the
 #     folder `tests/` beside the binaries' folder (a bundle's layout), or $TESTS;
@@ -42,7 +42,7 @@ gpu_find_bins() {
   elif command -v stage2_cuda >/dev/null 2>&1; then
     GPU_BINS=$(cd "$(dirname "$(command -v stage2_cuda)")" && pwd); GPU_BINS_FROM=PATH
   else
-    gpu_die "no stage2_cuda: build with \`cargo build --release --features cuda,nccl\`, set BIN=DIR, or put the binaries on PATH"
+    gpu_die "no stage2_cuda: build with \`cargo build --release\`, set BIN=DIR, or put the binaries on PATH"
   fi
 }
 
@@ -78,8 +78,8 @@ gpu_commit() {
 # (built here if needed), or the files in $TESTS / the bundle's tests/ folder.
 gpu_tests() {
   if command -v cargo >/dev/null 2>&1 && [ -f Cargo.toml ] && [ -z "${TESTS:-}" ]; then
-    gpu_say "cargo test --release --workspace --features cuda,nccl --no-run" >&2
-    cargo test --release --workspace --features cuda,nccl --no-run --message-format=json 2>"$GPU_LOGS/cargo-build.log" \
+    gpu_say "cargo test --release --workspace --no-run" >&2
+    cargo test --release --workspace --no-run --message-format=json 2>"$GPU_LOGS/cargo-build.log" \
       | python3 -c '
 import json, sys
 for line in sys.stdin:

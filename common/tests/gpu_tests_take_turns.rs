@@ -1,6 +1,6 @@
 //! Every GPU test in this folder holds `support::one_at_a_time()` from its first line: the GPU
 //! tests of one process share the device's CUDA context, and one that opens a backend while
-//! another records a CUDA graph fails (results/runs/gpu-8877c39). A new GPU test without the
+//! another records a CUDA graph fails. A new GPU test without the
 //! lock fails here, on any machine, instead of now and then on a GPU.
 
 use std::path::Path;

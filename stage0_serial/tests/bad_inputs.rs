@@ -1,8 +1,8 @@
 //! Every bad input we know of, run through the stage 0 binary: each must end with one line
 //! on stderr naming the problem and exit code 2 (never a panic, never a run that goes on).
-//! The table below is also the README's "Bad inputs" table: `BLESS=1 cargo test -p
+//! The table below is also docs/bad-inputs.md's table: `BLESS=1 cargo test -p
 //! stage0_serial --test bad_inputs` rewrites that section from what the binary printed,
-//! and without BLESS the test fails when the README no longer matches.
+//! and without BLESS the test fails when the page no longer matches.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -785,7 +785,7 @@ fn hf_fixtures(dir: &Path) {
     variant("hf-relu", &weights, &edited("activation_function", "relu".into()));
 }
 
-/// The message as the README shows it: what depends on this machine (its cores) or on the
+/// The message as docs/bad-inputs.md shows it: what depends on this machine (its cores) or on the
 /// fixture run (the checkpoint's size, which holds the run's time) is named, not printed.
 fn machine_independent(msg: &str, checkpoint_bytes: usize) -> String {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -824,13 +824,13 @@ fn every_bad_input_is_one_line_and_exit_2() {
     check_readme(&table);
 }
 
-/// The README's section between the markers must be `table` (BLESS=1 writes it).
+/// docs/bad-inputs.md's section between the markers must be `table` (BLESS=1 writes it).
 fn check_readme(table: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bad-inputs.md");
     let readme = std::fs::read_to_string(&path).unwrap();
     let (begin, end) = ("<!-- bad-inputs: begin -->\n", "<!-- bad-inputs: end -->");
     let (Some(a), Some(b)) = (readme.find(begin), readme.find(end)) else {
-        panic!("README.md has no {begin:?} ... {end:?} section");
+        panic!("docs/bad-inputs.md has no {begin:?} ... {end:?} section");
     };
     let current = &readme[a + begin.len()..b];
     if std::env::var_os("BLESS").is_some() {
@@ -839,7 +839,7 @@ fn check_readme(table: &str) {
     } else {
         assert_eq!(
             current, table,
-            "README.md's bad-input table is out of date: run BLESS=1 cargo test -p stage0_serial --test bad_inputs"
+            "docs/bad-inputs.md's table is out of date: run BLESS=1 cargo test -p stage0_serial --test bad_inputs"
         );
     }
 }

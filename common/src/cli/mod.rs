@@ -396,7 +396,7 @@ pub struct TrainArgs {
     /// Write every step's batch to FILE, in the order trained on (raw little-endian int32: per
     /// step the inputs, B×T, then the targets), and at the end FILE.json: the shape, the
     /// optimiser's settings and every step's loss, learning rate and gradient norm. For
-    /// training another implementation on the same data (stage2_cuda/gpu/pytorch_train_compare.py).
+    /// training another implementation on the same data (gpu/py/pytorch_train_compare.py).
     /// One process only.
     #[arg(long, value_name = "FILE")]
     pub dump_batches: Option<PathBuf>,
@@ -575,7 +575,7 @@ pub struct GenerateArgs {
     pub no_kv_cache: bool,
     /// Write the logits of every position of the prompt (one forward pass over it, the real
     /// vocabulary's columns) to FILE as JSON, {"prompt": TEXT, "tokens": [...], "logits": [[...], ...]}, and
-    /// generate nothing: for comparing with another implementation (stage2_cuda/gpu/hf_check.py).
+    /// generate nothing: for comparing with another implementation (gpu/py/hf_check.py).
     #[arg(long, value_name = "FILE")]
     pub dump_logits: Option<PathBuf>,
     #[command(flatten)]

@@ -1,6 +1,6 @@
 //! `train --dump-batches FILE`: every step's batch, in the order the steps trained on them,
 //! and every step's loss, learning rate and gradient norm, so that another implementation
-//! can train the same model on the same data and compare (stage2_cuda/gpu/pytorch_train_compare.py).
+//! can train the same model on the same data and compare (gpu/py/pytorch_train_compare.py).
 //!
 //! `FILE` holds raw little-endian `i32` token ids, step after step: the step's inputs, B×T
 //! row-major, then its targets, B×T. `FILE.json` (written at the end of the run, or where it

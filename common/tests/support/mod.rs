@@ -8,8 +8,8 @@ static GPU: Mutex<()> = Mutex::new(());
 /// `--test-threads` says. Every backend of a process shares the device's primary CUDA context,
 /// and a test that synchronises it (opening a backend does: cudarc synchronises the context as
 /// it makes the first stream of a context handle) while another test's stream is being captured
-/// into a CUDA graph fails, and invalidates that capture: cuda_mlp with 8 test threads failed
-/// 5 runs of 112 that way (results/runs/gpu-8877c39). A training process queues all its device
+/// into a CUDA graph fails, and invalidates that capture (cuda_mlp with 8 test threads failed
+/// now and then that way). A training process queues all its device
 /// work and records its graphs on one thread. A test that failed leaves the lock poisoned; the
 /// next takes it all the same.
 pub fn one_at_a_time() -> MutexGuard<'static, ()> {
