@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
-use crate::comm::{agree, leave_together, on_root, Comm};
+use crate::comm::{agree, check_same_everywhere, leave_together, on_root, Comm};
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions, Stop};
 use crate::model::Gpt2;
@@ -250,7 +250,11 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
         }),
         Command::Mnist(args) => {
             let be = (stage.backend)(&args.device, comm)?;
-            crate::mnist::run(&be, comm, &args)
+            // The same flags and binary on every rank (the thread count aside).
+            let mut same_everywhere = args.clone();
+            same_everywhere.device.threads = None;
+            check_same_everywhere(comm, &format!("mnist {same_everywhere:?}"))?;
+            crate::mnist::run(&be, comm, &args.settings()?)
         }
         Command::Report(args) => on_root(comm, || {
             let path = crate::report::report(&args.runs, &args.out)?;

@@ -11,12 +11,12 @@ mod support;
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{CudaBackend, MlpTiles};
 use common::backend::{Backend, DeviceBuffer, Precision};
-use common::cli::OptimizerFlag;
 use common::comm::Single;
 use common::mnist::data::Dataset;
 use common::mnist::fused::FusedStep;
 use common::mnist::synthetic;
 use common::mnist::train::{mnist_config, MlpTrainer};
+use common::mnist::OptimizerKind;
 use common::optim::Optimizer;
 
 const WIDTHS: [usize; 5] = [784, 128, 128, 128, 10];
@@ -51,7 +51,7 @@ fn read<B: Backend>(be: &B, buf: &B::Buffer<f32>) -> Vec<f32> {
 fn run<B: Backend>(be: &B, set: &Dataset, fused: Option<bool>) -> Run {
     let steps = (set.len() / BATCH) as u64;
     let config = mnist_config(0.05, EPOCHS * steps, 0.0);
-    let mut t = MlpTrainer::new(be, &Single, &WIDTHS, OptimizerFlag::Sgd, config, 0.9, SEED).unwrap();
+    let mut t = MlpTrainer::new(be, &Single, &WIDTHS, OptimizerKind::Sgd, config, 0.9, SEED).unwrap();
     let mut order = Vec::new();
     let all = 0..EPOCHS * steps;
     let (stats, _) = match fused {

@@ -12,6 +12,7 @@ pub use checks::{
 
 use crate::backend::Precision;
 use crate::grad_sync::SyncMode;
+use crate::mnist::{BenchSettings, OptimizerKind, RunSettings};
 use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
     at_least_one, at_least_one_u64, bench_steps, bench_warmup, fraction_f32, kernel_tokens, mass_f32, message_mb,
@@ -521,6 +522,53 @@ impl MnistArgs {
                 crate::bail_input!("--momentum applies to --optimizer sgd only (AdamW's betas are fixed)")
             }
             (_, m) => Ok(m.unwrap_or(0.9)),
+        }
+    }
+
+    /// The run these flags ask for, defaults filled in; `--momentum` with AdamW is refused
+    /// (on every rank: the flags are the same everywhere).
+    pub fn settings(&self) -> crate::Result<RunSettings> {
+        let momentum = self.momentum().map_err(crate::Error::on_every_rank)?;
+        // clap makes sure all four files or none are given.
+        let files = match (
+            &self.train_images,
+            &self.train_labels,
+            &self.test_images,
+            &self.test_labels,
+        ) {
+            (Some(a), Some(b), Some(c), Some(d)) => Some([a.clone(), b.clone(), c.clone(), d.clone()]),
+            _ => None,
+        };
+        let bench = self.bench.then(|| BenchSettings {
+            sweep: self.sweep,
+            warmup: self.warmup.unwrap_or(200),
+            steps: self.steps.unwrap_or(5000),
+        });
+        Ok(RunSettings {
+            files,
+            synthetic: self.synthetic,
+            out: self.out.clone(),
+            resume: self.resume.clone(),
+            stop_after: self.stop_after,
+            hidden: self.hidden.clone(),
+            epochs: self.epochs,
+            batch: self.batch,
+            optimizer: self.optimizer.into(),
+            lr: self.lr(),
+            momentum,
+            weight_decay: self.weight_decay,
+            seed: self.seed,
+            trace: self.trace,
+            bench,
+        })
+    }
+}
+
+impl From<OptimizerFlag> for OptimizerKind {
+    fn from(flag: OptimizerFlag) -> Self {
+        match flag {
+            OptimizerFlag::Sgd => OptimizerKind::Sgd,
+            OptimizerFlag::Adamw => OptimizerKind::AdamW,
         }
     }
 }

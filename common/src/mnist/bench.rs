@@ -6,8 +6,8 @@
 use super::data::Dataset;
 use super::fused::FusedStep;
 use super::train::{check_batch, fused_path, load_sets, mnist_config, replay_on, widths, MlpTrainer};
+use super::{BenchSettings, RunSettings};
 use crate::backend::Backend;
-use crate::cli::MnistArgs;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use std::time::Instant;
@@ -43,15 +43,14 @@ pub struct MlpBenchRow {
     pub final_loss: f32,
 }
 
-/// `mnist --bench` (and `--sweep`).
-pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()> {
-    let momentum = args.momentum().map_err(Error::on_every_rank)?;
-    let train = match args.train_images.is_some() || args.synthetic {
-        true => load_sets(comm, args)?.0,
+/// `mnist --bench` (and `--sweep`): `timed`'s steps of `asked`'s MLP.
+pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, asked: &RunSettings, timed: &BenchSettings) -> Result<()> {
+    let train = match asked.files.is_some() || asked.synthetic {
+        true => load_sets(comm, asked)?.0,
         false => super::train::synthetic_sets().0,
     };
     let world = comm.size();
-    if args.sweep && SWEEP_BATCHES.iter().any(|b| !b.is_multiple_of(world)) {
+    if timed.sweep && SWEEP_BATCHES.iter().any(|b| !b.is_multiple_of(world)) {
         // The sweep's batches are fixed: only the rank count can change.
         let fit = crate::comm::ranks_dividing(&SWEEP_BATCHES);
         return Err(Error::Input(format!(
@@ -59,15 +58,15 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         ))
         .on_every_rank());
     }
-    let shapes: Vec<(usize, Vec<usize>)> = match args.sweep {
+    let shapes: Vec<(usize, Vec<usize>)> = match timed.sweep {
         true => SWEEP_BATCHES
             .iter()
             .flat_map(|&b| SWEEP_WIDTHS.iter().map(move |&w| (b, vec![w; SWEEP_LAYERS])))
             .collect(),
-        false => vec![(args.batch, args.hidden.clone())],
+        false => vec![(asked.batch, asked.hidden.clone())],
     };
     for (batch, hidden) in shapes {
-        let row = time_shape(be, comm, args, &train, batch, &hidden, momentum)?;
+        let row = time_shape(be, comm, (asked, timed), &train, batch, &hidden)?;
         if comm.is_root() {
             eprintln!(
                 "{} | {} | MLP {:?} batch {} | {:.1} us/step, {:.0} steps/s, {:.0} samples/s | loss {:.4}",
@@ -86,31 +85,30 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
     Ok(())
 }
 
-/// `--warmup` untimed steps, then `--steps` timed ones of one shape, from a fresh model.
+/// `timed.warmup` untimed steps, then `timed.steps` timed ones of one shape, from a fresh model.
 fn time_shape<B: Backend>(
     be: &B,
     comm: &dyn Comm,
-    args: &MnistArgs,
+    (asked, timed): (&RunSettings, &BenchSettings),
     train: &Dataset,
     batch: usize,
     hidden: &[usize],
-    momentum: f32,
 ) -> Result<MlpBenchRow> {
     check_batch(train, batch, comm.size())?;
-    let (warmup, steps) = (args.warmup.unwrap_or(200), args.steps.unwrap_or(5000));
-    let config = mnist_config(args.lr(), warmup + steps, args.weight_decay);
+    let (warmup, steps) = (timed.warmup, timed.steps);
+    let config = mnist_config(asked.lr, warmup + steps, asked.weight_decay);
     let widths = widths(train, hidden)?;
-    let mut trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
+    let mut trainer = MlpTrainer::new(be, comm, &widths, asked.optimizer, config, asked.momentum, asked.seed)?;
     let steps_per_epoch = train.len() / batch;
     let replay = replay_on();
-    let mut fused = match fused_path(comm, args.optimizer) {
+    let mut fused = match fused_path(comm, asked.optimizer) {
         true => Some(FusedStep::new(be, &trainer.mlp, train, batch, steps_per_epoch, replay)?),
         false => None,
     };
     let mut order = Vec::new();
     let mut run = |range: std::ops::Range<u64>| match fused.as_mut() {
-        Some(f) => trainer.run_fused(f, train, range, args.seed, &mut order, || ()),
-        None => trainer.run_generic(train, batch, range, args.seed, &mut order, |_| ()),
+        Some(f) => trainer.run_fused(f, train, range, asked.seed, &mut order, || ()),
+        None => trainer.run_generic(train, batch, range, asked.seed, &mut order, |_| ()),
     };
     run(0..warmup)?;
     be.synchronize()?;

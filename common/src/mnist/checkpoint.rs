@@ -18,7 +18,7 @@
 //! ```
 
 use super::data::Dataset;
-use crate::cli::{MnistArgs, OptimizerFlag};
+use super::{OptimizerKind, RunSettings};
 use crate::error::{io_err, Error, Result};
 use crate::report::log::LogState;
 use serde::{Deserialize, Serialize};
@@ -55,17 +55,17 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The settings of a run of `args` on these sets with these layer widths.
-    pub fn of(args: &MnistArgs, widths: &[usize], momentum: f32, train: &Dataset, test: &Dataset) -> Settings {
+    /// The settings of a run of `run` on these sets with these layer widths.
+    pub fn of(run: &RunSettings, widths: &[usize], train: &Dataset, test: &Dataset) -> Settings {
         Settings {
             widths: widths.to_vec(),
-            optimizer: optimizer_name(args.optimizer).into(),
-            lr: args.lr(),
-            momentum: (args.optimizer == OptimizerFlag::Sgd).then_some(momentum),
-            weight_decay: args.weight_decay,
-            seed: args.seed,
-            batch: args.batch,
-            epochs: args.epochs,
+            optimizer: run.optimizer.name().into(),
+            lr: run.lr,
+            momentum: (run.optimizer == OptimizerKind::Sgd).then_some(run.momentum),
+            weight_decay: run.weight_decay,
+            seed: run.seed,
+            batch: run.batch,
+            epochs: run.epochs,
             train_set: fingerprint(train),
             test_set: fingerprint(test),
         }
@@ -96,13 +96,6 @@ impl Settings {
             "adamw" => Some(2),
             _ => None,
         }
-    }
-}
-
-pub fn optimizer_name(flag: OptimizerFlag) -> &'static str {
-    match flag {
-        OptimizerFlag::Sgd => "sgd",
-        OptimizerFlag::Adamw => "adamw",
     }
 }
 

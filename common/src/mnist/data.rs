@@ -3,7 +3,6 @@
 //! rank, and the batches an epoch cuts from them.
 
 use super::idx::{self, Images};
-use crate::cli::MnistArgs;
 use crate::comm::{from_root, Comm};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -32,15 +31,10 @@ pub struct Files {
 }
 
 impl Files {
-    /// The flags' files (clap makes sure all four or none are given), or else the Debian
-    /// package's.
-    pub fn from_args(args: &MnistArgs) -> Files {
-        if let (Some(a), Some(b), Some(c), Some(d)) = (
-            &args.train_images,
-            &args.train_labels,
-            &args.test_images,
-            &args.test_labels,
-        ) {
+    /// The files `given` (training images and labels, test images and labels), or else the
+    /// Debian package's.
+    pub fn new(given: Option<&[PathBuf; 4]>) -> Files {
+        if let Some([a, b, c, d]) = given {
             return Files {
                 train: (a.clone(), b.clone()),
                 test: (c.clone(), d.clone()),

@@ -413,10 +413,10 @@ unsafe fn issue_step<B: Backend>(be: &B, p: &Plan) -> Result<()> {
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
-    use crate::cli::OptimizerFlag;
     use crate::comm::Single;
     use crate::mnist::synthetic;
     use crate::mnist::train::MlpTrainer;
+    use crate::mnist::OptimizerKind;
     use crate::optim::Optimizer;
 
     fn sgd<'t, B: Backend>(t: &'t MlpTrainer<'_, B>) -> &'t Sgd<B> {
@@ -453,7 +453,7 @@ mod tests {
                 eps: 1e-8,
                 grad_clip: 0.0,
             };
-            let make = || MlpTrainer::new(&be, &Single, &widths, OptimizerFlag::Sgd, config, 0.9, 7).unwrap();
+            let make = || MlpTrainer::new(&be, &Single, &widths, OptimizerKind::Sgd, config, 0.9, 7).unwrap();
             let (mut generic, fast) = (make(), make());
             let mut fused = FusedStep::new(&be, &fast.mlp, &set, rows, steps, true).unwrap();
             let (mut order, mut pixels, mut labels) = (Vec::new(), Vec::new(), Vec::new());
@@ -500,7 +500,7 @@ mod tests {
             eps: 1e-8,
             grad_clip: 0.0,
         };
-        let t = MlpTrainer::new(&be, &Single, &[36, 8, 10], OptimizerFlag::Sgd, config, 0.9, 1).unwrap();
+        let t = MlpTrainer::new(&be, &Single, &[36, 8, 10], OptimizerKind::Sgd, config, 0.9, 1).unwrap();
         let n = t.mlp.num_params();
         let mut params = read(&be, &t.mlp.params);
         params[n - 1] = f32::INFINITY; // a bias of the logits

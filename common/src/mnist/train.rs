@@ -14,9 +14,9 @@ use super::data::{self, Dataset, Files, CLASSES};
 use super::fused::FusedStep;
 use super::mlp::Mlp;
 use super::synthetic;
+use super::{OptimizerKind, RunSettings};
 use crate::autograd::{Graph, Pool};
 use crate::backend::Backend;
-use crate::cli::{MnistArgs, OptimizerFlag};
 use crate::comm::{agree, from_root, Comm};
 use crate::error::{Error, Result};
 use crate::grad_sync::{GradSync, SyncMode};
@@ -81,7 +81,7 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
         be: &'a B,
         comm: &'a dyn Comm,
         widths: &[usize],
-        optimizer: OptimizerFlag,
+        optimizer: OptimizerKind,
         config: OptimConfig,
         momentum: f32,
         seed: u64,
@@ -90,8 +90,8 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
         mlp.init_weights(be, seed)?;
         let (n, segments) = (mlp.num_params(), mlp.decay_segments());
         let opt = match optimizer {
-            OptimizerFlag::Sgd => Optimizer::Sgd(Sgd::new(be, n, segments, config, momentum)?),
-            OptimizerFlag::Adamw => Optimizer::AdamW(AdamW::with_segments(be, n, segments, config)?),
+            OptimizerKind::Sgd => Optimizer::Sgd(Sgd::new(be, n, segments, config, momentum)?),
+            OptimizerKind::AdamW => Optimizer::AdamW(AdamW::with_segments(be, n, segments, config)?),
         };
         Ok(MlpTrainer {
             be,
@@ -309,9 +309,9 @@ fn not_finite(step: u64, stats: &StepStats) -> Error {
 
 /// Whether `mnist` runs [`FusedStep`]s: one rank and SGD (on any backend: on the CPU it
 /// computes the generic step's values bit for bit, faster), unless `GPT2_MNIST_FUSED=0`.
-pub fn fused_path(comm: &dyn Comm, optimizer: OptimizerFlag) -> bool {
+pub fn fused_path(comm: &dyn Comm, optimizer: OptimizerKind) -> bool {
     let off = std::env::var("GPT2_MNIST_FUSED").is_ok_and(|v| v == "0");
-    comm.size() == 1 && optimizer == OptimizerFlag::Sgd && !off
+    comm.size() == 1 && optimizer == OptimizerKind::Sgd && !off
 }
 
 /// Whether the fused step is recorded once and replayed (`GPT2_CUDA_GRAPH=0`: queued each
@@ -325,11 +325,11 @@ const SYNTHETIC_SEEDS: (u64, u64) = (0x5eed_7a1d, 0x5eed_7e57);
 
 /// The training and test sets: `--synthetic`'s made-up ones (60,000 and 10,000 images of
 /// 28 × 28, made by every rank alike), or the files' (read by rank 0, sent to all).
-pub fn load_sets(comm: &dyn Comm, args: &MnistArgs) -> Result<(Dataset, Dataset)> {
-    if args.synthetic {
+pub fn load_sets(comm: &dyn Comm, run: &RunSettings) -> Result<(Dataset, Dataset)> {
+    if run.synthetic {
         return Ok(synthetic_sets());
     }
-    data::load(comm, &Files::from_args(args))
+    data::load(comm, &Files::new(run.files.as_ref()))
 }
 
 /// `--synthetic`'s training and test sets.
@@ -350,29 +350,27 @@ fn argmax(row: &[f32]) -> usize {
 /// The `mnist` subcommand without `--bench`: trains, tests after each epoch, prints the table,
 /// and keeps `OUT/mlp.ckpt` (at a stop, at the end, and after an epoch once 30 s have passed
 /// since the last) for `--resume`.
-pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()> {
+pub fn train<B: Backend>(be: &B, comm: &dyn Comm, asked: &RunSettings) -> Result<()> {
     crate::stop::on_signals();
-    // The same flags everywhere: every rank refuses them together.
-    let momentum = args.momentum().map_err(Error::on_every_rank)?;
-    let (train, test) = load_sets(comm, args)?;
-    let (world, b) = (comm.size(), args.batch);
+    let (train, test) = load_sets(comm, asked)?;
+    let (world, b) = (comm.size(), asked.batch);
     check_batch(&train, b, world)?;
     let steps_per_epoch = (train.len() / b) as u64;
-    let Some(total_steps) = args.epochs.checked_mul(steps_per_epoch) else {
+    let Some(total_steps) = asked.epochs.checked_mul(steps_per_epoch) else {
         let e = Error::Input(format!(
             "--epochs {} of {steps_per_epoch} steps each is too many steps",
-            args.epochs
+            asked.epochs
         ));
         return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
     };
-    let config = mnist_config(args.lr(), total_steps, args.weight_decay);
-    let widths = widths(&train, &args.hidden)?;
-    let settings = Settings::of(args, &widths, momentum, &train, &test);
-    let resumed = match &args.resume {
-        Some(path) => Some(resume_from(comm, path, &settings, total_steps, args.stop_after)?),
+    let config = mnist_config(asked.lr, total_steps, asked.weight_decay);
+    let widths = widths(&train, &asked.hidden)?;
+    let settings = Settings::of(asked, &widths, &train, &test);
+    let resumed = match &asked.resume {
+        Some(path) => Some(resume_from(comm, path, &settings, total_steps, asked.stop_after)?),
         None => None,
     };
-    let trainer = MlpTrainer::new(be, comm, &widths, args.optimizer, config, momentum, args.seed)?;
+    let trainer = MlpTrainer::new(be, comm, &widths, asked.optimizer, config, asked.momentum, asked.seed)?;
     let (start, log_state) = match &resumed {
         Some(ck) => {
             trainer.restore(&ck.params, &ck.state)?;
@@ -380,7 +378,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         }
         None => (0, LogState::default()),
     };
-    let fused = match fused_path(comm, args.optimizer) {
+    let fused = match fused_path(comm, asked.optimizer) {
         true => Some(FusedStep::new(
             be,
             &trainer.mlp,
@@ -394,18 +392,18 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
 
     let root = comm.is_root();
     let open_log = || {
-        if args.resume.is_none() {
-            set_aside_earlier_run(&args.out, &RUN_FILES)?;
+        if asked.resume.is_none() {
+            set_aside_earlier_run(&asked.out, &RUN_FILES)?;
         }
         LossLog::open_table(
-            &args.out,
+            &asked.out,
             EpochRow::HEADER,
-            args.resume.is_some().then_some(log_state.rows),
+            asked.resume.is_some().then_some(log_state.rows),
         )
     };
     let log = agree(comm, root.then(open_log).transpose())?;
-    let trace = match root && args.trace {
-        true => Some(Trace::open(be, &args.out, args, &trainer, &train, b, steps_per_epoch)?),
+    let trace = match root && asked.trace {
+        true => Some(Trace::open(be, asked, &trainer, &train, b, steps_per_epoch)?),
         false => None,
     };
     if root {
@@ -416,16 +414,16 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
             (None, _) => "",
         };
         crate::say!(
-            "{} | MLP {} ({} params) | {:?} lr {} | batch {b} over {world} rank(s) | {} training, {} test images | {steps_per_epoch} steps/epoch, {total_steps} steps{how}",
+            "{} | MLP {} ({} params) | {} lr {} | batch {b} over {world} rank(s) | {} training, {} test images | {steps_per_epoch} steps/epoch, {total_steps} steps{how}",
             be.name(),
             shape.join("→"),
             trainer.mlp.num_params(),
-            args.optimizer,
+            asked.optimizer.shown(),
             config.lr,
             train.len(),
             test.len(),
         );
-        if let Some(path) = &args.resume {
+        if let Some(path) = &asked.resume {
             crate::say!("resuming {} at step {start} of {total_steps}", path.display());
         }
         crate::say!("{}", EpochRow::HEADER.replace('\t', "  "));
@@ -437,9 +435,9 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         trace,
         train: &train,
         test: &test,
-        seed: args.seed,
+        seed: asked.seed,
         steps_per_epoch,
-        ckpt: args.out.join(checkpoint::FILE),
+        ckpt: asked.out.join(checkpoint::FILE),
         meta: Meta {
             settings,
             step: start,
@@ -451,7 +449,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
         order: Vec::new(),
         last: None,
     };
-    let end = args.stop_after.map_or(total_steps, |s| s.min(total_steps));
+    let end = asked.stop_after.map_or(total_steps, |s| s.min(total_steps));
     while run.meta.step < end {
         if run.epoch(end)? == Ended::Stopped {
             let how = run.saved_how();
@@ -467,7 +465,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &MnistArgs) -> Result<()
             100.0 * row.test_accuracy,
             row.epoch,
             row.elapsed_s,
-            args.out.join("loss.tsv").display()
+            asked.out.join("loss.tsv").display()
         );
     }
     if root && end < total_steps {
@@ -726,8 +724,7 @@ impl Trace {
     /// Writes the settings, the initial parameters and, for made-up data, the training set.
     fn open<B: Backend>(
         be: &B,
-        out: &std::path::Path,
-        args: &MnistArgs,
+        asked: &RunSettings,
         trainer: &MlpTrainer<'_, B>,
         train: &Dataset,
         batch: usize,
@@ -735,7 +732,7 @@ impl Trace {
     ) -> Result<Self> {
         use crate::error::io_err;
         use std::io::Write;
-        let dir = out.join("trace");
+        let dir = asked.out.join("trace");
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let mut params = vec![0.0f32; trainer.mlp.num_params()];
         be.read(&trainer.mlp.params, 0, &mut params)?;
@@ -743,23 +740,22 @@ impl Trace {
         // earlier files or these); order.i32 and steps.tsv grow by whole epochs.
         let replace = |name: &str, bytes: &[u8]| crate::atomic_file::write(&dir.join(name), |f| f.write_all(bytes));
         replace("init.f32", bytemuck::cast_slice::<f32, u8>(&params))?;
-        let (lr, momentum) = (args.lr(), args.momentum()?);
         let settings = serde_json::json!({
             "widths": trainer.mlp.widths,
             "batch": batch,
             "steps_per_epoch": steps_per_epoch,
-            "epochs": args.epochs,
-            "optimizer": format!("{:?}", args.optimizer).to_lowercase(),
-            "lr": lr,
-            "momentum": momentum,
-            "weight_decay": args.weight_decay,
-            "seed": args.seed,
-            "synthetic": args.synthetic,
+            "epochs": asked.epochs,
+            "optimizer": asked.optimizer.name(),
+            "lr": asked.lr,
+            "momentum": asked.momentum,
+            "weight_decay": asked.weight_decay,
+            "seed": asked.seed,
+            "synthetic": asked.synthetic,
             "device": be.name(),
             "layout": "per layer: weight (out, in) row-major, then bias (out); f32 little-endian",
         });
         replace("settings.json", format!("{settings:#}\n").as_bytes())?;
-        if args.synthetic {
+        if asked.synthetic {
             synthetic::write_idx(train, &dir.join("train-images.idx"), &dir.join("train-labels.idx"))?;
         }
         let create = |name: &str| {
