@@ -16,30 +16,22 @@
 //!         4N        v       f32 (AdamW second moment)
 //!         8         u64 xxHash64 (seed 0) of every byte above
 //! ```
+//!
+//! The layout is the one the MLP's checkpoints have too: [`envelope`] writes and reads it.
 
-use crate::atomic_file;
+pub mod envelope;
+
 use crate::backend::{Snapshot, SnapshotTimes};
-use crate::error::{io_err, Error, Result};
+use crate::error::{Error, Result};
 use crate::model::params::{ParamEntry, ParamSpec, Scope, PARAMS};
 use crate::model::{ModelConfig, ParamLayout};
+use envelope::{first_non_finite, GPT2};
 use serde::{Deserialize, Serialize};
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
-use xxhash_rust::xxh64::Xxh64;
 
-// The arrays are written as the machine's own bytes (no per-element conversion), which is
-// the little-endian layout the format promises only on little-endian machines.
-#[cfg(not(target_endian = "little"))]
-compile_error!("the checkpoint format stores f32 arrays as raw little-endian bytes");
-
-pub const MAGIC: [u8; 8] = *b"GPT2RSCK";
-/// Version 1 (FNV-1a checksum) is refused: its checksum missed paired bit flips.
-pub const FORMAT_VERSION: u32 = 2;
-/// Magic, version, reserved and meta length.
-const HEADER_LEN: u64 = 24;
-/// Large enough that the big arrays are read in few system calls.
-const IO_BUF: usize = 1 << 20;
+pub const MAGIC: [u8; 8] = GPT2.magic;
+/// The one format version this build writes and reads (see [`envelope::GPT2`]).
+pub const FORMAT_VERSION: u32 = GPT2.version;
 
 /// Everything but the three big arrays. Serialized as JSON inside the file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -128,7 +120,7 @@ fn save_timed(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: 
             wrong.join(", ")
         );
     }
-    if let Some(bad) = first_non_finite([params, m, v]) {
+    if let Some(bad) = first_non_finite(named([params, m, v])) {
         return Err(Error::Training(format!(
             "{shown}: not saving a checkpoint that holds {bad}: the model has diverged"
         )));
@@ -139,39 +131,8 @@ fn save_timed(path: &Path, meta: &CheckpointMeta, params: &[f32], m: &[f32], v: 
     };
     let json = serde_json::to_vec(&header)
         .map_err(|e| Error::Input(format!("{shown}: cannot encode checkpoint metadata: {e}")))?;
-    let synced = write_envelope(path, (MAGIC, FORMAT_VERSION), &json, n, &[params, m, v])?;
+    let synced = envelope::write(path, &GPT2, &json, n, &[params, m, v])?;
     Ok(synced.as_secs_f64())
-}
-
-/// Writes, atomically, the layout this file's checkpoints and the MLP's share: `magic`, the
-/// format `version`, a reserved word, the metadata's length and its `json`, the value count
-/// `n`, the `arrays` (n f32 each), and an xxHash64 of all of it. Returns the syncs' time.
-pub(crate) fn write_envelope(
-    path: &Path,
-    (magic, version): ([u8; 8], u32),
-    json: &[u8],
-    n: usize,
-    arrays: &[&[f32]],
-) -> Result<std::time::Duration> {
-    atomic_file::write_timed(path, |file| {
-        let mut out = HashingWriter {
-            inner: file,
-            sum: Xxh64::new(0),
-        };
-        let mut header = Vec::with_capacity(HEADER_LEN as usize);
-        header.extend_from_slice(&magic);
-        header.extend_from_slice(&version.to_le_bytes());
-        header.extend_from_slice(&0u32.to_le_bytes());
-        header.extend_from_slice(&(json.len() as u64).to_le_bytes());
-        out.put(&header)?;
-        out.put(json)?;
-        out.put(&(n as u64).to_le_bytes())?;
-        for array in arrays {
-            out.put(bytemuck::cast_slice(array))?;
-        }
-        let sum = out.sum.digest();
-        out.inner.write_all(&sum.to_le_bytes())
-    })
 }
 
 /// A checkpoint's training state on its way to the file: parameters, m and v.
@@ -429,31 +390,12 @@ impl Drop for BackgroundWriter {
 
 /// Read a whole checkpoint, validating header, metadata, config, sizes and checksum.
 pub fn load(path: &Path) -> Result<Checkpoint> {
-    let mut head = read_head(path)?;
-    let n = head.n;
-    let mut arrays = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
-    for array in &mut arrays {
-        head.input.take(bytemuck::cast_slice_mut(array)).map_err(io_err(path))?;
-    }
-    let computed = head.input.sum.digest();
-    let mut stored = [0u8; 8];
-    head.input.inner.read_exact(&mut stored).map_err(io_err(path))?;
-    let stored = u64::from_le_bytes(stored);
-    if stored != computed {
-        crate::bail_input!(
-            "{}: checkpoint is corrupt (its checksum does not match its contents)",
-            path.display()
-        );
-    }
-    let [params, m, v] = arrays;
-    if let Some(bad) = first_non_finite([&params, &m, &v]) {
-        crate::bail_input!(
-            "{}: checkpoint holds {bad}: refusing to load a diverged model",
-            path.display()
-        );
-    }
+    let (mut stream, n) = read_head(path)?;
+    let [mut params, mut m, mut v] = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
+    stream.read_arrays(&mut [&mut params, &mut m, &mut v], path)?;
+    envelope::check_finite(named([&params, &m, &v]), path)?;
     Ok(Checkpoint {
-        meta: head.meta,
+        meta: stream.meta.meta,
         params,
         m,
         v,
@@ -463,15 +405,12 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
 /// Read only the header and metadata (cheap: the arrays are neither read nor checksummed),
 /// e.g. to build the model before loading. Sizes are still checked against the file length.
 pub fn load_meta(path: &Path) -> Result<CheckpointMeta> {
-    Ok(read_head(path)?.meta)
+    Ok(read_head(path)?.0.meta.meta)
 }
 
-/// The first non-finite value of the three arrays, described ("params[7] = NaN").
-fn first_non_finite(arrays: [&[f32]; 3]) -> Option<String> {
-    ["params", "m", "v"].into_iter().zip(arrays).find_map(|(name, a)| {
-        let i = a.iter().position(|x| !x.is_finite())?;
-        Some(format!("{name}[{i}] = {}", a[i]))
-    })
+/// The three arrays with their names, for errors.
+fn named<'a>(arrays: [&'a [f32]; 3]) -> impl Iterator<Item = (&'a str, &'a [f32])> {
+    ["params", "m", "v"].into_iter().zip(arrays)
 }
 
 /// Return an Input error naming every field where the checkpoint disagrees with the model
@@ -495,15 +434,10 @@ pub fn check_compatible(meta: &CheckpointMeta, config: &ModelConfig, tokenizer: 
     Ok(())
 }
 
-/// A checkpoint whose header and metadata have been read and validated; `input` is
-/// positioned at the start of the arrays.
-struct Head {
-    meta: CheckpointMeta,
-    n: usize,
-    input: HashingReader,
-}
-
-fn read_head(path: &Path) -> Result<Head> {
+/// Opens a checkpoint and reads its header and metadata, validated against this build's
+/// parameter table and the file's length; the stream is positioned at the start of the
+/// arrays, of the returned count of values each.
+fn read_head(path: &Path) -> Result<(envelope::Stream<HeaderIn>, usize)> {
     let shown = path.display();
     if path.is_dir() {
         crate::bail_input!(
@@ -511,65 +445,8 @@ fn read_head(path: &Path) -> Result<Head> {
              makes one of it)"
         );
     }
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            crate::bail_input!("{shown}: no such checkpoint file")
-        }
-        Err(e) => return Err(io_err(path)(e)),
-    };
-    let file_len = file.metadata().map_err(io_err(path))?.len();
-    let mut input = HashingReader {
-        inner: BufReader::with_capacity(IO_BUF, file),
-        sum: Xxh64::new(0),
-    };
-    let truncated_min = |expected: u64| {
-        Error::Input(format!(
-            "{shown}: checkpoint is truncated (expected at least {expected} bytes, found {file_len})"
-        ))
-    };
-
-    // Judge magic and version on whatever is there, so a short foreign file is called foreign.
-    let mut header = [0u8; HEADER_LEN as usize];
-    let got = file_len.min(HEADER_LEN) as usize;
-    input.take(&mut header[..got]).map_err(io_err(path))?;
-    let magic = &header[..got.min(8)];
-    if magic == crate::mnist::checkpoint::MAGIC {
-        crate::bail_input!("{shown}: an MLP checkpoint (`mnist` writes it), not a GPT-2 one");
-    }
-    if magic != &MAGIC[..magic.len()] {
-        crate::bail_input!(
-            "{shown}: not a checkpoint (expected magic \"{}\", found \"{}\")",
-            MAGIC.escape_ascii(),
-            magic.escape_ascii()
-        );
-    }
-    if got >= 12 {
-        let version = u32::from_le_bytes(header[8..12].try_into().unwrap());
-        if version != FORMAT_VERSION {
-            crate::bail_input!(
-                "{shown}: unsupported checkpoint format version {version} (this build reads version {FORMAT_VERSION})"
-            );
-        }
-    }
-    if got < HEADER_LEN as usize {
-        return Err(truncated_min(HEADER_LEN));
-    }
-    let meta_len = u64::from_le_bytes(header[16..24].try_into().unwrap());
-    // Meta plus the parameter count must fit before anything is allocated from meta_len.
-    let arrays_at = HEADER_LEN.saturating_add(meta_len).saturating_add(8);
-    if arrays_at > file_len {
-        return Err(truncated_min(arrays_at));
-    }
-
-    let mut json = vec![0u8; meta_len as usize];
-    input.take(&mut json).map_err(io_err(path))?;
-    let mut count = [0u8; 8];
-    input.take(&mut count).map_err(io_err(path))?;
-    let stored_n = u64::from_le_bytes(count);
-
-    let HeaderIn { meta, tensors } = serde_json::from_slice(&json)
-        .map_err(|e| Error::Input(format!("{shown}: checkpoint metadata is invalid: {e}")))?;
+    let stream = envelope::open::<HeaderIn>(path, &GPT2)?;
+    let HeaderIn { meta, tensors } = &stream.meta;
     meta.config
         .validate()
         .map_err(|e| Error::Input(format!("{shown}: checkpoint model config is invalid: {e}")))?;
@@ -589,11 +466,11 @@ fn read_head(path: &Path) -> Result<Head> {
             "{shown}: checkpoint's tensors differ from this build's parameter table: it has {have:?} where this build has {want:?}"
         );
     }
-    let n = layout.total;
+    let (n, stored_n, file_len) = (layout.total, stream.count, stream.file_len);
     if stored_n != n as u64 {
         crate::bail_input!("{shown}: checkpoint holds {stored_n} parameters but its model config needs {n}");
     }
-    let expected = arrays_at + 3 * 4 * n as u64 + 8;
+    let expected = stream.arrays_at + 3 * 4 * n as u64 + 8;
     if file_len < expected {
         crate::bail_input!("{shown}: checkpoint is truncated (expected {expected} bytes, found {file_len})");
     }
@@ -603,31 +480,5 @@ fn read_head(path: &Path) -> Result<Head> {
             file_len - expected
         );
     }
-    Ok(Head { meta, n, input })
-}
-
-struct HashingWriter<'a> {
-    inner: &'a mut BufWriter<File>,
-    sum: Xxh64,
-}
-
-impl HashingWriter<'_> {
-    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.inner.write_all(bytes)?;
-        self.sum.update(bytes);
-        Ok(())
-    }
-}
-
-struct HashingReader {
-    inner: BufReader<File>,
-    sum: Xxh64,
-}
-
-impl HashingReader {
-    fn take(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read_exact(buf)?;
-        self.sum.update(buf);
-        Ok(())
-    }
+    Ok((stream, n))
 }

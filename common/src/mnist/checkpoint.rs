@@ -16,24 +16,22 @@
 //!         4N × k    the optimiser's state, f32: SGD's velocity (k = 1), AdamW's m and v (k = 2)
 //!         8         u64 xxHash64 (seed 0) of every byte above
 //! ```
+//!
+//! The layout is the one GPT-2's checkpoints have too: [`envelope`] writes and reads it.
 
 use super::data::Dataset;
 use super::{OptimizerKind, RunSettings};
+use crate::checkpoint::envelope::{self, MLP};
 use crate::error::{io_err, Error, Result};
 use crate::report::log::LogState;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-use xxhash_rust::xxh64::{xxh64, Xxh64};
+use xxhash_rust::xxh64::Xxh64;
 
-#[cfg(not(target_endian = "little"))]
-compile_error!("the MLP checkpoint format stores f32 arrays as raw little-endian bytes");
-
-pub const MAGIC: [u8; 8] = *b"GPT2MLPK";
-pub const FORMAT_VERSION: u32 = 1;
+pub const MAGIC: [u8; 8] = MLP.magic;
+pub const FORMAT_VERSION: u32 = MLP.version;
 /// The checkpoint's name in a run's `--out`.
 pub const FILE: &str = "mlp.ckpt";
-/// Magic, version, reserved and meta length.
-const HEADER_LEN: usize = 24;
 
 /// What fixes a run's values: a run resumes only with the same (each shown as its flag).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -136,12 +134,12 @@ pub struct MlpCheckpoint {
 }
 
 /// Writes a checkpoint atomically (a crash leaves the old file or the new one), in the layout
-/// GPT-2's checkpoints have (`checkpoint::write_envelope`).
+/// GPT-2's checkpoints have ([`envelope::write`]).
 pub fn save(path: &Path, meta: &Meta, params: &[f32], state: &[&[f32]]) -> Result<()> {
     let json = serde_json::to_vec(meta)
         .map_err(|e| Error::Input(format!("{}: cannot encode checkpoint metadata: {e}", path.display())))?;
     let arrays: Vec<&[f32]> = std::iter::once(params).chain(state.iter().copied()).collect();
-    crate::checkpoint::write_envelope(path, (MAGIC, FORMAT_VERSION), &json, params.len(), &arrays).map(|_| ())
+    envelope::write(path, &MLP, &json, params.len(), &arrays).map(|_| ())
 }
 
 /// Reads a checkpoint's bytes (see [`parse`]): a regular file (a FIFO or a device would block
@@ -164,44 +162,7 @@ pub fn read(path: &Path) -> Result<Vec<u8>> {
 pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
     let shown = path.display();
     let bad = |why: String| Error::Input(format!("{shown}: {why}"));
-    let magic = &bytes[..bytes.len().min(8)];
-    if magic != &MAGIC[..magic.len()] {
-        let what = match magic == crate::checkpoint::MAGIC {
-            true => "a GPT-2 checkpoint (`train` writes it), not an MLP one".to_string(),
-            false => format!("not an MLP checkpoint (expected magic \"{}\")", MAGIC.escape_ascii()),
-        };
-        return Err(bad(what));
-    }
-    if bytes.len() >= 12 {
-        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-        if version != FORMAT_VERSION {
-            return Err(bad(format!(
-                "unsupported MLP checkpoint format version {version} (this build reads version {FORMAT_VERSION})"
-            )));
-        }
-    }
-    let truncated = |at_least: u64| {
-        bad(format!(
-            "checkpoint is truncated (expected at least {at_least} bytes, found {})",
-            bytes.len()
-        ))
-    };
-    if bytes.len() < HEADER_LEN + 8 + 8 {
-        return Err(truncated(HEADER_LEN as u64 + 16));
-    }
-    let (body, stored) = bytes.split_at(bytes.len() - 8);
-    if xxh64(body, 0) != u64::from_le_bytes(stored.try_into().unwrap()) {
-        return Err(bad(
-            "checkpoint is corrupt (its checksum does not match its contents)".into()
-        ));
-    }
-    let meta_len = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
-    let arrays_at = (HEADER_LEN as u64).saturating_add(meta_len).saturating_add(8);
-    if arrays_at > body.len() as u64 {
-        return Err(truncated(arrays_at.saturating_add(8)));
-    }
-    let json = &body[HEADER_LEN..HEADER_LEN + meta_len as usize];
-    let meta: Meta = serde_json::from_slice(json).map_err(|e| bad(format!("checkpoint metadata is invalid: {e}")))?;
+    let envelope::Parts { meta, count, arrays } = envelope::parse::<Meta>(bytes, &MLP, path)?;
     let s = &meta.settings;
     let Some(k) = s.state_arrays() else {
         return Err(bad(format!(
@@ -233,20 +194,18 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
             s.widths
         )));
     };
-    let at = arrays_at as usize;
-    let stored_n = u64::from_le_bytes(body[at - 8..at].try_into().unwrap());
-    if stored_n != n as u64 {
+    if count != n as u64 {
         return Err(bad(format!(
-            "checkpoint holds {stored_n} parameters but its widths {:?} need {n}",
+            "checkpoint holds {count} parameters but its widths {:?} need {n}",
             s.widths
         )));
     }
     let needed = n.checked_mul(4 * (1 + k));
-    if needed != Some(body.len() - at) {
+    if needed != Some(arrays.len()) {
         let needed = needed.map_or("more".to_string(), |b| b.to_string());
         return Err(bad(format!(
             "checkpoint holds {} bytes of arrays where its settings need {needed} ({n} parameters, {} array(s))",
-            body.len() - at,
+            arrays.len(),
             1 + k
         )));
     }
@@ -254,22 +213,12 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<MlpCheckpoint> {
         return Err(bad(format!("cannot resume: {why}")));
     }
     // n > 0 (the widths are positive), and the arrays fill the rest exactly (checked above).
-    let mut arrays: Vec<Vec<f32>> = body[at..]
-        .chunks_exact(4 * n)
-        .map(bytemuck::pod_collect_to_vec)
-        .collect();
+    let mut arrays: Vec<Vec<f32>> = arrays.chunks_exact(4 * n).map(bytemuck::pod_collect_to_vec).collect();
     let names = match k {
         1 => ["params", "velocity", ""],
         _ => ["params", "m", "v"],
     };
-    for (name, a) in names.iter().zip(&arrays) {
-        if let Some(i) = a.iter().position(|x| !x.is_finite()) {
-            return Err(bad(format!(
-                "checkpoint holds {name}[{i}] = {}: refusing to load a diverged model",
-                a[i]
-            )));
-        }
-    }
+    envelope::check_finite(names.into_iter().zip(arrays.iter().map(Vec::as_slice)), path)?;
     let params = arrays.remove(0);
     Ok(MlpCheckpoint {
         meta,
@@ -307,6 +256,7 @@ pub fn check_same_run(saved: &Settings, asked: &Settings) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xxhash_rust::xxh64::xxh64;
 
     /// A valid file: widths 3 → 2, SGD (one state array), 4 steps done.
     fn valid() -> Vec<u8> {
