@@ -332,7 +332,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         // first), `inp` the residual stream, `y` the branch: fused, one pass that writes the
         // sum and its layernorm, and in backward the dinp kernel writing the add's second
         // input gradient (`copy`) too; unfused, `add` then `layernorm_forward`, and
-        // `layernorm_backward` then a zero fill and `accumulate_act` (the model's ops before).
+        // `layernorm_backward` then a zero fill and `accumulate_act` (the separate ops).
         // Floors: forward reads inp and y and writes the sum and the output; backward reads
         // the sum's gradient, dout and the sum and writes the sum's gradient and the copy.
         let (y, sum, copy) = (m.act(r * c, 1.0)?, m.act(r * c, 1.0)?, m.act(r * c, 1.0)?);
@@ -430,10 +430,11 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
     }
 
     // The backward of GPT-2's four products with a bias (qkv, attention projection, fc,
-    // fcproj) at B·T = 16K (on a GPU): fused, the bias gradient in the weight gradient's product where
-    // the backend does so (CUDA: cuBLASLt's BGRADB epilogue, dout read once); unfused, the
-    // same products without it and the bias gradient as a pass of its own over dout. FLOP:
-    // both products (dinp and dW); bytes: not the bound (the products are).
+    // fcproj) at B·T = 16K (on a GPU): "ours", `matmul_backward` with the bias gradient, as the
+    // model calls it; unfused, the same products without it, then `bias_backward`. Both
+    // backends sum the bias gradient in a pass of its own over dout after the products, so the
+    // two rows time the same work through one call or two. FLOP: both products (dinp and dW);
+    // bytes: not the bound (the products are).
     for (c_in, oc) in [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)] {
         let mut m = Arena::new(be);
         let (inp, w, dout, dinp) = (

@@ -1,7 +1,8 @@
 //! Causal self-attention with two batched GEMMs per direction (llm.c's fp32 CUDA path):
 //! permute qkv into q, k, v (B,NH,T,HS), att = softmax(q·kᵀ/√HS) kept in `saved`
 //! (B,NH,T,T), y = att·v, unpermute. Intermediates live in the backend's reused scratch.
-//! Kept beside the flash kernels (`flash.rs`) for comparison: GPT2_CUDA_ATTENTION=gemm.
+//! `GPT2_CUDA_ATTENTION=gemm` runs it instead of the flash kernels (`flash.rs`): in f32 only,
+//! an fp32 reference for them, and for head sizes past the flash kernels' largest.
 
 use super::blas::Gemm;
 use super::{args, blocks, CudaBackend, THREADS};

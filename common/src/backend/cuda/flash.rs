@@ -3,19 +3,14 @@
 //! into scratch, then dK/dV per key tile and dQ per query tile. Kernels exist for head sizes up
 //! to 128 (padded to 16/32/64/128); `fp32` uses the 3xTF32 split, `tf32` plain TF32.
 //!
-//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma m16n8k16); on
-//! Hopper, for head size 64 with 16-byte-aligned rows, `kernels/flash_wgmma.cuh` instead (the
-//! same schedule on warpgroup products that read their right operand, and in the forward q too,
-//! from shared memory: forward 0.186 -> 0.147 ms, backward 0.72 -> 0.58 ms at GPT-2's shape on
-//! an H100; NOTES.md 19-22; the backward since rewritten, 0.35 ms, and writing the model's dqkv
-//! instead of adding into a zeroed one: NOTES.md 24; session 9's copies without a loop, p·v into
-//! o itself and the forward's output through shared memory: forward 0.088 ms, backward 0.315 ms,
-//! NOTES.md 25). `GPT2_CUDA_ATTENTION=flash-mma` keeps the mma.sync kernels,
-//! `flash-tf32` runs the TF32 kernels on the bf16 operands (the first bf16 version); both for
-//! comparison.
+//! bf16: `kernels/flash_bf16.cuh`, bf16 tiles and bf16 tensor-core products (mma.sync
+//! m16n8k16); on Hopper, for head size 64 with 16-byte-aligned rows, `kernels/flash_wgmma.cuh`
+//! instead: the same schedule on warpgroup products (wgmma) that read their right operand, and
+//! in the forward q too, from shared memory, and a backward that writes the model's dqkv
+//! rather than adding into a zeroed one. `docs/kernels.md` describes both.
 
 use super::memory::device_err;
-use super::{args, blocks, AttentionPath, CudaBackend};
+use super::{args, blocks, CudaBackend};
 use crate::backend::Precision;
 use crate::backend::{Act, Backend as _, DevPtr};
 use crate::error::{Error, Result};
@@ -39,7 +34,7 @@ struct Variant {
 pub(super) const LARGEST_HEAD: usize = 128;
 
 /// `wgmma`: the Hopper kernels may run (an sm_90a build, head size 64, rows 16-byte aligned).
-fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) -> Result<Variant> {
+fn variant(hs: usize, precision: Precision, wgmma: bool) -> Result<Variant> {
     let d = match hs {
         1..=16 => 16,
         17..=32 => 32,
@@ -52,28 +47,23 @@ fn variant(hs: usize, precision: Precision, path: AttentionPath, wgmma: bool) ->
             )));
         }
     };
-    Ok(match (precision, path) {
-        (Precision::Bf16, AttentionPath::Flash) if wgmma && hs == 64 => Variant {
+    Ok(match precision {
+        Precision::Bf16 if wgmma && hs == 64 => Variant {
             suffix: "d64_wgmma".into(),
             vector: (8, 2),
             forward_rows: ROWS_PER_BLOCK,
         },
-        (Precision::Bf16, AttentionPath::Flash | AttentionPath::FlashMma) => Variant {
+        Precision::Bf16 => Variant {
             suffix: format!("d{d}_bf16"),
             vector: (8, 2),
             forward_rows: if d <= 64 { 128 } else { 64 },
         },
-        (Precision::Bf16, _) => Variant {
-            suffix: format!("d{d}_s1"),
-            vector: (4, 2),
-            forward_rows: ROWS_PER_BLOCK,
-        },
-        (Precision::Tf32, _) => Variant {
+        Precision::Tf32 => Variant {
             suffix: format!("d{d}_s1"),
             vector: (4, 4),
             forward_rows: ROWS_PER_BLOCK,
         },
-        (Precision::Fp32, _) => Variant {
+        Precision::Fp32 => Variant {
             suffix: format!("d{d}_s3"),
             vector: (4, 4),
             forward_rows: ROWS_PER_BLOCK,
@@ -88,33 +78,9 @@ fn vectorizable(hs: usize, ptrs: &[DevPtr<Act>], (n, bytes): (usize, usize)) -> 
     (hs.is_multiple_of(n) && ptrs.iter().all(|p| p.addr().is_multiple_of(width))) as usize
 }
 
-/// How the model's attention backward (qkv's first gradient) runs where the Hopper kernels do
-/// (bf16, head size 64), `GPT2_CUDA_ATTN_BWD`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HopperBackward {
-    /// `overwrite`, the default: the kernels write dqkv (`_wgmma_store`): no zero fill before,
-    /// no read of it.
-    Overwrite,
-    /// `accumulate`: zero fill, then the kernels adding into dqkv (`_wgmma`, what
-    /// `attention_backward` runs where it accumulates): the same bits, for comparison.
-    Accumulate,
-}
-
-impl HopperBackward {
-    pub(super) fn from_env() -> Result<Self> {
-        match std::env::var("GPT2_CUDA_ATTN_BWD").as_deref() {
-            Err(_) | Ok("") | Ok("overwrite") => Ok(Self::Overwrite),
-            Ok("accumulate") => Ok(Self::Accumulate),
-            Ok(other) => Err(Error::Input(format!(
-                "GPT2_CUDA_ATTN_BWD={other}: expected `overwrite` or `accumulate`"
-            ))),
-        }
-    }
-}
-
-/// Loop tiles in flight in the Hopper backward kernels: 2 (double buffering) measured
-/// faster than 3 (H100, T=1024: 0.350 against 0.439 ms a layer; the third stage's shared
-/// memory leaves room for fewer blocks a multiprocessor), so only 2 is built.
+/// Loop tiles in flight in the Hopper backward kernels: 2 (double buffering), which is faster
+/// than 3 on an H100 (the third stage's shared memory leaves room for fewer blocks a
+/// multiprocessor), so only 2 is built.
 const PIPE_STAGES: usize = 2;
 
 /// Dynamic shared memory of the Hopper backward kernels with `stages` tiles in flight: the
@@ -185,7 +151,7 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(hs, self.precision, self.attention, self.wgmma_fits(hs, &[qkv, out]))?;
+        let v = variant(hs, self.precision, self.wgmma_fits(hs, &[qkv, out]))?;
         let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
         let vec = vectorizable(hs, &[qkv], v.vector);
@@ -199,11 +165,10 @@ impl CudaBackend {
 
     /// delta = rowsum(dout·out), then dK/dV per key tile and dQ per query tile, added into
     /// dqkv, or with `overwrite` in place of what it held: written over it by the Hopper
-    /// kernels where they take the shape and `GPT2_CUDA_ATTN_BWD` is `overwrite`, otherwise
-    /// zero-filled first and added into. With `dbias` (only with `overwrite`), `dbias +=
-    /// Σ_rows dqkv`: from the Hopper kernels' tiles as they store them (partial sums a tile of
-    /// 64 positions, then those in order), or where they do not run or `GPT2_CUDA_ATTN_BIAS`
-    /// is `unfused`, by the column sums reading dqkv back.
+    /// kernels where they take the shape, otherwise zero-filled first and added into. With
+    /// `dbias` (only with `overwrite`), `dbias += Σ_rows dqkv`: from the Hopper kernels' tiles
+    /// as they store them (partial sums a tile of 64 positions, then those in order), or where
+    /// they do not run, by the column sums reading dqkv back.
     ///
     /// # Safety
     /// The contract of [`Backend::attention_backward`](crate::backend::Backend::attention_backward);
@@ -231,20 +196,15 @@ impl CudaBackend {
         if b * t == 0 {
             return Ok(());
         }
-        let v = variant(
-            hs,
-            self.precision,
-            self.attention,
-            self.wgmma_fits(hs, &[qkv, dout, dqkv]),
-        )?;
+        let v = variant(hs, self.precision, self.wgmma_fits(hs, &[qkv, dout, dqkv]))?;
         let hopper = v.suffix == "d64_wgmma";
-        let store = overwrite && hopper && self.hopper_backward == HopperBackward::Overwrite;
+        let store = overwrite && hopper;
         if overwrite && !store {
             self.zero_act(dqkv, b * t * 3 * c);
         }
         // The Hopper kernels' bias partials, a row of 3C a tile of 64 positions, after delta.
         let tiles = b * t.div_ceil(ROWS_PER_BLOCK);
-        let fused_bias = dbias.filter(|_| store && self.attention_bias_sums);
+        let fused_bias = dbias.filter(|_| store);
         let part_words = if fused_bias.is_some() { tiles * 3 * c } else { 0 };
         let delta_words = (b * nh * t).next_multiple_of(4);
         let delta = self.scratch(delta_words + part_words)?;

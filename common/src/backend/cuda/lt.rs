@@ -2,18 +2,12 @@
 //! forward products add their bias (one pass over the output instead of the GEMM's write plus
 //! a bias kernel's read and write), and the MLP's GELU is fused into its two products:
 //! forward `aux = A·B + bias, D = gelu(aux)` (GELU_AUX_BIAS: the pre-activation and the
-//! activation in one pass), backward `D = gelu'(aux) ⊙ A·B` (DGELU), with the first
-//! product's bias gradient, D's sums over B·T, written beside it (DGELU_BGRAD). The weight
-//! gradient's product also writes the bias gradient, the column sums of dout over the GEMM's
-//! k = B·T, while it reads dout anyway (BGRADB: dout is B in our layout). The MLP workload's hidden
-//! layers take their ReLU in the epilogue too (RELU_BIAS). A plan (descriptors and the
+//! activation in one pass), backward `D = gelu'(aux) ⊙ A·B` (DGELU). The MLP workload's
+//! hidden layers take their ReLU in the epilogue too (RELU_BIAS). A plan (descriptors and the
 //! heuristic's algorithm) is made once per epilogue, shape and alignment, then reused, so the
 //! algorithm is fixed. `Fp32` is CUBLAS_COMPUTE_32F (no TF32), `Tf32`
 //! CUBLAS_COMPUTE_32F_FAST_TF32. A, B, D, the bias and the auxiliary matrix have the
-//! activation type (the auxiliary matrix's type is left at its default, D's), except in the
-//! weight gradient's product: D (the f32 parameter gradient, accumulated with beta = 1) and
-//! the bias gradient are f32. DGELU_BGRAD's bias gradient has D's type (rounded once, in
-//! bf16, before it is added to the f32 gradient).
+//! activation type (the auxiliary matrix's type is left at its default, D's).
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::c_void;
@@ -41,13 +35,6 @@ enum Epilogue {
     GeluAux { bias: bool },
     /// D = gelu'(aux) ⊙ A·B, A as stored (the MLP's backward product into its hidden layer).
     DGelu,
-    /// DGelu, and bias = Σ over D's columns (its m-vector of row sums: the bias gradient of
-    /// the product whose output is aux, OVERWRITTEN), in D's type: with an f32 vector beside
-    /// a bf16 D, cuBLASLt 13 on an H100 had no algorithm (GPU test log, session 14).
-    DGeluBGrad,
-    /// D += A·op(B) with B transposed, and bias = Σ_k B (the bias gradient, OVERWRITTEN), A as
-    /// stored: the weight gradient's product, D and the bias in f32.
-    BGradB,
 }
 
 impl Epilogue {
@@ -58,59 +45,28 @@ impl Epilogue {
             Epilogue::GeluAux { bias: true } => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
             Epilogue::GeluAux { bias: false } => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX,
             Epilogue::DGelu => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DGELU,
-            Epilogue::DGeluBGrad => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DGELU_BGRAD,
-            Epilogue::BGradB => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BGRADB,
         }
     }
 
     /// The forward products read the weights (OC,C) row-major as the transpose of A.
     fn trans_a(self) -> bool {
-        !matches!(self, Epilogue::DGelu | Epilogue::DGeluBGrad | Epilogue::BGradB)
-    }
-
-    /// The weight gradient's product reads dout (BT,OC) row-major as the transpose of B.
-    fn trans_b(self) -> bool {
-        self == Epilogue::BGradB
+        self != Epilogue::DGelu
     }
 
     fn has_bias(self) -> bool {
         matches!(
             self,
-            Epilogue::Bias
-                | Epilogue::ReluBias
-                | Epilogue::GeluAux { bias: true }
-                | Epilogue::DGeluBGrad
-                | Epilogue::BGradB
+            Epilogue::Bias | Epilogue::ReluBias | Epilogue::GeluAux { bias: true }
         )
     }
 
     fn has_aux(self) -> bool {
-        matches!(self, Epilogue::GeluAux { .. } | Epilogue::DGelu | Epilogue::DGeluBGrad)
-    }
-
-    /// The epilogue writes a bias gradient (f32), a sum across the product's tiles: its
-    /// algorithm must not split k (`pick_without_split_k`).
-    fn sums_bias(self) -> bool {
-        matches!(self, Epilogue::DGeluBGrad | Epilogue::BGradB)
-    }
-
-    /// D (and C) and the bias in f32 rather than the activation type: the parameter gradient.
-    fn f32_output(self) -> bool {
-        self == Epilogue::BGradB
-    }
-
-    /// beta: the weight gradient accumulates into D (C = D); the others overwrite it.
-    fn beta(self) -> f32 {
-        if self == Epilogue::BGradB {
-            1.0
-        } else {
-            0.0
-        }
+        matches!(self, Epilogue::GeluAux { .. } | Epilogue::DGelu)
     }
 
     /// Whether a fallback to the separate kernels is said on stderr (once per key): where it
-    /// costs a kernel pass of its own (GELU, the bias gradient), not the forward bias or the
-    /// MLP workload's ReLU (a fallback there is seen in `plans`).
+    /// costs a kernel pass of its own (GELU), not the forward bias or the MLP workload's ReLU
+    /// (a fallback there is seen in `plans`).
     fn says_fallback(self) -> bool {
         !matches!(self, Epilogue::Bias | Epilogue::ReluBias)
     }
@@ -126,8 +82,7 @@ struct PlanKey {
     align: [u32; 5], // A, B, D, bias, aux, in bytes (256 for an operand the epilogue lacks)
 }
 
-/// One product's device operands: D (m,n) = op(A) (m,k) · op(B) (k,n), column-major. Only
-/// the addresses count here; D and the bias are f32 under BGRADB (`Epilogue::f32_output`).
+/// One product's device operands: D (m,n) = op(A) (m,k) · B (k,n), column-major.
 struct Operands {
     a: DevPtr<Act>,
     b: DevPtr<Act>,
@@ -143,8 +98,6 @@ struct Plan {
     b: lt_sys::cublasLtMatrixLayout_t,
     d: lt_sys::cublasLtMatrixLayout_t,
     algo: cublasLtMatmulAlgo_t,
-    /// What was chosen, for tests and notes (`LtMatmul::algorithms`).
-    chosen: String,
 }
 
 // SAFETY: the descriptors are plain host objects, only used under the backend's plan lock.
@@ -275,21 +228,17 @@ impl LtMatmul {
     }
 
     /// The MLP's backward product into its hidden layer, row-major: dpre (BT,C) =
-    /// gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C)), overwriting dpre (DGELU); with `dbias`, also
-    /// dbias (C) = Σ_rows dpre, OVERWRITTEN, in the activation type (DGELU_BGRAD): the bias
-    /// gradient of the product whose output is pre. Column-major: dpreᵀ (C,BT) = w as stored
-    /// (C,OC) · doutᵀ (OC,BT), pre laid out as dpre, dbias dpreᵀ's row sums over the GEMM's
-    /// n = BT. False (having queued nothing) when the epilogue cannot run here; the caller
-    /// falls back.
+    /// gelu'(pre) ⊙ (dout (BT,OC) · w (OC,C)), overwriting dpre (DGELU). Column-major:
+    /// dpreᵀ (C,BT) = w as stored (C,OC) · doutᵀ (OC,BT), pre laid out as dpre. False (having
+    /// queued nothing) when the epilogue cannot run here; the caller falls back.
     ///
     /// # Safety
-    /// `dpre`, `pre`: BT·C, `dout`: BT·OC, `w`: OC·C, `dbias`: C elements of device memory.
+    /// `dpre`, `pre`: BT·C, `dout`: BT·OC, `w`: OC·C elements of device memory.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul_dgelu(
         &self,
         stream: CUstream,
         dpre: DevPtr<Act>,
-        dbias: Option<DevPtr<Act>>,
         dout: DevPtr<Act>,
         w: DevPtr<Act>,
         pre: DevPtr<Act>,
@@ -297,50 +246,14 @@ impl LtMatmul {
         c: usize,
         oc: usize,
     ) -> Result<bool> {
-        let epilogue = if dbias.is_some() {
-            Epilogue::DGeluBGrad
-        } else {
-            Epilogue::DGelu
-        };
         let ops = Operands {
             a: w,
             b: dout,
             d: dpre,
-            bias: dbias,
+            bias: None,
             aux: Some(pre),
         };
-        self.run(stream, epilogue, (c, bt, oc), ops)
-    }
-
-    /// The weight gradient's product with the bias gradient in its epilogue, row-major:
-    /// dw (OC,C) += doutᵀ (OC,BT) · inp (BT,C) (f32, beta = 1) and dbias (OC) = Σ_rows dout,
-    /// OVERWRITTEN (f32; BGRADB). Column-major: dwᵀ (C,OC) += inp as stored (C,BT) ·
-    /// op(doutᵀ (OC,BT)) with op = transpose, so dout is B and the reduction runs over the
-    /// GEMM's k = BT. False (having queued nothing) when the epilogue cannot run here; the
-    /// caller falls back.
-    ///
-    /// # Safety
-    /// `dw`: OC·C, `dbias`: OC f32s; `dout`: BT·OC, `inp`: BT·C elements of device memory.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn matmul_bgrad(
-        &self,
-        stream: CUstream,
-        dw: DevPtr,
-        dbias: DevPtr,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) -> Result<bool> {
-        let ops = Operands {
-            a: inp,
-            b: dout,
-            d: dw.cast(),
-            bias: Some(dbias.cast()),
-            aux: None,
-        };
-        self.run(stream, Epilogue::BGradB, (c, oc, bt), ops)
+        self.run(stream, Epilogue::DGelu, (c, bt, oc), ops)
     }
 
     /// Every plan made so far: its epilogue and (m, n, k), and whether the heuristic found
@@ -352,23 +265,6 @@ impl LtMatmul {
                 .collect()
         });
         plans.unwrap_or_default()
-    }
-
-    /// One line per plan with an algorithm: its epilogue, (m, n, k) and the algorithm's
-    /// configuration (id, tile, split-K, reduction scheme), for the test logs and the notes.
-    pub(super) fn algorithms(&self) -> Vec<String> {
-        let lines = self.plans.lock().map(|p| {
-            p.iter()
-                .filter_map(|(key, plan)| {
-                    let plan = plan.as_ref()?;
-                    Some(format!(
-                        "{:?} {}x{}x{}: {}",
-                        key.epilogue, key.m, key.n, key.k, plan.chosen
-                    ))
-                })
-                .collect()
-        });
-        lines.unwrap_or_default()
     }
 
     /// Queues D = epilogue(op(A) · B) for (m, n, k), by the plan for its key (made on first
@@ -406,34 +302,14 @@ impl LtMatmul {
         // The epilogue reads the bias in 16-byte pieces; the auxiliary matrix's leading
         // dimension (m) must be a multiple of 8 (cuBLASLt's rule) and we ask 16-byte alignment
         // of it as of the bias.
-        let mut fits = key.align[3] >= 16 && key.align[4] >= 16 && (!epilogue.has_aux() || m.is_multiple_of(8));
-        if epilogue == Epilogue::BGradB {
-            // The bias gradient is fused only where every operand and every column is 16-byte
-            // aligned: elsewhere cuBLASLt has only its narrow-load kernels left, slower than
-            // cuBLAS's product beside our float4 column sums (the unfused path).
-            let act = self.act.bytes();
-            fits &= key.align[..3].iter().all(|&a| a >= 16)
-                && (m * act).is_multiple_of(16)
-                && (n * act).is_multiple_of(16)
-                && (m * 4).is_multiple_of(16);
+        let fits = key.align[3] >= 16 && key.align[4] >= 16 && (!epilogue.has_aux() || m.is_multiple_of(8));
+        if !fits {
+            return Ok(false);
         }
         let mut plans = self
             .plans
             .lock()
             .map_err(|_| Error::Device("cuBLASLt plan lock poisoned".into()))?;
-        if !fits {
-            if epilogue == Epilogue::BGradB {
-                // Recorded (without an algorithm) and said once, as a key the heuristic refused.
-                if let Entry::Vacant(e) = plans.entry(key) {
-                    eprintln!(
-                        "cuBLASLt's {epilogue:?} epilogue needs 16-byte aligned operands and columns ({m}x{n}x{k}, {:?}): the bias gradient runs unfused there",
-                        self.act
-                    );
-                    e.insert(None);
-                }
-            }
-            return Ok(false);
-        }
         let plan = match plans.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => e.insert(self.make_plan(&key, &ops)?),
@@ -441,7 +317,7 @@ impl LtMatmul {
         let Some(plan) = plan.as_ref() else {
             return Ok(false);
         };
-        let (alpha, beta) = (1.0f32, epilogue.beta());
+        let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the plan's descriptors are live; pointers are device addresses sized by the
         // caller for these shapes; the workspace is ours and outlives the call.
         unsafe {
@@ -476,17 +352,13 @@ impl LtMatmul {
 
     /// Descriptors and the heuristic's first algorithm for `key`, or None when it has none.
     /// The bias and a GELU epilogue's auxiliary matrix are set before the heuristic runs:
-    /// cuBLASLt reads their alignment from the pointers. For the bias gradient (BGRADB) the
-    /// heuristic's first algorithm WITHOUT split-K is taken (`pick_without_split_k`), as for
-    /// DGELU_BGRAD's.
+    /// cuBLASLt reads their alignment from the pointers.
     fn make_plan(&self, key: &PlanKey, ops: &Operands) -> Result<Option<Plan>> {
         let f32_t = cudaDataType::CUDA_R_32F;
         let elem_t = match self.act {
             ActType::F32 => f32_t,
             ActType::Bf16 => cudaDataType::CUDA_R_16BF,
         };
-        // D (and C) in f32 for the parameter gradient, else the activation type.
-        let out_t = if key.epilogue.f32_output() { f32_t } else { elem_t };
         // Scale type f32 (alpha, beta).
         let desc = lt::create_matmul_desc(self.compute, f32_t).map_err(lt_err("matmul descriptor"))?;
         let layout = |t: cudaDataType, rows: usize, cols: usize, ld: usize| {
@@ -499,25 +371,19 @@ impl LtMatmul {
             b: std::ptr::null_mut(),
             d: std::ptr::null_mut(),
             algo: cublasLtMatmulAlgo_t { data: [0; 8] },
-            chosen: String::new(),
         };
         let (m, n, k) = (key.m, key.n, key.k);
         plan.a = if key.epilogue.trans_a() {
             // w (OC,C) row-major is column-major (C, OC) = (k, m), transposed by the op.
             layout(elem_t, k, m, k)?
         } else {
-            // w (OC,C) (or BGRADB's inp (BT,C)) row-major is column-major (m, k), as stored.
+            // w (OC,C) row-major is column-major (m, k), as stored.
             layout(elem_t, m, k, m)?
         };
-        plan.b = if key.epilogue.trans_b() {
-            // dout (BT,OC) row-major is column-major (OC, BT) = (n, k), transposed by the op.
-            layout(elem_t, n, k, n)?
-        } else {
-            layout(elem_t, k, n, k)?
-        };
-        plan.d = layout(out_t, m, n, m)?;
+        plan.b = layout(elem_t, k, n, k)?;
+        plan.d = layout(elem_t, m, n, m)?;
         let trans_a: i32 = key.epilogue.trans_a() as i32; // CUBLAS_OP_T or CUBLAS_OP_N
-        let trans_b: i32 = key.epilogue.trans_b() as i32;
+        let trans_b: i32 = 0; // CUBLAS_OP_N
         let epilogue = key.epilogue.value();
         let aux_ld = m as i64;
         // SAFETY: live descriptors; each attribute gets a value of its documented type.
@@ -536,17 +402,6 @@ impl LtMatmul {
                 std::mem::size_of::<cublasLtEpilogue_t>(),
             )
             .map_err(lt_err("epilogue"))?;
-            if key.epilogue.f32_output() {
-                // The bias gradient's type said outright (its default is D's, also f32).
-                let bias_t = f32_t;
-                lt::set_matmul_desc_attribute(
-                    plan.desc,
-                    Attr::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                    &bias_t as *const cudaDataType as *const c_void,
-                    std::mem::size_of::<cudaDataType>(),
-                )
-                .map_err(lt_err("bias data type"))?;
-            }
             if let Some(bias) = ops.bias {
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)?;
             }
@@ -575,127 +430,25 @@ impl LtMatmul {
             }
             let found = if !ok {
                 None
-            } else if key.epilogue.sums_bias() {
-                self.pick_without_split_k(&plan, pref)
             } else {
                 lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref)
                     .ok()
-                    .map(|h| (h.algo, describe(&h.algo)))
+                    .map(|h| h.algo)
             };
             let _ = lt::destroy_matmul_pref(pref);
             if found.is_none() && key.epilogue.says_fallback() {
-                // Said once per key: the step then runs that part in its own kernels, more slowly.
-                let what = match key.epilogue {
-                    Epilogue::BGradB => "the bias gradient",
-                    Epilogue::DGeluBGrad => "the hidden layer's bias gradient",
-                    _ => "GELU",
-                };
+                // Said once per key: the step then runs GELU in its own kernels, more slowly.
                 eprintln!(
-                    "cuBLASLt has no algorithm for the {:?} epilogue at {}x{}x{} ({:?}): {what} runs unfused there",
+                    "cuBLASLt has no algorithm for the {:?} epilogue at {}x{}x{} ({:?}): GELU runs unfused there",
                     key.epilogue, m, n, k, self.act
                 );
             }
-            Ok(found.map(|(algo, chosen)| {
+            Ok(found.map(|algo| {
                 plan.algo = algo;
-                plan.chosen = chosen;
                 plan
             }))
         }
     }
-
-    /// The bias gradient's algorithm: the heuristic's first (fastest by its estimate) among
-    /// up to `CANDIDATES` that does not split k. A split-K algorithm reduces partial products
-    /// of k-slices, and then the k-sum of the bias gradient too; cuBLASLt documents its
-    /// schemes for D (in place with ordering counters, or through the workspace) but not how
-    /// the epilogue's vector is combined, so none is taken: the bias gradient must be
-    /// deterministic (issue 10, item 5). DGELU_BGRAD's sum runs over n, across the output's
-    /// tiles, a combination cuBLASLt does not document either: the GPU tests ask the same
-    /// bits of repeated calls. The choice records the heuristic's own first pick, so a device
-    /// run shows whether split-K was passed over.
-    ///
-    /// # Safety
-    /// `plan`'s descriptors and `pref` are live.
-    unsafe fn pick_without_split_k(
-        &self,
-        plan: &Plan,
-        pref: lt_sys::cublasLtMatmulPreference_t,
-    ) -> Option<(cublasLtMatmulAlgo_t, String)> {
-        const CANDIDATES: usize = 16;
-        // SAFETY: zeroed heuristic results are plain data, overwritten by cuBLASLt.
-        let mut results: [lt_sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] = unsafe { std::mem::zeroed() };
-        let mut count = 0i32;
-        // SAFETY: live descriptors; `results` holds CANDIDATES entries.
-        let status = unsafe {
-            lt_sys::cublasLtMatmulAlgoGetHeuristic(
-                self.handle,
-                plan.desc,
-                plan.a,
-                plan.b,
-                plan.d,
-                plan.d,
-                pref,
-                CANDIDATES as i32,
-                results.as_mut_ptr(),
-                &mut count,
-            )
-        };
-        if status != lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || count <= 0 {
-            return None;
-        }
-        let results = &results[..(count as usize).min(CANDIDATES)];
-        let usable = |r: &&lt_sys::cublasLtMatmulHeuristicResult_t| {
-            r.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= self.workspace_bytes
-        };
-        let first = results.iter().find(usable)?;
-        let Some(pick) = results.iter().filter(usable).find(|r| split_k(&r.algo) <= 1) else {
-            eprintln!(
-                "cuBLASLt: all {} candidate algorithms split k (the first: {})",
-                results.len(),
-                describe(&first.algo)
-            );
-            return None;
-        };
-        let mut chosen = describe(&pick.algo);
-        if first.algo.data != pick.algo.data {
-            chosen.push_str(&format!(" (the heuristic's first: {})", describe(&first.algo)));
-        }
-        chosen.push_str(&format!(", {} candidates", results.len()));
-        Some((pick.algo, chosen))
-    }
-}
-
-/// An algorithm configuration attribute (all four read here are 4 bytes); 0 when unreadable.
-fn algo_config(algo: &cublasLtMatmulAlgo_t, attr: lt_sys::cublasLtMatmulAlgoConfigAttributes_t) -> u32 {
-    let (mut value, mut written) = (0u32, 0usize);
-    // SAFETY: `algo` is an initialised algorithm; the buffer is 4 bytes.
-    let status = unsafe {
-        lt_sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &mut value as *mut u32 as *mut c_void, 4, &mut written)
-    };
-    if status == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        value
-    } else {
-        0
-    }
-}
-
-/// The number of k-slices an algorithm splits the product into (1: none).
-fn split_k(algo: &cublasLtMatmulAlgo_t) -> u32 {
-    algo_config(
-        algo,
-        lt_sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-    )
-}
-
-/// "algo 66 tile 20 split-K 1 reduction 0": what the notes and test logs quote.
-fn describe(algo: &cublasLtMatmulAlgo_t) -> String {
-    use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as C;
-    format!(
-        "algo {} tile {} split-K {} reduction {}",
-        algo_config(algo, C::CUBLASLT_ALGO_CONFIG_ID),
-        algo_config(algo, C::CUBLASLT_ALGO_CONFIG_TILE_ID),
-        split_k(algo),
-        algo_config(algo, C::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-    )
 }
 
 use cublasLtMatmulDescAttributes_t as Attr;

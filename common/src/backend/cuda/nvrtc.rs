@@ -54,8 +54,9 @@ const FLASH_FILES: [(usize, &str); 4] = [
     (128, "flash_d128.cu"),
 ];
 
-/// The templates and their instances for head size `d`: TF32 split 1 (`tf32`, and `bf16`'s
-/// `flash-tf32`) and, for f32 operands, 3 (`fp32`); for bf16 operands the bf16 kernels too.
+/// The templates and their instances for head size `d`: for f32 operands the TF32 kernels,
+/// split 1 (`tf32`) and 3 (`fp32`); for bf16 operands the bf16 kernels (which share the TF32
+/// templates' helpers), and at head size 64 Hopper's.
 fn flash_source(d: usize, act: ActType) -> String {
     let mut src = format!("{FLASH_TEMPLATES}\n");
     if act == ActType::Bf16 {
@@ -98,20 +99,18 @@ fn flash_source(d: usize, act: ActType) -> String {
             }
         }
     }
-    src += &format!("// Instances for head sizes padded to {d}.\n");
-    let splits: &[usize] = match act {
-        ActType::F32 => &[1, 3],
-        ActType::Bf16 => &[1],
-    };
-    for &split in splits {
-        for (kernel, params, args) in [
-            ("flash_forward", "FWD_PARAMS", "FWD_ARGS"),
-            ("flash_backward_dkdv", "BWD_PARAMS", "BWD_ARGS"),
-            ("flash_backward_dq", "BWD_PARAMS", "BWD_ARGS"),
-        ] {
-            src += &format!(
-                "extern \"C\" __global__ void {kernel}_d{d}_s{split}({params}) {{ {kernel}<{d}, {split}>({args}); }}\n"
-            );
+    if act == ActType::F32 {
+        src += &format!("// Instances for head sizes padded to {d}.\n");
+        for split in [1, 3] {
+            for (kernel, params, args) in [
+                ("flash_forward", "FWD_PARAMS", "FWD_ARGS"),
+                ("flash_backward_dkdv", "BWD_PARAMS", "BWD_ARGS"),
+                ("flash_backward_dq", "BWD_PARAMS", "BWD_ARGS"),
+            ] {
+                src += &format!(
+                    "extern \"C\" __global__ void {kernel}_d{d}_s{split}({params}) {{ {kernel}<{d}, {split}>({args}); }}\n"
+                );
+            }
         }
     }
     src

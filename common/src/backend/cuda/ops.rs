@@ -7,7 +7,7 @@ use super::blas::Gemm;
 use super::memory::device_err;
 use super::Arg;
 use super::Recording;
-use super::{args, blocks, AttentionPath, CudaBackend, CudaBuffer, ResidualPath, MAX_REDUCE_BLOCKS, THREADS};
+use super::{args, blocks, mlp_tiled, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
 use crate::backend::{
     bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Overwrite, Precision, SgdHyper,
     Snapshot,
@@ -35,7 +35,7 @@ const WTE_CHUNK: usize = 32;
 const LN_FUSED_ROWS: usize = 64;
 
 /// The one-pass layernorm backward (`layernorm_backward_fused_k{K}_kernel`: dinp and the
-/// parameter sums' partials from one read of dout and inp, NOTES.md 27): its K, the float4
+/// parameter sums' partials from one read of dout and inp): its K, the float4
 /// columns a lane holds (instances for C up to 768, 1024, 1280, 1664), where C and the rows
 /// allow 4-element loads; `None` leaves the two-pass kernels.
 fn fused_layernorm_width(c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> Option<usize> {
@@ -126,24 +126,18 @@ impl CudaBackend {
         c: usize,
     ) {
         let copy = copy.unwrap_or_default(); // null: no copy
-        let one_pass = self
-            .one_pass_layernorm
-            .then(|| fused_layernorm_width(c, &[dinp, copy, dout, inp, w], self.act()));
-        // dinp's column sums in the one-pass kernel (`layernorm_bias_sums`), else a pass after.
-        let mut dinp_sums_left = dinp_sums;
-        if let Some(k) = one_pass.flatten() {
+        if let Some(k) = fused_layernorm_width(c, &[dinp, copy, dout, inp, w], self.act()) {
             // One pass: dinp and the blocks' partial parameter sums (and dinp's own), then the
             // sums in order.
             let chunks = bt.div_ceil(LN_FUSED_ROWS);
-            let fused_sums = dinp_sums.filter(|_| self.layernorm_bias_sums);
-            let outs: &[DevPtr] = match fused_sums {
+            let outs: &[DevPtr] = match dinp_sums {
                 Some(sums) => &[dw, db, sums],
                 None => &[dw, db],
             };
             match self.scratch(outs.len() * chunks * c) {
                 Ok(dw_part) => {
                     let (db_part, sums_part) = (dw_part.add(chunks * c), dw_part.add(2 * chunks * c));
-                    let (name, sums_part) = match fused_sums {
+                    let (name, sums_part) = match dinp_sums {
                         Some(_) => (format!("layernorm_backward_fused_k{k}_sum_kernel"), sums_part),
                         None => (format!("layernorm_backward_fused_k{k}_kernel"), DevPtr::default()),
                     };
@@ -168,11 +162,8 @@ impl CudaBackend {
                         ],
                     );
                     self.finish_column_sums(outs, dw_part, chunks, c);
-                    if fused_sums.is_some() {
-                        dinp_sums_left = None;
-                    }
                 }
-                Err(e) => return self.fail(e),
+                Err(e) => self.fail(e),
             }
         } else {
             let grid = blocks(bt, ROWS_PER_BLOCK);
@@ -205,10 +196,10 @@ impl CudaBackend {
                 }
                 Err(e) => return self.fail(e),
             }
-        }
-        if let Some(sums) = dinp_sums_left {
-            // A pass of its own over the new dinp, as the product's backward would have run it.
-            self.column_sums(sums, dinp, bt, c);
+            if let Some(sums) = dinp_sums {
+                // A pass of its own over the new dinp, the column sums a product's backward runs.
+                self.column_sums(sums, dinp, bt, c);
+            }
         }
     }
 
@@ -224,9 +215,9 @@ impl CudaBackend {
 
     /// `matmul_backward` with dinp's product as `(dinp, beta)` and dw's as `(dw, beta)`: beta 1
     /// accumulates, 0 overwrites; `None` leaves dinp to the caller (the DGELU epilogue computed
-    /// it). The bias gradient comes from the weight gradient's product (BGRADB) on
-    /// `BiasGradPath::Fused` where cuBLASLt can run it, else from `column_sums` after cuBLAS's
-    /// product.
+    /// it). The bias gradient comes from `column_sums` after cuBLAS's product. (cuBLASLt's
+    /// BGRADB epilogue, which sums dout in the weight gradient's product, is slower on an H100:
+    /// its algorithms without split-K, which a deterministic sum needs, are slower products.)
     ///
     /// # Safety
     /// As `matmul_backward`.
@@ -245,25 +236,6 @@ impl CudaBackend {
     ) {
         if let Some((dinp, beta)) = dinp {
             self.input_grad_gemm(dinp, beta, dout, w, bt, c, oc);
-        }
-        if let (Some(dbias), Some(lt)) = (dbias, self.bias_grad_epilogue()) {
-            // dw += doutᵀ · inp with Σ_rows dout in the product's epilogue, into an OC-word
-            // scratch (the epilogue overwrites; gradients accumulate), then dbias += scratch.
-            // The scratch is live only between these two launches, inside this op.
-            let fused = self.fused_epilogue(|| {
-                let part = self.scratch(oc)?;
-                if dw_beta == 0.0 {
-                    self.zero(dw, oc * c); // the epilogue's product accumulates (beta 1)
-                }
-                let queued = lt.matmul_bgrad(self.stream(), dw, part, dout, inp, bt, c, oc)?;
-                if queued {
-                    self.accumulate(dbias, part, oc);
-                }
-                Ok(queued)
-            });
-            if fused {
-                return;
-            } // else the epilogue cannot run here: cuBLAS, then the column sums
         }
         // dw (OC,C) (+)= doutᵀ (OC,BT) · inp (BT,C), into the f32 parameter gradient.
         self.weight_grad_gemm(dw, dw_beta, dout, inp, bt, c, oc);
@@ -624,8 +596,7 @@ impl Backend for CudaBackend {
         let bt = b * t;
         // In chunks (no serial chain as long as a token's run) where rows of C allow 8-element
         // loads; otherwise one thread a (run, column).
-        let chunked = self.chunked_wte
-            && c.is_multiple_of(8)
+        let chunked = c.is_multiple_of(8)
             && dout.addr().is_multiple_of(8 * self.act().bytes() as u64)
             && dwte.addr().is_multiple_of(32);
         let chunks = bt.div_ceil(WTE_CHUNK);
@@ -711,16 +682,8 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
-        // An overwritten gradient is the product's with beta 0, neither zeroed nor read
-        // (`GPT2_CUDA_DGRAD=unfused`: dinp zeroed and then added to, as before).
-        let beta = if !overwrite.dinp {
-            1.0
-        } else if self.overwrite_dgrad {
-            0.0
-        } else {
-            self.zero_act(dinp, bt * c);
-            1.0
-        };
+        // An overwritten gradient is the product's with beta 0, neither zeroed nor read.
+        let beta = if overwrite.dinp { 0.0 } else { 1.0 };
         let dw_beta = if overwrite.dw { 0.0 } else { 1.0 };
         self.matmul_backward_with(Some((dinp, beta)), (dw, dw_beta), dbias, dout, inp, w, bt, c, oc);
     }
@@ -765,27 +728,13 @@ impl Backend for CudaBackend {
         oc: usize,
     ) {
         let dw = (dw, if overwrite_dw { 0.0 } else { 1.0 });
-        // dpre = gelu'(pre) ⊙ (dout · w) in the product's epilogue where it runs, with dpre's
-        // column sums there too where asked (into a C-activation scratch, as the epilogue
-        // overwrites and gradients accumulate, then added into the f32 dpre_bias); else the
-        // product, then gelu' in place; the sums left, by the column-sum kernels after.
-        let mut bias_left = dpre_bias;
-        let fused = self.gelu_epilogues().is_some_and(|lt| {
-            let with_bias = dpre_bias.filter(|_| self.dgelu_bias_sums).is_some_and(|dpre_bias| {
-                self.fused_epilogue(|| {
-                    let part = self.scratch(c)?.cast::<Act>();
-                    let queued = lt.matmul_dgelu(self.stream(), dpre, Some(part), dout, w, pre, bt, c, oc)?;
-                    if queued {
-                        self.launch_1d("accumulate_from_act_kernel", c, args![dpre_bias, part, c]);
-                    }
-                    Ok(queued)
-                })
-            });
-            if with_bias {
-                bias_left = None;
-            }
-            with_bias || self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, None, dout, w, pre, bt, c, oc))
-        });
+        // dpre = gelu'(pre) ⊙ (dout · w) in the product's epilogue where it runs, else the
+        // product, then gelu' in place; dpre's column sums by the column-sum kernels after.
+        // (cuBLASLt's DGELU_BGRAD, the sums in the epilogue, is slower on an H100 in bf16 than
+        // the sums it saves.)
+        let fused = self
+            .gelu_epilogues()
+            .is_some_and(|lt| self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc)));
         if fused {
             self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc);
         } else {
@@ -793,7 +742,7 @@ impl Backend for CudaBackend {
             self.matmul_backward_with(Some((dpre, 0.0)), dw, dbias, dout, act, w, bt, c, oc);
             self.gelu_backward_in_place(dpre, pre, bt * c);
         }
-        if let Some(dpre_bias) = bias_left {
+        if let Some(dpre_bias) = dpre_bias {
             self.column_sums(dpre_bias, dpre, bt, c);
         }
     }
@@ -852,8 +801,8 @@ impl Backend for CudaBackend {
         bt: usize,
         c: usize,
     ) {
-        // The fused kernel is the vec4 one; otherwise (and on the unfused path) the two ops.
-        if self.residual == ResidualPath::Fused && vec4_rows(c, &[sum, out, a, b, w, bias], self.act()) {
+        // One kernel where the rows allow 4-element accesses; otherwise the two ops.
+        if vec4_rows(c, &[sum, out, a, b, w, bias], self.act()) {
             let grid = blocks(bt, ROWS_PER_BLOCK);
             let args = args![sum, out, mean, rstd, a, b, w, bias, bt, c];
             self.launch("add_layernorm_forward_vec4_kernel", grid, (THREADS as u32, 1, 1), args);
@@ -878,20 +827,9 @@ impl Backend for CudaBackend {
         bt: usize,
         c: usize,
     ) {
-        if self.residual == ResidualPath::Fused {
-            // The dinp kernel writes the copy beside dsum (no zero fill, no accumulate) and
-            // sums dbias's columns from the same registers.
-            self.layernorm_backward_with(dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c);
-        } else {
-            self.layernorm_backward_with(dsum, None, None, dw, db, dout, sum, w, mean, rstd, bt, c);
-            if let Some(copy) = copy {
-                self.zero_act(copy, bt * c);
-                self.accumulate_act(copy, dsum, bt * c);
-            }
-            if let Some(dbias) = dbias {
-                self.column_sums(dbias, dsum, bt, c);
-            }
-        }
+        // The dinp kernel writes the copy beside dsum (no zero fill, no accumulate) and, in
+        // one pass, sums dbias's columns from the same registers.
+        self.layernorm_backward_with(dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c);
     }
 
     fn attention_refuses(&self, head_size: usize) -> Option<String> {
@@ -907,9 +845,7 @@ impl Backend for CudaBackend {
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
         match self.attention {
             // log-sum-exp per row
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
-                b.saturating_mul(nh).saturating_mul(t)
-            }
+            AttentionPath::Flash => b.saturating_mul(nh).saturating_mul(t),
             AttentionPath::Gemm => b.saturating_mul(nh).saturating_mul(t).saturating_mul(t), // the probabilities
         }
     }
@@ -926,9 +862,7 @@ impl Backend for CudaBackend {
     ) {
         // The GEMM path is f32 only (a bf16 backend is never on it: see `CudaBackend::new`).
         let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
-                self.attention_forward_flash(out, saved, qkv, b, t, c, nh)
-            }
+            AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
             AttentionPath::Gemm => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
         };
         if let Err(e) = queued {
@@ -951,7 +885,7 @@ impl Backend for CudaBackend {
         nh: usize,
     ) {
         let queued = match self.attention {
-            AttentionPath::Flash | AttentionPath::FlashMma | AttentionPath::FlashTf32 => {
+            AttentionPath::Flash => {
                 self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, overwrite, dbias)
             }
             AttentionPath::Gemm => {
@@ -1099,11 +1033,6 @@ impl Backend for CudaBackend {
         v: usize,
         vp: usize,
     ) {
-        if !self.fused_loss {
-            self.crossentropy_forward(losses, logits, targets, bt, v, vp);
-            self.crossentropy_backward_in_place(logits, losses, targets, dloss, bt, v, vp);
-            return;
-        }
         // 8-element (16-byte for bf16) accesses when every row starts aligned to 8 elements.
         let width = 8 * self.act().bytes() as u64;
         let vec = (vp.is_multiple_of(8) && logits.addr().is_multiple_of(width)) as usize;
@@ -1122,7 +1051,7 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
-        if let (Some(lt), Some(bias), true) = (&self.lt, bias, self.relu_epilogue) {
+        if let (Some(lt), Some(bias)) = (&self.lt, bias) {
             if self.fused_epilogue(|| lt.matmul_bias(self.stream(), true, out, inp, w, bias, bt, c, oc)) {
                 return;
             } // else no fused algorithm for this shape: the product, then ReLU
@@ -1192,7 +1121,7 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
-        if self.mlp_tiles.tiled(bt, c, oc) {
+        if mlp_tiled(bt, c, oc) {
             let (grid, block) = mlp_tile_grid(bt, c);
             self.launch(
                 "mlp_dinp_relu_kernel",
@@ -1222,7 +1151,7 @@ impl Backend for CudaBackend {
     ) {
         let copy = copy.unwrap_or_default(); // null: no copy
         let (momentum, decay) = (hp.momentum, hp.weight_decay);
-        if self.mlp_tiles.tiled(oc, c + 1, bt) {
+        if mlp_tiled(oc, c + 1, bt) {
             let (grid, block) = mlp_tile_grid(oc, c + 1);
             let args = args![params, velocity, copy, dout, inp, state, momentum, decay, bt, c, oc];
             self.launch("mlp_linear_sgd_kernel", grid, block, args);

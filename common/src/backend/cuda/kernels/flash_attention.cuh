@@ -138,32 +138,6 @@ __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wai
 // otherwise plain loads and stores (visible after the caller's barrier).
 template <int ROWS, int D, int LD>
 __device__ __forceinline__ void tile_load(float* tile, const float* base, size_t stride, int r0, int T, int HS,
-                                          bool vec);
-
-// bf16 operands: 4 values (8 bytes) per load, widened and stored as a float4; synchronous (the
-// widening needs the data in registers), so the next tile's latency is not hidden as cp.async
-// hides it for f32. `vec`: HS and the row stride multiples of 4, base 8-byte aligned.
-template <int ROWS, int D, int LD>
-__device__ __forceinline__ void tile_load(float* tile, const bf16_t* base, size_t stride, int r0, int T, int HS,
-                                          bool vec) {
-    if (vec) {
-        constexpr int CHUNKS = D / 4;
-        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += FLASH_THREADS) {
-            int r = i / CHUNKS, c = (i % CHUNKS) * 4;
-            bool inside = r0 + r < T && c < HS;
-            float4 v = inside ? load4(base + (size_t)(r0 + r) * stride + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            *reinterpret_cast<float4*>(tile + r * LD + c) = v;
-        }
-    } else {
-        for (int i = threadIdx.x; i < ROWS * D; i += FLASH_THREADS) {
-            int r = i / D, d = i % D;
-            tile[r * LD + d] = load_or_zero(base, stride, r0 + r, d, T, HS);
-        }
-    }
-}
-
-template <int ROWS, int D, int LD>
-__device__ __forceinline__ void tile_load(float* tile, const float* base, size_t stride, int r0, int T, int HS,
                                           bool vec) {
     if (vec) {
         constexpr int CHUNKS = D / 4;

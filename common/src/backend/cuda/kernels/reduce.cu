@@ -7,12 +7,6 @@ extern "C" __global__ void accumulate_kernel(float* dst, const float* src, int n
     if (i < n) dst[i] += src[i];
 }
 
-// dst (f32) += src (activations): a bias gradient a product's epilogue wrote in its output's type.
-extern "C" __global__ void accumulate_from_act_kernel(float* dst, const act_t* src, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] += to_f(src[i]);
-}
-
 // dst += src over activations (a gradient reaching a value twice).
 extern "C" __global__ void accumulate_act_kernel(act_t* dst, const act_t* src, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
