@@ -26,7 +26,7 @@ impl<B: Backend, K> Default for Recorder<B, K> {
     }
 }
 
-impl<B: Backend, K: PartialEq + std::fmt::Debug> Recorder<B, K> {
+impl<B: Backend, K: PartialEq> Recorder<B, K> {
     /// Whether a recording exists (steps are being replayed).
     pub fn recorded(&self) -> bool {
         self.recording.is_some()
@@ -41,18 +41,11 @@ impl<B: Backend, K: PartialEq + std::fmt::Debug> Recorder<B, K> {
             Some((recorded, rec)) if *recorded == now => be.replay(rec),
             _ if self.warm.as_ref() != Some(&now) => {
                 // The first step of a key runs as queued: it sizes the pool and the scratch.
-                log(|| {
-                    format!(
-                        "queued, key {now:?} (recorded: {:?})",
-                        self.recording.as_ref().map(|r| &r.0)
-                    )
-                });
                 self.recording = None;
                 self.warm = Some(queue()?);
                 Ok(())
             }
             _ => {
-                log(|| format!("recording, key {now:?}"));
                 self.recording = None;
                 be.begin_recording()?;
                 let queued = queue();
@@ -64,15 +57,5 @@ impl<B: Backend, K: PartialEq + std::fmt::Debug> Recorder<B, K> {
                 Ok(())
             }
         }
-    }
-}
-
-/// `GPT2_LOG_RECORDING=1`: a line on stderr each time a step runs as queued or is recorded
-/// (not replayed), with its key: what made a run record again, when it is slower than it
-/// should be.
-fn log(line: impl FnOnce() -> String) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("GPT2_LOG_RECORDING").is_some_and(|v| v == "1")) {
-        eprintln!("recorder: {}", line());
     }
 }
