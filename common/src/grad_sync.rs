@@ -55,8 +55,6 @@ const SHARD_ALIGN: usize = 32;
 pub struct Shards {
     parts: Vec<Range<usize>>,
     rank: usize,
-    /// The rounds of the gather after the update (see [`Shards::gather_rounds`]): made once.
-    rounds: Vec<Vec<Range<usize>>>,
 }
 
 impl Shards {
@@ -69,36 +67,9 @@ impl Shards {
         }
     }
 
-    /// `parts` (every rank's, in rank order) seen from `rank`, gathered in one round.
+    /// `parts` (every rank's, in rank order) seen from `rank`.
     fn of(parts: Vec<Range<usize>>, rank: usize) -> Self {
-        let rounds = vec![parts.clone()];
-        Shards { parts, rank, rounds }
-    }
-
-    /// The shards updated and gathered in `pieces` rounds (at least 1): each rank updates
-    /// piece j of its shard, then piece j of every shard is gathered while piece j+1 is
-    /// updated (the update of one round and the gather of the one before run at once on the
-    /// GPU). The same values as one round: pieces change only the order of the work.
-    pub fn in_pieces(mut self, pieces: usize) -> Self {
-        let pieces = pieces.max(1);
-        let cut: Vec<Vec<Range<usize>>> = self
-            .parts
-            .iter()
-            .map(|p| {
-                let inner = even_parts(p.len(), pieces, SHARD_ALIGN);
-                inner.into_iter().map(|r| p.start + r.start..p.start + r.end).collect()
-            })
-            .collect();
-        self.rounds = (0..pieces)
-            .map(|j| cut.iter().map(|pieces| pieces[j].clone()).collect())
-            .collect();
-        self
-    }
-
-    /// The rounds of the gather after the update: in round j, piece j of every shard, in
-    /// rank order (pieces as even as 32-value alignment allows; some may be empty).
-    pub fn gather_rounds(&self) -> &[Vec<Range<usize>>] {
-        &self.rounds
+        Shards { parts, rank }
     }
 
     /// Whether the buffers are cut over several ranks.
@@ -267,8 +238,8 @@ impl GradSync {
         Ok(comm_s)
     }
 
-    /// The optimiser's update of 0-based `step` (`update`, of a range of this rank's shard:
-    /// the whole shard, or under ZeRO-1 its pieces), then what follows it across ranks:
+    /// The optimiser's update of 0-based `step` (`update`, of this rank's shard: the whole
+    /// buffer without ZeRO-1), then what follows it across ranks:
     /// ZeRO-1 gathers every rank's updated shard; local SGD averages the parameters every K
     /// steps and after the last. Returns the seconds spent communicating.
     pub fn update_then_sync<B: Backend>(
@@ -307,9 +278,8 @@ impl GradSync {
 }
 
 impl GradSync {
-    /// ZeRO-1: `update` (of a range of this rank's shard) in the rounds of
-    /// [`Shards::gather_rounds`], each followed by the gather of its pieces, so every rank's
-    /// updated shard reaches every rank. With a bf16 copy of the weights (what a bf16
+    /// ZeRO-1: `update` of this rank's shard, then the gather of every rank's updated shard
+    /// to every rank. With a bf16 copy of the weights (what a bf16
     /// forward pass reads), only the copy travels: each shard of it is its owner's rounding
     /// of its updated weights, the bits every rank would round from the gathered f32 values,
     /// in half the bytes. The f32 weights outside this rank's shard then lag until
@@ -324,16 +294,16 @@ impl GradSync {
         let words = self.gathered(model);
         let mut comm_s = 0.0;
         let after = device_order(be, comm);
-        for parts in self.shards.gather_rounds() {
-            update(parts[self.shards.rank].clone())?;
-            if after.is_none() {
-                be.synchronize()?; // the update must be written before the gather reads it
-            }
-            // SAFETY: the pieces lie inside the shards, which cover the layout, inside the
-            // gathered buffer (checked by `gathered`); the update that writes them is done
-            // (host wait) or queued on `after` before it.
-            timed(&mut comm_s, || unsafe { comm.start_all_gather(words, parts, after) })?;
+        update(self.shards.own())?;
+        if after.is_none() {
+            be.synchronize()?; // the update must be written before the gather reads it
         }
+        // SAFETY: the shards cover the layout, inside the gathered buffer (checked by
+        // `gathered`); the update that writes them is done (host wait) or queued on `after`
+        // before it.
+        timed(&mut comm_s, || unsafe {
+            comm.start_all_gather(words, self.shards.parts(), after)
+        })?;
         timed(&mut comm_s, || comm.finish_all_reduces(after))?;
         Ok(comm_s)
     }
@@ -454,32 +424,7 @@ fn timed<T>(seconds: &mut f64, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::{buckets_of, Shards, SHARD_ALIGN};
-
-    #[test]
-    fn gather_rounds_cut_every_shard_into_its_pieces_in_order() {
-        let parts = vec![0..4096, 4096..8192, 8192..10000];
-        for pieces in [1, 2, 3, 7] {
-            let shards = Shards::of(parts.clone(), 1).in_pieces(pieces);
-            let rounds = shards.gather_rounds();
-            assert_eq!(rounds.len(), pieces);
-            for (r, part) in parts.iter().enumerate() {
-                // Piece j of shard r, for j in order, covers the shard exactly.
-                let mut at = part.start;
-                for round in rounds {
-                    assert_eq!(round.len(), parts.len());
-                    let piece = &round[r];
-                    assert_eq!(piece.start, at, "{pieces} pieces: {rounds:?}");
-                    assert!(piece.start <= piece.end && piece.end <= part.end);
-                    assert!(piece.is_empty() || (piece.start - part.start) % SHARD_ALIGN == 0);
-                    at = piece.end;
-                }
-                assert_eq!(at, part.end, "{pieces} pieces: {rounds:?}");
-            }
-        }
-        let one = Shards::of(parts.clone(), 0).in_pieces(1);
-        assert_eq!(one.gather_rounds(), vec![parts]);
-    }
+    use super::buckets_of;
 
     #[test]
     fn buckets_gather_blocks_from_the_last_down() {

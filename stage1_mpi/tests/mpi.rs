@@ -311,60 +311,6 @@ fn zero1_equals_zero0() {
 }
 
 #[test]
-fn zero1_updated_and_gathered_in_pieces_is_the_same_run() {
-    // GPT2_ZERO_GATHER_PIECES=K changes only the order of the work (the update of a piece of
-    // each shard, then its gather, K times): the same values, bit for bit.
-    let d = tmpdir("zero-pieces");
-    let data = corpus(&d);
-    let run = |name: &str, env: &[(&str, &str)]| {
-        let out = d.join(name);
-        let extra = ["--steps", "30", "--eval-every", "10", "--zero", "1"];
-        let o = mpirun(2, &train_args(&data, &out, &extra), env);
-        (o, out)
-    };
-    let (o, at_once) = run("one-round", &[]);
-    assert_ok(&o);
-    let (o, pieces) = run("three-pieces", &[("GPT2_ZERO_GATHER_PIECES", "3")]);
-    assert_ok(&o);
-    assert_eq!(table_without_times(&pieces), table_without_times(&at_once));
-    assert_eq!(final_params(&pieces), final_params(&at_once));
-    // Rank 0's setting holds on every rank: rank 1 told 1 piece still gathers in 3.
-    let mixed = d.join("mixed");
-    let train = train_args(&data, &mixed, &["--steps", "30", "--eval-every", "10", "--zero", "1"]);
-    let mut args = Vec::new();
-    for (i, k) in ["3", "1"].iter().enumerate() {
-        if i > 0 {
-            args.push(":".to_string());
-        }
-        args.extend(["-n", "1", "-env", "GPT2_ZERO_GATHER_PIECES", k, BIN].map(str::to_string));
-        args.extend(train.iter().cloned());
-    }
-    let o = {
-        let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        run_limited("mpirun", &args, &[], Duration::from_secs(60))
-    };
-    assert_ok(&o);
-    assert_eq!(table_without_times(&mixed), table_without_times(&at_once));
-    for bad in ["0", "65", "two"] {
-        let (o, _) = run("bad", &[("GPT2_ZERO_GATHER_PIECES", bad)]);
-        assert_eq!(o.code, Some(2), "{bad}: {}", o.stderr);
-        let lines: Vec<&str> = o
-            .stderr
-            .lines()
-            .filter(|l| l.contains("GPT2_ZERO_GATHER_PIECES"))
-            .collect();
-        assert_eq!(
-            lines.len(),
-            1,
-            "every rank fails alike: one line, rank 0's: {}",
-            o.stderr
-        );
-        assert!(lines[0].starts_with("stage1_mpi: error: "), "{}", lines[0]);
-        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
-    }
-}
-
-#[test]
 fn zero1_resumes_exactly_and_on_other_rank_counts() {
     // The checkpoint holds the moments gathered whole, so a --zero 1 run stopped and resumed
     // is the same run bit for bit, and it resumes on 1 rank (and a 1-rank run on 2 under

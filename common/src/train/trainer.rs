@@ -7,7 +7,7 @@ use crate::autograd::{check_ids, Graph, Pool, TokenStage};
 use crate::backend::replay::Recorder;
 use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::{Checkpoint, HostState};
-use crate::comm::{broadcast_f32, device_order, root_env_number, Comm, Words};
+use crate::comm::{broadcast_f32, device_order, Comm, Words};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions};
@@ -43,14 +43,6 @@ pub struct Trainer<'a, B: Backend> {
     /// The step's token ids at fixed device memory, when steps are recorded.
     tokens: TokenStage<B>,
     replay: Replay<B>,
-    /// Checkpoints take the state through a copy on the device where the backend has one
-    /// ([`Trainer::checkpoint_state`]); `GPT2_CKPT_SNAPSHOT=0` turns that off.
-    snapshots: bool,
-    /// A step's first backward pass WRITES the matrices' gradients (their products' first
-    /// writes) and only the rest of the gradient buffer is zeroed
-    /// ([`Graph::zero_grads_except_first_products`]); `GPT2_WGRAD=zeroed` zeroes all of it
-    /// and every write adds, as before (the same values).
-    first_writes: bool,
 }
 
 /// A step recorded once and replayed (on GPUs: the step as a CUDA graph, NCCL's sums in it), and the
@@ -89,13 +81,6 @@ pub struct StepReport {
 const READ_EVERY: Duration = Duration::from_secs(1);
 const READ_EVERY_STEPS: u64 = 32;
 
-/// `GPT2_ZERO_GATHER_PIECES=K` (an experiment; 1 to 64, default 1): ZeRO-1 updates and
-/// gathers the shards in K pieces, the gather of one beside the update of the next
-/// ([`Shards::in_pieces`]). Rank 0's setting, on every rank (the ranks' gathers must match).
-fn gather_pieces(comm: &dyn Comm) -> Result<usize> {
-    Ok(root_env_number(comm, "GPT2_ZERO_GATHER_PIECES", 1..=64)?.unwrap_or(1) as usize)
-}
-
 /// Whether a step can be recorded once and replayed: on a backend that records (the GPU),
 /// with one rank, or with ranks whose communicator orders its collectives on the device
 /// (NCCL) and the same work every step (not local SGD, which averages every K steps).
@@ -107,8 +92,7 @@ fn replayable<B: Backend>(be: &B, comm: &dyn Comm, sync: SyncMode) -> bool {
 impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
         let model = Gpt2::new(be, config)?;
-        let pieces = gather_pieces(comm)?;
-        let shards = Shards::new(model.layout.total, comm, settings.zero).in_pieces(pieces);
+        let shards = Shards::new(model.layout.total, comm, settings.zero);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
         let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own(), shards.sharded())?;
         let sync = GradSync::new(settings.sync, &model.layout, shards);
@@ -128,16 +112,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 recorder: Recorder::default(),
                 unread: 0..0,
                 read_at: Instant::now(),
-            },
-            snapshots: !std::env::var("GPT2_CKPT_SNAPSHOT").is_ok_and(|v| v == "0"),
-            first_writes: match std::env::var("GPT2_WGRAD").as_deref() {
-                Err(_) | Ok("") | Ok("overwrite") => true,
-                Ok("zeroed") => false,
-                Ok(other) => {
-                    return Err(Error::Input(format!(
-                        "GPT2_WGRAD={other}: expected `overwrite` or `zeroed`"
-                    )))
-                }
             },
         })
     }
@@ -210,14 +184,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// Queues zero grads → (forward → backward) per micro-batch → gradients summed over
     /// ranks → norm, clipping factor and mean loss on the device. The first micro-batch's
-    /// products write the matrices' gradients, so the zeroing skips them (`first_writes`).
+    /// products WRITE the matrices' gradients, so the zeroing skips them
+    /// ([`Graph::zero_grads_except_first_products`]).
     /// `staged`: the token ids come from `self.tokens`. Returns the seconds spent
     /// communicating.
     fn queue_gradients(&mut self, batch: &Batch, b: usize, t: usize, staged: bool) -> Result<f64> {
         let (be, comm) = (self.be, self.comm);
-        if !self.first_writes {
-            be.zero_buffer(&self.model.grads);
-        }
         let (k, mut comm_s) = (self.micro_batches, 0.0);
         let n = (b / k) * t; // tokens of a micro-batch
         for micro in 0..k {
@@ -230,7 +202,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 g = g.with_tokens(&self.tokens);
             }
             let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
-            if micro == 0 && self.first_writes {
+            if micro == 0 {
                 g.zero_grads_except_first_products(&self.model.grads)?;
             }
             let loss = fwd.loss.expect("targets given");
@@ -307,7 +279,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     /// The update of 0-based `step` and what follows it across ranks (ZeRO-1's gather of
-    /// the updated shards, in pieces where asked; local SGD's averaging). Returns the seconds
+    /// the updated shards; local SGD's averaging). Returns the seconds
     /// spent communicating.
     fn update(&self, step: u64) -> Result<f64> {
         let (be, opt, model) = (self.be, &self.opt, &self.model);
@@ -429,7 +401,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// Whether checkpoints will go through a snapshot on the device where they can (and so
     /// need no host arrays made ready for them).
     pub fn snapshots_checkpoints(&self) -> bool {
-        self.snapshots && self.be.takes_snapshots() && !self.sync.shards().sharded()
+        self.be.takes_snapshots() && !self.sync.shards().sharded()
     }
 
     /// One moment whole into `host` on rank 0 (left alone elsewhere). Sharded, each rank's

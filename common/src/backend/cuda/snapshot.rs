@@ -61,16 +61,13 @@ enum HostMemory {
     /// Page-locked (`cuMemHostAlloc`, not write-combined: the writer reads it): copied into at
     /// the bus's speed.
     Pinned(PinnedHostSlice<f32>),
-    /// Where pinned memory could not be had, or `GPT2_CKPT_PINNED=0` asks for it: the driver
-    /// copies through a staging buffer of its own.
+    /// Where pinned memory could not be had: the driver copies through a staging buffer of its
+    /// own.
     Pageable(Vec<f32>),
 }
 
 impl HostMemory {
     fn new(ctx: &Arc<CudaContext>, len: usize) -> Self {
-        if std::env::var("GPT2_CKPT_PINNED").is_ok_and(|v| v == "0") {
-            return HostMemory::Pageable(vec![0.0; len]);
-        }
         // SAFETY: the memory is unset until the copy into it, which writes all of it before
         // it is read.
         match unsafe { ctx.alloc_pinned_with_flags::<f32>(len, 0) } {
