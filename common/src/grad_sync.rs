@@ -25,7 +25,7 @@
 
 use crate::autograd::{Graph, Tensor};
 use crate::backend::{Backend, DeviceBuffer};
-use crate::comm::{device_order, even_parts, parts_within, Comm, Lane, Words};
+use crate::comm::{device_order, even_parts, parts_within, Comm, Words};
 use crate::error::Result;
 use crate::model::{Gpt2, ParamLayout};
 use std::ops::Range;
@@ -187,7 +187,7 @@ impl GradSync {
         // kernels queued so far on the backend's stream, on the device, with no host wait.
         // Elsewhere the host waits for the backend before each bucket (a no-op on the CPU).
         let after = device_order(be, comm);
-        let sum = |range: &Range<usize>, lane: Lane, comm_s: &mut f64| {
+        let sum = |range: &Range<usize>, comm_s: &mut f64| {
             if after.is_none() {
                 be.synchronize()?;
             }
@@ -198,9 +198,9 @@ impl GradSync {
             // done (host wait above) or queued on `after` before it.
             timed(comm_s, || unsafe {
                 if self.shards.sharded() {
-                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range), lane, after)
+                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range), after)
                 } else {
-                    comm.start_all_reduce_sum(at, range.len(), lane, after)
+                    comm.start_all_reduce_sum(at, range.len(), after)
                 }
             })
         };
@@ -211,11 +211,11 @@ impl GradSync {
                 // backward hands it over, and NCCL reads on its own stream: `sum` orders the
                 // bucket after them. A bucket goes once its lowest block is done.
                 g.backward_with(loss, seed, |block| match self.closes[block] {
-                    Some(b) => sum(&self.buckets[b], Lane::Beside, &mut comm_s),
+                    Some(b) => sum(&self.buckets[b], &mut comm_s),
                     None => Ok(()),
                 })?;
                 for range in &self.outside {
-                    sum(range, Lane::Alone, &mut comm_s)?;
+                    sum(range, &mut comm_s)?;
                 }
                 // What reads the sums (the norm, the optimiser) is queued on the backend's
                 // stream after this, which waits for them on the device (or the host waits).
@@ -224,7 +224,7 @@ impl GradSync {
             SyncMode::Allreduce if world > 1 && after.is_some() => {
                 // One bucket after backward, ordered on the device (no host wait).
                 g.backward(loss, seed)?;
-                sum(&(0..self.total), Lane::Alone, &mut comm_s)?;
+                sum(&(0..self.total), &mut comm_s)?;
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
             }
             SyncMode::Allreduce if world > 1 => {

@@ -9,7 +9,7 @@
 //! shard), and sums its shard's Σg² with the other ranks' before the global norm.
 
 use crate::backend::{bf16, check_range, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
-use crate::comm::{device_order, Comm, Lane};
+use crate::comm::{device_order, Comm};
 use crate::error::Result;
 use crate::model::ParamLayout;
 use std::ops::Range;
@@ -176,7 +176,7 @@ impl<B: Backend> StepMeter<B> {
             // SAFETY: the state holds its words; nothing else touches the word meanwhile
             // (what reads it is queued on `after` after the sum).
             after @ Some(_) => unsafe {
-                comm.start_all_reduce_sum(word, 1, Lane::Alone, after)?;
+                comm.start_all_reduce_sum(word, 1, after)?;
                 comm.finish_all_reduces(after)
             },
             None => {

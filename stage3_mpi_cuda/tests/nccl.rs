@@ -214,29 +214,21 @@ fn zero1_on_two_gpus_matches_zero0_and_both_resume_exactly() {
     };
     let run = |name: &str, precision: &str, extra: &[&str]| run_env(name, precision, extra, &[]);
     for precision in ["fp32", "bf16"] {
-        // Updated and gathered in 4 pieces (each gather beside the next piece's update): the
-        // same run as in one round, bit for bit.
-        let one = run(&format!("zero1-one-round-{precision}"), precision, &["--zero", "1"]);
-        let pieces = [("GPT2_ZERO_GATHER_PIECES", "4")];
-        let four = run_env(
-            &format!("zero1-4-pieces-{precision}"),
-            precision,
-            &["--zero", "1"],
-            &pieces,
-        );
-        assert_eq!(table_without_times(&one), table_without_times(&four), "{precision}");
         if precision == "bf16" {
-            // The bf16 copy gathered by thread blocks instead of copy engines, and the fallback
-            // (rank 1 refused NCCL memory: every rank gathers by thread blocks; were rank 0 to
-            // register its window alone, the job would hang): the same bits both times.
-            for (name, setting) in [
-                ("no-copy-engines", ("GPT2_NCCL_COPY_ENGINES", "0")),
-                ("rank1-without-nccl-memory", ("GPT2RS_NO_NCCL_MEMORY_RANK", "1")),
-            ] {
-                let other = run_env(&format!("zero1-{name}-bf16"), precision, &["--zero", "1"], &[setting]);
-                assert_eq!(table_without_times(&one), table_without_times(&other), "{name}");
-                assert!(state(&one) == state(&other), "{name}: the final state differs");
-            }
+            // The bf16 copy gathered by thread blocks instead of copy engines, in the fallback
+            // (rank 1 refused NCCL memory, a `fault-injection` hook: every rank gathers by
+            // thread blocks; were rank 0 to register its window alone, the job would hang):
+            // the same bits.
+            let one = run("zero1-copy-engines-bf16", precision, &["--zero", "1"]);
+            let refuse = [("GPT2RS_NO_NCCL_MEMORY_RANK", "1")];
+            let other = run_env(
+                "zero1-rank1-without-nccl-memory-bf16",
+                precision,
+                &["--zero", "1"],
+                &refuse,
+            );
+            assert_eq!(table_without_times(&one), table_without_times(&other));
+            assert!(state(&one) == state(&other), "the final state differs");
         }
         let whole = table(&run(&format!("zero0-{precision}"), precision, &["--zero", "0"]));
         for (name, extra) in [
@@ -295,8 +287,8 @@ fn state(dir: &Path) -> Vec<u8> {
 }
 
 /// `bench` on two GPUs prints its JSON line, which says how ZeRO-1's gathers ran: on copy
-/// engines by default, on thread blocks with `GPT2_NCCL_COPY_ENGINES=0`, and on thread blocks
-/// on every rank when one rank cannot have NCCL memory (the fallback).
+/// engines, and on thread blocks on every rank when one rank cannot have NCCL memory (the
+/// fallback, through the `fault-injection` hook).
 #[test]
 #[ignore = "needs 2 CUDA devices"]
 fn bench_on_two_gpus_prints_json() {
@@ -320,7 +312,6 @@ fn bench_on_two_gpus_prints_json() {
         "copy engines",
         "NCCL 2.28 or later and NVLink are needed for them"
     );
-    assert_eq!(gather(&[("GPT2_NCCL_COPY_ENGINES", "0")]), "thread blocks");
     // Rank 1 refused NCCL memory: every rank falls back (rank 0 reports).
     assert_eq!(gather(&[("GPT2RS_NO_NCCL_MEMORY_RANK", "1")]), "thread blocks");
 }
@@ -418,8 +409,7 @@ fn losses(dir: &Path) -> Vec<String> {
 /// `--overlap` on NCCL (each block's sum on NCCL's stream, ordered by CUDA events, no host
 /// waits) runs the same collectives per bucket as the sums after backward: on two GPUs
 /// (where a sum is one addition, whatever NCCL's algorithm) the loss table is the same,
-/// digit for digit, in fp32 and bf16, with and without ZeRO-1; and again with the buckets
-/// summed through a second communicator held to 2 thread blocks (`GPT2_NCCL_BESIDE_CTAS`).
+/// digit for digit, in fp32 and bf16, with and without ZeRO-1.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn overlap_on_two_gpus_equals_no_overlap() {
@@ -430,7 +420,7 @@ fn overlap_on_two_gpus_equals_no_overlap() {
     }
     let d = tmpdir("overlap");
     let data = corpus(&d);
-    let run = |name: &str, precision: &str, extra: &[&str], env: &[(&str, &str)]| -> Vec<String> {
+    let run = |name: &str, precision: &str, extra: &[&str]| -> Vec<String> {
         let out = d.join(name);
         let args = tiny_train(
             &data,
@@ -438,61 +428,21 @@ fn overlap_on_two_gpus_equals_no_overlap() {
             precision,
             &[&["--steps", "30", "--eval-every", "10"], extra].concat(),
         );
-        let o = mpirun_env(2, &args, env);
+        let o = mpirun(2, &args);
         assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
         losses(&out)
     };
     for precision in ["fp32", "bf16"] {
         for zero in ["0", "1"] {
             let name = format!("{precision}-zero{zero}");
-            let plain = run(&name, precision, &["--zero", zero], &[]);
+            let plain = run(&name, precision, &["--zero", zero]);
             let overlap = ["--zero", zero, "--overlap"];
-            let overlapped = run(&format!("{name}-overlap"), precision, &overlap, &[]);
+            let overlapped = run(&format!("{name}-overlap"), precision, &overlap);
             assert!(plain.len() > 1, "{name}: no loss rows: {plain:?}");
             assert_eq!(plain, overlapped, "{name}: --overlap changed the losses");
-            let beside = run(
-                &format!("{name}-beside"),
-                precision,
-                &overlap,
-                &[("GPT2_NCCL_BESIDE_CTAS", "2")],
-            );
-            assert_eq!(plain, beside, "{name}: GPT2_NCCL_BESIDE_CTAS changed the losses");
-            println!(
-                "OVERLAP {name}: {} rows equal (and with 2 thread blocks beside)",
-                plain.len() - 1
-            );
+            println!("OVERLAP {name}: {} rows equal", plain.len() - 1);
         }
     }
-}
-
-/// `GPT2_NCCL_BESIDE_CTAS` on one GPU: a value out of range ends the job with one line naming
-/// the variable; a good one makes the second communicator (one rank) and the run trains. A bad
-/// `GPT2_NCCL_COPY_ENGINES` is one line too.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn beside_ctas_is_checked_and_splits_on_one_gpu() {
-    let d = tmpdir("beside");
-    let data = d.join("corpus.txt");
-    std::fs::write(&data, "To be, or not to be, that is the question.\n".repeat(40)).unwrap();
-    let s = format!(
-        "train --data {} --out {} --model tiny --batch 4 --seq-len 16 --steps 4 --eval-every 2 --sample-len 0 --overlap",
-        data.display(),
-        d.join("run").display()
-    );
-    let args: Vec<&str> = s.split(' ').collect();
-    let bad = mpirun_env(1, &args, &[("GPT2_NCCL_BESIDE_CTAS", "0")]);
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success(), "0 thread blocks was accepted");
-    assert!(err.contains("GPT2_NCCL_BESIDE_CTAS must be"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let bad = mpirun_env(1, &args, &[("GPT2_NCCL_COPY_ENGINES", "yes")]);
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success(), "GPT2_NCCL_COPY_ENGINES=yes was accepted");
-    assert!(err.contains("GPT2_NCCL_COPY_ENGINES must be"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let good = mpirun_env(1, &args, &[("GPT2_NCCL_BESIDE_CTAS", "4")]);
-    assert!(good.status.success(), "{}", String::from_utf8_lossy(&good.stderr));
-    assert!(losses(&d.join("run")).len() > 1);
 }
 
 /// Starts a long two-GPU run with a checkpoint every 10 steps; returns the job, the lines

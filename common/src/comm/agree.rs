@@ -5,7 +5,6 @@
 
 use super::Comm;
 use crate::error::{Error, Result};
-use std::ops::RangeInclusive;
 use xxhash_rust::xxh64::xxh64;
 
 /// Broadcasts a host f32 array from rank 0 (through `broadcast_bytes`), in pieces: the
@@ -99,25 +98,6 @@ pub fn from_root(comm: &dyn Comm, f: impl FnOnce() -> Result<Vec<u8>>) -> Result
 /// rank, so under mpirun a failure ends them together in rank 0's one line, not an abort.
 pub fn on_root(comm: &dyn Comm, f: impl FnOnce() -> Result<()>) -> Result<()> {
     from_root(comm, || f().map(|()| Vec::new())).map(drop)
-}
-
-/// The environment variable `var` as rank 0 reads it, on every rank: `None` where unset, a
-/// whole number within `range`, else one line naming it on every rank. For settings every
-/// rank must share (a collective's shape), which `mpirun` may not pass on to other hosts.
-pub fn root_env_number(comm: &dyn Comm, var: &str, range: RangeInclusive<u32>) -> Result<Option<u32>> {
-    let read = || match std::env::var(var) {
-        Err(_) => Ok(Vec::new()),
-        Ok(v) => match v.trim().parse::<u32>() {
-            Ok(k) if range.contains(&k) => Ok(k.to_le_bytes().to_vec()),
-            _ => Err(Error::Input(format!(
-                "{var} must be a whole number from {} to {}, not {v:?}",
-                range.start(),
-                range.end()
-            ))),
-        },
-    };
-    let bytes = from_root(comm, read)?;
-    Ok(<[u8; 4]>::try_from(bytes).ok().map(u32::from_le_bytes))
 }
 
 /// Every rank must run the same configuration and binary: compare a hash of both

@@ -14,7 +14,7 @@ use crate::backend::{bf16, DevPtr, DeviceStream};
 use crate::error::Result;
 use std::ops::Range;
 
-pub use agree::{agree, broadcast_f32, check_same_everywhere, everywhere, from_root, on_root, root_env_number};
+pub use agree::{agree, broadcast_f32, check_same_everywhere, everywhere, from_root, on_root};
 pub use watchdog::{leave_together, Ranks, Watchdog};
 
 pub trait Comm {
@@ -35,8 +35,7 @@ pub trait Comm {
         false
     }
     /// Starts summing `n` values at `buf` over all ranks and returns at once, so the
-    /// caller can go on computing (gradient buckets during backward: the [`Lane`] says whether
-    /// it runs beside computing). With `after` (only
+    /// caller can go on computing (gradient buckets during backward). With `after` (only
     /// where [`Comm::orders_on_device`]), the sum reads `buf` only once the work queued so far
     /// on that stream is done, with no host wait; with `None`, `buf` must hold its final
     /// values now (the caller has synchronised its backend). Default: the blocking sum.
@@ -46,13 +45,7 @@ pub trait Comm {
     /// than by the work queued on `after` before this call) until
     /// [`Comm::finish_all_reduces`] returns, or, when that is given a stream, until work
     /// queued on that stream after it runs.
-    unsafe fn start_all_reduce_sum(
-        &self,
-        buf: DevPtr,
-        n: usize,
-        _lane: Lane,
-        after: Option<DeviceStream>,
-    ) -> Result<()> {
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
         host_ordered(self, after)?;
         self.all_reduce_sum(buf, n)
     }
@@ -68,14 +61,14 @@ pub trait Comm {
     /// rank, in rank order, contiguous, offsets from `buf`, the same on every rank (a part
     /// may be empty). What the other parts of `buf` hold afterwards is unspecified. Each
     /// part is summed in a fixed order (no float atomics), the same at every call of the
-    /// same parts and lane (another communicator, or parts cut otherwise, may order the sums
-    /// of 3 or more ranks otherwise; on 2 ranks a sum is one addition, always the same).
+    /// same parts (parts cut otherwise may order the sums of 3 or more ranks otherwise; on 2
+    /// ranks a sum is one addition, always the same).
     ///
     /// # Safety
     /// `buf` addresses the values `parts` cover, backend memory as in
     /// [`Comm::all_reduce_sum`], which nothing else reads or writes during the call.
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()>;
-    /// Starts [`Comm::reduce_scatter_sum`] and returns at once, in `lane` and ordered after
+    /// Starts [`Comm::reduce_scatter_sum`] and returns at once, ordered after
     /// `after` as [`Comm::start_all_reduce_sum`] is; [`Comm::finish_all_reduces`] waits for
     /// it. Default: the blocking call.
     ///
@@ -86,7 +79,6 @@ pub trait Comm {
         &self,
         buf: DevPtr,
         parts: &[Range<usize>],
-        _lane: Lane,
         after: Option<DeviceStream>,
     ) -> Result<()> {
         host_ordered(self, after)?;
@@ -136,19 +128,6 @@ pub trait Comm {
     fn job_abort(&self) -> Option<fn(u8)> {
         None
     }
-}
-
-/// What a started collective runs beside, for communicators whose collectives take the
-/// device's processors (NCCL's thread blocks): `Beside` computing (a gradient bucket while
-/// backward goes on), where it may take fewer of them and leave the rest to the kernels it
-/// runs beside (`GPT2_NCCL_BESIDE_CTAS`), or `Alone`, with nothing left to overlap (the last
-/// sums of a step), at full speed. On 2 ranks the same result either way (a sum is one
-/// addition); on more, NCCL may cut and order the sums otherwise on the narrower lane, so
-/// results agree to float rounding. Mostly the speed differs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lane {
-    Beside,
-    Alone,
 }
 
 /// Backend memory that a gather copies: f32 values, or bf16 ones (a gather moves bits and
@@ -351,15 +330,11 @@ mod tests {
         let stream = Some(DeviceStream::from_raw(1));
         // SAFETY: Single's collectives touch no memory.
         unsafe {
+            assert!(Single.start_all_reduce_sum(DevPtr::default(), 4, stream).is_err());
             assert!(Single
-                .start_all_reduce_sum(DevPtr::default(), 4, Lane::Alone, stream)
+                .start_reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1), stream)
                 .is_err());
-            assert!(Single
-                .start_reduce_scatter_sum(DevPtr::default(), &even_parts(4, 1, 1), Lane::Alone, stream)
-                .is_err());
-            assert!(Single
-                .start_all_reduce_sum(DevPtr::default(), 4, Lane::Alone, None)
-                .is_ok());
+            assert!(Single.start_all_reduce_sum(DevPtr::default(), 4, None).is_ok());
         }
         assert!(Single.finish_all_reduces(stream).is_err());
         assert!(Single.finish_all_reduces(None).is_ok());

@@ -2,7 +2,7 @@
 //! Sums run in place on host memory: rsmpi has no in-place or borrow-free nonblocking
 //! collectives, so those few calls go straight to `mpi::ffi`, each wrapped and checked here.
 
-use super::{Comm, Lane, Words};
+use super::{Comm, Words};
 use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use mpi::ffi;
@@ -322,7 +322,7 @@ impl Comm for MpiComm {
         unsafe { self.all_reduce_in_place(v.as_mut_ptr(), v.len()) }
     }
 
-    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, _: Lane, after: Option<DeviceStream>) -> Result<()> {
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
         super::host_ordered(self, after)?;
         let mut pending = self.pending.borrow_mut();
         for (piece, count) in pieces(buf.addr() as *mut f32, n) {
@@ -362,7 +362,6 @@ impl Comm for MpiComm {
         &self,
         buf: DevPtr,
         parts: &[Range<usize>],
-        _: Lane,
         after: Option<DeviceStream>,
     ) -> Result<()> {
         super::host_ordered(self, after)?;

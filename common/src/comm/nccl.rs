@@ -15,11 +15,10 @@
 //! ([`NcclComm::peer_memory`], which the CUDA backend's `alloc_shared` takes), is registered
 //! once as a symmetric window, and is gathered through a communicator of its own whose CTA
 //! policy is zero (no thread blocks): the multiprocessors stay with the optimiser's update
-//! beside it. `GPT2_NCCL_COPY_ENGINES=0` (rank 0's setting) keeps every collective on thread
-//! blocks.
+//! beside it.
 
 use super::mpi::MpiComm;
-use super::{agree, everywhere, root_env_number, Comm, Lane, Words};
+use super::{agree, everywhere, Comm, Words};
 use crate::backend::cuda::PeerMemory;
 use crate::backend::{DevPtr, DeviceStream};
 use crate::error::{Error, Result};
@@ -33,12 +32,8 @@ use std::sync::{Arc, Mutex};
 pub struct NcclComm {
     mpi: MpiComm,
     comm: sys::ncclComm_t,
-    /// The same ranks held to fewer thread blocks a collective (`GPT2_NCCL_BESIDE_CTAS`), for
-    /// the sums started beside computing ([`Lane::Beside`]): they leave the rest of the
-    /// multiprocessors to backward's kernels. `None`: every sum uses `comm`.
-    beside: Option<sys::ncclComm_t>,
     /// The same ranks with CTA policy zero: the gathers into peer memory, on copy engines.
-    /// `None` (NCCL before 2.28, one rank, `GPT2_NCCL_COPY_ENGINES=0`): every gather uses `comm`.
+    /// `None` (NCCL before 2.28, one rank): every gather uses `comm`.
     copy: Option<sys::ncclComm_t>,
     /// For each run gathered so far (address, bytes): whether it goes through `copy`, as every
     /// rank agreed at its first gather (see `gather_comm`).
@@ -116,38 +111,25 @@ const COPY_ENGINES_SINCE: i32 = 22800;
 /// offsets everywhere.
 const WIN_COLL_SYMMETRIC: i32 = 1;
 
-/// What a communicator split off the first is for.
-enum Split {
-    /// Collectives started beside computing take at most this many thread blocks.
-    Beside(i32),
-    /// No thread blocks where NCCL can do without (CTA policy zero): copy engines.
-    CopyEngines,
-}
-
-/// A communicator of the same ranks as `comm` for `what` (ncclCommSplit with a config). Every
-/// rank calls it.
-fn split(comm: sys::ncclComm_t, what: Split) -> Result<sys::ncclComm_t> {
-    let version = nccl_version()?;
-    // NCCL_CONFIG_INITIALIZER: every field undefined (NCCL's defaults) but what `what` sets.
+/// A communicator of the same ranks as `comm` that uses no thread blocks where NCCL can do
+/// without (CTA policy zero): copy engines (ncclCommSplit with a config). Every rank calls it.
+fn split_copy_engines(comm: sys::ncclComm_t, version: i32) -> Result<sys::ncclComm_t> {
+    // NCCL_CONFIG_INITIALIZER: every field undefined (NCCL's defaults) but the CTA policy.
     const UNDEF: i32 = i32::MIN;
-    let (min_ctas, max_ctas, policy, name) = match what {
-        Split::Beside(ctas) => (1, ctas, UNDEF, "GPT2_NCCL_BESIDE_CTAS"),
-        Split::CopyEngines => (UNDEF, UNDEF, CTA_POLICY_ZERO, "CTA policy zero"),
-    };
     let mut config = sys::ncclConfig_t {
         size: std::mem::size_of::<sys::ncclConfig_t>(),
         magic: 0xcafe_beef,
         version: version as u32,
         blocking: UNDEF,
         cgaClusterSize: UNDEF,
-        minCTAs: min_ctas,
-        maxCTAs: max_ctas,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
         netName: std::ptr::null(),
         splitShare: UNDEF,
         trafficClass: UNDEF,
         commName: std::ptr::null(),
         collnetEnable: UNDEF,
-        CTAPolicy: policy,
+        CTAPolicy: CTA_POLICY_ZERO,
         shrinkShare: UNDEF,
         nvlsCTAs: UNDEF,
         nChannelsPerNetPeer: UNDEF,
@@ -161,7 +143,7 @@ fn split(comm: sys::ncclComm_t, what: Split) -> Result<sys::ncclComm_t> {
     // the same order); NCCL writes `split` and reads `config` during the call.
     unsafe { sys::ncclCommSplit(comm, 0, 0, &mut split, &mut config) }
         .result()
-        .map_err(|e| nccl_err(&format!("ncclCommSplit ({name})"), e))?;
+        .map_err(|e| nccl_err("ncclCommSplit (CTA policy zero)", e))?;
     Ok(split)
 }
 
@@ -272,7 +254,6 @@ fn free_peer(addr: u64) {
 /// What [`NcclComm::init`] opens beside the MPI communicator it keeps.
 struct Opened {
     comm: sys::ncclComm_t,
-    beside: Option<sys::ncclComm_t>,
     copy: Option<sys::ncclComm_t>,
     stream: Arc<CudaStream>,
     ready: CudaEvent,
@@ -291,7 +272,6 @@ impl NcclComm {
             Ok(o) => Ok(NcclComm {
                 mpi,
                 comm: o.comm,
-                beside: o.beside,
                 copy: o.copy,
                 gathers: RefCell::new(Vec::new()),
                 stream: o.stream,
@@ -342,16 +322,10 @@ impl NcclComm {
             mpi.abort(1);
             return Err(e);
         }
-        // `GPT2_NCCL_BESIDE_CTAS`: the thread blocks a collective started beside computing may
-        // take (unset: as many as NCCL chooses, no second communicator). Rank 0's setting on
-        // every rank: ncclCommSplit waits for every rank, so a rank that did not see the
-        // variable would hang the others (a bad value: every rank leaves, none waits).
-        let ctas = root_env_number(mpi, "GPT2_NCCL_BESIDE_CTAS", 1..=64).map(|c| c.map(|c| c as i32));
-        // `GPT2_NCCL_COPY_ENGINES=0`: no copy-engine gathers (rank 0's setting, for the same reason).
-        let copy = root_env_number(mpi, "GPT2_NCCL_COPY_ENGINES", 0..=1);
-        let settings = ctas.and_then(|ctas| Ok((ctas, copy?, nccl_version()?)));
-        let (ctas, copy) = match settings {
-            Ok((ctas, copy, version)) => (ctas, copy != Some(0) && version >= COPY_ENGINES_SINCE && mpi.size() > 1),
+        // The gathers run on copy engines where NCCL has them and there is someone to gather
+        // from (ncclCommSplit waits for every rank, which all decide by this rule).
+        let version = match nccl_version() {
+            Ok(version) => version,
             Err(e) => {
                 // SAFETY: made above, destroyed once, used by nothing else.
                 unsafe {
@@ -360,15 +334,9 @@ impl NcclComm {
                 return Err(e);
             }
         };
-        let splits = ctas
-            .map(|c| split(comm, Split::Beside(c)))
-            .transpose()
-            .and_then(|beside| {
-                let copy = copy.then(|| split(comm, Split::CopyEngines)).transpose()?;
-                Ok((beside, copy))
-            });
-        let (beside, copy) = match splits {
-            Ok(splits) => splits,
+        let copy_engines = version >= COPY_ENGINES_SINCE && mpi.size() > 1;
+        let copy = match copy_engines.then(|| split_copy_engines(comm, version)).transpose() {
+            Ok(copy) => copy,
             Err(e) => {
                 // The other ranks may be waiting inside ncclCommSplit: end the whole job.
                 eprintln!("stage3_mpi_cuda ({}): error: {e}", mpi.describe());
@@ -384,7 +352,6 @@ impl NcclComm {
         let (ready, done) = agree(mpi, events)?;
         Ok(Opened {
             comm,
-            beside,
             copy,
             stream,
             ready,
@@ -457,14 +424,6 @@ impl NcclComm {
         self.stream.synchronize().map_err(|e| nccl_err(what, e))
     }
 
-    /// The communicator a collective in `lane` goes through.
-    fn comm_for(&self, lane: Lane) -> sys::ncclComm_t {
-        match (lane, self.beside) {
-            (Lane::Beside, Some(beside)) => beside,
-            _ => self.comm,
-        }
-    }
-
     /// The NCCL stream as the raw handle the NCCL calls take.
     fn raw_stream(&self) -> sys::cudaStream_t {
         self.stream.cu_stream() as _
@@ -494,7 +453,7 @@ impl NcclComm {
     ///
     /// # Safety
     /// As [`Comm::all_reduce_sum`].
-    unsafe fn queue_all_reduce(&self, buf: DevPtr, n: usize, lane: Lane) -> Result<()> {
+    unsafe fn queue_all_reduce(&self, buf: DevPtr, n: usize) -> Result<()> {
         let p = buf.addr() as *mut c_void;
         // SAFETY: `buf` is device memory of at least `n` floats on this rank's GPU (the
         // CUDA backend's gradient buffer); in place is allowed by NCCL.
@@ -505,7 +464,7 @@ impl NcclComm {
                 n,
                 sys::ncclDataType_t::ncclFloat32,
                 sys::ncclRedOp_t::ncclSum,
-                self.comm_for(lane),
+                self.comm,
                 self.raw_stream(),
             )
         }
@@ -518,9 +477,9 @@ impl NcclComm {
     ///
     /// # Safety
     /// As [`Comm::reduce_scatter_sum`].
-    unsafe fn queue_reduce_scatter(&self, buf: DevPtr, parts: &[Range<usize>], lane: Lane) -> Result<()> {
+    unsafe fn queue_reduce_scatter(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         super::check_parts(self, parts)?;
-        let comm = self.comm_for(lane);
+        let comm = self.comm;
         let base = buf.addr() as *mut f32;
         let (float, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
         // SAFETY (both arms): `buf` is device memory covering `parts` on this rank's GPU (the
@@ -612,35 +571,28 @@ impl Comm for NcclComm {
     }
     unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.queue_all_reduce(buf, n, Lane::Alone)? };
+        unsafe { self.queue_all_reduce(buf, n)? };
         self.wait("waiting for the all-reduce")
     }
-    unsafe fn start_all_reduce_sum(
-        &self,
-        buf: DevPtr,
-        n: usize,
-        lane: Lane,
-        after: Option<DeviceStream>,
-    ) -> Result<()> {
+    unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
         self.wait_for(after)?;
         // SAFETY: the caller's contract; the sum is queued after the work that writes `buf`.
-        unsafe { self.queue_all_reduce(buf, n, lane) }
+        unsafe { self.queue_all_reduce(buf, n) }
     }
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.queue_reduce_scatter(buf, parts, Lane::Alone)? };
+        unsafe { self.queue_reduce_scatter(buf, parts)? };
         self.wait("waiting for the reduce-scatter")
     }
     unsafe fn start_reduce_scatter_sum(
         &self,
         buf: DevPtr,
         parts: &[Range<usize>],
-        lane: Lane,
         after: Option<DeviceStream>,
     ) -> Result<()> {
         self.wait_for(after)?;
         // SAFETY: as in `start_all_reduce_sum`.
-        unsafe { self.queue_reduce_scatter(buf, parts, lane) }
+        unsafe { self.queue_reduce_scatter(buf, parts) }
     }
     fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
         let Some(compute) = then else {
@@ -699,9 +651,6 @@ impl Drop for NcclComm {
     fn drop(&mut self) {
         // SAFETY: the communicator was initialised and is destroyed once.
         unsafe {
-            if let Some(beside) = self.beside {
-                let _ = nccl::comm_destroy(beside);
-            }
             if let Some(copy) = self.copy {
                 // Windows of buffers still alive go first (see `deregister`).
                 for buffer in peer_buffers().iter_mut() {

@@ -7,7 +7,7 @@
 
 use common::backend::{bf16, DevPtr};
 use common::comm::mpi::MpiComm;
-use common::comm::{even_parts, Comm, Lane, Words};
+use common::comm::{even_parts, Comm, Words};
 use std::ops::Range;
 use std::process::ExitCode;
 
@@ -29,7 +29,7 @@ fn check(comm: &MpiComm, parts: &[Range<usize>], started: bool) -> Result<(), St
     // SAFETY: `buf` holds the n values the parts cover, untouched until the call returns.
     let summed = unsafe {
         if started {
-            comm.start_reduce_scatter_sum(ptr(&mut buf), parts, Lane::Alone, None)
+            comm.start_reduce_scatter_sum(ptr(&mut buf), parts, None)
                 .and_then(|()| comm.finish_all_reduces(None))
         } else {
             comm.reduce_scatter_sum(ptr(&mut buf), parts)
