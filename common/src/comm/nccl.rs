@@ -163,12 +163,14 @@ fn peer_buffers() -> std::sync::MutexGuard<'static, Vec<PeerBuffer>> {
     PEER_BUFFERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Test hook: `GPT2RS_NO_NCCL_MEMORY_RANK=r` has `ncclMemAlloc` refused on rank r (set by
-/// [`NcclComm::peer_memory`]), so that rank holds the bf16 copy in plain memory and every rank
-/// must fall back to thread blocks (`gather_comm`).
+/// Test hook (feature `fault-injection`): `GPT2RS_NO_NCCL_MEMORY_RANK=r` has `ncclMemAlloc`
+/// refused on rank r (set by [`NcclComm::peer_memory`]), so that rank holds the bf16 copy in
+/// plain memory and every rank must fall back to thread blocks (`gather_comm`).
+#[cfg(feature = "fault-injection")]
 static REFUSE_PEER_MEMORY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn alloc_peer(bytes: usize) -> std::result::Result<u64, String> {
+    #[cfg(feature = "fault-injection")]
     if REFUSE_PEER_MEMORY.load(std::sync::atomic::Ordering::Relaxed) {
         return Err("refused on purpose (GPT2RS_NO_NCCL_MEMORY_RANK test hook)".into());
     }
@@ -370,11 +372,14 @@ impl NcclComm {
     /// bf16 copy), when the gathers into them can run on copy engines (see the module
     /// documentation); `None`: plain memory, as any other buffer.
     pub fn peer_memory(&self) -> Option<PeerMemory> {
-        let refuse = std::env::var("GPT2RS_NO_NCCL_MEMORY_RANK")
-            .ok()
-            .and_then(|r| r.parse::<usize>().ok());
-        if refuse == Some(self.rank()) {
-            REFUSE_PEER_MEMORY.store(true, std::sync::atomic::Ordering::Relaxed);
+        #[cfg(feature = "fault-injection")]
+        {
+            let refuse = std::env::var("GPT2RS_NO_NCCL_MEMORY_RANK")
+                .ok()
+                .and_then(|r| r.parse::<usize>().ok());
+            if refuse == Some(self.rank()) {
+                REFUSE_PEER_MEMORY.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         self.copy.map(|_| PeerMemory {
             alloc: alloc_peer,
