@@ -363,15 +363,7 @@ pub(super) fn positive_f64(s: &str) -> Result<f64, String> {
 /// The environment's on/off switches (debugging and tuning aids the README names where it
 /// uses them): `0` or `1` when set. A value the code would not read as either (`false`, `off`)
 /// is refused rather than ignored.
-const ENV_SWITCHES: &[&str] = &[
-    "GPT2_CKPT_PINNED",
-    "GPT2_CKPT_SNAPSHOT",
-    "GPT2_CUDA_ALLOC_LOG",
-    "GPT2_CUDA_BIAS_EPILOGUE",
-    "GPT2_CUDA_GRAPH",
-    "GPT2_LOG_RECORDING",
-    "GPT2_MNIST_FUSED",
-];
+const ENV_SWITCHES: &[&str] = &["GPT2_CUDA_ALLOC_LOG", "GPT2_CUDA_GRAPH", "GPT2_MNIST_FUSED"];
 
 /// Checks the environment settings that are read where a wrong value could not be said in a
 /// line (the switches, and `GPT2_GRAD_NORMS`' step list), before any command runs.

@@ -324,14 +324,14 @@ fn environment_switches_are_0_or_1_and_step_lists_are_numbers() {
     };
     assert_eq!(check_env_with(env(&[])), Ok(()));
     assert_eq!(
-        check_env_with(env(&[("GPT2_CUDA_GRAPH", "0"), ("GPT2_CKPT_PINNED", "1")])),
+        check_env_with(env(&[("GPT2_CUDA_GRAPH", "0"), ("GPT2_CUDA_ALLOC_LOG", "1")])),
         Ok(())
     );
     assert_eq!(check_env_with(env(&[("GPT2_GRAD_NORMS", "36, 37,")])), Ok(()));
     for (name, value) in [
         ("GPT2_CUDA_GRAPH", "false"),
         ("GPT2_MNIST_FUSED", "no"),
-        ("GPT2_CKPT_SNAPSHOT", "off"),
+        ("GPT2_CUDA_ALLOC_LOG", "off"),
     ] {
         let pairs: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(name, value)]));
         let err = check_env_with(env(pairs)).unwrap_err();
