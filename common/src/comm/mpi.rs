@@ -24,7 +24,8 @@ const HWLOC_COMPONENTS: (&str, &str) = ("HWLOC_COMPONENTS", "-opencl,-gl");
 
 /// MPICH asks hwloc for the host's topology at MPI_Init. hwloc's OpenCL and GL plugins then
 /// open every OpenCL platform and X display: on the GPU hosts that loads pocl and LLVM into
-/// each rank, which cost 0.4-0.65 s of every start-up there and brought LLVM's signal handlers (see `stop::take_back_termination_signals`).
+/// each rank, which slowed every start-up there and brought LLVM's signal handlers (see
+/// `stop::take_back_termination_signals`).
 /// MPICH needs only the cores, caches and PCI devices, so the two are left out, unless the
 /// user set `HWLOC_COMPONENTS`, which is then kept as it is.
 fn keep_hwloc_off_opencl_and_gl() {

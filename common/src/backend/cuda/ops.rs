@@ -730,8 +730,8 @@ impl Backend for CudaBackend {
         let dw = (dw, if overwrite_dw { 0.0 } else { 1.0 });
         // dpre = gelu'(pre) ⊙ (dout · w) in the product's epilogue where it runs, else the
         // product, then gelu' in place; dpre's column sums by the column-sum kernels after.
-        // (cuBLASLt's DGELU_BGRAD, the sums in the epilogue, is slower on an H100 in bf16 than
-        // the sums it saves.)
+        // (cuBLASLt's DGELU_BGRAD epilogue, which would sum them in the product, costs more on
+        // an H100 in bf16 than the column sums it saves.)
         let fused = self
             .gelu_epilogues()
             .is_some_and(|lt| self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc)));

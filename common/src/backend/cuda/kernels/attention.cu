@@ -116,8 +116,8 @@ extern "C" __global__ void flash_backward_delta_kernel(float* delta, const act_t
 // flash_backward_delta_kernel with 8 values a thread, loaded as two 4-wide vectors of each input:
 // the HS / 8 threads of a head's row (HS a multiple of 8, HS / 8 a power of two up to 32, rows
 // aligned to 8 values) sum their values in order, then add across the row by shuffles. One
-// thread a head was a chain of dependent 2-byte loads per head (0.036 ms at B·T = 16384, C = 768,
-// twice the bytes' time).
+// thread a head would be a chain of dependent 2-byte loads per head, about twice the time of
+// moving the bytes.
 extern "C" __global__ void flash_backward_delta_vec8_kernel(float* delta, const act_t* dout, const act_t* out, int B,
                                                             int T, int NH, int HS) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // values 8i .. 8i + 7

@@ -124,9 +124,9 @@ extern "C" __global__ void crossentropy_backward_in_place_kernel(act_t* logits, 
 // vocabulary), and written once: one pass over memory where the two kernels make two.
 // `vec`: Vp a multiple of 8 and rows aligned to 8 elements (16-byte accesses). There, e^(x - c)
 // is 2^(x·log2 e - c·log2 e): one fused multiply-add and the hardware's ex2 (relative error
-// ~2^-22) instead of expf's range reduction: the kernel was bound by its instructions (1.54 ms
-// at GPT-2's B·T = 16K, V = 50,304, whether its second read came from memory or from shared
-// memory, NOTES.md 28).
+// ~2^-22) instead of expf's range reduction: the kernel is bound by its instructions, not by
+// memory (at GPT-2's B·T = 16K, V = 50,304 it takes as long whether its second read comes from
+// memory or from shared memory).
 extern "C" __global__ void crossentropy_fused_kernel(float* losses, act_t* logits, const int* targets, float dloss,
                                                      int N, int V, int Vp, int vec) {
     __shared__ float scratch[64];

@@ -1,8 +1,8 @@
 // The forward reads q from shared memory (both operands of q·kᵀ by descriptor) rather than from
 // registers: ptxas of CUDA 13.0 gave the registers of a loop-invariant register operand (q's A
 // fragments, read by every key tile's product) to the softmax's temporaries and p inside the
-// loop, so every key tile after the first multiplied k by the previous tile's p (24-37% off past
-// the first query tile; NOTES.md 19, 22). ptxas 13.5 keeps them. The backward reads its
+// loop, so every key tile after the first multiplied k by the previous tile's p (wrong results
+// past the first query tile). ptxas 13.5 keeps them. The backward reads its
 // loop-invariant operands (k, v; q, dout) from shared memory too; its per-iteration register
 // operands (p, ds) are held live past their products' waits, and the per-tile test
 // (`bf16_attention_errors_by_tile`) checks every tile on every device run.
@@ -82,8 +82,8 @@ __device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
 // d (64x64, f32) = a (64x16, this warp's A fragment) · B (16x64 from shared memory, by
 // `desc`), plus d where `acc` is not 0: TRANS 0 reads B's columns along the tile's rows
 // (K-major), 1 its rows (MN-major). A product that starts an accumulator passes acc = 0 rather
-// than zeroing the registers first (fewer instructions; the 30% errors once blamed on zeroed
-// registers were ptxas reusing a loop-invariant `a`'s registers: see the top of this file).
+// than zeroing the registers first (fewer instructions; what does corrupt results here is ptxas
+// reusing a loop-invariant `a`'s registers: see the top of this file).
 template <int TRANS>
 __device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc, int acc) {
     asm volatile(
@@ -191,7 +191,7 @@ __device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)
 // in registers across the loop: see the top of this file. p·v accumulates into o itself (o is
 // rescaled by the softmax step before the product is issued, and wgmma.fence orders that write
 // before the product reads o): 94 registers, so five blocks a multiprocessor. The output goes
-// through shared memory and out in 16-byte stores (NOTES.md 25).
+// through shared memory and out in 16-byte stores.
 __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
                                                 float scale_log2, int /*vec: 16-byte rows, always here*/) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
@@ -260,11 +260,10 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
 // ---- backward -----------------------------------------------------------------------------
 //
 // Two kernels, no atomics: dK/dV per tile of 64 keys over the later queries, and dQ per tile of
-// 64 queries over the earlier keys (which computes the scores and dP a second time). Session 8
-// rewrote them where Nsight Compute's per-instruction stall samples put the time (the first
-// version's dK/dV at GPT-2's shape: 40% of the samples in its epilogue's read-modify-write of
-// dqkv, two-byte loads each waited for in turn because the compiler cannot prove the rows apart,
-// 10% in its prologue's two-byte loads of the k and v fragments, 46% in the loop; NOTES.md 24):
+// 64 queries over the earlier keys (which computes the scores and dP a second time). Their shape
+// follows where Nsight Compute's per-instruction stall samples put the time (a read-modify-write
+// of dqkv in two-byte loads is waited for load by load, as the compiler cannot prove the rows
+// apart; so are two-byte loads of the k and v fragments in the prologue):
 // - the model's call OVERWRITES dqkv (`ACCUMULATE` false: qkv's gradient is its first, so it is
 //   neither zero-filled before nor read here); `ACCUMULATE` adds into it, for the trait's
 //   accumulating call. Either way each accumulator tile goes through shared memory and out in

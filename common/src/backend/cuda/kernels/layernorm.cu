@@ -105,7 +105,8 @@ extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean
 // fused_residual_forward): sum = a + b, rounded to act_t as add_vec4_kernel rounds it, then
 // layernorm_forward_vec4_kernel's row over the rounded sum. a and b are read once; the
 // statistics and the output re-read the row of `sum` this lane has just written (its own
-// writes, from L2), where the unfused pair reads the sum back from memory in a second kernel.
+// writes, from L2), where `add` then `layernorm_forward` read the sum back from memory in a
+// second kernel.
 // C a multiple of 4, rows aligned to 4 elements; one warp per row.
 extern "C" __global__ void add_layernorm_forward_vec4_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
                                                              const act_t* a, const act_t* b, const act_t* w,
