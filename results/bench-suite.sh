@@ -170,7 +170,7 @@ fi
   echo "# Benchmark suite"
   echo
   echo "Written by \`results/bench-suite.sh\` (\`make bench\`, this machine's CPU) and, for the GPU host's"
-  echo "tables, copied from \`results/bench-suite-gpu.sh\`'s output. Each table names the machine, the commit"
+  echo "tables, copied from the output of \`gpu/kernels.sh\`, \`gpu/scaling.sh\` and \`gpu/stages.sh --gpt2\`. Each table names the machine, the commit"
   echo "and the load it was measured at. The stages' step times of \`stage0_serial/cpu-bench.sh\` (\`steps\`) are"
   echo "in [../cpu-bench.md](../cpu-bench.md), the MLP against PyTorch eager (\`mlp\`) in [../mlp-cpu.md](../mlp-cpu.md);"
   echo "stage 1 against its rank count in [../rank-scaling.md](../rank-scaling.md)."

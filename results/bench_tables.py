@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tables (markdown) and plot data (TSV) of the benchmark suite, from the JSON lines the
 stage binaries print. Standard library only. Called by results/bench-suite.sh (the CPU
-suite, `make bench`) and results/bench-suite-gpu.sh (the device script):
+suite, `make bench`):
 
   bench_tables.py matmul MACHINE LABEL=FILE.jsonl...        bench --kernels rows
   bench_tables.py threads MACHINE FILE.jsonl OUT.tsv        bench rows with "threads", "round"

@@ -1,7 +1,7 @@
 //! `bench --kernels`: each fused kernel timed alone at the shapes that matter (GPT-2 124M's
 //! widths, the sequence lengths, head sizes and vocabularies), one JSON line per
 //! row: the op, the shape, milliseconds per call, and the FLOP and the fewest bytes the call
-//! must move, from which the reader (`stage2_cuda/gpu/run.sh kernels`, `results/bench-suite.sh`)
+//! must move, from which the reader (`gpu/kernels.sh`, `results/bench-suite.sh`)
 //! derives TFLOP/s or GB/s against the device's measured ceilings. Inputs are random (never
 //! zeros). Where an unfused form of the same computation exists it is timed beside it (`impl`
 //! "ours-unfused").
