@@ -1,8 +1,9 @@
-# GPT-2 in Rust, four stages. `make run` trains stage 0 on the bundled corpus;
-# `make test` runs every test (CI runs exactly this); `make bench`, `make results`.
-# Missing system packages (MPICH, libclang for rsmpi's bindings, hwloc's plugins as the GPU
-# hosts' MPICH has them, for a stage 1 test) and the NVRTC library
-# that CI uses to compile the CUDA kernels without a GPU are installed on first use.
+# GPT-2 in Rust, four stages. `make run` trains stage 0 on the bundled corpus (it needs only
+# the Rust toolchain); `make test` runs every test (CI runs exactly this); `make bench`,
+# `make results`. The other targets install missing system packages on first use: MPICH,
+# libclang for rsmpi's bindings, hwloc's plugins as the GPU hosts' MPICH has them (for a
+# stage 1 test), a font for the plots, and the NVRTC library that the tests use to compile
+# the CUDA kernels without a GPU.
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -43,9 +44,9 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace
 
-# Only stage 0 is built here: no MPI or CUDA crates to compile, so a fresh checkout
-# trains within minutes.
-run: deps
+# Only stage 0 is built here, and it needs no system package: no MPI or CUDA crates to
+# compile and nothing to install, so a fresh checkout trains within minutes.
+run:
 	$(CARGO) build --release -p stage0_serial
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out $(RUN_DIR)/stage0
 
