@@ -15,6 +15,7 @@ use crate::{autograd::Pool, data};
 use clap::FromArgMatches;
 use std::io::Write;
 use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// How a stage executes: its name, where it runs, how to make its backend.
@@ -240,6 +241,10 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Generate(args) => on_root(comm, || {
+            if let Some(out) = &args.dump_logits {
+                let inputs = weight_files(&args.checkpoint_or_shipped());
+                crate::input::refuse_overwriting("--dump-logits", out, inputs.iter().map(PathBuf::as_path))?;
+            }
             // The inputs first: a bad checkpoint or prompt is the same error on any machine.
             let ckpt = generate_weights(&args)?;
             if args.temperature.is_nan() || (args.temperature <= 0.0 && !args.greedy) {
@@ -262,12 +267,22 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             Ok(())
         }),
         Command::Plot(args) => on_root(comm, || {
+            crate::input::refuse_overwriting("--out", &args.out, [args.data.as_path()])?;
             crate::report::plot_table(&args.chart())?;
             crate::say!("wrote {}", args.out.display());
             Ok(())
         }),
         Command::Tokenize(args) => on_root(comm, || tokenize_cmd(&args)),
         Command::Export(args) => on_root(comm, || {
+            let written = crate::interop::EXPORTED.map(|f| args.out.join(f));
+            if let Some(over) = written.iter().find(|f| crate::input::same_file(f, &args.checkpoint)) {
+                crate::bail_input!(
+                    "--out {}: the export would write {} over the --checkpoint {}: give another directory",
+                    args.out.display(),
+                    over.display(),
+                    args.checkpoint.display()
+                );
+            }
             let ckpt = checkpoint::load(&args.checkpoint)?;
             let kind = crate::tokenizer::TokenizerKind::from_checkpoint(&ckpt.meta.tokenizer)?;
             crate::interop::export(&args.out, &ckpt.meta.config, kind, &ckpt.params)?;
@@ -275,6 +290,8 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             Ok(())
         }),
         Command::Import(args) => on_root(comm, || {
+            let read = crate::interop::IMPORTED.map(|f| args.from.join(f));
+            crate::input::refuse_overwriting("--out", &args.out, read.iter().map(PathBuf::as_path))?;
             let ckpt = crate::interop::import_checkpoint(&args.from)?;
             let n = ckpt.params.len();
             let zeros = vec![0.0f32; n];
@@ -287,6 +304,14 @@ fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
             );
             Ok(())
         }),
+    }
+}
+
+/// The files `generate` reads its weights from: the checkpoint, or a Hugging Face directory's.
+fn weight_files(path: &Path) -> Vec<PathBuf> {
+    match path.is_dir() {
+        true => crate::interop::IMPORTED.iter().map(|f| path.join(f)).collect(),
+        false => vec![path.to_path_buf()],
     }
 }
 
@@ -405,7 +430,7 @@ fn generate_cmd<B: Backend>(be: &B, ckpt: checkpoint::Checkpoint, args: &Generat
 }
 
 /// `generate --dump-logits`: the logits of every position of `prompt`, as JSON.
-fn dump_logits<B: Backend>(be: &B, model: &Gpt2<B>, text: &str, prompt: &[u32], path: &std::path::Path) -> Result<()> {
+fn dump_logits<B: Backend>(be: &B, model: &Gpt2<B>, text: &str, prompt: &[u32], path: &Path) -> Result<()> {
     let cfg = &model.config;
     if prompt.is_empty() || prompt.len() > cfg.max_seq_len {
         crate::bail_input!(
@@ -433,12 +458,13 @@ fn dump_logits<B: Backend>(be: &B, model: &Gpt2<B>, text: &str, prompt: &[u32], 
     Ok(())
 }
 
-/// `--prompt`, or the lines of `--prompt-file` (empty ones skipped).
+/// `--prompt`, or the lines of `--prompt-file` (empty ones skipped): a regular file, or
+/// standard input (`-`, `/dev/stdin`), of at most [`crate::input::MAX_PROMPT_FILE`] bytes.
 fn prompts(args: &GenerateArgs) -> Result<Vec<String>> {
     let Some(path) = &args.prompt_file else {
         return Ok(vec![args.prompt.clone()]);
     };
-    let text = std::fs::read_to_string(path).map_err(crate::error::io_err(path))?;
+    let text = crate::input::read_text(path, "a prompt file", crate::input::MAX_PROMPT_FILE, true)?;
     let lines: Vec<String> = text.lines().filter(|l| !l.is_empty()).map(str::to_string).collect();
     if lines.is_empty() {
         crate::bail_input!("{}: no prompt in the file (one a line)", path.display());
@@ -447,8 +473,7 @@ fn prompts(args: &GenerateArgs) -> Result<Vec<String>> {
 }
 
 fn tokenize_cmd(args: &TokenizeArgs) -> Result<()> {
-    let real = |p: &std::path::Path| std::fs::canonicalize(p).ok();
-    if real(&args.input).is_some_and(|input| Some(input) == real(&args.output)) {
+    if crate::input::same_file(&args.input, &args.output) {
         crate::bail_input!(
             "--output {} is the --input file: the tokens would replace the text; give another path",
             args.output.display()

@@ -50,6 +50,7 @@ pub fn write_bin(path: &Path, tokens: &[u32]) -> Result<()> {
 
 /// Read an llm.c `.bin` file, checking the header, the exact size and every token id.
 pub fn read_bin(path: &Path, vocab_size: usize) -> Result<Vec<u32>> {
+    crate::input::refuse_special(path, "a .bin token file")?;
     let bytes = fs::read(path).map_err(io_err(path))?;
     parse_bin(path, &bytes, vocab_size)
 }
@@ -101,14 +102,8 @@ fn parse_bin(path: &Path, bytes: &[u8], vocab_size: usize) -> Result<Vec<u32>> {
 /// is read as is; anything else must be UTF-8 text and is encoded with `tok`.
 pub fn load_tokens(path: &Path, tok: &Tokenizer) -> Result<Vec<u32>> {
     let p = path.display();
-    // A device (/dev/zero, /dev/urandom) never ends: it would be read until memory ran out.
-    #[cfg(unix)]
-    if fs::metadata(path).is_ok_and(|m| {
-        use std::os::unix::fs::FileTypeExt;
-        m.file_type().is_char_device() || m.file_type().is_block_device()
-    }) {
-        bail_input!("{p}: a device, not a corpus file");
-    }
+    // A device (/dev/zero) never ends, a FIFO may never be written: neither is opened.
+    crate::input::refuse_special(path, "a corpus file")?;
     let bytes = fs::read(path).map_err(io_err(path))?;
     if bytes.is_empty() {
         bail_input!("{p}: file is empty");

@@ -589,6 +589,124 @@ const CASES: &[(&str, &str, &str)] = &[
         "mnist --synthetic --bench --steps 10000000000",
         "--steps",
     ),
+    // A FIFO where a file is needed is refused before it is opened (which would wait for a
+    // writer); so is a device, which never ends.
+    (
+        "a FIFO as the corpus",
+        "train --data pipe --out o",
+        "named pipe (FIFO), not a corpus file",
+    ),
+    (
+        "a FIFO as the checkpoint to resume",
+        "train --data corpus.txt --out o --resume pipe",
+        "not a checkpoint file",
+    ),
+    (
+        "a FIFO as idx images",
+        mnist!("pipe", "train-labels.idx", "test-images.idx", "test-labels.idx"),
+        "not an idx file",
+    ),
+    (
+        "a device as idx images",
+        mnist!("/dev/zero", "train-labels.idx", "test-images.idx", "test-labels.idx"),
+        "a device, not an idx file",
+    ),
+    (
+        "a device as idx labels",
+        mnist!("train-images.idx", "/dev/zero", "test-images.idx", "test-labels.idx"),
+        "a device, not an idx file",
+    ),
+    (
+        "a FIFO as the checkpoint to generate from",
+        "generate --checkpoint pipe",
+        "not a checkpoint file",
+    ),
+    (
+        "a FIFO as the prompt file",
+        "generate --checkpoint good.ckpt --prompt-file pipe",
+        "not a prompt file",
+    ),
+    (
+        "a device as the prompt file",
+        "generate --checkpoint good.ckpt --prompt-file /dev/zero",
+        "a device",
+    ),
+    (
+        "a prompt file past 16 MiB",
+        "generate --checkpoint good.ckpt --prompt-file big-prompt.txt",
+        "16 MiB",
+    ),
+    (
+        "tokenize a FIFO",
+        "tokenize --input pipe --output out.bin",
+        "not a corpus file",
+    ),
+    (
+        "report: a loss table that is a FIFO",
+        "report --run a=fifo-run --out o",
+        "not a loss table",
+    ),
+    (
+        "report: a loss table that is a device",
+        "report --run a=zero-run --out o",
+        "a device, not a loss table",
+    ),
+    (
+        "report: a loss table past 256 MiB",
+        "report --run a=big-run --out o",
+        "256 MiB",
+    ),
+    (
+        "plot: a FIFO as the table",
+        "plot --data pipe --x threads --y speedup --out p.png",
+        "not a table to plot",
+    ),
+    (
+        "plot: a device as the table",
+        "plot --data /dev/zero --x threads --y speedup --out p.png",
+        "a device",
+    ),
+    (
+        "plot: a table past 64 MiB",
+        "plot --data big-table.tsv --x threads --y speedup --out p.png",
+        "64 MiB",
+    ),
+    (
+        "export: a FIFO as the checkpoint",
+        "export --checkpoint pipe --out hf-out",
+        "not a checkpoint file",
+    ),
+    (
+        "import: a config.json that is a FIFO",
+        "import --from hf-fifo --out o.ckpt",
+        "not a config.json file",
+    ),
+    // An output never replaces an input: same path, symbolic or hard link.
+    (
+        "logits written over the checkpoint",
+        "generate --checkpoint good.ckpt --prompt ab --dump-logits good.ckpt",
+        "inputs",
+    ),
+    (
+        "plot: a chart over its own table (a hard link)",
+        "plot --data table.tsv --x threads --y speedup --out table-link.png",
+        "inputs",
+    ),
+    (
+        "import: the checkpoint over the weights it reads",
+        "import --from hf --out hf/model.safetensors",
+        "inputs",
+    ),
+    (
+        "export: the weights over the checkpoint they come from",
+        "export --checkpoint hf/model.safetensors --out hf",
+        "--checkpoint",
+    ),
+    (
+        "tokens written over a hard link of their text",
+        "tokenize --input corpus.txt --output corpus-link.txt",
+        "--input",
+    ),
     ("unknown subcommand", "fly", "fly"),
     ("unknown flag", "train --data corpus.txt --out o --lr-max 1", "--lr-max"),
 ];
@@ -714,7 +832,32 @@ fn fixtures() -> PathBuf {
         write(&dir, &format!("{name}.ckpt"), &with_meta(&good, at, value.into()));
     }
     hf_fixtures(&dir);
+    special_fixtures(&dir);
     dir
+}
+
+/// Files that are not what they seem: a FIFO (made above) or a device under a file's name,
+/// files past a reader's limit (sparse: nothing is written) and links to inputs.
+fn special_fixtures(dir: &Path) {
+    let fifo = |at: &Path| {
+        let made = Command::new("mkfifo").arg(at).status().unwrap();
+        assert!(made.success(), "mkfifo {}", at.display());
+    };
+    let sparse = |at: &Path, bytes: u64| std::fs::File::create(at).unwrap().set_len(bytes).unwrap();
+    for run in ["fifo-run", "zero-run", "big-run"] {
+        std::fs::create_dir_all(dir.join(run)).unwrap();
+    }
+    fifo(&dir.join("fifo-run/loss.tsv"));
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero-run/loss.tsv")).unwrap();
+    sparse(&dir.join("big-run/loss.tsv"), (256 << 20) + 1);
+    sparse(&dir.join("big-prompt.txt"), (16 << 20) + 1);
+    sparse(&dir.join("big-table.tsv"), (64 << 20) + 1);
+    std::fs::hard_link(dir.join("table.tsv"), dir.join("table-link.png")).unwrap();
+    std::fs::hard_link(dir.join("corpus.txt"), dir.join("corpus-link.txt")).unwrap();
+    // A Hugging Face directory whose config.json is a FIFO.
+    std::fs::create_dir_all(dir.join("hf-fifo")).unwrap();
+    std::fs::copy(dir.join("hf/model.safetensors"), dir.join("hf-fifo/model.safetensors")).unwrap();
+    fifo(&dir.join("hf-fifo/config.json"));
 }
 
 /// The checkpoint `ckpt` with the metadata's value at JSON pointer `at` (e.g. "/train/lr")

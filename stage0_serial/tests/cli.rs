@@ -341,6 +341,31 @@ fn a_stop_at_the_last_step_ends_the_run_as_finished() {
     assert!(stdout.contains("removed 1 temporary file(s)"), "{stdout}");
 }
 
+/// Prompt files and tables to plot may come from a pipe as standard input (`-`,
+/// `/dev/stdin`), read no further than their limit.
+#[test]
+fn text_from_standard_input_is_read_within_its_limit() {
+    use std::process::Stdio;
+    let with_stdin = |args: &[&str], stdin: Stdio| Command::new(BIN).args(args).stdin(stdin).output().unwrap();
+    let zeros = || Stdio::from(std::fs::File::open("/dev/zero").unwrap());
+    // The shipped model (no --checkpoint), prompts from a pipe.
+    let mut child = Command::new(BIN)
+        .args(["generate", "--prompt-file", "-", "--max-new-tokens", "4", "--greedy"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"ROMEO:\nJULIET:\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("--- prompt 2 ---"));
+    let o = with_stdin(&["generate", "--prompt-file", "-"], zeros());
+    assert_bad_input(&o, "-: longer than 16 MiB, the most a prompt file may hold");
+    let plot = ["plot", "--data", "/dev/stdin", "--x", "a", "--y", "b", "--out", "p.png"];
+    assert_bad_input(&with_stdin(&plot, zeros()), "longer than 64 MiB");
+}
+
 #[test]
 fn generate_is_reproducible_and_greedy_is_deterministic() {
     let d = tmpdir("gen");

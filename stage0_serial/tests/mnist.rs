@@ -389,8 +389,12 @@ fn resume_refuses_another_runs_or_a_broken_checkpoint() {
     );
     let fifo = d.join("pipe");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
-    refused(&["--resume", fifo.to_str().unwrap()], "not a regular file"); // no wait for a writer
-                                                                          // Other data: the test set's 200 images made with another seed.
+    // No wait for a writer.
+    refused(
+        &["--resume", fifo.to_str().unwrap()],
+        "named pipe (FIFO), not an MLP checkpoint file",
+    );
+    // Other data: the test set's 200 images made with another seed.
     let other = d.join("other-data");
     std::fs::create_dir_all(&other).unwrap();
     let mut changed = files.clone();

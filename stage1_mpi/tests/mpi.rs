@@ -508,8 +508,14 @@ fn rank_0_commands_and_the_environment_fail_in_one_line() {
     let d = tmpdir("root-only");
     let data = corpus(&d);
     let missing = d.join("missing.ckpt");
+    // A FIFO as the corpus: refused by rank 0 without opening it (which would wait for a writer).
+    let fifo = d.join("pipe");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut from_fifo = train_args(fifo.to_str().unwrap(), &d.join("run"), &["--steps", "5"]);
+    set_flag(&mut from_fifo, "--batch", "3"); // one row on each of the 3 ranks
     let args = |line: &[&str]| line.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let cases: Vec<(Vec<String>, Vec<(&str, &str)>, &str)> = vec![
+        (from_fifo, vec![], "named pipe (FIFO), not a corpus file"),
         (
             args(&["generate", "--checkpoint", missing.to_str().unwrap()]),
             vec![],

@@ -156,6 +156,7 @@ pub struct Stream<M> {
 /// are read ([`Stream::read_arrays`]).
 pub fn open<M: DeserializeOwned>(path: &Path, kind: &Kind) -> Result<Stream<M>> {
     let shown = path.display();
+    crate::input::refuse_special(path, "a checkpoint file")?;
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -29,6 +29,13 @@ use std::path::Path;
 
 pub const WEIGHTS: &str = "model.safetensors";
 pub const CONFIG: &str = "config.json";
+const VOCAB: &str = "vocab.json";
+const MERGES: &str = "merges.txt";
+const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
+/// The files [`export`] writes into its directory.
+pub const EXPORTED: [&str; 5] = [WEIGHTS, VOCAB, MERGES, TOKENIZER_CONFIG, CONFIG];
+/// The files [`import`] reads from its directory.
+pub const IMPORTED: [&str; 2] = [CONFIG, WEIGHTS];
 /// Largest `config.json` read (a real one is about 1 KiB).
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -74,10 +81,10 @@ pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &
     let tok = Tokenizer::new(tokenizer)?;
     let (vocab, merges) = vocab::files(&tok);
     write(
-        &dir.join("vocab.json"),
+        &dir.join(VOCAB),
         &serde_json::to_vec(&vocab).expect("plain data serialises"),
     )?;
-    write(&dir.join("merges.txt"), merges.as_bytes())?;
+    write(&dir.join(MERGES), merges.as_bytes())?;
     let eot = tok.end_of_text().map(|_| "<|endoftext|>");
     let tokenizer_config = serde_json::json!({
         "tokenizer_class": "GPT2Tokenizer",
@@ -85,7 +92,7 @@ pub fn export(dir: &Path, cfg: &ModelConfig, tokenizer: TokenizerKind, params: &
         "add_prefix_space": false,
         "bos_token": eot, "eos_token": eot, "unk_token": eot,
     });
-    write(&dir.join("tokenizer_config.json"), &pretty(&tokenizer_config))?;
+    write(&dir.join(TOKENIZER_CONFIG), &pretty(&tokenizer_config))?;
     write(&dir.join(CONFIG), &pretty(&config::to_json(cfg, tokenizer)))
 }
 
@@ -222,6 +229,7 @@ pub fn import(dir: &Path) -> Result<Imported> {
 
 /// The whole of `path`, refused when longer than `max` bytes.
 fn read_at_most(path: &Path, max: u64) -> Result<Vec<u8>> {
+    crate::input::refuse_special(path, "a config.json file")?;
     let file = std::fs::File::open(path).map_err(io_err(path))?;
     let len = file.metadata().map_err(io_err(path))?.len();
     if len > max {
@@ -237,6 +245,7 @@ fn read_at_most(path: &Path, max: u64) -> Result<Vec<u8>> {
 
 /// A safetensors file, read whole once its header length is known to fit it.
 fn read_safetensors(path: &Path) -> Result<Vec<u8>> {
+    crate::input::refuse_special(path, "a safetensors file")?;
     let mut file = std::fs::File::open(path).map_err(io_err(path))?;
     let len = file.metadata().map_err(io_err(path))?.len();
     let mut head = [0u8; 8];

@@ -143,12 +143,12 @@ pub fn save(path: &Path, meta: &Meta, params: &[f32], state: &[&[f32]]) -> Resul
 }
 
 /// Reads a checkpoint's bytes (see [`parse`]): a regular file (a FIFO or a device would block
-/// or never end).
+/// or never end: [`crate::input::refuse_special`]).
 pub fn read(path: &Path) -> Result<Vec<u8>> {
     let shown = path.display();
+    crate::input::refuse_special(path, "an MLP checkpoint file")?;
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => crate::bail_input!("{shown}: is a directory, not an MLP checkpoint file"),
-        Ok(m) if !m.is_file() => crate::bail_input!("{shown}: not a regular file, so not an MLP checkpoint"),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => crate::bail_input!("{shown}: no such checkpoint file"),
         Err(e) => return Err(io_err(path)(e)),

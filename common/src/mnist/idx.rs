@@ -48,15 +48,21 @@ pub fn read_labels(path: &Path, classes: usize) -> Result<Vec<u8>> {
 
 /// The file's bytes, inflated when they start with gzip's magic (1f 8b): no further than the
 /// idx header inside claims (plus one byte, so that trailing data shows), and never past
-/// [`MAX_BYTES`].
+/// [`MAX_BYTES`]. A regular file only (a FIFO would wait for a writer, a device never end), its
+/// size checked before it is read.
 fn read_file(path: &Path) -> Result<Vec<u8>> {
     let name = path.display();
-    let raw = std::fs::read(path).map_err(io_err(path))?;
+    crate::input::refuse_special(path, "an idx file")?;
+    let file = std::fs::File::open(path).map_err(io_err(path))?;
+    let len = file.metadata().map_err(io_err(path))?.len();
+    if len > MAX_BYTES {
+        bail_input!("{name}: {len} bytes is larger than an idx file can be here ({MAX_BYTES})");
+    }
+    // The file may grow while it is read: never past the limit.
+    let mut raw = Vec::with_capacity(len as usize);
+    file.take(MAX_BYTES + 1).read_to_end(&mut raw).map_err(io_err(path))?;
     if raw.len() as u64 > MAX_BYTES {
-        bail_input!(
-            "{name}: {} bytes is larger than an idx file can be here ({MAX_BYTES})",
-            raw.len()
-        );
+        bail_input!("{name}: grew past {MAX_BYTES} bytes while it was read");
     }
     if !raw.starts_with(&[0x1f, 0x8b]) {
         return Ok(raw);

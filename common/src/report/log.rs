@@ -105,11 +105,13 @@ impl LossLog {
         crate::atomic_file::create_dir(dir)?;
         let path = dir.join("loss.tsv");
         let kept: Vec<String> = match keep_rows {
-            Some(n) => match std::fs::read_to_string(&path) {
-                Ok(text) => text.lines().skip(1).take(n as usize).map(str::to_string).collect(),
-                Err(_) => Vec::new(), // the table went missing: rows continue in a new one
-            },
-            None => Vec::new(),
+            // A FIFO or a device in its place is refused, not read.
+            Some(n) if path.exists() => {
+                let text = crate::input::read_text(&path, "a loss table", crate::input::MAX_LOSS_TABLE, false)?;
+                text.lines().skip(1).take(n as usize).map(str::to_string).collect()
+            }
+            // The table went missing: rows continue in a new one.
+            _ => Vec::new(),
         };
         if let Some(n) = keep_rows.filter(|&n| n > kept.len() as u64) {
             eprintln!(

@@ -10,7 +10,8 @@ pub mod progress;
 
 pub use plot::{plot_table, Chart};
 
-use crate::error::{io_err, Error, Result};
+use crate::error::{Error, Result};
+use crate::input::{read_text, MAX_LOSS_TABLE};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -66,7 +67,7 @@ fn read_run(spec: &str) -> Result<Run> {
     };
     let dir = Path::new(dir);
     let tsv = dir.join("loss.tsv");
-    let text = std::fs::read_to_string(&tsv).map_err(io_err(&tsv))?;
+    let text = read_text(&tsv, "a loss table", MAX_LOSS_TABLE, false)?;
     let text = complete_lines(&text, &tsv);
     // Columns by name: tables from before the bad_steps column read the same.
     let header: Vec<&str> = text.lines().next().unwrap_or("").split('\t').collect();

@@ -4,7 +4,7 @@
 //! order. Log axes plot log10 of the values with the values as labels.
 
 use super::{drawable, load_font, span};
-use crate::error::{io_err, Error, Result};
+use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
 /// What to draw: the table's columns, the axes, the files.
@@ -112,7 +112,7 @@ pub fn plot_table(args: &Chart) -> Result<()> {
             args.out.display()
         );
     }
-    let text = std::fs::read_to_string(&args.data).map_err(io_err(&args.data))?;
+    let text = crate::input::read_text(&args.data, "a table to plot", crate::input::MAX_PLOT_TABLE, true)?;
     let mut lines = lines(&text, &args.data, args)?;
     let (lx, ly) = (args.log_x, args.log_y);
     for (name, pts) in &mut lines {

@@ -177,6 +177,8 @@ impl BatchDump {
 /// whose size or description does not match.
 pub fn read(path: &Path) -> Result<(DumpMeta, Vec<Batch>)> {
     let sidecar = meta_path(path);
+    crate::input::refuse_special(&sidecar, "a batch dump description")?;
+    crate::input::refuse_special(path, "a batch dump")?;
     let json = std::fs::read(&sidecar).map_err(io_err(&sidecar))?;
     let meta: DumpMeta = serde_json::from_slice(&json)
         .map_err(|e| Error::Input(format!("{}: not a batch dump description ({e})", sidecar.display())))?;

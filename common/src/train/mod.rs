@@ -33,12 +33,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     }
     if let Some(dump) = &args.dump_batches {
         // The dump replaces its file: never one of the run's inputs.
-        let same = |p: &std::path::Path| match (std::fs::canonicalize(p), std::fs::canonicalize(dump)) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => p == dump,
-        };
         let inputs = [Some(&args.data), args.resume.as_ref(), args.init_from.as_ref()];
-        if let Some(input) = inputs.into_iter().flatten().find(|p| same(p)) {
+        if let Some(input) = inputs.into_iter().flatten().find(|p| crate::input::same_file(p, dump)) {
             crate::bail_input!(
                 "--dump-batches {} is one of the run's inputs ({}): give another path",
                 dump.display(),
