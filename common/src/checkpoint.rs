@@ -50,6 +50,10 @@ pub struct CheckpointMeta {
     /// Where the run's log stood (rows written, time so far, the steps since the last
     /// row), opaque to this module.
     pub progress: serde_json::Value,
+    /// The corpus the run trained on (absent from imported checkpoints and from those
+    /// written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<crate::data::DataIdentity>,
 }
 
 /// The checkpoint's header JSON: the metadata and the tensor list it was written with.

@@ -126,6 +126,71 @@ pub fn load_tokens(path: &Path, tok: &Tokenizer) -> Result<Vec<u32>> {
     Ok(tokens)
 }
 
+/// Which corpus a run trained on, as its checkpoints record it, so that a resumed run can refuse
+/// another: the file's name, its size and the xxHash64 of its first and of its last MiB (of the
+/// whole of a smaller file), which reads two MiB of a corpus of any size.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DataIdentity {
+    /// The file's name, without its directory (shown in messages; not compared).
+    pub name: String,
+    pub bytes: u64,
+    /// xxHash64 (seed 0) of the first MiB, as `0x` and 16 hex digits.
+    pub head_xxh64: String,
+    /// xxHash64 (seed 0) of the last MiB, as `0x` and 16 hex digits.
+    pub tail_xxh64: String,
+}
+
+impl DataIdentity {
+    /// The bytes hashed at each end: a MiB.
+    const PART: u64 = 1 << 20;
+
+    /// The identity of the corpus at `path` (a regular file, as [`load_tokens`] wants).
+    pub fn of(path: &Path) -> Result<Self> {
+        use std::io::{Read, Seek, SeekFrom};
+        const MIB: u64 = DataIdentity::PART;
+        crate::input::refuse_special(path, "a corpus file")?;
+        let mut file = fs::File::open(path).map_err(io_err(path))?;
+        let bytes = file.metadata().map_err(io_err(path))?.len();
+        let mut hash_from = |at: u64| -> std::io::Result<String> {
+            let mut part = Vec::new();
+            file.seek(SeekFrom::Start(at))?;
+            (&mut file).take(MIB).read_to_end(&mut part)?;
+            Ok(format!("{:#018x}", xxhash_rust::xxh64::xxh64(&part, 0)))
+        };
+        let head_xxh64 = hash_from(0).map_err(io_err(path))?;
+        let tail_xxh64 = hash_from(bytes.saturating_sub(MIB)).map_err(io_err(path))?;
+        let name = path
+            .file_name()
+            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(DataIdentity {
+            name,
+            bytes,
+            head_xxh64,
+            tail_xxh64,
+        })
+    }
+
+    /// Whether `other` holds the same data: its size and both hashes (a corpus moved or
+    /// renamed is the same corpus).
+    pub fn same_data(&self, other: &DataIdentity) -> bool {
+        (self.bytes, &self.head_xxh64, &self.tail_xxh64) == (other.bytes, &other.head_xxh64, &other.tail_xxh64)
+    }
+}
+
+impl std::fmt::Display for DataIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (name, bytes) = (&self.name, self.bytes);
+        match bytes <= DataIdentity::PART {
+            true => write!(f, "{name} ({bytes} bytes, xxh64 {})", self.head_xxh64),
+            false => write!(
+                f,
+                "{name} ({bytes} bytes, xxh64 of its first and last MiB {} and {})",
+                self.head_xxh64, self.tail_xxh64
+            ),
+        }
+    }
+}
+
 /// Training and validation tokens: the validation set is the tail of the corpus.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Split {

@@ -55,6 +55,12 @@ fn meta(config: ModelConfig, step: u64) -> CheckpointMeta {
             "lr": 6e-4, "beta2": 0.95, "weight_decay": 0.1, "odd": 0.1 + 0.2,
             "tiny": 1.234_567_890_123_456_7e-300, "batch": 4, "seq_len": 64, "name": "run-α",
         }),
+        data: Some(common::data::DataIdentity {
+            name: "corpus.txt".into(),
+            bytes: 3 << 20,
+            head_xxh64: "0x0123456789abcdef".into(),
+            tail_xxh64: "0xfedcba9876543210".into(),
+        }),
     }
 }
 

@@ -345,6 +345,7 @@ fn micro_meta() -> CheckpointMeta {
         seed: 1234,
         train: serde_json::json!({"lr": 6e-4, "batch": 4, "seq_len": 4, "name": "fuzz"}),
         progress: serde_json::json!({"rows": 2}),
+        data: None,
     }
 }
 

@@ -707,6 +707,22 @@ const CASES: &[(&str, &str, &str)] = &[
         "tokenize --input corpus.txt --output corpus-link.txt",
         "--input",
     ),
+    // Flags that would change nothing, or the run's data without a word.
+    (
+        "a warmup longer than the run",
+        "train --data corpus.txt --out o --model tiny --batch 4 --seq-len 16 --steps 4 --warmup 18446744073709551615",
+        "--warmup",
+    ),
+    (
+        "--stop-after at the run's last step",
+        "train --data corpus.txt --out o --model tiny --batch 4 --seq-len 16 --steps 4 --stop-after 4",
+        "--stop-after",
+    ),
+    (
+        "resume on another corpus",
+        "train --data other.txt --out o --resume good.ckpt",
+        "--resume-on-new-data",
+    ),
     ("unknown subcommand", "fly", "fly"),
     ("unknown flag", "train --data corpus.txt --out o --lr-max 1", "--lr-max"),
 ];
@@ -837,7 +853,8 @@ fn fixtures() -> PathBuf {
 }
 
 /// Files that are not what they seem: a FIFO (made above) or a device under a file's name,
-/// files past a reader's limit (sparse: nothing is written) and links to inputs.
+/// files past a reader's limit (sparse: nothing is written), links to inputs and another
+/// corpus.
 fn special_fixtures(dir: &Path) {
     let fifo = |at: &Path| {
         let made = Command::new("mkfifo").arg(at).status().unwrap();
@@ -854,6 +871,8 @@ fn special_fixtures(dir: &Path) {
     sparse(&dir.join("big-table.tsv"), (64 << 20) + 1);
     std::fs::hard_link(dir.join("table.tsv"), dir.join("table-link.png")).unwrap();
     std::fs::hard_link(dir.join("corpus.txt"), dir.join("corpus-link.txt")).unwrap();
+    let other = "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n\n".repeat(60);
+    write(dir, "other.txt", other.as_bytes());
     // A Hugging Face directory whose config.json is a FIFO.
     std::fs::create_dir_all(dir.join("hf-fifo")).unwrap();
     std::fs::copy(dir.join("hf/model.safetensors"), dir.join("hf-fifo/model.safetensors")).unwrap();

@@ -200,7 +200,7 @@ fn a_new_run_moves_an_earlier_run_aside_and_that_run_still_resumes() {
         std::fs::read(out.join("model.ckpt")).unwrap(),
     );
     // Another run (another seed) in the same --out.
-    let other = with_flag(train_args(data, out.to_str().unwrap(), &SCHEDULE), "--steps", "4");
+    let other = with_flag(train_args(data, out.to_str().unwrap(), &SCHEDULE), "--steps", "5");
     let o = run(&with_flag(other, "--seed", "9"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let said = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
@@ -317,9 +317,9 @@ fn resuming_with_other_settings_says_so_or_refuses() {
 }
 
 #[test]
-fn a_stop_at_the_last_step_ends_the_run_as_finished() {
-    // --stop-after at the last step (as Ctrl-C there) changes nothing: the run ends as a
-    // finished one, with its summary, not as one to resume (a resume would be refused).
+fn a_stop_at_the_last_step_is_refused_and_a_finished_run_sweeps_torn_files() {
+    // --stop-after at the last step would change nothing (the run ends as a finished one
+    // there, as after Ctrl-C at that step): refused in one line, before anything is written.
     let d = tmpdir("stoplast");
     let data = corpus(&d);
     let data = data.to_str().unwrap();
@@ -328,17 +328,52 @@ fn a_stop_at_the_last_step_ends_the_run_as_finished() {
     std::fs::create_dir_all(&out).unwrap();
     let stale = out.join(".model.ckpt.999999999.tmp");
     std::fs::write(&stale, b"torn").unwrap();
-    let o = run(&train_args(
-        data,
-        out.to_str().unwrap(),
-        &["--steps", "6", "--stop-after", "6"],
-    ));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(!stdout.contains("stopped after"), "{stdout}");
+    let args = train_args(data, out.to_str().unwrap(), &["--steps", "6"]);
+    assert_bad_input(&run(&with_flag(args.clone(), "--stop-after", "6")), "--stop-after 6");
+    assert!(stale.exists() && !out.join("loss.tsv").exists(), "nothing written");
+    let stdout = run_ok(&args);
     assert!(out.join("summary.json").exists() && out.join("model.ckpt").exists());
     assert!(!stale.exists(), "the leftover temporary file is removed");
     assert!(stdout.contains("removed 1 temporary file(s)"), "{stdout}");
+}
+
+/// A checkpoint records its corpus: resuming on another is refused, unless
+/// --resume-on-new-data asks for it, and then the new checkpoint records the new corpus. The
+/// same corpus under another name resumes without a word.
+#[test]
+fn resume_refuses_another_corpus_unless_asked() {
+    let d = tmpdir("newdata");
+    let data = corpus(&d);
+    let other = d.join("other.txt");
+    let text = std::fs::read_to_string(&data).unwrap().replace("ROMEO", "TYBALT");
+    std::fs::write(&other, text).unwrap();
+    let renamed = d.join("renamed.txt");
+    std::fs::copy(&data, &renamed).unwrap();
+    let out = d.join("run");
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    run_ok(&train_args(data_s, out_s, &["--steps", "6", "--stop-after", "3"]));
+    let ck = out.join("model.ckpt");
+    let recorded = common::checkpoint::load_meta(&ck)
+        .unwrap()
+        .data
+        .expect("the corpus is recorded");
+    assert_eq!(recorded, common::data::DataIdentity::of(&data).unwrap());
+    let resume = |data: &Path, extra: &[&str]| {
+        let args = train_args(data.to_str().unwrap(), out_s, &["--resume", ck.to_str().unwrap()]);
+        run(&[&args[..], extra].concat())
+    };
+    let o = resume(&renamed, &["--stop-after", "4"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("going on with"));
+    assert_bad_input(&resume(&other, &[]), "--resume-on-new-data");
+    let o = resume(&other, &["--resume-on-new-data"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("note: going on with other.txt"), "{stdout}");
+    let now = common::checkpoint::load_meta(&ck).unwrap().data.unwrap();
+    assert_eq!(now, common::data::DataIdentity::of(&other).unwrap());
+    // The flag without --resume is refused by the command line.
+    assert_bad_input(&run(&train_args(data_s, out_s, &["--resume-on-new-data"])), "--resume");
 }
 
 /// Prompt files and tables to plot may come from a pipe as standard input (`-`,
@@ -1118,6 +1153,12 @@ fn report_keeps_a_diverged_runs_rows_and_plots_its_finite_losses() {
         std::fs::create_dir_all(d.join(name)).unwrap();
         std::fs::write(d.join(name).join("loss.tsv"), format!("{header}{rows}")).unwrap();
     }
+    // The good run finished (a summary); the diverged one wrote none.
+    let summary = common::report::RunSummary {
+        params: 1234,
+        ..Default::default()
+    };
+    std::fs::write(d.join("good/summary.json"), serde_json::to_string(&summary).unwrap()).unwrap();
     let out = d.join("report");
     let arg = |name: &str| format!("{name}={}", d.join(name).display());
     let o = run(&[
@@ -1133,6 +1174,10 @@ fn report_keeps_a_diverged_runs_rows_and_plots_its_finite_losses() {
     assert!(o.status.success(), "{err}");
     let md = std::fs::read_to_string(out.join("README.md")).unwrap();
     assert!(md.contains("NaN") && md.contains("inf"), "{md}");
+    // A run without summary.json is marked, not read as zeros.
+    assert!(md.contains("Model: 1234 parameters"), "{md}");
+    assert!(md.contains("| diverged | not finished (no summary.json) |"), "{md}");
+    assert!(err.contains("note: ") && err.contains("no summary.json"), "{err}");
     let font = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists();
     if font {
         assert!(!err.contains("no plot"), "{err}");

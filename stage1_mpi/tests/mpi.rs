@@ -443,7 +443,7 @@ fn a_checkpoint_setting_no_flag_would_take_stops_every_rank_in_one_line() {
     let d = tmpdir("bad-setting");
     let data = corpus(&d);
     let out = d.join("run");
-    assert_ok(&mpirun(2, &train_args(&data, &out, &["--steps", "4"]), &[]));
+    assert_ok(&mpirun(2, &train_args(&data, &out, &["--steps", "5"]), &[]));
     let mut ckpt = common::checkpoint::load(&out.join("model.ckpt")).unwrap();
     ckpt.meta.train["sync_every"] = serde_json::json!(0);
     let forged = d.join("forged.ckpt");
@@ -467,7 +467,7 @@ fn resuming_on_ranks_that_do_not_divide_the_batch_names_those_that_do() {
     let out = d.join("run");
     assert_ok(&mpirun(
         2,
-        &train_args(&data, &out, &["--steps", "4", "--grad-accum", "2"]),
+        &train_args(&data, &out, &["--steps", "5", "--grad-accum", "2"]),
         &[],
     ));
     let ckpt = out.join("model.ckpt");

@@ -362,6 +362,11 @@ pub struct TrainArgs {
     /// Continue the run saved in this checkpoint.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// With --resume: go on with a corpus other than the one the checkpoint's run trained on
+    /// (the checkpoint records its name, size and first and last MiB; another corpus is
+    /// refused without this flag).
+    #[arg(long, requires = "resume")]
+    pub resume_on_new_data: bool,
     /// Start a new run from this checkpoint's weights (fine-tuning): its model and tokenizer,
     /// with a fresh optimizer, data order, schedule and log (unlike --resume, which continues
     /// the same run). From `train` or `import`.

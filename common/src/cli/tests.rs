@@ -29,6 +29,7 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("train", "val_fraction", &["0", "1", "nan", "-0.5"]),
     ("train", "checkpoint_every", &["-1"]),
     ("train", "resume", &[]),
+    ("train", "resume_on_new_data", &[]),
     ("train", "stop_after", &["0"]),
     ("train", "max_bad_steps", &["0"]),
     ("train", "comm_timeout", &["0", "-5", "x"]),

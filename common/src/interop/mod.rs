@@ -122,6 +122,7 @@ pub fn import_checkpoint(dir: &Path) -> Result<Checkpoint> {
         seed: 0,
         train: serde_json::json!({ IMPORTED_FROM: dir.display().to_string() }),
         progress: serde_json::json!({}),
+        data: None,
     };
     Ok(Checkpoint {
         meta,

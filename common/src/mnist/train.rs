@@ -363,6 +363,12 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, asked: &RunSettings) -> Result
         ));
         return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
     };
+    if let Some(n) = asked.stop_after.filter(|&n| n >= total_steps) {
+        let e = Error::Input(format!(
+            "--stop-after {n} is not before the run's last step {total_steps}: the run ends there anyway; leave it out"
+        ));
+        return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
+    }
     let config = mnist_config(asked.lr, total_steps, asked.weight_decay);
     let widths = widths(&train, &asked.hidden)?;
     let settings = Settings::of(asked, &widths, &train, &test);

@@ -11,7 +11,7 @@ pub mod progress;
 pub use plot::{plot_table, Chart};
 
 use crate::error::{Error, Result};
-use crate::input::{read_text, MAX_LOSS_TABLE};
+use crate::input::{read_text, MAX_LOSS_TABLE, MAX_RUN_NOTE};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -37,7 +37,8 @@ pub struct RunSummary {
 struct Run {
     label: String,
     rows: Vec<[f64; 5]>, // epoch, train_loss, val_loss, tokens_per_s, elapsed_s
-    summary: RunSummary,
+    /// `None` for a run that has not finished (no `summary.json`).
+    summary: Option<RunSummary>,
     /// Where it was measured: `DIR/env.txt`, as `results/describe-machine.sh` writes it.
     env: Option<String>,
 }
@@ -105,12 +106,23 @@ fn read_run(spec: &str) -> Result<Run> {
     if rows.is_empty() {
         crate::bail_input!("{}: no rows (did the run finish?)", tsv.display());
     }
+    // `train` writes it at the end: a run stopped early (--stop-after, Ctrl-C), diverged or
+    // still going has a table but no summary, and is marked as not finished.
     let sj = dir.join("summary.json");
-    let summary = match std::fs::read_to_string(&sj) {
-        Ok(s) => serde_json::from_str(&s).map_err(|e| Error::Input(format!("{}: {e}", sj.display())))?,
-        Err(_) => RunSummary::default(),
+    let summary = match sj.exists() {
+        true => {
+            let text = read_text(&sj, "a run summary", MAX_RUN_NOTE, false)?;
+            Some(serde_json::from_str(&text).map_err(|e| Error::Input(format!("{}: {e}", sj.display())))?)
+        }
+        false => {
+            eprintln!(
+                "note: {} has no summary.json (the run stopped early, diverged or is still going): table 1 marks it as not finished",
+                dir.display()
+            );
+            None
+        }
     };
-    let env = std::fs::read_to_string(dir.join("env.txt"))
+    let env = read_text(&dir.join("env.txt"), "a machine description", MAX_RUN_NOTE, false)
         .ok()
         .map(|s| s.trim().to_string());
     Ok(Run {
@@ -139,13 +151,18 @@ pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
     }
     crate::atomic_file::create_dir(out)?;
     let mut md = String::new();
-    let s0 = &runs[0].summary;
     let _ = writeln!(md, "# Results\n");
+    let model = match runs.iter().find_map(|r| r.summary.as_ref()) {
+        Some(s) => format!(
+            "Model: {} parameters, batch {}×{}, {} steps, same seed for every stage.",
+            s.params, s.batch, s.seq_len, s.steps
+        ),
+        None => "No run has finished (none has `summary.json`).".to_string(),
+    };
     let _ = writeln!(
         md,
         "Written by `make results` (the `report` subcommand) from the runs' own `loss.tsv` and `summary.json`. \
-         Model: {} parameters, batch {}×{}, {} steps, same seed for every stage.\n",
-        s0.params, s0.batch, s0.seq_len, s0.steps
+         {model}\n"
     );
     let _ = writeln!(
         md,
@@ -158,15 +175,22 @@ pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
     let _ = writeln!(md, "\n## Table 1: training and inference time\n");
     let _ = writeln!(md, "| stage | device | ranks | training time (s) | speed-up | train tokens/s | inference tokens/s | final val loss |");
     let _ = writeln!(md, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    let base = s0.train_time_s;
+    let base = runs[0].summary.as_ref().map_or(0.0, |s| s.train_time_s);
     for r in &runs {
-        let s = &r.summary;
+        let Some(s) = &r.summary else {
+            let _ = writeln!(
+                md,
+                "| {} | not finished (no summary.json) | – | – | – | – | – | – |",
+                r.label
+            );
+            continue;
+        };
         let infer = if s.sample_time_s > 0.0 {
             format!("{:.0}", s.sample_tokens as f64 / s.sample_time_s)
         } else {
             "–".into()
         };
-        let speedup = if s.train_time_s > 0.0 {
+        let speedup = if s.train_time_s > 0.0 && base > 0.0 {
             format!("{:.2}×", base / s.train_time_s)
         } else {
             "–".into()
@@ -224,7 +248,7 @@ pub fn report(runs: &[String], out: &Path) -> Result<PathBuf> {
              stage 0; stage 2 within 1e-3 of the CPU over 200 steps; stage 3 within 1e-3 of stage 2)."
         );
     }
-    if !s0.sample.is_empty() {
+    if let Some(s0) = runs[0].summary.as_ref().filter(|s| !s.sample.is_empty()) {
         let _ = writeln!(
             md,
             "\n## Sample from {}\n\n```text\n{}\n```",

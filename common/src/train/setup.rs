@@ -11,7 +11,7 @@ use crate::cli::{
     DEFAULT_VAL_FRACTION, DEFAULT_WARMUP, DEFAULT_WEIGHT_DECAY,
 };
 use crate::comm::{agree, check_same_everywhere, from_root, Comm};
-use crate::data::{self, Batch, DataCursor, Loader};
+use crate::data::{self, Batch, DataCursor, DataIdentity, Loader};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use crate::optim::OptimConfig;
@@ -45,6 +45,8 @@ pub struct Run<'a, B: Backend> {
     pub log_state: LogState,
     /// The run's settings, saved in checkpoints.
     settings: serde_json::Value,
+    /// The corpus, saved in checkpoints.
+    corpus: DataIdentity,
 }
 
 impl<'a, B: Backend> Run<'a, B> {
@@ -76,7 +78,9 @@ impl<'a, B: Backend> Run<'a, B> {
         // A resumed run keeps its seed: it fixes the data order the cursor points into.
         let seed = agree(comm, run_seed(args, resumed.as_ref()))?;
 
-        // Rank 0 reads and tokenizes the corpus; every rank gets the tokens.
+        // Rank 0 reads and tokenizes the corpus (a resumed run's own, unless asked otherwise);
+        // every rank gets the tokens.
+        let corpus = corpus_identity(comm, args, resumed.as_ref())?;
         let bytes = from_root(comm, || {
             let tokens = data::load_tokens(&args.data, &tok)?;
             Ok(bytemuck::cast_slice(&tokens).to_vec())
@@ -100,6 +104,9 @@ impl<'a, B: Backend> Run<'a, B> {
                 "--steps / --epochs give {total_steps} steps, more than {MAX_STEPS}: ask for fewer"
             ));
             return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
+        }
+        if let Some(why) = schedule_refuses(args, total_steps) {
+            return Err(Error::Input(why).on_every_rank()); // the same flags everywhere
         }
         // The optimiser's settings: the flags, else the resumed run's, else the defaults.
         let setting = Resumed {
@@ -251,6 +258,7 @@ impl<'a, B: Backend> Run<'a, B> {
             stop_after: args.stop_after,
             log_state,
             settings,
+            corpus,
         })
     }
 
@@ -267,6 +275,7 @@ impl<'a, B: Backend> Run<'a, B> {
             seed: self.seed,
             train: self.settings.clone(),
             progress: serde_json::to_value(log).expect("plain data serialises"),
+            data: Some(self.corpus.clone()),
         }
     }
 
@@ -323,6 +332,46 @@ fn schedule_length(
         }
     }
     Ok(total)
+}
+
+/// Why flags that shape the schedule do nothing in a run of `total_steps` steps, if they do:
+/// a `--warmup` longer than the run (the learning rate would never reach `--lr`), a
+/// `--stop-after` at or past its last step (the run ends there anyway).
+fn schedule_refuses(args: &TrainArgs, total_steps: u64) -> Option<String> {
+    if let Some(w) = args.warmup.filter(|&w| w > total_steps) {
+        return Some(format!(
+            "--warmup {w} is longer than the run's {total_steps} steps: the learning rate would never reach --lr; \
+             give at most {total_steps}"
+        ));
+    }
+    let n = args.stop_after.filter(|&n| n >= total_steps)?;
+    Some(format!(
+        "--stop-after {n} is not before the run's last step {total_steps}: the run ends there anyway; leave it out"
+    ))
+}
+
+/// What the corpus is (rank 0 reads it; every rank gets it). Resuming, a corpus other than the
+/// one the checkpoint records is refused unless `--resume-on-new-data` asks for it (then said in
+/// one line); a checkpoint that records none (older, or imported) takes any.
+fn corpus_identity(comm: &dyn Comm, args: &TrainArgs, resumed: Option<&CheckpointMeta>) -> Result<DataIdentity> {
+    let json = from_root(comm, || {
+        let data = DataIdentity::of(&args.data)?;
+        if let Some(saved) = resumed.and_then(|m| m.data.as_ref()).filter(|s| !s.same_data(&data)) {
+            if !args.resume_on_new_data {
+                crate::bail_input!(
+                    "cannot resume: the checkpoint's run trained on {saved}, not on {data}: give its corpus, or add \
+                     --resume-on-new-data to go on with this one"
+                );
+            }
+            crate::say!(
+                "note: going on with {} where the checkpoint's run trained on {} (--resume-on-new-data)",
+                data.name,
+                saved.name
+            );
+        }
+        Ok(serde_json::to_vec(&data).expect("plain data serialises"))
+    })?;
+    serde_json::from_slice(&json).map_err(|e| Error::Device(format!("the corpus's identity from rank 0: {e}")))
 }
 
 /// Rank 0's checkpoint metadata, on every rank.
