@@ -51,6 +51,17 @@ impl Error {
         }
     }
 
+    /// The error as a run that has started meets it: an I/O failure then (a full disk, a file
+    /// system gone) is the run's failure, exit 1, not bad input (nothing the command line could
+    /// have said differently). The message stays the same.
+    pub fn during_run(self) -> Error {
+        match self {
+            Error::Io { path, source } => Error::Training(format!("{}: {source}", path.display())),
+            Error::OnEveryRank(inner) => inner.during_run().on_every_rank(),
+            e => e,
+        }
+    }
+
     pub fn is_on_every_rank(&self) -> bool {
         matches!(self, Error::OnEveryRank(_))
     }

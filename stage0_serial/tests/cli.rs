@@ -806,9 +806,12 @@ fn non_finite_steps_are_skipped_counted_and_stop_the_run() {
         table[1..].iter().all(|r| r[2] != "NaN"),
         "the skipped updates left the model finite: {table:?}"
     );
-    // Whatever checkpoint was written holds finite values only, and generation takes it.
+    // Whatever checkpoint was written holds finite values only, and generation takes it; the
+    // line names the one on disk (a write in progress when the run stopped ends first).
     let ckpt = out.join("model.ckpt");
     if ckpt.exists() {
+        let step = common::checkpoint::load_meta(&ckpt).unwrap().step;
+        assert!(err.contains(&format!("model.ckpt (step {step})")), "{err}");
         let o = run(&[
             "generate",
             "--checkpoint",
@@ -818,6 +821,28 @@ fn non_finite_steps_are_skipped_counted_and_stop_the_run() {
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
+}
+
+/// A write that fails once the run has started (a file size limit here, which fails a write as
+/// a full disk does) ends the run as a failed one: exit 1, one line naming the file.
+#[test]
+fn a_write_failing_during_the_run_exits_1() {
+    let d = tmpdir("full");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let args = train_args(data.to_str().unwrap(), out.to_str().unwrap(), &["--steps", "2"]);
+    // SIGXFSZ ignored (which exec keeps), a write past 32 KiB fails with EFBIG: the table's
+    // rows fit, the checkpoint does not.
+    let o = Command::new("sh")
+        .args(["-c", "trap '' XFSZ; ulimit -f 64; exec \"$0\" \"$@\""])
+        .arg(BIN)
+        .args(&args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("model.ckpt") && err.contains("File too large"), "{err}");
 }
 
 #[test]

@@ -502,6 +502,30 @@ fn an_mnist_sweep_on_ranks_that_do_not_divide_its_batches_says_which_do() {
 }
 
 #[test]
+fn a_diverged_run_ends_in_one_line_naming_the_checkpoint_on_disk() {
+    // lr 1e4: the losses turn non-finite within a few steps. Every rank stops at the same step;
+    // rank 0's checkpoint write in progress ends first, and every rank names that one, so the
+    // ranks' lines agree and one is printed.
+    let d = tmpdir("diverge");
+    let data = corpus(&d);
+    let out = d.join("run");
+    let extra = ["--steps", "60", "--eval-every", "1", "--checkpoint-every", "1"];
+    let mut args = train_args(&data, &out, &extra);
+    set_flag(&mut args, "--lr", "1e4");
+    set_flag(&mut args, "--warmup", "1");
+    let o = mpirun(2, &args, &[]);
+    assert_eq!(o.code, Some(1), "{}", o.stderr);
+    let lines: Vec<&str> = o.stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(lines.len(), 1, "one line: {}", o.stderr);
+    assert!(lines[0].contains("in a row"), "{}", lines[0]);
+    let ckpt = out.join("model.ckpt");
+    if ckpt.exists() {
+        let step = common::checkpoint::load_meta(&ckpt).unwrap().step;
+        assert!(lines[0].contains(&format!("model.ckpt (step {step})")), "{}", lines[0]);
+    }
+}
+
+#[test]
 fn rank_0_commands_and_the_environment_fail_in_one_line() {
     // Commands rank 0 runs alone share its outcome, and the environment is checked by every
     // rank together: under mpirun, one line (rank 0's) and no abort.

@@ -457,7 +457,8 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, asked: &RunSettings) -> Result
     };
     let end = asked.stop_after.map_or(total_steps, |s| s.min(total_steps));
     while run.meta.step < end {
-        if run.epoch(end)? == Ended::Stopped {
+        // A failed write from here on (a full disk) is the run's failure, not bad input.
+        if run.epoch(end).map_err(Error::during_run)? == Ended::Stopped {
             let how = run.saved_how();
             run.bar.abandon();
             let msg = format!("stopped after step {}; {how}", run.meta.step);

@@ -44,14 +44,26 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     }
     let mut run = Run::prepare(be, comm, args)?;
     // Before anything is written to OUT: a path that cannot be written is one line.
-    let mut dump = match &args.dump_batches {
+    let dump = match &args.dump_batches {
         Some(path) => Some(BatchDump::create(path, dump::meta_of(&run))?),
         None => None,
     };
-    let mut session = Session::open(&run, comm, args)?;
+    let session = Session::open(&run, comm, args)?;
     if args.save_init {
         session.save_init(&run)?;
     }
+    // From here on a failed write (a full disk) is the run's failure, not bad input.
+    run_steps(&mut run, session, dump, comm, args).map_err(Error::during_run)
+}
+
+/// The steps of a run set up, and its end: the last checkpoint, the dump, the summary.
+fn run_steps<B: Backend>(
+    run: &mut Run<B>,
+    mut session: Session<'_>,
+    mut dump: Option<BatchDump>,
+    comm: &dyn Comm,
+    args: &TrainArgs,
+) -> Result<()> {
     let local_batch = run.batch / comm.size();
     let grad_norm_steps = grad_norm_steps();
     for step in run.start_step..run.total_steps {
@@ -65,7 +77,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let started = Instant::now();
         let report = run.trainer.step(&batch, local_batch, run.seq_len, step)?;
         session.add_time(started.elapsed().as_secs_f64(), 1);
-        print_grad_norms_if_asked(&run, comm, step, &grad_norm_steps)?;
+        print_grad_norms_if_asked(run, comm, step, &grad_norm_steps)?;
         session.record_all(&report.finished)?;
         if let Some(d) = dump.as_mut() {
             d.add_stats(&report.finished);
@@ -77,7 +89,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         // (its summary and sample written), not as one to resume. Every rank knows `last`.
         let stop = match last {
             true => None,
-            false => session.stop_requested(&run, done)?,
+            false => session.stop_requested(run, done)?,
         };
         let log_point = done % run.eval_every == 0 || last;
         let periodic = args.checkpoint_every > 0 && done % args.checkpoint_every == 0;
@@ -93,10 +105,10 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
             }
         }
         if log_point {
-            session.log_row(&mut run)?;
+            session.log_row(run)?;
         }
         if periodic || last || stop.is_some() {
-            session.checkpoint(&run, done)?;
+            session.checkpoint(run, done)?;
         }
         if let Some(why) = stop {
             finish_dump(dump)?;
@@ -110,7 +122,7 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
         let (elapsed, tokens_per_s) = (session.elapsed(), tokens / session.step_time);
         // The last checkpoint is written: the memory its copy kept goes (sampling may want it).
         run.trainer.release_checkpoint_memory();
-        finish(&mut run, args, elapsed, tokens_per_s, session.last_val)?;
+        finish(run, args, elapsed, tokens_per_s, session.last_val)?;
     }
     Ok(())
 }

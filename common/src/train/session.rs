@@ -228,6 +228,11 @@ impl<'a> Session<'a> {
             return Ok(());
         }
         self.leaving(); // every rank sees the same stats, so all stop here
+                        // A checkpoint still being written ends first, and every rank learns rank 0's last
+                        // complete one: the line names the file on disk, and reads the same on every rank.
+        let written = agree(self.comm, self.writer.wait())?;
+        self.announce(written);
+        self.learn_saved_on_root()?;
         self.bar.abandon();
         let last = match self.saved_at {
             Some(s) => format!("the last good checkpoint is {} (step {s})", self.ckpt.display()),
@@ -246,22 +251,41 @@ impl<'a> Session<'a> {
     /// The same sum tells the other ranks which checkpoint rank 0 has finished writing.
     pub fn stop_requested<B: Backend>(&mut self, run: &Run<B>, done: u64) -> Result<Option<Stop>> {
         let stop = crate::stop::asked() as u8 as f32;
-        // Rank 0's last complete checkpoint, as two whole floats (exact below 2^36 steps).
-        let written = match self.comm.is_root() {
-            true => self.saved_at.unwrap_or(0),
-            false => 0,
-        };
-        let mut v = [stop, (written >> 12) as f32, (written & 0xfff) as f32];
+        let [high, low] = self.saved_on_root_parts();
+        let mut v = [stop, high, low];
         self.comm.all_reduce_sum_host(&mut v)?;
-        let written = ((v[1] as u64) << 12) | v[2] as u64;
-        if written > 0 && self.saved_at != Some(written) {
-            self.now_saved(written);
-        }
+        self.learn_saved([v[1], v[2]]);
         Ok(if v[0] > 0.0 {
             Some(Stop::Interrupted)
         } else {
             (run.stop_after == Some(done)).then_some(Stop::StopAfter)
         })
+    }
+
+    /// Rank 0's last complete checkpoint as two whole floats, for a sum over the ranks (exact
+    /// below 2^36 steps); 0 on the other ranks.
+    fn saved_on_root_parts(&self) -> [f32; 2] {
+        let written = match self.comm.is_root() {
+            true => self.saved_at.unwrap_or(0),
+            false => 0,
+        };
+        [(written >> 12) as f32, (written & 0xfff) as f32]
+    }
+
+    /// Notes the checkpoint that [`Session::saved_on_root_parts`] summed over the ranks names.
+    fn learn_saved(&mut self, [high, low]: [f32; 2]) {
+        let written = ((high as u64) << 12) | low as u64;
+        if written > 0 && self.saved_at != Some(written) {
+            self.now_saved(written);
+        }
+    }
+
+    /// Every rank learns rank 0's last complete checkpoint (a host collective every rank calls).
+    fn learn_saved_on_root(&mut self) -> Result<()> {
+        let mut v = self.saved_on_root_parts();
+        self.comm.all_reduce_sum_host(&mut v)?;
+        self.learn_saved(v);
+        Ok(())
     }
 
     /// A `loss.tsv` row for the window that ends at this step (rank 0 evaluates).
