@@ -34,13 +34,11 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     if let Some(dump) = &args.dump_batches {
         // The dump replaces its file: never one of the run's inputs.
         let inputs = [Some(&args.data), args.resume.as_ref(), args.init_from.as_ref()];
-        if let Some(input) = inputs.into_iter().flatten().find(|p| crate::input::same_file(p, dump)) {
-            crate::bail_input!(
-                "--dump-batches {} is one of the run's inputs ({}): give another path",
-                dump.display(),
-                input.display()
-            );
-        }
+        crate::input::refuse_overwriting(
+            "--dump-batches",
+            dump,
+            inputs.into_iter().flatten().map(|p| p.as_path()),
+        )?;
     }
     let mut run = Run::prepare(be, comm, args)?;
     // Before anything is written to OUT: a path that cannot be written is one line.
