@@ -2,7 +2,7 @@
 //! subcommand, and turn any error into one line on stderr and an exit code (2 for bad
 //! input), never a panic.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, FusedMlp};
 use crate::checkpoint;
 use crate::cli::{check_flags, Cli, Command, DeviceArgs, GenerateArgs, StageKind, TokenizeArgs};
 use crate::comm::{agree, check_same_everywhere, leave_together, on_root, Comm};
@@ -25,7 +25,7 @@ pub struct Stage<'a, B> {
     pub backend: &'a dyn Fn(&DeviceArgs, &dyn Comm) -> Result<B>,
 }
 
-pub fn main<B: Backend>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode {
+pub fn main<B: FusedMlp>(stage: Stage<B>, comm: &dyn Comm, cli: Cli) -> ExitCode {
     match run(&stage, comm, cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(stage.name, comm, e),
@@ -177,7 +177,7 @@ pub fn parse_cli(name: &str, kind: StageKind, comm: &dyn Comm) -> std::result::R
     }
 }
 
-fn run<B: Backend>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
+fn run<B: FusedMlp>(stage: &Stage<B>, comm: &dyn Comm, cli: Cli) -> Result<()> {
     // One environment for every rank, as mpirun passes it on: refused by all together.
     agree(comm, crate::cli::check_env().map_err(Error::Input))?;
     match cli.command {

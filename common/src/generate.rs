@@ -239,8 +239,7 @@ impl<B: Backend> DecodeReplay<B> {
             g.copy_act_into(last, logits)?;
             Ok(key(stage))
         })?;
-        // SAFETY: `logits` holds the padded vocabulary's activations; `out` is that long.
-        unsafe { be.download_act(self.logits.ptr().cast(), out) }
+        be.download_act(self.logits.span().words_as(be.act(), out.len()), out)
     }
 }
 

@@ -268,10 +268,8 @@ impl GradSync {
         // The update must be written before the sum reads it.
         be.synchronize()?;
         // SAFETY: the whole layout, inside `params` (checked above).
-        unsafe {
-            timed(&mut comm_s, || comm.all_reduce_sum(params.ptr(), self.total))?;
-            be.scale(params.ptr(), self.total, 1.0 / world as f32);
-        }
+        timed(&mut comm_s, || unsafe { comm.all_reduce_sum(params.ptr(), self.total) })?;
+        be.scale(params.span(), self.total, 1.0 / world as f32);
         model.refresh_copy(be)?;
         Ok(comm_s)
     }

@@ -8,7 +8,7 @@
 //! those parameters only (weight decay still per parameter, the decay segments cut to the
 //! shard), and sums its shard's Σg² with the other ranks' before the global norm.
 
-use crate::backend::{bf16, check_range, AdamWHyper, Backend, DevPtr, DeviceBuffer, SgdHyper, StepState};
+use crate::backend::{bf16, check_range, AdamWHyper, Backend, DeviceBuffer, SgdHyper, Span, StepState};
 use crate::comm::{device_order, Comm};
 use crate::error::Result;
 use crate::model::ParamLayout;
@@ -100,8 +100,8 @@ impl<B: Backend> StepMeter<B> {
     }
 
     /// The history: (loss, norm) of step s at 2·(s mod [`StepMeter::history_len`]).
-    pub fn history(&self) -> DevPtr {
-        self.history.ptr()
+    pub fn history(&self) -> Span<'_> {
+        self.history.span()
     }
 
     /// Where the step's loss goes (a buffer and an offset): each micro-batch adds its own.
@@ -110,8 +110,8 @@ impl<B: Backend> StepMeter<B> {
     }
 
     /// The [`StepState`] the updates read.
-    pub fn state(&self) -> DevPtr {
-        self.state.ptr()
+    pub fn state(&self) -> Span<'_> {
+        self.state.span()
     }
 
     /// Writes 0-based `step`'s learning rate, bias corrections (for AdamW's `betas`; 1 for
@@ -154,17 +154,13 @@ impl<B: Backend> StepMeter<B> {
         loss_scale: f32,
     ) -> Result<()> {
         check_range("gradients", grads.len(), shard.start, shard.len())?;
-        let s = self.state.ptr();
-        // SAFETY: grads holds the shard (checked above); the state its words, the history
-        // 2·history_len; Σg² is the state's first word, which nothing else touches meanwhile.
-        unsafe {
-            be.zero(s, 1); // sumsq
-            be.sum_squares(s, grads.ptr().add(shard.start), shard.len());
-            if let Some(comm) = across {
-                self.sum_across(be, comm, StepState::SUMSQ)?;
-            }
-            be.step_stats(s, self.history.ptr(), self.history_len, grad_clip, loss_scale);
+        let s = self.state.span();
+        be.zero(s, 1); // sumsq
+        be.sum_squares(s, grads.span().slice(shard.start, shard.len()), shard.len());
+        if let Some(comm) = across {
+            self.sum_across(be, comm, StepState::SUMSQ)?;
         }
+        be.step_stats(s, self.history.span(), self.history_len, grad_clip, loss_scale);
         Ok(())
     }
 
@@ -387,21 +383,17 @@ impl<B: Backend> AdamW<B> {
             eps: c.eps,
             weight_decay: c.weight_decay,
         };
-        // SAFETY: params, grads and the copy hold the n values, m and v the shard's (checked
-        // above); the range lies inside the shard (asserted) and its segments cover it from
-        // its start; the state holds its words.
-        unsafe {
-            be.adamw(
-                params.ptr().add(range.start),
-                grads.ptr().add(range.start),
-                self.m.ptr().add(from),
-                self.v.ptr().add(from),
-                &segments,
-                self.meter.state(),
-                hp,
-                copy.map(|c| c.ptr().add(range.start)),
-            );
-        }
+        let n = range.len();
+        be.adamw(
+            params.span().slice(range.start, n),
+            grads.span().slice(range.start, n),
+            self.m.span().slice(from, n),
+            self.v.span().slice(from, n),
+            &segments,
+            self.meter.state(),
+            hp,
+            copy.map(|c| c.span().slice(range.start, n)),
+        );
         Ok(())
     }
 }
@@ -453,19 +445,15 @@ impl<B: Backend> Sgd<B> {
                 weight_decay: if *decay { self.config.weight_decay } else { 0.0 },
             };
             let (o, len) = (range.start, range.len());
-            // SAFETY: every buffer holds the n values (checked above); each segment lies
-            // inside 0..n; the state holds its words.
-            unsafe {
-                be.sgd(
-                    params.ptr().add(o),
-                    grads.ptr().add(o),
-                    self.velocity.ptr().add(o),
-                    len,
-                    self.meter.state(),
-                    hp,
-                    copy.map(|c| c.ptr().add(o)),
-                );
-            }
+            be.sgd(
+                params.span().slice(o, len),
+                grads.span().slice(o, len),
+                self.velocity.span().slice(o, len),
+                len,
+                self.meter.state(),
+                hp,
+                copy.map(|c| c.span().slice(o, len)),
+            );
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
 use common::backend::{
-    bf16, token_order, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Overwrite, SgdHyper, StepState,
+    bf16, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Overwrite, SgdHyper, Span, StepState,
 };
 
 const FP32_TOL: f32 = 1e-4;
@@ -77,7 +77,7 @@ fn inputs_for(precision: Precision) -> Inputs {
 /// Activations (the backend's type) from f32 values, in a buffer of 4-byte words.
 fn upload_act<B: Backend>(be: &B, data: &[f32]) -> B::Buffer<f32> {
     let buf = alloc_act(be, data.len());
-    unsafe { be.upload_act(act(&buf), data) }.expect("upload");
+    be.upload_act(act(be, &buf), data).expect("upload");
     buf
 }
 
@@ -88,14 +88,14 @@ fn alloc_act<B: Backend>(be: &B, n: usize) -> B::Buffer<f32> {
 fn download_act<B: Backend>(be: &B, buf: &B::Buffer<f32>, n: usize) -> Vec<f32> {
     let mut out = vec![0.0; n];
     assert!(be.act().words(n) <= buf.len());
-    unsafe { be.download_act(act(buf), &mut out) }.expect("download");
+    be.download_act(act(be, buf), &mut out).expect("download");
     be.synchronize().expect("synchronize");
     out
 }
 
-/// A buffer's start as activations.
-fn act<T: common::backend::Elem>(buf: &impl DeviceBuffer<T>) -> DevPtr<Act> {
-    buf.ptr().cast()
+/// A buffer of 4-byte words as the backend's activations (two bf16 to a word).
+fn act<'a, B: Backend>(be: &B, buf: &'a B::Buffer<f32>) -> Span<'a, Act> {
+    buf.span().words_as_all(be.act())
 }
 
 fn random_ids(n: usize, seed: u64, below: usize) -> Vec<i32> {
@@ -166,11 +166,33 @@ fn encoder_case<B: Backend>(be: &B, q: Inputs, ids: &[i32], t: usize, c: usize, 
     let wte = upload_act(be, &rnd(q, v * c, 2, 1.0));
     let wpe = upload_act(be, &rnd(q, t * c, 3, 1.0));
     let out = alloc_act(be, b * t * c);
-    unsafe { be.encoder_forward(act(&out), tokens.ptr(), None, act(&wte), act(&wpe), b, t, c) };
+    unsafe {
+        be.encoder_forward(
+            act(be, &out),
+            tokens.span(),
+            None,
+            act(be, &wte),
+            act(be, &wpe),
+            b,
+            t,
+            c,
+        )
+    };
     let dout = upload_act(be, &rnd(q, b * t * c, 4, 1.0));
     let dwte = upload(be, &rnd(q, v * c, 5, 1.0));
     let dwpe = upload(be, &rnd(q, t * c, 6, 1.0));
-    unsafe { be.encoder_backward(dwte.ptr(), dwpe.ptr(), act(&dout), tokens.ptr(), order.ptr(), b, t, c) };
+    unsafe {
+        be.encoder_backward(
+            dwte.span(),
+            dwpe.span(),
+            act(be, &dout),
+            tokens.span(),
+            order.span(),
+            b,
+            t,
+            c,
+        )
+    };
     vec![
         download_act(be, &out, b * t * c),
         download(be, &dwte),
@@ -228,27 +250,25 @@ fn matmul_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, oc: usize, wi
     let w = upload_act(be, &rnd(q, oc * c, 12, 0.5));
     let bias = upload_act(be, &rnd(q, oc, 13, 1.0));
     let out = alloc_act(be, bt * oc);
-    let bias_ptr = with_bias.then(|| act(&bias));
-    unsafe { be.matmul_forward(act(&out), act(&inp), act(&w), bias_ptr, bt, c, oc) };
+    let bias_arg = with_bias.then(|| act(be, &bias));
+    be.matmul_forward(act(be, &out), act(be, &inp), act(be, &w), bias_arg, bt, c, oc);
     let dout = upload_act(be, &rnd(q, bt * oc, 14, 1.0));
     let dinp = upload_act(be, &rnd(q, bt * c, 15, 1.0));
     let dw = upload(be, &rnd(q, oc * c, 16, 1.0));
     let dbias = upload(be, &rnd(q, oc, 17, 1.0));
-    let dbias_ptr = with_bias.then(|| dbias.ptr());
-    unsafe {
-        be.matmul_backward(
-            Overwrite::ACCUMULATE,
-            act(&dinp),
-            dw.ptr(),
-            dbias_ptr,
-            act(&dout),
-            act(&inp),
-            act(&w),
-            bt,
-            c,
-            oc,
-        )
-    };
+    let dbias_arg = with_bias.then(|| dbias.span());
+    be.matmul_backward(
+        Overwrite::ACCUMULATE,
+        act(be, &dinp),
+        dw.span(),
+        dbias_arg,
+        act(be, &dout),
+        act(be, &inp),
+        act(be, &w),
+        bt,
+        c,
+        oc,
+    );
     vec![
         download_act(be, &out, bt * oc),
         download_act(be, &dinp, bt * c),
@@ -304,8 +324,17 @@ fn mlp_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, h: usize, oc: us
     let w_fc = upload_act(be, &rnd(q, h * c, 92, 3.0 / (c as f32).sqrt()));
     let b_fc = upload_act(be, &rnd(q, h, 93, 1.0));
     let (pre, out) = (alloc_act(be, bt * h), alloc_act(be, bt * h));
-    let bias = with_bias.then(|| act(&b_fc));
-    unsafe { be.matmul_gelu_forward(act(&pre), act(&out), act(&inp), act(&w_fc), bias, bt, c, h) };
+    let bias = with_bias.then(|| act(be, &b_fc));
+    be.matmul_gelu_forward(
+        act(be, &pre),
+        act(be, &out),
+        act(be, &inp),
+        act(be, &w_fc),
+        bias,
+        bt,
+        c,
+        h,
+    );
     let pre_b = upload_act(be, &rnd(q, bt * h, 94, 4.0));
     let act_b = upload_act(be, &rnd(q, bt * h, 95, 2.0));
     let w_proj = upload_act(be, &rnd(q, oc * h, 96, 0.5));
@@ -313,24 +342,22 @@ fn mlp_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize, h: usize, oc: us
     let dpre = upload_act(be, &rnd(q, bt * h, 98, 1.0));
     let dw = upload(be, &rnd(q, oc * h, 99, 1.0));
     let dbias = upload(be, &rnd(q, oc, 100, 1.0));
-    let dbias_ptr = with_bias.then(|| dbias.ptr());
+    let dbias_arg = with_bias.then(|| dbias.span());
     let dpre_bias = upload(be, &rnd(q, h, 101, 1.0));
-    unsafe {
-        be.matmul_backward_dgelu(
-            act(&dpre),
-            with_bias.then(|| dpre_bias.ptr()),
-            dw.ptr(),
-            false,
-            dbias_ptr,
-            act(&dout),
-            act(&act_b),
-            act(&pre_b),
-            act(&w_proj),
-            bt,
-            h,
-            oc,
-        )
-    };
+    be.matmul_backward_dgelu(
+        act(be, &dpre),
+        with_bias.then(|| dpre_bias.span()),
+        dw.span(),
+        false,
+        dbias_arg,
+        act(be, &dout),
+        act(be, &act_b),
+        act(be, &pre_b),
+        act(be, &w_proj),
+        bt,
+        h,
+        oc,
+    );
     vec![
         download_act(be, &pre, bt * h),
         download_act(be, &out, bt * h),
@@ -408,21 +435,18 @@ fn gelu_epilogues_run_at_gpt2_shapes_in_bf16_only() {
 /// `matmul_backward` on buffers [dinp, dw, dbias, dout, inp, w] at (BT, C, OC).
 fn backward_with_bias<B: Backend>(be: &B, bufs: [&B::Buffer<f32>; 6], (bt, c, oc): (usize, usize, usize)) {
     let [dinp, dw, dbias, dout, inp, w] = bufs;
-    // SAFETY: the callers' buffers hold the op's shapes.
-    unsafe {
-        be.matmul_backward(
-            Overwrite::ACCUMULATE,
-            act(dinp),
-            dw.ptr(),
-            Some(dbias.ptr()),
-            act(dout),
-            act(inp),
-            act(w),
-            bt,
-            c,
-            oc,
-        )
-    };
+    be.matmul_backward(
+        Overwrite::ACCUMULATE,
+        act(be, dinp),
+        dw.span(),
+        Some(dbias.span()),
+        act(be, dout),
+        act(be, inp),
+        act(be, w),
+        bt,
+        c,
+        oc,
+    );
 }
 
 /// `matmul_backward` twice, as two micro-batches (each its own inp and dout, the same w),
@@ -517,25 +541,32 @@ fn layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec<Vec
         be.alloc::<f32>(bt).unwrap(),
         be.alloc::<f32>(bt).unwrap(),
     );
-    unsafe { be.layernorm_forward(act(&out), mean.ptr(), rstd.ptr(), act(&inp), act(&w), act(&b), bt, c) };
+    be.layernorm_forward(
+        act(be, &out),
+        mean.span(),
+        rstd.span(),
+        act(be, &inp),
+        act(be, &w),
+        act(be, &b),
+        bt,
+        c,
+    );
     let dout = upload_act(be, &rnd(q, bt * c, 24, 1.0));
     let dinp = upload_act(be, &rnd(q, bt * c, 25, 1.0));
     let dw = upload(be, &rnd(q, c, 26, 1.0));
     let db = upload(be, &rnd(q, c, 27, 1.0));
-    unsafe {
-        be.layernorm_backward(
-            act(&dinp),
-            dw.ptr(),
-            db.ptr(),
-            act(&dout),
-            act(&inp),
-            act(&w),
-            mean.ptr(),
-            rstd.ptr(),
-            bt,
-            c,
-        )
-    };
+    be.layernorm_backward(
+        act(be, &dinp),
+        dw.span(),
+        db.span(),
+        act(be, &dout),
+        act(be, &inp),
+        act(be, &w),
+        mean.span(),
+        rstd.span(),
+        bt,
+        c,
+    );
     vec![
         download_act(be, &out, bt * c),
         download(be, &mean),
@@ -590,21 +621,19 @@ fn add_layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec
     let bias = upload_act(be, &rnd(q, c, 34, 1.0));
     let (sum, out) = (alloc_act(be, bt * c), alloc_act(be, bt * c));
     let (mean, rstd) = (be.alloc::<f32>(bt).unwrap(), be.alloc::<f32>(bt).unwrap());
-    let (w_p, bias_p) = (act(&w), act(&bias));
-    unsafe {
-        be.add_layernorm_forward(
-            act(&sum),
-            act(&out),
-            mean.ptr(),
-            rstd.ptr(),
-            act(&a),
-            act(&b),
-            w_p,
-            bias_p,
-            bt,
-            c,
-        )
-    };
+    let (w_p, bias_p) = (act(be, &w), act(be, &bias));
+    be.add_layernorm_forward(
+        act(be, &sum),
+        act(be, &out),
+        mean.span(),
+        rstd.span(),
+        act(be, &a),
+        act(be, &b),
+        w_p,
+        bias_p,
+        bt,
+        c,
+    );
     let sum_b: Vec<f32> = rnd(q, bt * c, 35, 2.0)
         .iter()
         .enumerate()
@@ -616,40 +645,36 @@ fn add_layernorm_case<B: Backend>(be: &B, q: Inputs, bt: usize, c: usize) -> Vec
         be.alloc::<f32>(bt).unwrap(),
         alloc_act(be, bt * c),
     );
-    unsafe {
-        be.layernorm_forward(
-            act(&scratch),
-            mean_b.ptr(),
-            rstd_b.ptr(),
-            act(&sum_b),
-            w_p,
-            bias_p,
-            bt,
-            c,
-        )
-    };
+    be.layernorm_forward(
+        act(be, &scratch),
+        mean_b.span(),
+        rstd_b.span(),
+        act(be, &sum_b),
+        w_p,
+        bias_p,
+        bt,
+        c,
+    );
     let dout = upload_act(be, &rnd(q, bt * c, 36, 1.0));
     let dsum = upload_act(be, &rnd(q, bt * c, 37, 1.0));
     let copy = upload_act(be, &rnd(q, bt * c, 38, 1.0));
     let dw = upload(be, &rnd(q, c, 39, 1.0));
     let db = upload(be, &rnd(q, c, 40, 1.0));
     let dbias = upload(be, &rnd(q, c, 41, 1.0));
-    unsafe {
-        be.add_layernorm_backward(
-            act(&dsum),
-            Some(act(&copy)),
-            Some(dbias.ptr()),
-            dw.ptr(),
-            db.ptr(),
-            act(&dout),
-            act(&sum_b),
-            w_p,
-            mean_b.ptr(),
-            rstd_b.ptr(),
-            bt,
-            c,
-        )
-    };
+    be.add_layernorm_backward(
+        act(be, &dsum),
+        Some(act(be, &copy)),
+        Some(dbias.span()),
+        dw.span(),
+        db.span(),
+        act(be, &dout),
+        act(be, &sum_b),
+        w_p,
+        mean_b.span(),
+        rstd_b.span(),
+        bt,
+        c,
+    );
     vec![
         download_act(be, &sum, bt * c),
         download_act(be, &out, bt * c),
@@ -750,24 +775,22 @@ fn attention_case_scaled<B: Backend>(
     let qkv = upload_act(be, &rnd(q, b * t * 3 * c, 31, scale));
     let out = alloc_act(be, b * t * c);
     let saved = be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap();
-    unsafe { be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh) };
+    be.attention_forward(act(be, &out), saved.span(), act(be, &qkv), b, t, c, nh);
     let dout = upload_act(be, &rnd(q, b * t * c, 32, 1.0));
     let dqkv = upload_act(be, &rnd(q, b * t * 3 * c, 33, 1.0));
-    unsafe {
-        be.attention_backward(
-            false,
-            act(&dqkv),
-            None,
-            act(&dout),
-            act(&qkv),
-            act(&out),
-            saved.ptr(),
-            b,
-            t,
-            c,
-            nh,
-        )
-    };
+    be.attention_backward(
+        false,
+        act(be, &dqkv),
+        None,
+        act(be, &dout),
+        act(be, &qkv),
+        act(be, &out),
+        saved.span(),
+        b,
+        t,
+        c,
+        nh,
+    );
     vec![
         download_act(be, &out, b * t * c),
         download_act(be, &dqkv, b * t * 3 * c),
@@ -878,10 +901,10 @@ fn flash_attention_saves_one_value_per_row() {
 fn gelu_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
     let inp = upload_act(be, &rnd(q, n, 41, 4.0));
     let out = alloc_act(be, n);
-    unsafe { be.gelu_forward(act(&out), act(&inp), n) };
+    be.gelu_forward(act(be, &out), act(be, &inp), n);
     let dout = upload_act(be, &rnd(q, n, 42, 1.0));
     let dinp = upload_act(be, &rnd(q, n, 43, 1.0));
-    unsafe { be.gelu_backward(act(&dinp), act(&inp), act(&dout), n) };
+    be.gelu_backward(act(be, &dinp), act(be, &inp), act(be, &dout), n);
     vec![download_act(be, &out, n), download_act(be, &dinp, n)]
 }
 
@@ -899,10 +922,10 @@ fn gelu_matches_cpu() {
 fn relu_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
     let inp = upload_act(be, &rnd(q, n, 44, 4.0));
     let out = alloc_act(be, n);
-    unsafe { be.relu_forward(act(&out), act(&inp), n) };
+    be.relu_forward(act(be, &out), act(be, &inp), n);
     let dout = upload_act(be, &rnd(q, n, 45, 1.0));
     let dinp = upload_act(be, &rnd(q, n, 46, 1.0));
-    unsafe { be.relu_backward(act(&dinp), act(&inp), act(&dout), n) };
+    be.relu_backward(act(be, &dinp), act(be, &inp), act(be, &dout), n);
     vec![download_act(be, &out, n), download_act(be, &dinp, n)]
 }
 
@@ -924,17 +947,27 @@ fn crossentropy_case<B: Backend>(be: &B, q: Inputs, bt: usize, v: usize, vp: usi
     let logits = upload_act(be, &rnd(q, bt * vp, 51, 4.0));
     let targets = upload_ids(be, &random_ids(bt, 52, v));
     let losses = be.alloc::<f32>(bt).unwrap();
-    unsafe { be.crossentropy_forward(losses.ptr(), act(&logits), targets.ptr(), bt, v, vp) };
+    unsafe { be.crossentropy_forward(losses.span(), act(be, &logits), targets.span(), bt, v, vp) };
     // Padding columns of dlogits must come back untouched, so they start random too.
     let dlogits = upload_act(be, &rnd(q, bt * vp, 53, 1.0));
     let dloss = 1.0 / bt as f32;
-    unsafe { be.crossentropy_backward(act(&dlogits), act(&logits), targets.ptr(), dloss, bt, v, vp) };
+    unsafe { be.crossentropy_backward(act(be, &dlogits), act(be, &logits), targets.span(), dloss, bt, v, vp) };
     // In place: the logits become their gradient (padding 0).
-    unsafe { be.crossentropy_backward_in_place(act(&logits), losses.ptr(), targets.ptr(), dloss, bt, v, vp) };
+    unsafe { be.crossentropy_backward_in_place(act(be, &logits), losses.span(), targets.span(), dloss, bt, v, vp) };
     // Both in one call (training's loss), on the same logits again.
     let fused_logits = upload_act(be, &rnd(q, bt * vp, 51, 4.0));
     let fused_losses = be.alloc::<f32>(bt).unwrap();
-    unsafe { be.crossentropy_fused(fused_losses.ptr(), act(&fused_logits), targets.ptr(), dloss, bt, v, vp) };
+    unsafe {
+        be.crossentropy_fused(
+            fused_losses.span(),
+            act(be, &fused_logits),
+            targets.span(),
+            dloss,
+            bt,
+            v,
+            vp,
+        )
+    };
     vec![
         download(be, &losses),
         download_act(be, &dlogits, bt * vp),
@@ -966,7 +999,7 @@ fn crossentropy_matches_cpu() {
 fn reductions_case<B: Backend>(be: &B, n: usize, max_norm: f32) -> Vec<Vec<f32>> {
     let inp = upload(be, &random(n, 61, 1.0));
     let mean = upload(be, &[7.0]); // overwritten
-    unsafe { be.mean(mean.ptr(), inp.ptr(), n) };
+    be.mean(mean.span(), inp.span(), n);
     let state = StepState {
         sumsq: 0.25, // accumulated into
         loss: 3.0,
@@ -974,10 +1007,10 @@ fn reductions_case<B: Backend>(be: &B, n: usize, max_norm: f32) -> Vec<Vec<f32>>
         ..Default::default()
     };
     let state = upload(be, bytemuck::cast_slice(std::slice::from_ref(&state)));
-    unsafe { be.sum_squares(state.ptr(), inp.ptr(), n) };
-    unsafe { be.sum_squares(state.ptr(), inp.ptr(), n / 2) };
+    be.sum_squares(state.span(), inp.span(), n);
+    be.sum_squares(state.span(), inp.span(), n / 2);
     let history = be.alloc::<f32>(2 * 4).unwrap();
-    unsafe { be.step_stats(state.ptr(), history.ptr(), 4, max_norm, 0.5) };
+    be.step_stats(state.span(), history.span(), 4, max_norm, 0.5);
     vec![download(be, &mean), download(be, &state), download(be, &history)]
 }
 
@@ -1030,31 +1063,27 @@ fn adamw_case<B: Backend>(be: &B, n: usize, t: u64) -> Vec<Vec<f32>> {
     // Weight decay on the first and last thirds only: the kernel finds each parameter's segment.
     let (a, b) = (n / 3, 2 * n / 3);
     let segments = [(0..a, true), (a..b, false), (b..n, true)];
-    unsafe {
-        be.adamw(
-            params.ptr(),
-            grads.ptr(),
-            m.ptr(),
-            v.ptr(),
-            &segments,
-            s1.ptr(),
-            hp,
-            None,
-        )
-    };
-    let copy_ptr = Some(copy.ptr());
-    unsafe {
-        be.adamw(
-            params.ptr(),
-            grads.ptr(),
-            m.ptr(),
-            v.ptr(),
-            &segments,
-            s2.ptr(),
-            hp,
-            copy_ptr,
-        )
-    };
+    be.adamw(
+        params.span(),
+        grads.span(),
+        m.span(),
+        v.span(),
+        &segments,
+        s1.span(),
+        hp,
+        None,
+    );
+    let copy_arg = Some(copy.span());
+    be.adamw(
+        params.span(),
+        grads.span(),
+        m.span(),
+        v.span(),
+        &segments,
+        s2.span(),
+        hp,
+        copy_arg,
+    );
     let mut copied = vec![bf16::ZERO; n];
     be.read(&copy, 0, &mut copied).unwrap();
     let copied = copied.iter().map(|x| x.to_f32()).collect();
@@ -1095,22 +1124,20 @@ fn sgd_case<B: Backend>(be: &B, n: usize) -> Vec<Vec<f32>> {
         momentum: 0.9,
         weight_decay: 0.01,
     };
-    unsafe { be.sgd(params.ptr(), grads.ptr(), velocity.ptr(), n, state.ptr(), hp, None) };
+    be.sgd(params.span(), grads.span(), velocity.span(), n, state.span(), hp, None);
     let hp = SgdHyper {
         weight_decay: 0.0,
         ..hp
     };
-    unsafe {
-        be.sgd(
-            params.ptr(),
-            grads.ptr(),
-            velocity.ptr(),
-            n,
-            state.ptr(),
-            hp,
-            Some(copy.ptr()),
-        )
-    };
+    be.sgd(
+        params.span(),
+        grads.span(),
+        velocity.span(),
+        n,
+        state.span(),
+        hp,
+        Some(copy.span()),
+    );
     let mut copied = vec![bf16::ZERO; n];
     be.read(&copy, 0, &mut copied).unwrap();
     let copied = copied.iter().map(|x| x.to_f32()).collect();
@@ -1139,18 +1166,18 @@ fn memory_case<B: Backend>(be: &B, q: Inputs, n: usize) -> Vec<Vec<f32>> {
     let fresh = be.alloc::<f32>(n).unwrap(); // must be zero-filled
     let a = upload(be, &random(n, 81, 1.0));
     let b = upload(be, &random(n, 82, 1.0));
-    unsafe { be.accumulate(a.ptr(), b.ptr(), n) };
+    be.accumulate(a.span(), b.span(), n);
     let z = upload(be, &random(n, 83, 1.0));
-    unsafe { be.zero(z.ptr().add(1), n - 2) }; // first and last word survive
+    be.zero(z.span().slice(1, n - 2), n - 2); // first and last word survive
     let scaled = upload(be, &random(n, 84, 1.0));
-    unsafe { be.scale(scaled.ptr(), n, -0.3) };
+    be.scale(scaled.span(), n, -0.3);
     // Activations: a sum and an accumulation.
     let (xa, xb) = (upload_act(be, &rnd(q, n, 85, 1.0)), upload_act(be, &rnd(q, n, 86, 1.0)));
     let sum = upload_act(be, &rnd(q, n, 87, 1.0)); // overwritten
-    unsafe { be.add(act(&sum), act(&xa), act(&xb), n) };
-    unsafe { be.accumulate_act(act(&xa), act(&xb), n) };
+    be.add(act(be, &sum), act(be, &xa), act(be, &xb), n);
+    be.accumulate_act(act(be, &xa), act(be, &xb), n);
     let rounded = be.alloc::<bf16>(n).unwrap();
-    unsafe { be.round_to_bf16(rounded.ptr(), scaled.ptr(), n) };
+    be.round_to_bf16(rounded.span(), scaled.span(), n);
     let mut r = vec![bf16::ZERO; n];
     be.read(&rounded, 0, &mut r).unwrap();
     vec![
@@ -1216,12 +1243,30 @@ fn out_of_memory_is_a_device_error() {
 #[ignore = "needs a CUDA device"]
 fn a_bad_launch_surfaces_at_synchronize() {
     let _gpu = support::one_at_a_time();
-    // C not divisible by NH cannot be run: the error waits for synchronize, then clears.
-    let gpu = gpu(Precision::Fp32);
-    unsafe { gpu.attention_forward(DevPtr::default(), DevPtr::default(), DevPtr::default(), 1, 4, 10, 3) };
+    // A head size the flash kernels cannot run (129) passes the op's shape checks but cannot
+    // be launched: the error waits for synchronize, then clears.
+    let gpu = gpu(Precision::Fp32).with_attention(AttentionPath::Flash);
+    let (b, t, c, nh) = (1, 4, 129, 1);
+    let (out, qkv) = (
+        alloc_act(&gpu, b * t * c),
+        upload_act(&gpu, &random(b * t * 3 * c, 7, 1.0)),
+    );
+    let saved = gpu.alloc::<f32>(gpu.attention_saved_len(b, t, nh)).unwrap();
+    gpu.attention_forward(act(&gpu, &out), saved.span(), act(&gpu, &qkv), b, t, c, nh);
     let err = gpu.synchronize().expect_err("must report");
-    assert!(err.to_string().contains("multiple of NH"), "{err}");
+    assert!(err.to_string().contains("head sizes"), "{err}");
     gpu.synchronize().expect("error is reported once");
+    // C not divisible by NH is refused before anything is queued.
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        gpu.attention_forward(act(&gpu, &out), saved.span(), act(&gpu, &qkv), 1, 4, 10, 3)
+    }));
+    let msg = refused.expect_err("must panic");
+    let msg = msg.downcast_ref::<String>().map(String::as_str).unwrap_or_default();
+    assert!(
+        msg.contains("attention_forward") && msg.contains("do not divide"),
+        "{msg}"
+    );
+    gpu.synchronize().expect("nothing was queued");
 }
 
 // ---- bf16: every kernel against the CPU on bf16-exact inputs -------------------------
@@ -1441,22 +1486,20 @@ fn attention_bias_case<B: Backend>(be: &B, q: Inputs, b: usize, t: usize, c: usi
     let dout = upload_act(be, &rnd(q, b * t * c, 52, 1.0));
     let dqkv = upload_act(be, &rnd(q, b * t * 3 * c, 53, 100.0));
     let dbias = upload(be, &rnd(q, 3 * c, 54, 1.0));
-    unsafe {
-        be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh);
-        be.attention_backward(
-            true,
-            act(&dqkv),
-            Some(dbias.ptr()),
-            act(&dout),
-            act(&qkv),
-            act(&out),
-            saved.ptr(),
-            b,
-            t,
-            c,
-            nh,
-        );
-    }
+    be.attention_forward(act(be, &out), saved.span(), act(be, &qkv), b, t, c, nh);
+    be.attention_backward(
+        true,
+        act(be, &dqkv),
+        Some(dbias.span()),
+        act(be, &dout),
+        act(be, &qkv),
+        act(be, &out),
+        saved.span(),
+        b,
+        t,
+        c,
+        nh,
+    );
     vec![download_act(be, &dqkv, b * t * 3 * c), download(be, &dbias)]
 }
 
@@ -1502,7 +1545,7 @@ impl<B: Backend> ErasedAttention for B {
         let qkv = upload_act(be, &rnd(Inputs::Bf16, b * t * 3 * c, 31, 1.0));
         let out = alloc_act(be, b * t * c);
         let saved = be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap();
-        unsafe { be.attention_forward(act(&out), saved.ptr(), act(&qkv), b, t, c, nh) };
+        be.attention_forward(act(be, &out), saved.span(), act(be, &qkv), b, t, c, nh);
         let dout = upload_act(be, &rnd(Inputs::Bf16, b * t * c, 32, 1.0));
         // Written over random values, or added to zeros.
         let start = if overwrite {
@@ -1511,21 +1554,19 @@ impl<B: Backend> ErasedAttention for B {
             vec![0.0; b * t * 3 * c]
         };
         let dqkv = upload_act(be, &start);
-        unsafe {
-            be.attention_backward(
-                overwrite,
-                act(&dqkv),
-                None,
-                act(&dout),
-                act(&qkv),
-                act(&out),
-                saved.ptr(),
-                b,
-                t,
-                c,
-                nh,
-            )
-        };
+        be.attention_backward(
+            overwrite,
+            act(be, &dqkv),
+            None,
+            act(be, &dout),
+            act(be, &qkv),
+            act(be, &out),
+            saved.span(),
+            b,
+            t,
+            c,
+            nh,
+        );
         vec![
             download_act(be, &out, b * t * c),
             download_act(be, &dqkv, b * t * 3 * c),

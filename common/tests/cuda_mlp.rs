@@ -10,7 +10,7 @@ mod support;
 
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::CudaBackend;
-use common::backend::{Backend, DeviceBuffer, Precision};
+use common::backend::{Backend, DeviceBuffer, FusedMlp, Precision};
 use common::comm::Single;
 use common::mnist::data::Dataset;
 use common::mnist::fused::FusedStep;
@@ -48,7 +48,7 @@ fn read<B: Backend>(be: &B, buf: &B::Buffer<f32>) -> Vec<f32> {
 
 /// `EPOCHS` epochs of SGD from the seeded initialisation: the fused step (`record`: replayed)
 /// or the generic one.
-fn run<B: Backend>(be: &B, set: &Dataset, fused: Option<bool>) -> Run {
+fn run<B: FusedMlp>(be: &B, set: &Dataset, fused: Option<bool>) -> Run {
     let steps = (set.len() / BATCH) as u64;
     let config = mnist_config(0.05, EPOCHS * steps, 0.0);
     let mut t = MlpTrainer::new(be, &Single, &WIDTHS, OptimizerKind::Sgd, config, 0.9, SEED).unwrap();

@@ -72,7 +72,7 @@ fn a_snapshot_holds_what_was_queued_before_it_and_nothing_after() {
     let scale = |host: &mut Vec<Vec<f32>>, s: f32, times: usize| {
         for _ in 0..times {
             for (b, h) in bufs.iter().zip(host.iter_mut()) {
-                unsafe { be.scale(b.ptr(), b.len(), s) };
+                be.scale(b.span(), b.len(), s);
                 h.iter_mut().for_each(|x| *x *= s);
             }
         }

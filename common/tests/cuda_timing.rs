@@ -70,11 +70,11 @@ fn gpt2_step_table(precision: Precision) {
         "encoder fwd",
         time(&be, || unsafe {
             be.encoder_forward(
-                x.ptr().cast(),
-                tokens.ptr().cast(),
+                x.span().act(),
+                tokens.span(),
                 None,
-                wte.ptr().cast(),
-                wpe.ptr().cast(),
+                wte.span().act(),
+                wpe.span().act(),
                 B,
                 T,
                 C,
@@ -86,11 +86,11 @@ fn gpt2_step_table(precision: Precision) {
         "encoder bwd",
         time(&be, || unsafe {
             be.encoder_backward(
-                dwte.ptr().cast(),
-                dwpe.ptr().cast(),
-                dx.ptr().cast(),
-                tokens.ptr().cast(),
-                order.ptr().cast(),
+                dwte.span(),
+                dwpe.span(),
+                dx.span().act(),
+                tokens.span(),
+                order.span(),
                 B,
                 T,
                 C,
@@ -107,29 +107,29 @@ fn gpt2_step_table(precision: Precision) {
         be.alloc::<f32>(BT).unwrap(),
     );
     let (dw, db) = (be.alloc::<f32>(C).unwrap(), be.alloc::<f32>(C).unwrap());
-    let ln_f = || unsafe {
+    let ln_f = || {
         be.layernorm_forward(
-            ln.ptr().cast(),
-            mean.ptr().cast(),
-            rstd.ptr().cast(),
-            x.ptr().cast(),
-            w.ptr().cast(),
-            bias.ptr().cast(),
+            ln.span().act(),
+            mean.span(),
+            rstd.span(),
+            x.span().act(),
+            w.span().act(),
+            bias.span().act(),
             BT,
             C,
         )
     };
     row("layernorm fwd", time(&be, ln_f), 2 * L + 1);
-    let ln_b = || unsafe {
+    let ln_b = || {
         be.layernorm_backward(
-            dx.ptr().cast(),
-            dw.ptr().cast(),
-            db.ptr().cast(),
-            ln.ptr().cast(),
-            x.ptr().cast(),
-            w.ptr().cast(),
-            mean.ptr().cast(),
-            rstd.ptr().cast(),
+            dx.span().act(),
+            dw.span(),
+            db.span(),
+            ln.span().act(),
+            x.span().act(),
+            w.span().act(),
+            mean.span(),
+            rstd.span(),
             BT,
             C,
         )
@@ -152,20 +152,20 @@ fn gpt2_step_table(precision: Precision) {
             be.alloc::<f32>(oc * c).unwrap(),
             be.alloc::<f32>(oc).unwrap(),
         );
-        let bias_ptr = has_bias.then(|| bs.ptr().cast());
-        let dbias_ptr = has_bias.then(|| dbs.ptr().cast());
-        let fwd = time(&be, || unsafe {
-            be.matmul_forward(out.ptr().cast(), inp.ptr().cast(), wt.ptr().cast(), bias_ptr, BT, c, oc)
+        let bias_arg = has_bias.then(|| bs.span().act());
+        let dbias_arg = has_bias.then(|| dbs.span());
+        let fwd = time(&be, || {
+            be.matmul_forward(out.span().act(), inp.span().act(), wt.span().act(), bias_arg, BT, c, oc)
         });
-        let bwd = time(&be, || unsafe {
+        let bwd = time(&be, || {
             be.matmul_backward(
                 Overwrite::ACCUMULATE,
-                dinp.ptr().cast(),
-                dwt.ptr().cast(),
-                dbias_ptr,
-                out.ptr().cast(),
-                inp.ptr().cast(),
-                wt.ptr().cast(),
+                dinp.span().act(),
+                dwt.span(),
+                dbias_arg,
+                out.span().act(),
+                inp.span().act(),
+                wt.span().act(),
                 BT,
                 c,
                 oc,
@@ -187,20 +187,20 @@ fn gpt2_step_table(precision: Precision) {
     let saved = be.alloc::<f32>(be.attention_saved_len(B, T, NH)).unwrap();
     row(
         "attention fwd",
-        time(&be, || unsafe {
-            be.attention_forward(att_out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), B, T, C, NH)
+        time(&be, || {
+            be.attention_forward(att_out.span().act(), saved.span(), qkv.span().act(), B, T, C, NH)
         }),
         L,
     );
-    let att_b = || unsafe {
+    let att_b = || {
         be.attention_backward(
             false,
-            dqkv.ptr().cast(),
+            dqkv.span().act(),
             None,
-            x.ptr().cast(),
-            qkv.ptr().cast(),
-            att_out.ptr().cast(),
-            saved.ptr().cast(),
+            x.span().act(),
+            qkv.span().act(),
+            att_out.span().act(),
+            saved.span(),
             B,
             T,
             C,
@@ -214,19 +214,17 @@ fn gpt2_step_table(precision: Precision) {
     be.synchronize().unwrap();
     {
         let saved = gemm.alloc::<f32>(gemm.attention_saved_len(B, T, NH)).unwrap();
-        let fwd = || unsafe {
-            gemm.attention_forward(att_out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), B, T, C, NH)
-        };
+        let fwd = || gemm.attention_forward(att_out.span().act(), saved.span(), qkv.span().act(), B, T, C, NH);
         row("(attention fwd, gemm)", time(&gemm, fwd), 0);
-        let bwd = || unsafe {
+        let bwd = || {
             gemm.attention_backward(
                 false,
-                dqkv.ptr().cast(),
+                dqkv.span().act(),
                 None,
-                x.ptr().cast(),
-                qkv.ptr().cast(),
-                att_out.ptr().cast(),
-                saved.ptr().cast(),
+                x.span().act(),
+                qkv.span().act(),
+                att_out.span().act(),
+                saved.span(),
                 B,
                 T,
                 C,
@@ -243,38 +241,34 @@ fn gpt2_step_table(precision: Precision) {
     );
     row(
         "gelu fwd",
-        time(&be, || unsafe {
-            be.gelu_forward(gh.ptr().cast(), h.ptr().cast(), BT * 4 * C)
-        }),
+        time(&be, || be.gelu_forward(gh.span().act(), h.span().act(), BT * 4 * C)),
         L,
     );
     row(
         "gelu bwd",
-        time(&be, || unsafe {
-            be.gelu_backward(dh.ptr().cast(), h.ptr().cast(), gh.ptr().cast(), BT * 4 * C)
+        time(&be, || {
+            be.gelu_backward(dh.span().act(), h.span().act(), gh.span().act(), BT * 4 * C)
         }),
         L,
     );
     let sum = be.alloc::<f32>(BT * C).unwrap();
     row(
         "residual add",
-        time(&be, || unsafe {
-            be.add(sum.ptr().cast(), x.ptr().cast(), dx.ptr().cast(), BT * C)
+        time(&be, || {
+            be.add(sum.span().act(), x.span().act(), dx.span().act(), BT * C)
         }),
         2 * L,
     );
     row(
         "residual accumulate",
-        time(&be, || unsafe {
-            be.accumulate(dx.ptr().cast(), x.ptr().cast(), BT * C)
-        }),
+        time(&be, || be.accumulate(dx.span(), x.span(), BT * C)),
         4 * L,
     );
-    let add_ms = time(&be, || unsafe {
+    let add_ms = time(&be, || {
         be.add(
-            h.ptr().cast(),
-            h.ptr().add(BT * 2 * C).cast(),
-            gh.ptr().cast(),
+            h.span().act(),
+            h.span().slice(BT * 2 * C, BT * 2 * C).act(),
+            gh.span().act(),
             BT * 2 * C,
         )
     });
@@ -293,15 +287,15 @@ fn gpt2_step_table(precision: Precision) {
     row(
         "crossentropy fwd",
         time(&be, || unsafe {
-            be.crossentropy_forward(losses.ptr().cast(), logits.ptr().cast(), tokens.ptr().cast(), BT, V, VP)
+            be.crossentropy_forward(losses.span(), logits.span().act(), tokens.span(), BT, V, VP)
         }),
         1,
     );
     let ce_b = || unsafe {
         be.crossentropy_backward(
-            dlogits.ptr().cast(),
-            logits.ptr().cast(),
-            tokens.ptr().cast(),
+            dlogits.span().act(),
+            logits.span().act(),
+            tokens.span(),
             1.0 / BT as f32,
             BT,
             V,
@@ -311,9 +305,9 @@ fn gpt2_step_table(precision: Precision) {
     row("(crossentropy bwd, accumulate)", time(&be, ce_b), 0);
     let ce_in_place = || unsafe {
         be.crossentropy_backward_in_place(
-            dlogits.ptr().cast(),
-            losses.ptr().cast(),
-            tokens.ptr().cast(),
+            dlogits.span().act(),
+            losses.span(),
+            tokens.span(),
             1.0 / BT as f32,
             BT,
             V,
@@ -321,11 +315,7 @@ fn gpt2_step_table(precision: Precision) {
         )
     };
     row("crossentropy bwd in place", time(&be, ce_in_place), 1);
-    row(
-        "mean (loss)",
-        time(&be, || unsafe { be.mean(loss.ptr().cast(), losses.ptr().cast(), BT) }),
-        1,
-    );
+    row("mean (loss)", time(&be, || be.mean(loss.span(), losses.span(), BT)), 1);
     assert_finite(&be, "losses", &losses);
     drop((logits, dlogits));
 
@@ -347,19 +337,15 @@ fn gpt2_step_table(precision: Precision) {
     be.write(&state, 0, bytemuck::cast_slice(std::slice::from_ref(&step)))
         .unwrap();
     let (sumsq, history) = (be.alloc::<f32>(1).unwrap(), be.alloc::<f32>(8).unwrap());
-    row("zero grads", time(&be, || unsafe { be.zero(grads.ptr(), PARAMS) }), 1);
+    row("zero grads", time(&be, || be.zero(grads.span(), PARAMS)), 1);
     row(
         "sum_squares",
-        time(&be, || unsafe {
-            be.sum_squares(sumsq.ptr().cast(), params.ptr().cast(), PARAMS)
-        }),
+        time(&be, || be.sum_squares(sumsq.span(), params.span(), PARAMS)),
         1,
     );
     row(
         "step_stats",
-        time(&be, || unsafe {
-            be.step_stats(state.ptr().cast(), history.ptr().cast(), 4, 1.0, 1.0)
-        }),
+        time(&be, || be.step_stats(state.span(), history.span(), 4, 1.0, 1.0)),
         1,
     );
     let hp = AdamWHyper {
@@ -370,14 +356,14 @@ fn gpt2_step_table(precision: Precision) {
     };
     row(
         "adamw",
-        time(&be, || unsafe {
+        time(&be, || {
             be.adamw(
-                params.ptr().cast(),
-                grads.ptr().cast(),
-                m.ptr().cast(),
-                v.ptr().cast(),
+                params.span(),
+                grads.span(),
+                m.span(),
+                v.span(),
                 &[(0..PARAMS, true)],
-                state.ptr().cast(),
+                state.span(),
                 hp,
                 None,
             )

@@ -103,11 +103,11 @@ fn encoder_backward_matches_finite_differences() {
     let dout = upload(&be, &rw);
     unsafe {
         be.encoder_backward(
-            dwte.ptr().cast(),
-            dwpe.ptr().cast(),
-            dout.ptr().cast(),
-            tok.ptr().cast(),
-            order.ptr().cast(),
+            dwte.span(),
+            dwpe.span(),
+            dout.span().act(),
+            tok.span(),
+            order.span(),
             b,
             t,
             c,
@@ -116,11 +116,11 @@ fn encoder_backward_matches_finite_differences() {
     let mut f = || {
         unsafe {
             be.encoder_forward(
-                out.ptr().cast(),
-                tok.ptr().cast(),
+                out.span().act(),
+                tok.span(),
                 None,
-                wte.ptr().cast(),
-                wpe.ptr().cast(),
+                wte.span().act(),
+                wpe.span().act(),
                 b,
                 t,
                 c,
@@ -151,33 +151,29 @@ fn matmul_backward_matches_finite_differences() {
     // Pre-fill gradients to check that backward accumulates instead of overwriting.
     let pre = randn(oc, 1.0, &mut r);
     be.write(&db, 0, &pre).unwrap();
-    unsafe {
-        be.matmul_backward(
-            Overwrite::ACCUMULATE,
-            dinp.ptr().cast(),
-            dw.ptr().cast(),
-            Some(db.ptr().cast()),
-            upload(&be, &rw).ptr().cast(),
-            inp.ptr().cast(),
-            w.ptr().cast(),
+    be.matmul_backward(
+        Overwrite::ACCUMULATE,
+        dinp.span().act(),
+        dw.span(),
+        Some(db.span()),
+        upload(&be, &rw).span().act(),
+        inp.span().act(),
+        w.span().act(),
+        bt,
+        c,
+        oc,
+    );
+    let out = be.alloc::<f32>(bt * oc).unwrap();
+    let mut f = || {
+        be.matmul_forward(
+            out.span().act(),
+            inp.span().act(),
+            w.span().act(),
+            Some(bias.span().act()),
             bt,
             c,
             oc,
-        )
-    };
-    let out = be.alloc::<f32>(bt * oc).unwrap();
-    let mut f = || {
-        unsafe {
-            be.matmul_forward(
-                out.ptr().cast(),
-                inp.ptr().cast(),
-                w.ptr().cast(),
-                Some(bias.ptr().cast()),
-                bt,
-                c,
-                oc,
-            )
-        };
+        );
         weighted(&be, &out, &rw)
     };
     check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
@@ -202,50 +198,44 @@ fn layernorm_backward_matches_finite_differences() {
         be.alloc::<f32>(bt).unwrap(),
     );
     let rw = randn(bt * c, 1.0, &mut r);
-    unsafe {
-        be.layernorm_forward(
-            out.ptr().cast(),
-            mean.ptr().cast(),
-            rstd.ptr().cast(),
-            inp.ptr().cast(),
-            w.ptr().cast(),
-            b.ptr().cast(),
-            bt,
-            c,
-        )
-    };
+    be.layernorm_forward(
+        out.span().act(),
+        mean.span(),
+        rstd.span(),
+        inp.span().act(),
+        w.span().act(),
+        b.span().act(),
+        bt,
+        c,
+    );
     let (dinp, dw, db) = (
         be.alloc::<f32>(bt * c).unwrap(),
         be.alloc::<f32>(c).unwrap(),
         be.alloc::<f32>(c).unwrap(),
     );
-    unsafe {
-        be.layernorm_backward(
-            dinp.ptr().cast(),
-            dw.ptr().cast(),
-            db.ptr().cast(),
-            upload(&be, &rw).ptr().cast(),
-            inp.ptr().cast(),
-            w.ptr().cast(),
-            mean.ptr().cast(),
-            rstd.ptr().cast(),
+    be.layernorm_backward(
+        dinp.span().act(),
+        dw.span(),
+        db.span(),
+        upload(&be, &rw).span().act(),
+        inp.span().act(),
+        w.span().act(),
+        mean.span(),
+        rstd.span(),
+        bt,
+        c,
+    );
+    let mut f = || {
+        be.layernorm_forward(
+            out.span().act(),
+            mean.span(),
+            rstd.span(),
+            inp.span().act(),
+            w.span().act(),
+            b.span().act(),
             bt,
             c,
-        )
-    };
-    let mut f = || {
-        unsafe {
-            be.layernorm_forward(
-                out.ptr().cast(),
-                mean.ptr().cast(),
-                rstd.ptr().cast(),
-                inp.ptr().cast(),
-                w.ptr().cast(),
-                b.ptr().cast(),
-                bt,
-                c,
-            )
-        };
+        );
         weighted(&be, &out, &rw)
     };
     check("dinp", &be, &inp, &read(&be, &dinp), &mut f);
@@ -264,47 +254,43 @@ fn attention_backward_matches_finite_differences() {
         be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap(),
     );
     let rw = randn(b * t * c, 1.0, &mut r);
-    unsafe { be.attention_forward(out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), b, t, c, nh) };
+    be.attention_forward(out.span().act(), saved.span(), qkv.span().act(), b, t, c, nh);
     let dqkv = be.alloc::<f32>(b * t * 3 * c).unwrap();
-    unsafe {
-        be.attention_backward(
-            false,
-            dqkv.ptr().cast(),
-            None,
-            upload(&be, &rw).ptr().cast(),
-            qkv.ptr().cast(),
-            out.ptr().cast(),
-            saved.ptr().cast(),
-            b,
-            t,
-            c,
-            nh,
-        )
-    };
+    be.attention_backward(
+        false,
+        dqkv.span().act(),
+        None,
+        upload(&be, &rw).span().act(),
+        qkv.span().act(),
+        out.span().act(),
+        saved.span(),
+        b,
+        t,
+        c,
+        nh,
+    );
     let mut f = || {
-        unsafe { be.attention_forward(out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), b, t, c, nh) };
+        be.attention_forward(out.span().act(), saved.span(), qkv.span().act(), b, t, c, nh);
         weighted(&be, &out, &rw)
     };
     check("dqkv", &be, &qkv, &read(&be, &dqkv), &mut f);
     // The overwriting form ignores what the buffer held (qkv's first gradient).
     let dout = upload(&be, &rw);
     let filled = upload(&be, &randn(b * t * 3 * c, 100.0, &mut r));
-    unsafe {
-        be.attention_forward(out.ptr().cast(), saved.ptr().cast(), qkv.ptr().cast(), b, t, c, nh);
-        be.attention_backward(
-            true,
-            filled.ptr().cast(),
-            None,
-            dout.ptr().cast(),
-            qkv.ptr().cast(),
-            out.ptr().cast(),
-            saved.ptr().cast(),
-            b,
-            t,
-            c,
-            nh,
-        )
-    };
+    be.attention_forward(out.span().act(), saved.span(), qkv.span().act(), b, t, c, nh);
+    be.attention_backward(
+        true,
+        filled.span().act(),
+        None,
+        dout.span().act(),
+        qkv.span().act(),
+        out.span().act(),
+        saved.span(),
+        b,
+        t,
+        c,
+        nh,
+    );
     assert_eq!(read(&be, &filled), read(&be, &dqkv));
 }
 
@@ -320,17 +306,7 @@ fn attention_is_causal() {
             be.alloc::<f32>(b * t * c).unwrap(),
             be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap(),
         );
-        unsafe {
-            be.attention_forward(
-                out.ptr().cast(),
-                saved.ptr().cast(),
-                upload(&be, x).ptr().cast(),
-                b,
-                t,
-                c,
-                nh,
-            )
-        };
+        be.attention_forward(out.span().act(), saved.span(), upload(&be, x).span().act(), b, t, c, nh);
         read(&be, &out)
     };
     let before = run(&x);
@@ -351,9 +327,9 @@ fn gelu_backward_matches_finite_differences() {
     let out = be.alloc::<f32>(n).unwrap();
     let rw = randn(n, 1.0, &mut r);
     let dinp = be.alloc::<f32>(n).unwrap();
-    unsafe { be.gelu_backward(dinp.ptr().cast(), inp.ptr().cast(), upload(&be, &rw).ptr().cast(), n) };
+    be.gelu_backward(dinp.span().act(), inp.span().act(), upload(&be, &rw).span().act(), n);
     let mut f = || {
-        unsafe { be.gelu_forward(out.ptr().cast(), inp.ptr().cast(), n) };
+        be.gelu_forward(out.span().act(), inp.span().act(), n);
         weighted(&be, &out, &rw)
     };
     check("dgelu", &be, &inp, &read(&be, &dinp), &mut f);
@@ -367,8 +343,8 @@ fn gelu_backward_in_place_is_gelu_backward_into_zeros() {
     let (x, dy) = (randn(n, 4.0, &mut r), randn(n, 1.0, &mut r));
     let (inp, dout) = (upload(&be, &x), upload(&be, &dy));
     let dinp = be.alloc::<f32>(n).unwrap();
-    unsafe { be.gelu_backward(dinp.ptr().cast(), inp.ptr().cast(), dout.ptr().cast(), n) };
-    unsafe { be.gelu_backward_in_place(dout.ptr().cast(), inp.ptr().cast(), n) };
+    be.gelu_backward(dinp.span().act(), inp.span().act(), dout.span().act(), n);
+    be.gelu_backward_in_place(dout.span().act(), inp.span().act(), n);
     // 0 + g·dy = g·dy exactly (compared as numbers: the sign of a zero may differ).
     assert!(read(&be, &dinp) == read(&be, &dout));
 }
@@ -387,9 +363,9 @@ fn relu_backward_matches_finite_differences() {
     let out = be.alloc::<f32>(n).unwrap();
     let rw = randn(n, 1.0, &mut r);
     let dinp = be.alloc::<f32>(n).unwrap();
-    unsafe { be.relu_backward(dinp.ptr().cast(), inp.ptr().cast(), upload(&be, &rw).ptr().cast(), n) };
+    be.relu_backward(dinp.span().act(), inp.span().act(), upload(&be, &rw).span().act(), n);
     let mut f = || {
-        unsafe { be.relu_forward(out.ptr().cast(), inp.ptr().cast(), n) };
+        be.relu_forward(out.span().act(), inp.span().act(), n);
         weighted(&be, &out, &rw)
     };
     check("drelu", &be, &inp, &read(&be, &dinp), &mut f);
@@ -405,19 +381,9 @@ fn crossentropy_backward_matches_finite_differences() {
     let losses = be.alloc::<f32>(bt).unwrap();
     let dlogits = be.alloc::<f32>(bt * vp).unwrap();
     let dloss = 0.7;
-    unsafe {
-        be.crossentropy_backward(
-            dlogits.ptr().cast(),
-            logits.ptr().cast(),
-            tg.ptr().cast(),
-            dloss,
-            bt,
-            v,
-            vp,
-        )
-    };
+    unsafe { be.crossentropy_backward(dlogits.span().act(), logits.span().act(), tg.span(), dloss, bt, v, vp) };
     let mut f = || {
-        unsafe { be.crossentropy_forward(losses.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), bt, v, vp) };
+        unsafe { be.crossentropy_forward(losses.span(), logits.span().act(), tg.span(), bt, v, vp) };
         read(&be, &losses).iter().map(|&l| l as f64 * dloss as f64).sum()
     };
     let d = read(&be, &dlogits);
@@ -440,29 +406,9 @@ fn in_place_crossentropy_backward_equals_the_accumulating_one_into_zeros() {
     let x = randn(bt * vp, 3.0, &mut r);
     let (logits, tg) = (upload(&be, &x), tokens(&be, &[0, 10, 4, 4, 7]));
     let (dlogits, losses) = (be.alloc::<f32>(bt * vp).unwrap(), be.alloc::<f32>(bt).unwrap());
-    unsafe { be.crossentropy_forward(losses.ptr().cast(), logits.ptr().cast(), tg.ptr().cast(), bt, v, vp) };
-    unsafe {
-        be.crossentropy_backward(
-            dlogits.ptr().cast(),
-            logits.ptr().cast(),
-            tg.ptr().cast(),
-            0.3,
-            bt,
-            v,
-            vp,
-        )
-    };
-    unsafe {
-        be.crossentropy_backward_in_place(
-            logits.ptr().cast(),
-            losses.ptr().cast(),
-            tg.ptr().cast(),
-            0.3,
-            bt,
-            v,
-            vp,
-        )
-    };
+    unsafe { be.crossentropy_forward(losses.span(), logits.span().act(), tg.span(), bt, v, vp) };
+    unsafe { be.crossentropy_backward(dlogits.span().act(), logits.span().act(), tg.span(), 0.3, bt, v, vp) };
+    unsafe { be.crossentropy_backward_in_place(logits.span().act(), losses.span(), tg.span(), 0.3, bt, v, vp) };
     let (want, got) = (read(&be, &dlogits), read(&be, &logits));
     let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
@@ -477,9 +423,74 @@ fn add_is_elementwise_sum() {
     let mut r = rng(13);
     let (a, b) = (randn(40_000, 1.0, &mut r), randn(40_000, 1.0, &mut r));
     let (da, db, out) = (upload(&be, &a), upload(&be, &b), be.alloc::<f32>(40_000).unwrap());
-    unsafe { be.add(out.ptr().cast(), da.ptr().cast(), db.ptr().cast(), 40_000) };
+    be.add(out.span().act(), da.span().act(), db.span().act(), 40_000);
     let got = read(&be, &out);
     assert!(got.iter().zip(a.iter().zip(&b)).all(|(o, (x, y))| *o == x + y));
+}
+
+/// What `f` panicked with: it must panic.
+fn panic_message(f: impl FnOnce()) -> String {
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("the op must panic");
+    match (err.downcast_ref::<String>(), err.downcast_ref::<&str>()) {
+        (Some(s), _) => s.clone(),
+        (_, Some(s)) => s.to_string(),
+        _ => String::new(),
+    }
+}
+
+#[test]
+fn an_op_refuses_a_span_too_short_for_its_dimensions() {
+    let be = be();
+    let (bt, c, oc) = (3, 4, 5);
+    let mut r = rng(24);
+    let (inp, w) = (
+        upload(&be, &randn(bt * c, 1.0, &mut r)),
+        upload(&be, &randn(oc * c, 1.0, &mut r)),
+    );
+    let out = upload(&be, &[7.0; 3 * 5]);
+    let short = out.span().slice(0, bt * oc - 1).act();
+    let msg = panic_message(|| be.matmul_forward(short, inp.span().act(), w.span().act(), None, bt, c, oc));
+    assert!(msg.contains("matmul_forward") && msg.contains("out holds 14"), "{msg}");
+    assert_eq!(read(&be, &out), [7.0; 3 * 5], "nothing was written");
+    // An input one element short too; the whole buffers pass.
+    let msg = panic_message(|| {
+        be.matmul_forward(
+            out.span().act(),
+            inp.span().act(),
+            w.span().slice(1, oc * c - 1).act(),
+            None,
+            bt,
+            c,
+            oc,
+        )
+    });
+    assert!(msg.contains("matmul_forward") && msg.contains("w holds 19"), "{msg}");
+    be.matmul_forward(out.span().act(), inp.span().act(), w.span().act(), None, bt, c, oc);
+    assert!(read(&be, &out).iter().all(|&x| x != 7.0));
+}
+
+#[test]
+fn an_op_refuses_a_written_operand_overlapping_an_input() {
+    let be = be();
+    let n = 8;
+    let x = randn(2 * n, 1.0, &mut rng(25));
+    let buf = upload(&be, &x);
+    let s = buf.span();
+    // An output that starts one element into its input.
+    let msg = panic_message(|| be.gelu_forward(s.slice(1, n).act(), s.slice(0, n).act(), n));
+    assert!(msg.contains("gelu_forward") && msg.contains("overlaps"), "{msg}");
+    // A product's output (2 values) straddling the start of its weight.
+    let inp = upload(&be, &randn(2 * n, 1.0, &mut rng(26)));
+    let (out, w) = (s.slice(n - 1, 2).act(), s.slice(n, n).act());
+    let msg = panic_message(|| be.matmul_forward(out, inp.span().act(), w, None, 2, n, 1));
+    assert!(msg.contains("matmul_forward") && msg.contains("overlaps"), "{msg}");
+    assert_eq!(read(&be, &buf), x, "nothing was written");
+    // `dst += src` may read dst itself, but not dst shifted.
+    let msg = panic_message(|| be.accumulate(s.slice(0, n), s.slice(1, n), n));
+    assert!(msg.contains("accumulate") && msg.contains("overlaps"), "{msg}");
+    be.accumulate(s.slice(0, n), s.slice(0, n), n);
+    let doubled: Vec<f32> = x[..n].iter().map(|v| v + v).collect();
+    assert_eq!(read(&be, &buf)[..n], doubled);
 }
 
 #[test]
@@ -514,18 +525,16 @@ fn adamw_matches_the_reference_formula() {
     };
     let update = |state: &StepState| {
         let st = upload(&be, bytemuck::cast_slice(std::slice::from_ref(state)));
-        unsafe {
-            be.adamw(
-                p.ptr().cast(),
-                gb.ptr().cast(),
-                m.ptr().cast(),
-                v.ptr().cast(),
-                &[(0..n, true)],
-                st.ptr().cast(),
-                hp,
-                None,
-            )
-        };
+        be.adamw(
+            p.span(),
+            gb.span(),
+            m.span(),
+            v.span(),
+            &[(0..n, true)],
+            st.span(),
+            hp,
+            None,
+        );
     };
     update(&state);
     let (pn, mn, vn) = (read(&be, &p), read(&be, &m), read(&be, &v));
@@ -563,8 +572,8 @@ fn step_stats_clip_average_decide_and_keep_history() {
             ..Default::default()
         };
         let s = upload(&be, bytemuck::cast_slice(std::slice::from_ref(&state)));
-        unsafe { be.sum_squares(s.ptr().cast(), g.ptr().cast(), 2) };
-        unsafe { be.step_stats(s.ptr().cast(), history.ptr().cast(), 8, max_norm, 0.5) };
+        be.sum_squares(s.span(), g.span(), 2);
+        be.step_stats(s.span(), history.span(), 8, max_norm, 0.5);
         *bytemuck::from_bytes::<StepState>(bytemuck::cast_slice(&read(&be, &s)))
     };
     let s = stats(6.0, 1.0);

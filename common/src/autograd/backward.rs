@@ -2,46 +2,47 @@
 //! inputs' gradients, activation gradients recycled as soon as they are consumed.
 
 use super::{Graph, Kind, Node, Op, Tensor};
-use crate::backend::{Act, Backend, DevPtr, DeviceBuffer, Overwrite};
+use crate::backend::{Act, Backend, DeviceBuffer, Overwrite, Span};
 use crate::error::{Error, Result};
 use std::collections::HashSet;
 use std::ops::Range;
 
-impl<B: Backend> Graph<'_, B> {
+impl<'a, B: Backend> Graph<'a, B> {
     // ---- backward -------------------------------------------------------------------
 
     /// Gradient slot of activation `x` (activation-typed), allocated (zeroed) from the pool
     /// on first use.
-    fn act_grad(&mut self, x: Tensor) -> Result<DevPtr<Act>> {
+    fn act_grad(&mut self, x: Tensor) -> Result<Span<'a, Act>> {
         assert_eq!(
             self.values[x.0].kind,
             Kind::Activation,
             "an op's input is an activation"
         );
-        let act = self.act();
-        self.grad_slot(x, act.words(self.numel(x)), |be, p, n| unsafe {
-            be.zero_act(p.cast(), n)
-        })
-        .map(DevPtr::cast)
+        if let Some(g) = self.values[x.0].grad {
+            return Ok(g);
+        }
+        let g = self.act_grad_overwritten(x)?;
+        self.be.zero_act(g, self.numel(x));
+        Ok(g)
     }
 
     /// A gradient slot for activation `x`, which has none yet, that the caller's op will
     /// OVERWRITE: a pooled buffer, not zeroed.
-    fn act_grad_overwritten(&mut self, x: Tensor) -> Result<DevPtr<Act>> {
+    fn act_grad_overwritten(&mut self, x: Tensor) -> Result<Span<'a, Act>> {
         assert!(
             self.values[x.0].kind == Kind::Activation && self.values[x.0].grad.is_none(),
             "an overwritten gradient is an activation's first"
         );
-        let buf = self.pool.take(self.be, self.act().words(self.numel(x)))?;
-        let g = buf.ptr();
-        self.grads.insert(x.0, buf);
-        self.values[x.0].grad = Some(g.addr());
-        Ok(g.cast())
+        let n = self.numel(x);
+        let words = self.grad_buffer(x, self.act().words(n))?;
+        let g = self.as_act(words, n);
+        self.values[x.0].grad = Some(g);
+        Ok(g)
     }
 
     /// `x`'s gradient slot and whether it is its first: then a pooled buffer, not zeroed, that
     /// the caller's op OVERWRITES (`act_grad_overwritten`); else the slot it adds to.
-    fn act_grad_or_first(&mut self, x: Tensor) -> Result<(DevPtr<Act>, bool)> {
+    fn act_grad_or_first(&mut self, x: Tensor) -> Result<(Span<'a, Act>, bool)> {
         if self.values[x.0].grad.is_none() {
             Ok((self.act_grad_overwritten(x)?, true))
         } else {
@@ -53,21 +54,28 @@ impl<B: Backend> Graph<'_, B> {
     /// pooled buffer when the graph was given none. The caller's op adds to it; a slot left
     /// for a product to write (`zero_grads_except_first_products`) that no product wrote is
     /// zeroed first.
-    fn param_grad(&mut self, x: Tensor) -> Result<DevPtr> {
+    fn param_grad(&mut self, x: Tensor) -> Result<Span<'a>> {
         let (g, first) = self.param_grad_or_first(x)?;
         if first {
-            // SAFETY: x's gradient view holds numel(x) f32s.
-            unsafe { self.be.zero(g, self.numel(x)) };
+            self.be.zero(g, self.numel(x));
         }
         Ok(g)
     }
 
     /// `x`'s gradient slot and whether the caller's product WRITES it (its first write of the
     /// step, left unzeroed by `zero_grads_except_first_products`); else the slot it adds to.
-    fn param_grad_or_first(&mut self, x: Tensor) -> Result<(DevPtr, bool)> {
+    fn param_grad_or_first(&mut self, x: Tensor) -> Result<(Span<'a>, bool)> {
         assert_eq!(self.values[x.0].kind, Kind::Param, "an op's weight is a parameter");
-        let g = self.grad_slot(x, self.numel(x), |be, p, n| unsafe { be.zero(p, n) })?;
-        Ok((g, self.first_writes.remove(&g.addr()).is_some()))
+        let g = match self.values[x.0].grad {
+            Some(g) => g.cast(),
+            None => {
+                let g = self.grad_buffer(x, self.numel(x))?;
+                self.be.zero(g, g.len());
+                self.values[x.0].grad = Some(g.act());
+                g
+            }
+        };
+        Ok((g, self.first_writes.remove(&g.ptr().addr()).is_some()))
     }
 
     /// Where `node`'s backward will write the whole gradient of its input `x` (no gradient yet,
@@ -75,7 +83,7 @@ impl<B: Backend> Graph<'_, B> {
     /// for `node`'s backward to add the column sums of `x`'s gradient into as it writes it
     /// (a product's bias gradient is those sums); the product's backward then leaves its bias
     /// out (`output_bias_grad`). Else `None`.
-    fn take_output_bias(&mut self, tape: &[Node], node: &Node, x: Tensor) -> Result<Option<DevPtr>> {
+    fn take_output_bias(&mut self, tape: &[Node], node: &Node, x: Tensor) -> Result<Option<Span<'a>>> {
         if self.is_param(x) || self.values[x.0].grad.is_some() || read_by_others(tape, x, node) {
             return Ok(None);
         }
@@ -89,7 +97,7 @@ impl<B: Backend> Graph<'_, B> {
     /// The gradient slot of `bias`, the bias of the product whose output is `out`, for that
     /// product's backward to add to; `None` without a bias, or when the op reading `out` has
     /// summed it already (`take_output_bias`).
-    fn output_bias_grad(&mut self, out: Tensor, bias: Option<Tensor>) -> Result<Option<DevPtr>> {
+    fn output_bias_grad(&mut self, out: Tensor, bias: Option<Tensor>) -> Result<Option<Span<'a>>> {
         if self.bias_summed.remove(&out.0) {
             return Ok(None);
         }
@@ -108,16 +116,16 @@ impl<B: Backend> Graph<'_, B> {
         let (base, len) = (grads.ptr().addr(), grads.len());
         // Every parameter's gradient range in the buffer (element offsets), by address.
         let range = |g: &Self, x: Tensor| -> Option<Range<usize>> {
-            let addr = g.values[x.0].grad?;
+            let addr = g.values[x.0].grad?.ptr().addr();
             let start = (addr.checked_sub(base)? / 4) as usize;
             (addr % 4 == base % 4 && start + g.numel(x) <= len).then(|| start..start + g.numel(x))
         };
         let mut seen = HashSet::new();
         for (at, node) in self.tape.iter().enumerate().rev() {
             for (x, product) in param_writes(&node.op) {
-                if let Some(r) = range(self, x) {
+                if let (Some(r), Some(g)) = (range(self, x), self.values[x.0].grad) {
                     if seen.insert(r.start) && product {
-                        self.first_writes.insert(base + 4 * r.start as u64, (r.len(), at));
+                        self.first_writes.insert(base + 4 * r.start as u64, (g.cast(), at));
                     }
                 }
             }
@@ -137,17 +145,16 @@ impl<B: Backend> Graph<'_, B> {
             }
         }
         let mut skip: Vec<Range<usize>> = (self.first_writes.iter())
-            .map(|(&addr, &(n, _))| {
+            .map(|(&addr, &(g, _))| {
                 let start = ((addr - base) / 4) as usize;
-                start..start + n
+                start..start + g.len()
             })
             .collect();
         skip.sort_by_key(|r| r.start);
         let mut at = 0;
         for r in skip.iter().chain(std::iter::once(&(len..len))) {
             if r.start > at {
-                // SAFETY: at..r.start lies inside `grads` (the ranges were checked against len).
-                unsafe { self.be.zero(grads.ptr().add(at), r.start - at) };
+                self.be.zero(grads.span().slice(at, r.start - at), r.start - at);
             }
             at = at.max(r.end);
         }
@@ -159,19 +166,12 @@ impl<B: Backend> Graph<'_, B> {
         r * c
     }
 
-    /// `x`'s gradient address, or a pooled buffer of `words` that `zero(be, ptr, numel)`
-    /// clears, kept as `x`'s gradient until its producer's backward has consumed it.
-    fn grad_slot(&mut self, x: Tensor, words: usize, zero: impl Fn(&B, DevPtr, usize)) -> Result<DevPtr> {
-        if let Some(g) = self.values[x.0].grad {
-            return Ok(DevPtr::from_addr(g));
-        }
-        let buf = self.pool.take(self.be, words)?;
-        // SAFETY (in `zero`): a pooled buffer that holds numel(x) values of x's gradient type.
-        zero(self.be, buf.ptr(), self.numel(x));
-        let g = buf.ptr();
+    /// A pooled buffer of `words` for `x`'s gradient, not zeroed, kept until its producer's
+    /// backward has consumed it.
+    fn grad_buffer(&mut self, x: Tensor, words: usize) -> Result<Span<'a>> {
+        let (buf, span) = self.take_pooled(words)?;
         self.grads.insert(x.0, buf);
-        self.values[x.0].grad = Some(g.addr());
-        Ok(g)
+        Ok(span)
     }
 
     /// Gives `out`'s pooled gradient buffer to the first of `heirs` that is an activation with
@@ -183,8 +183,7 @@ impl<B: Backend> Graph<'_, B> {
             .into_iter()
             .find(|&x| !self.is_param(x) && self.values[x.0].grad.is_none())?;
         let buf = self.grads.remove(&out.0)?;
-        self.values[out.0].grad = None;
-        self.values[heir.0].grad = Some(buf.ptr().addr());
+        self.values[heir.0].grad = self.values[out.0].grad.take();
         self.grads.insert(heir.0, buf);
         Some(heir)
     }
@@ -218,13 +217,13 @@ impl<B: Backend> Graph<'_, B> {
                 continue;
             }
             let dout = if node.out == loss {
-                DevPtr::default()
+                None
             } else {
                 match self.values[node.out.0].grad {
-                    Some(g) => DevPtr::from_addr(g),
+                    Some(g) => Some(g),
                     // The residual stream's gradient alone (its layernorm output unused).
                     None if matches!(node.op, Op::AddLayerNorm { sum, .. } if self.values[sum.0].grad.is_some()) => {
-                        DevPtr::default()
+                        None
                     }
                     None => continue, // nothing downstream depends on this value
                 }
@@ -250,31 +249,23 @@ impl<B: Backend> Graph<'_, B> {
             .map(|(&addr, _)| addr)
             .collect();
         for addr in unwritten {
-            let (n, _) = self.first_writes.remove(&addr).expect("listed above");
-            // SAFETY: a parameter's gradient view of n f32s (zero_grads_except_first_products).
-            unsafe { self.be.zero(DevPtr::<f32>::from_addr(addr), n) };
+            let (g, _) = self.first_writes.remove(&addr).expect("listed above");
+            self.be.zero(g, g.len());
         }
     }
 
-    fn backward_op(&mut self, tape: &[Node], node: &Node, dout: DevPtr<Act>, seed: f32) -> Result<()> {
+    /// Runs `node`'s backward with its output's gradient `out_grad` (none for the loss, and
+    /// for an [`Op::AddLayerNorm`] whose layernorm output has none).
+    fn backward_op(
+        &mut self,
+        tape: &[Node<'a>],
+        node: &Node<'a>,
+        out_grad: Option<Span<'a, Act>>,
+        seed: f32,
+    ) -> Result<()> {
         let be = self.be;
         let [r, c] = self.shape(node.out);
-        // SAFETY: each op's operands were shape-checked when it was recorded, and gradient
-        // slots have their value's shape; all are held or borrowed for the graph's lifetime.
-        unsafe { self.run_backward(be, tape, node, dout, seed, r, c) }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn run_backward(
-        &mut self,
-        be: &B,
-        tape: &[Node],
-        node: &Node,
-        dout: DevPtr<Act>,
-        seed: f32,
-        r: usize,
-        c: usize,
-    ) -> Result<()> {
+        let dout = || out_grad.expect("backward: the op's output has a gradient");
         match node.op {
             Op::Encoder {
                 tokens,
@@ -285,7 +276,10 @@ impl<B: Backend> Graph<'_, B> {
                 t,
             } => {
                 let (dwte, dwpe) = (self.param_grad(wte)?, self.param_grad(wpe)?);
-                be.encoder_backward(dwte, dwpe, dout, tokens, order, b, t, c);
+                let order = order.expect("a recording graph uploads the order");
+                // SAFETY: every token is a row of wte (checked by the forward pass), and
+                // `order` is `token_order` of them.
+                unsafe { be.encoder_backward(dwte, dwpe, dout(), tokens, order, b, t, c) };
             }
             Op::Matmul { inp, w, bias } => {
                 let [_, ic] = self.shape(inp);
@@ -298,12 +292,12 @@ impl<B: Backend> Graph<'_, B> {
                     dinp: dinp_first,
                     dw: dw_first,
                 };
-                be.matmul_backward(overwrite, dinp, dw, dbias, dout, x, self.ptr(w), r, ic, c);
+                be.matmul_backward(overwrite, dinp, dw, dbias, dout(), x, self.span(w), r, ic, c);
             }
             Op::LayerNorm { inp, w, b, mean, rstd } => {
                 let (dinp, dw, db) = (self.act_grad(inp)?, self.param_grad(w)?, self.param_grad(b)?);
                 let x = self.data(inp);
-                be.layernorm_backward(dinp, dw, db, dout, x, self.ptr(w), mean, rstd, r, c);
+                be.layernorm_backward(dinp, dw, db, dout(), x, self.span(w), mean, rstd, r, c);
             }
             Op::Attention { qkv, saved, b, t, nh } => {
                 let x = self.data(qkv);
@@ -311,12 +305,13 @@ impl<B: Backend> Graph<'_, B> {
                 // and with it the qkv product's bias gradient (its column sums).
                 let dbias = self.take_output_bias(tape, node, qkv)?;
                 let (dqkv, first) = self.act_grad_or_first(qkv)?;
-                be.attention_backward(first, dqkv, dbias, dout, x, self.ptr(node.out), saved, b, t, c, nh);
+                let out = self.span(node.out);
+                be.attention_backward(first, dqkv, dbias, dout(), x, out, saved, b, t, c, nh);
             }
             Op::Gelu { inp } => {
                 let dinp = self.act_grad(inp)?;
                 let x = self.data(inp);
-                be.gelu_backward(dinp, x, dout, r * c);
+                be.gelu_backward(dinp, x, dout(), r * c);
             }
             Op::Mlp {
                 inp,
@@ -328,19 +323,18 @@ impl<B: Backend> Graph<'_, B> {
                 b_proj,
             } => {
                 let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
-                // The second product back to the hidden layer, through GELU, into a buffer
-                // that lives for this op only: d(pre) = gelu'(pre) ⊙ (dout · w_proj).
+                // The second product back to the hidden layer, through GELU, into pre's
+                // gradient, which lives for this op only: d(pre) = gelu'(pre) ⊙ (dout · w_proj).
                 let ((dw, dw_first), dbias) = (
                     self.param_grad_or_first(w_proj)?,
                     self.output_bias_grad(node.out, b_proj)?,
                 );
                 // The first product's bias gradient is d(pre)'s column sums, summed there too.
-                let dpre_buf = self.pool.take(be, self.act().words(r * h))?;
-                let dpre = dpre_buf.ptr().cast::<Act>();
+                let dpre = self.act_grad_overwritten(pre)?;
                 let dpre_bias = b_fc.map(|b| self.param_grad(b)).transpose()?;
                 let a = self.data(act);
-                let (p, w) = (self.ptr(pre), self.ptr(w_proj));
-                be.matmul_backward_dgelu(dpre, dpre_bias, dw, dw_first, dbias, dout, a, p, w, r, h, c);
+                let (p, w) = (self.span(pre), self.span(w_proj));
+                be.matmul_backward_dgelu(dpre, dpre_bias, dw, dw_first, dbias, dout(), a, p, w, r, h, c);
                 // The first product, its bias done.
                 let ((dinp, dinp_first), (dw, dw_first)) =
                     (self.act_grad_or_first(inp)?, self.param_grad_or_first(w_fc)?);
@@ -349,13 +343,16 @@ impl<B: Backend> Graph<'_, B> {
                     dinp: dinp_first,
                     dw: dw_first,
                 };
-                be.matmul_backward(overwrite, dinp, dw, None, dpre, x, self.ptr(w_fc), r, ic, h);
-                self.pool.give(dpre_buf);
+                be.matmul_backward(overwrite, dinp, dw, None, dpre, x, self.span(w_fc), r, ic, h);
+                if let Some(buf) = self.grads.remove(&pre.0) {
+                    self.pool.give(buf);
+                    self.values[pre.0].grad = None;
+                }
             }
             Op::Relu { inp } => {
                 let dinp = self.act_grad(inp)?;
                 let x = self.data(inp);
-                be.relu_backward(dinp, x, dout, r * c);
+                be.relu_backward(dinp, x, dout(), r * c);
             }
             Op::Add { a, b } => {
                 // Both inputs get dout; one may simply take over its buffer.
@@ -363,7 +360,7 @@ impl<B: Backend> Graph<'_, B> {
                 for x in [a, b] {
                     if Some(x) != heir {
                         let dx = self.act_grad(x)?;
-                        be.accumulate_act(dx, dout, r * c);
+                        be.accumulate_act(dx, dout(), r * c);
                     }
                 }
             }
@@ -375,7 +372,7 @@ impl<B: Backend> Graph<'_, B> {
                 bias,
                 mean,
                 rstd,
-            } => self.add_layernorm_backward(be, (tape, node), [a, b], sum, [w, bias], [mean, rstd], dout, r, c)?,
+            } => self.add_layernorm_backward((tape, node), [a, b], sum, [w, bias], [mean, rstd], out_grad, r, c)?,
             Op::CrossEntropy {
                 logits,
                 targets,
@@ -394,20 +391,22 @@ impl<B: Backend> Graph<'_, B> {
                             applied * rows as f32
                         )));
                     }
-                    self.values[logits.0].grad = Some(self.ptr(logits).addr());
+                    self.values[logits.0].grad = Some(self.span(logits));
                 } else if self.values[logits.0].grad.is_none()
                     && !self.is_param(logits)
                     && !read_by_others(tape, logits, node)
                 {
                     // Nothing else reads the logits: their gradient overwrites them (llm.c's
                     // trick), which saves a (R, Vp) buffer, its zeroing and a read.
-                    let p = self.ptr(logits);
-                    be.crossentropy_backward_in_place(p, losses, targets, dloss, rows, v, vp);
-                    self.values[logits.0].grad = Some(p.addr());
+                    let x = self.span(logits);
+                    // SAFETY: every target is below v (checked by the forward pass).
+                    unsafe { be.crossentropy_backward_in_place(x, losses, targets, dloss, rows, v, vp) };
+                    self.values[logits.0].grad = Some(x);
                 } else {
                     let dlogits = self.act_grad(logits)?;
                     let x = self.data(logits);
-                    be.crossentropy_backward(dlogits, x, targets, dloss, rows, v, vp);
+                    // SAFETY: every target is below v (checked by the forward pass).
+                    unsafe { be.crossentropy_backward(dlogits, x, targets, dloss, rows, v, vp) };
                 }
             }
             Op::Mark { .. } => unreachable!("marks are handled by backward_with"),
@@ -416,31 +415,30 @@ impl<B: Backend> Graph<'_, B> {
     }
 
     /// Backward of [`Op::AddLayerNorm`], `sum = a + b` and the node's output `layernorm(sum)`
-    /// with gradient `dout` (null when only the sum has one). The sum's gradient (zeroed first
+    /// with gradient `dout` (none when only the sum has one). The sum's gradient (zeroed first
     /// if nothing downstream gave it one) takes the layernorm's input gradient in place and is
     /// then each input's: one input takes over its buffer, as an add's does (`b` first, as
     /// `Op::Add`), and the other, when it has no gradient yet, has it written by the same
     /// backend call (`copy`) instead of zeroed and accumulated. Inputs that already have a
     /// gradient accumulate.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn add_layernorm_backward(
+    fn add_layernorm_backward(
         &mut self,
-        be: &B,
         (tape, node): (&[Node], &Node),
         [a, b]: [Tensor; 2],
         sum: Tensor,
         [w, bias]: [Tensor; 2],
-        [mean, rstd]: [DevPtr; 2],
-        dout: DevPtr<Act>,
+        [mean, rstd]: [Span<'a>; 2],
+        dout: Option<Span<'a, Act>>,
         r: usize,
         c: usize,
     ) -> Result<()> {
-        let n = r * c;
+        let (be, n) = (self.be, r * c);
         // An input that is a product's output read by nothing else has the sum's whole gradient
         // as its own: its bias gradient is summed here, in the same pass (GPT-2: the attention
         // and MLP projections' biases).
         let mut dbias = None;
-        if a != b && dout.addr() != 0 {
+        if a != b && dout.is_some() {
             dbias = self.take_output_bias(tape, node, a)?;
             if dbias.is_none() {
                 dbias = self.take_output_bias(tape, node, b)?;
@@ -453,10 +451,10 @@ impl<B: Backend> Graph<'_, B> {
             Some(x) if !self.is_param(x) && self.values[x.0].grad.is_none() => Some(self.act_grad_overwritten(x)?),
             _ => None,
         };
-        if dout.addr() != 0 {
+        if let Some(dout) = dout {
             let (dw, db) = (self.param_grad(w)?, self.param_grad(bias)?);
             let s = self.data(sum);
-            be.add_layernorm_backward(dsum, copy, dbias, dw, db, dout, s, self.ptr(w), mean, rstd, r, c);
+            be.add_layernorm_backward(dsum, copy, dbias, dw, db, dout, s, self.span(w), mean, rstd, r, c);
         } else if let Some(copy) = copy {
             be.zero_act(copy, n);
             be.accumulate_act(copy, dsum, n);

@@ -1,7 +1,7 @@
 //! The keys and values of every position a generation has processed, per transformer block,
 //! so that each new token runs the model on one position instead of the whole prefix.
 
-use crate::backend::{Act, Backend, DevPtr, DeviceBuffer};
+use crate::backend::{Backend, DeviceBuffer, Span};
 use crate::error::Result;
 
 /// Per block, a key and a value matrix of (rows, width) activations, filled from row 0 as
@@ -35,9 +35,10 @@ impl<B: Backend> KvCache<B> {
         self.layers.len()
     }
 
-    /// Block `layer`'s key and value matrices, each `rows · width` activations.
-    pub(super) fn pointers(&self, layer: usize) -> (DevPtr<Act>, DevPtr<Act>) {
+    /// Block `layer`'s key and value matrices, each the 4-byte words that hold `rows · width`
+    /// activations.
+    pub(super) fn spans(&self, layer: usize) -> (Span<'_>, Span<'_>) {
         let [k, v] = &self.layers[layer];
-        (k.ptr().cast(), v.ptr().cast())
+        (k.span(), v.span())
     }
 }

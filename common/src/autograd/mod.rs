@@ -11,11 +11,14 @@
 //! views into the model's flat parameter buffer, and their gradients are views into the
 //! flat gradient buffer, borrowed for the graph's lifetime.
 //!
-//! Safety: the graph is the safe face of the backend's `unsafe` ops. Every pointer it
-//! passes them comes from a buffer it holds (pooled) or borrows for its lifetime `'a`
-//! (parameters and their gradients, checked against the tensor's shape), and every op
-//! checks its operands' shapes before it runs, so each pointer covers the extent the op
-//! uses (see [`crate::backend`]'s contract).
+//! Safety: the graph makes the spans the backend's ops take of memory it owns or borrows
+//! for its lifetime `'a`: pooled buffers (values, saved state, token ids, gradients), which
+//! it never frees, only holds or gives back to the pool it borrows for `'a`, and parameters
+//! and their gradients, spans of the model's buffers. The ops check every span's extent
+//! against their dimensions and that nothing they write overlaps another operand, so the
+//! only `unsafe` left here is where pooled words become spans, and the calls whose contract
+//! is about values no shape can check: token and target ids below the rows of their
+//! table, a position inside the key/value cache (see [`crate::backend`]'s contract).
 
 mod backward;
 mod kv_cache;
@@ -24,7 +27,7 @@ mod pool;
 pub use kv_cache::KvCache;
 pub use pool::Pool;
 
-use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer};
+use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer, Span};
 use crate::error::{Error, Result};
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -49,7 +52,7 @@ enum Kind {
 /// How to compute a value again (`--recompute`): its producer's forward, from inputs that
 /// are kept.
 #[derive(Clone, Copy, Debug)]
-enum Rebuild {
+enum Rebuild<'a> {
     Gelu {
         inp: Tensor,
     },
@@ -57,22 +60,23 @@ enum Rebuild {
         inp: Tensor,
         w: Tensor,
         b: Tensor,
-        mean: DevPtr,
-        rstd: DevPtr,
+        mean: Span<'a>,
+        rstd: Span<'a>,
     },
 }
 
-struct Value {
-    /// Address of the data: `DevPtr<Act>` for parameters and activations, f32 for scalars.
+struct Value<'a> {
+    /// The data, rows·cols elements: activations for parameters and activations; for
+    /// scalars, f32s (as their 4-byte [`Span::act`] view, read back with [`Span::cast`]).
     /// A recomputed value's data lives in a scratch buffer it shares with others of its size.
-    addr: u64,
+    data: Span<'a, Act>,
     /// Set for values the graph does not keep (`--recompute`): how to compute them again.
-    rebuild: Option<Rebuild>,
+    rebuild: Option<Rebuild<'a>>,
     /// (rows, cols): every activation here is a matrix, e.g. (B·T, C).
     shape: [usize; 2],
-    /// Address of the gradient: f32 for parameters (fixed), activation-typed and pooled
-    /// for activations.
-    grad: Option<u64>,
+    /// The gradient, rows·cols elements: for parameters f32s (fixed; their 4-byte
+    /// [`Span::act`] view), for activations activation-typed and pooled.
+    grad: Option<Span<'a, Act>>,
     kind: Kind,
     /// Its memory went back to the pool ([`Graph::release`]): the data must not be read.
     released: bool,
@@ -80,11 +84,11 @@ struct Value {
 
 /// One recorded op: what its backward needs (inputs, saved state, dimensions).
 #[derive(Clone, Copy, Debug)]
-enum Op {
+enum Op<'a> {
     Encoder {
-        tokens: DevPtr<i32>,
+        tokens: Span<'a, i32>,
         /// Positions sorted by token, for the backward's fixed summation order.
-        order: DevPtr<i32>,
+        order: Option<Span<'a, i32>>,
         wte: Tensor,
         wpe: Tensor,
         b: usize,
@@ -99,12 +103,12 @@ enum Op {
         inp: Tensor,
         w: Tensor,
         b: Tensor,
-        mean: DevPtr,
-        rstd: DevPtr,
+        mean: Span<'a>,
+        rstd: Span<'a>,
     },
     Attention {
         qkv: Tensor,
-        saved: DevPtr,
+        saved: Span<'a>,
         b: usize,
         t: usize,
         nh: usize,
@@ -143,14 +147,14 @@ enum Op {
         sum: Tensor,
         w: Tensor,
         bias: Tensor,
-        mean: DevPtr,
-        rstd: DevPtr,
+        mean: Span<'a>,
+        rstd: Span<'a>,
     },
     CrossEntropy {
         logits: Tensor,
-        targets: DevPtr<i32>,
+        targets: Span<'a, i32>,
         /// (R) per-row losses, which the in-place backward reads.
-        losses: DevPtr,
+        losses: Span<'a>,
         v: usize,
         /// The backward seed the forward already applied (`Graph::with_loss_seed`): the
         /// logits hold their gradient from the forward pass on.
@@ -163,16 +167,16 @@ enum Op {
     },
 }
 
-struct Node {
-    op: Op,
+struct Node<'a> {
+    op: Op<'a>,
     out: Tensor,
 }
 
 pub struct Graph<'a, B: Backend> {
     be: &'a B,
     pool: &'a mut Pool<B>,
-    values: Vec<Value>,
-    tape: Vec<Node>,
+    values: Vec<Value<'a>>,
+    tape: Vec<Node<'a>>,
     /// Buffers owned for the graph's lifetime (activations, saved state, token ids).
     held: Vec<B::Buffer<f32>>,
     /// Pooled gradient buffers of activations, by value index.
@@ -182,15 +186,15 @@ pub struct Graph<'a, B: Backend> {
     /// scratch buffer (one per size, shared) and computed again when backward needs them.
     recompute: bool,
     /// The recompute scratch buffers by size in words, with the value each holds now.
-    scratch: HashMap<usize, (DevPtr, Option<Tensor>)>,
+    scratch: HashMap<usize, (Span<'a>, Option<Tensor>)>,
     /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
     staged: Option<&'a TokenStage<B>>,
     /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
     loss_seed: Option<f32>,
     /// Parameter gradients left unzeroed for their first writer, a product, to WRITE
-    /// ([`Graph::zero_grads_except_first_products`]): address -> (elements, the product's
+    /// ([`Graph::zero_grads_except_first_products`]): address -> (the gradient, the product's
     /// place on the tape); each leaves as it is written.
-    first_writes: HashMap<u64, (usize, usize)>,
+    first_writes: HashMap<u64, (Span<'a>, usize)>,
     /// Products (by output value) whose bias gradient the backward of the one op reading
     /// their output has already summed from that output's gradient as it wrote it (the
     /// `dbias` of [`Backend::add_layernorm_backward`] and
@@ -199,11 +203,11 @@ pub struct Graph<'a, B: Backend> {
 }
 
 /// A position in a generated sequence: on the host for checks, in backend memory for the
-/// kernels ([`Graph::position`]).
+/// kernels ([`Graph::position`]), where it stays (held by its graph, or staged) for `'a`.
 #[derive(Clone, Copy, Debug)]
-pub struct Position {
+pub struct Position<'a> {
     pub at: usize,
-    dev: DevPtr<i32>,
+    dev: Span<'a, i32>,
 }
 
 /// Token ids at fixed device memory, for a step recorded once and replayed: before each step
@@ -257,12 +261,12 @@ impl<B: Backend> TokenStage<B> {
     }
 
     /// The next staged array, which must be `ids`.
-    fn take(&self, ids: &[i32]) -> Result<DevPtr<i32>> {
+    fn take(&self, ids: &[i32]) -> Result<Span<'_, i32>> {
         let i = self.next.get();
         match (self.staged.get(i), &self.buf) {
             (Some((at, staged)), Some(buf)) if staged.as_slice() == ids => {
                 self.next.set(i + 1);
-                Ok(buf.ptr().add(*at))
+                Ok(buf.span().slice(*at, ids.len()))
             }
             _ => Err(Error::Device(format!(
                 "the step asked for token ids ({} of them, request {i}) other than those staged for it: \
@@ -321,21 +325,26 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.be
     }
 
-    /// The data of a parameter or an activation.
+    /// The address of a parameter's or an activation's data.
     pub fn ptr(&self, x: Tensor) -> DevPtr<Act> {
+        self.span(x).ptr()
+    }
+
+    /// The data of a parameter or an activation: rows·cols activations.
+    fn span(&self, x: Tensor) -> Span<'a, Act> {
         assert_ne!(
             self.values[x.0].kind,
             Kind::Scalar,
-            "ptr: an f32 scalar has no activation data"
+            "span: an f32 scalar has no activation data"
         );
-        assert!(!self.values[x.0].released, "ptr: the value's memory was released");
-        DevPtr::from_addr(self.values[x.0].addr)
+        assert!(!self.values[x.0].released, "span: the value's memory was released");
+        self.values[x.0].data
     }
 
     /// The data of an f32 scalar value.
-    fn scalar_ptr(&self, x: Tensor) -> DevPtr {
+    fn scalar_span(&self, x: Tensor) -> Span<'a> {
         assert_eq!(self.values[x.0].kind, Kind::Scalar, "not an f32 scalar");
-        DevPtr::from_addr(self.values[x.0].addr)
+        self.values[x.0].data.cast()
     }
 
     fn act(&self) -> ActType {
@@ -361,11 +370,11 @@ impl<'a, B: Backend> Graph<'a, B> {
         let data = match (self.act(), copy) {
             (ActType::F32, _) => {
                 check_range("parameter", params.len(), range.start, range.len())?;
-                params.ptr().add(range.start).addr()
+                params.span().slice(range.start, range.len()).act()
             }
             (ActType::Bf16, Some(copy)) => {
                 check_range("parameter (bf16 copy)", copy.len(), range.start, range.len())?;
-                copy.ptr().add(range.start).addr()
+                copy.span().slice(range.start, range.len()).act()
             }
             (ActType::Bf16, None) => {
                 return Err(Error::Device(
@@ -376,31 +385,34 @@ impl<'a, B: Backend> Graph<'a, B> {
         if let Some(g) = grads {
             check_range("parameter gradient", g.len(), range.start, range.len())?;
         }
-        let grad = grads.map(|g| g.ptr().add(range.start).addr());
+        let grad = grads.map(|g| g.span().slice(range.start, range.len()).act());
         Ok(self.push(data, shape, grad, Kind::Param))
     }
 
     /// Copies token ids to backend memory for the graph's lifetime.
-    fn tokens(&mut self, ids: &[i32]) -> Result<DevPtr<i32>> {
+    fn tokens(&mut self, ids: &[i32]) -> Result<Span<'a, i32>> {
         if let Some(stage) = self.staged {
             return stage.take(ids);
         }
-        let p = self.alloc_words(ids.len())?.cast::<i32>();
-        // SAFETY: a fresh pooled buffer of `ids.len()` 4-byte elements.
-        unsafe { self.be.upload(p, ids)? };
-        Ok(p)
+        let (buf, words) = self.take_pooled(ids.len())?;
+        self.held.push(buf);
+        let buf = self.held.last().expect("pushed above");
+        // The ids' bits, as the 4-byte words the pool holds.
+        self.be.write(buf, 0, bytemuck::cast_slice(ids))?;
+        Ok(words.cast())
     }
 
     /// Copies the first `dst.len()` values of `x` into `dst` (as f32, whatever `x` holds).
     pub fn read(&self, x: Tensor, dst: &mut [f32]) -> Result<()> {
         let [r, c] = self.shape(x);
         check_range("read", r * c, 0, dst.len())?;
-        // SAFETY: `x` holds r·c values (checked above against `dst`).
-        unsafe {
-            match self.values[x.0].kind {
-                Kind::Scalar => self.be.download(self.scalar_ptr(x), dst),
-                Kind::Param | Kind::Activation => self.be.download_act(self.ptr(x), dst),
+        match self.values[x.0].kind {
+            Kind::Scalar => {
+                let src = self.scalar_span(x);
+                // SAFETY: `src` holds r·c f32s, live for 'a (checked above against `dst`).
+                unsafe { self.be.download(src.ptr(), dst) }
             }
+            Kind::Param | Kind::Activation => self.be.download_act(self.span(x), dst),
         }
     }
 
@@ -409,13 +421,9 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn copy_act_into(&self, x: Tensor, dst: &B::Buffer<f32>) -> Result<()> {
         let [r, c] = self.shape(x);
         check_range("copy", dst.len(), 0, self.act().words(r * c))?;
-        let (to, from) = (dst.ptr().cast::<Act>(), self.ptr(x));
-        // SAFETY: `dst` (checked above) and `x` hold r·c activations; they do not overlap (`dst`
-        // is no graph value).
-        unsafe {
-            self.be.zero_act(to, r * c);
-            self.be.accumulate_act(to, from, r * c);
-        }
+        let (to, from) = (self.as_act(dst.span(), r * c), self.span(x));
+        self.be.zero_act(to, r * c);
+        self.be.accumulate_act(to, from, r * c);
         Ok(())
     }
 
@@ -424,20 +432,17 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn copy_into(&self, x: Tensor, dst: &B::Buffer<f32>, at: usize, add: bool) -> Result<()> {
         let [r, c] = self.shape(x);
         check_range("copy", dst.len(), at, r * c)?;
-        let src = self.scalar_ptr(x);
-        // SAFETY: the range was checked against the live buffer `dst`; `x` holds r·c values.
-        unsafe {
-            if !add {
-                self.be.zero(dst.ptr().add(at), r * c);
-            }
-            self.be.accumulate(dst.ptr().add(at), src, r * c);
+        let (to, src) = (dst.span().slice(at, r * c), self.scalar_span(x));
+        if !add {
+            self.be.zero(to, r * c);
         }
+        self.be.accumulate(to, src, r * c);
         Ok(())
     }
 
-    fn push(&mut self, addr: u64, shape: [usize; 2], grad: Option<u64>, kind: Kind) -> Tensor {
+    fn push(&mut self, data: Span<'a, Act>, shape: [usize; 2], grad: Option<Span<'a, Act>>, kind: Kind) -> Tensor {
         self.values.push(Value {
-            addr,
+            data,
             rebuild: None,
             shape,
             grad,
@@ -459,68 +464,82 @@ impl<'a, B: Backend> Graph<'a, B> {
         if v.kind != Kind::Activation || v.rebuild.is_some() || v.released {
             return;
         }
-        if let Some(i) = self.held.iter().position(|buf| buf.ptr().addr() == v.addr) {
+        if let Some(i) = self.held.iter().position(|buf| buf.ptr().addr() == v.data.ptr().addr()) {
             let buf = self.held.swap_remove(i);
             self.pool.give(buf);
             self.values[x.0].released = true;
         }
     }
 
-    /// A pooled buffer of `words` 4-byte words, held for the graph's lifetime.
-    fn alloc_words(&mut self, words: usize) -> Result<DevPtr> {
+    /// A buffer of at least `words` 4-byte words from the pool, and a span of its first
+    /// `words`, which stays valid for `'a` wherever the buffer goes from here: the one place
+    /// where the graph's memory becomes spans.
+    fn take_pooled(&mut self, words: usize) -> Result<(B::Buffer<f32>, Span<'a>)> {
         let buf = self.pool.take(self.be, words)?;
-        let p = buf.ptr();
+        // SAFETY: the buffer holds `buf.len()` words of the backend's memory, and the graph
+        // never frees a pooled buffer: it holds it (`held`, `grads`) or gives it back to the
+        // pool, which it borrows exclusively for 'a. So the memory lives for 'a.
+        let span = unsafe { Span::from_raw(buf.ptr(), buf.len()) };
+        Ok((buf, span.slice(0, words)))
+    }
+
+    /// The first `n` activations of the backend's type in `words`.
+    fn as_act<'s>(&self, words: Span<'s>, n: usize) -> Span<'s, Act> {
+        words.words_as(self.act(), n)
+    }
+
+    /// A pooled buffer of `words` 4-byte words, held for the graph's lifetime.
+    fn alloc_words(&mut self, words: usize) -> Result<Span<'a>> {
+        let (buf, span) = self.take_pooled(words)?;
         self.held.push(buf);
-        Ok(p)
+        Ok(span)
     }
 
     /// `n` f32 values (saved statistics, losses) for the graph's lifetime.
-    fn alloc_f32(&mut self, n: usize) -> Result<DevPtr> {
+    fn alloc_f32(&mut self, n: usize) -> Result<Span<'a>> {
         self.alloc_words(n)
     }
 
     /// A new activation of `shape`, held for the graph's lifetime.
     fn activation(&mut self, shape: [usize; 2]) -> Result<Tensor> {
-        let p = self.alloc_words(self.act().words(shape[0] * shape[1]))?;
-        Ok(self.push(p.addr(), shape, None, Kind::Activation))
+        let n = shape[0] * shape[1];
+        let words = self.alloc_words(self.act().words(n))?;
+        Ok(self.push(self.as_act(words, n), shape, None, Kind::Activation))
     }
 
     /// As [`Graph::activation`] for a value that `--recompute` does not keep: its data goes
     /// to the shared scratch of its size (taken over from whichever value held it).
-    fn activation_recomputed(&mut self, shape: [usize; 2], rebuild: Rebuild) -> Result<Tensor> {
+    fn activation_recomputed(&mut self, shape: [usize; 2], rebuild: Rebuild<'a>) -> Result<Tensor> {
         if !self.recompute {
             return self.activation(shape);
         }
-        let words = self.act().words(shape[0] * shape[1]);
-        let p = match self.scratch.get(&words) {
-            Some(&(p, _)) => p,
-            None => {
-                let p = self.alloc_words(words)?;
-                self.scratch.insert(words, (p, None));
-                p
-            }
+        let n = shape[0] * shape[1];
+        let words = self.act().words(n);
+        let scratch = match self.scratch.get(&words) {
+            Some(&(scratch, _)) => scratch,
+            None => self.alloc_words(words)?,
         };
-        let out = self.push(p.addr(), shape, None, Kind::Activation);
+        let out = self.push(self.as_act(scratch, n), shape, None, Kind::Activation);
         self.values[out.0].rebuild = Some(rebuild);
-        self.scratch.insert(words, (p, Some(out)));
+        self.scratch.insert(words, (scratch, Some(out)));
         Ok(out)
     }
 
     /// `op`'s output: a new activation, recorded on the tape.
-    fn output(&mut self, shape: [usize; 2], op: Op) -> Result<Tensor> {
+    fn output(&mut self, shape: [usize; 2], op: Op<'a>) -> Result<Tensor> {
         let out = self.activation(shape)?;
         self.record_op(op, out);
         Ok(out)
     }
 
     /// As [`Graph::output`] for a value that `--recompute` does not keep.
-    fn output_recomputed(&mut self, shape: [usize; 2], op: Op, rebuild: Rebuild) -> Result<Tensor> {
+    fn output_recomputed(&mut self, shape: [usize; 2], op: Op<'a>, rebuild: Rebuild<'a>) -> Result<Tensor> {
         let out = self.activation_recomputed(shape, rebuild)?;
         self.record_op(op, out);
         Ok(out)
     }
 
-    fn record_op(&mut self, op: Op, out: Tensor) {
+    fn record_op(&mut self, op: Op<'a>, out: Tensor) {
         if self.record {
             self.tape.push(Node { op, out });
         }
@@ -528,29 +547,26 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     /// The data of `x`, computed again first when it is a recomputed value whose scratch now
     /// holds another one (backward reads inputs through this).
-    fn data(&mut self, x: Tensor) -> DevPtr<Act> {
+    fn data(&mut self, x: Tensor) -> Span<'a, Act> {
+        let out = self.span(x);
         let Some(rebuild) = self.values[x.0].rebuild else {
-            return self.ptr(x);
+            return out;
         };
         let [r, c] = self.shape(x);
         let words = self.act().words(r * c);
-        let (p, holder) = self.scratch[&words];
+        let (scratch, holder) = self.scratch[&words];
         if holder != Some(x) {
-            let out = p.cast::<Act>();
-            // SAFETY: the same operands, shapes and buffers as the forward call that made `x`
-            // (all kept for the graph's lifetime); it writes the same values again.
-            unsafe {
-                match rebuild {
-                    Rebuild::Gelu { inp } => self.be.gelu_forward(out, self.ptr(inp), r * c),
-                    Rebuild::LayerNorm { inp, w, b, mean, rstd } => {
-                        let (inp, w, b) = (self.ptr(inp), self.ptr(w), self.ptr(b));
-                        self.be.layernorm_forward(out, mean, rstd, inp, w, b, r, c)
-                    }
+            // The forward call that made `x` again: it writes the same values.
+            match rebuild {
+                Rebuild::Gelu { inp } => self.be.gelu_forward(out, self.span(inp), r * c),
+                Rebuild::LayerNorm { inp, w, b, mean, rstd } => {
+                    let (inp, w, b) = (self.span(inp), self.span(w), self.span(b));
+                    self.be.layernorm_forward(out, mean, rstd, inp, w, b, r, c)
                 }
             }
-            self.scratch.insert(words, (p, Some(x)));
+            self.scratch.insert(words, (scratch, Some(x)));
         }
-        self.ptr(x)
+        out
     }
 
     // ---- ops ------------------------------------------------------------------------
@@ -559,15 +575,15 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// pixels), as an activation that no op produced: backward ends there.
     pub fn input(&mut self, data: &[f32], rows: usize, cols: usize) -> Result<Tensor> {
         assert_eq!(data.len(), rows * cols, "input: {rows} × {cols} values expected");
-        let p = self.alloc_words(self.act().words(data.len()))?;
-        // SAFETY: a fresh pooled buffer that holds `data.len()` activations.
-        unsafe { self.be.upload_act(p.cast(), data)? };
-        Ok(self.push(p.addr(), [rows, cols], None, Kind::Activation))
+        let words = self.alloc_words(self.act().words(data.len()))?;
+        let x = self.as_act(words, data.len());
+        self.be.upload_act(x, data)?;
+        Ok(self.push(x, [rows, cols], None, Kind::Activation))
     }
 
     /// The position a generation step starts at, uploaded (or staged) once for the ops that
     /// read it on the device ([`Graph::encoder`], [`Graph::attention_cached`]).
-    pub fn position(&mut self, at: usize) -> Result<Position> {
+    pub fn position(&mut self, at: usize) -> Result<Position<'a>> {
         let id = i32::try_from(at).map_err(|_| Error::Input(format!("position {at} is out of range")))?;
         Ok(Position {
             at,
@@ -580,7 +596,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     pub fn encoder(
         &mut self,
         ids: &[i32],
-        first: Option<Position>,
+        first: Option<Position<'a>>,
         wte: Tensor,
         wpe: Tensor,
         b: usize,
@@ -596,11 +612,8 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert_eq!(ids.len(), b * t, "encoder: ids must be B·T");
         check_ids("token id", ids, rows)?;
         let tokens = self.tokens(ids)?;
-        let order = if self.record {
-            self.tokens(&token_order(ids))?
-        } else {
-            DevPtr::default() // no backward
-        };
+        // The summation order of the backward (none without one).
+        let order = self.record.then(|| self.tokens(&token_order(ids))).transpose()?;
         let out = self.output(
             [b * t, c],
             Op::Encoder {
@@ -612,19 +625,13 @@ impl<'a, B: Backend> Graph<'a, B> {
                 t,
             },
         )?;
-        // SAFETY: shapes checked above; every id is a row of wte.
+        let (x, wte, wpe) = (self.span(out), self.span(wte), self.span(wpe));
+        // SAFETY: every id is a row of wte, and wpe has rows for positions p..p + T (both
+        // checked above); `first.dev` holds p.
         unsafe {
-            self.be.encoder_forward(
-                self.ptr(out),
-                tokens,
-                first.map(|f| f.dev),
-                self.ptr(wte),
-                self.ptr(wpe),
-                b,
-                t,
-                c,
-            );
-        }
+            self.be
+                .encoder_forward(x, tokens, first.map(|f| f.dev), wte, wpe, b, t, c)
+        };
         Ok(out)
     }
 
@@ -636,13 +643,9 @@ impl<'a, B: Backend> Graph<'a, B> {
             assert_eq!(self.shape(b), [1, oc], "matmul: bias must be (1, OC)");
         }
         let out = self.output([r, oc], Op::Matmul { inp, w, bias })?;
-        let bias_ptr = bias.map(|b| self.ptr(b));
+        let bias = bias.map(|b| self.span(b));
         let x = self.data(inp);
-        // SAFETY: shapes checked above.
-        unsafe {
-            self.be
-                .matmul_forward(self.ptr(out), x, self.ptr(w), bias_ptr, r, c, oc);
-        }
+        self.be.matmul_forward(self.span(out), x, self.span(w), bias, r, c, oc);
         Ok(out)
     }
 
@@ -656,11 +659,8 @@ impl<'a, B: Backend> Graph<'a, B> {
         let rebuild = Rebuild::LayerNorm { inp, w, b, mean, rstd };
         let out = self.output_recomputed([r, c], Op::LayerNorm { inp, w, b, mean, rstd }, rebuild)?;
         let x = self.data(inp);
-        // SAFETY: shapes checked above; mean and rstd hold r values.
-        unsafe {
-            self.be
-                .layernorm_forward(self.ptr(out), mean, rstd, x, self.ptr(w), self.ptr(b), r, c);
-        }
+        self.be
+            .layernorm_forward(self.span(out), mean, rstd, x, self.span(w), self.span(b), r, c);
         Ok(out)
     }
 
@@ -673,10 +673,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         let saved = self.alloc_f32(self.be.attention_saved_len(b, t, nh))?;
         let out = self.output([r, c], Op::Attention { qkv, saved, b, t, nh })?;
         let x = self.data(qkv);
-        // SAFETY: shapes checked above; `saved` is the length the backend asked for.
-        unsafe {
-            self.be.attention_forward(self.ptr(out), saved, x, b, t, c, nh);
-        }
+        self.be.attention_forward(self.span(out), saved, x, b, t, c, nh);
         Ok(out)
     }
 
@@ -689,7 +686,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         qkv: Tensor,
         cache: &'a KvCache<B>,
         layer: usize,
-        pos: Position,
+        pos: Position<'a>,
         nh: usize,
     ) -> Result<Tensor> {
         assert!(!self.record, "attention_cached is for forward-only graphs");
@@ -705,14 +702,15 @@ impl<'a, B: Backend> Graph<'a, B> {
             "attention_cached: the cache does not fit the model"
         );
         check_range("key/value cache", cache.rows(), pos.at, t)?;
-        let (k, v) = cache.pointers(layer);
+        let rows = cache.rows();
+        let (k, v) = cache.spans(layer);
+        let (k, v) = (self.as_act(k, rows * c), self.as_act(v, rows * c));
         let out = self.activation([t, c])?;
         let x = self.data(qkv);
-        // SAFETY: shapes checked above; the cache holds `rows` ≥ pos + T rows of C for this
-        // block, memory no graph value uses; `pos.dev` holds `pos.at`.
+        // SAFETY: `pos.dev` holds `pos.at`, and pos + T ≤ rows (checked above).
         unsafe {
             self.be
-                .attention_cached_forward(self.ptr(out), k, v, cache.rows(), x, pos.dev, t, c, nh)
+                .attention_cached_forward(self.span(out), k, v, rows, x, pos.dev, t, c, nh)
         };
         Ok(out)
     }
@@ -721,8 +719,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         let shape = self.shape(inp);
         let out = self.output_recomputed(shape, Op::Gelu { inp }, Rebuild::Gelu { inp })?;
         let x = self.data(inp);
-        // SAFETY: out has inp's shape.
-        unsafe { self.be.gelu_forward(self.ptr(out), x, shape[0] * shape[1]) };
+        self.be.gelu_forward(self.span(out), x, shape[0] * shape[1]);
         Ok(out)
     }
 
@@ -768,16 +765,12 @@ impl<'a, B: Backend> Graph<'a, B> {
             b_proj,
         };
         let out = self.output([r, oc], op)?;
-        let (b_fc, b_proj) = (b_fc.map(|b| self.ptr(b)), b_proj.map(|b| self.ptr(b)));
+        let (b_fc, b_proj) = (b_fc.map(|b| self.span(b)), b_proj.map(|b| self.span(b)));
         let x = self.data(inp);
-        // SAFETY: shapes checked above; pre, act and out are fresh (act perhaps in the recompute
-        // scratch of its size, which x is not in: see above).
-        unsafe {
-            let (pre, act) = (self.ptr(pre), self.ptr(act));
-            self.be.matmul_gelu_forward(pre, act, x, self.ptr(w_fc), b_fc, r, c, h);
-            self.be
-                .matmul_forward(self.ptr(out), act, self.ptr(w_proj), b_proj, r, h, oc);
-        }
+        let (pre, act) = (self.span(pre), self.span(act));
+        self.be.matmul_gelu_forward(pre, act, x, self.span(w_fc), b_fc, r, c, h);
+        self.be
+            .matmul_forward(self.span(out), act, self.span(w_proj), b_proj, r, h, oc);
         Ok(out)
     }
 
@@ -786,8 +779,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         let shape = self.shape(inp);
         let out = self.output(shape, Op::Relu { inp })?;
         let x = self.data(inp);
-        // SAFETY: out has inp's shape.
-        unsafe { self.be.relu_forward(self.ptr(out), x, shape[0] * shape[1]) };
+        self.be.relu_forward(self.span(out), x, shape[0] * shape[1]);
         Ok(out)
     }
 
@@ -802,8 +794,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         );
         let out = self.output(shape, Op::Add { a, b })?;
         let (a, b) = (self.data(a), self.data(b));
-        // SAFETY: out, a and b have one shape; out is fresh.
-        unsafe { self.be.add(self.ptr(out), a, b, n) };
+        self.be.add(self.span(out), a, b, n);
         Ok(out)
     }
 
@@ -851,13 +842,8 @@ impl<'a, B: Backend> Graph<'a, B> {
             self.output_recomputed(shape, op, rebuild)?
         };
         let (x, y) = (self.data(a), self.data(b));
-        // SAFETY: shapes checked above; sum and normed are fresh (normed perhaps in the
-        // recompute scratch of its size, which neither input is in: see above); mean and rstd
-        // hold r values.
-        unsafe {
-            let (s, n, w, bias) = (self.ptr(sum), self.ptr(normed), self.ptr(w), self.ptr(bias));
-            self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c);
-        }
+        let (s, n, w, bias) = (self.span(sum), self.span(normed), self.span(w), self.span(bias));
+        self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c);
         Ok((sum, normed))
     }
 
@@ -872,7 +858,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         let targets = self.tokens(targets)?;
         let losses = self.alloc_f32(r)?;
         let mean = self.alloc_f32(1)?;
-        let out = self.push(mean.addr(), [1, 1], None, Kind::Scalar);
+        let out = self.push(mean.act(), [1, 1], None, Kind::Scalar);
         // The gradient in the same pass when the seed is known and the logits are an
         // activation of this graph (its backward checks that nothing else read them).
         let fused = self
@@ -890,14 +876,14 @@ impl<'a, B: Backend> Graph<'a, B> {
             self.tape.push(Node { op, out });
         }
         let x = self.data(logits);
-        // SAFETY: shapes checked above; every target is below v.
+        // SAFETY: every target is below v (checked above).
         unsafe {
             match fused {
                 Some(dloss) => self.be.crossentropy_fused(losses, x, targets, dloss, r, v, vp),
                 None => self.be.crossentropy_forward(losses, x, targets, r, v, vp),
             }
-            self.be.mean(mean, losses, r);
         }
+        self.be.mean(mean, losses, r);
         Ok(out)
     }
 
@@ -907,8 +893,12 @@ impl<'a, B: Backend> Graph<'a, B> {
         assert!(!self.record, "rows() views are for forward-only graphs");
         let [r, c] = self.shape(x);
         assert!(start + n <= r);
-        let p = self.ptr(x).offset(start * c, self.act());
-        self.push(p.addr(), [n, c], None, self.values[x.0].kind)
+        let kind = self.values[x.0].kind;
+        let data = match kind {
+            Kind::Scalar => self.scalar_span(x).slice(start * c, n * c).act(),
+            Kind::Param | Kind::Activation => self.span(x).slice(start * c, n * c),
+        };
+        self.push(data, [n, c], None, kind)
     }
 
     /// Leaves `label` on the tape; `backward_with` reports it once everything recorded

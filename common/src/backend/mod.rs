@@ -3,27 +3,36 @@
 //! CPU backend (rayon + `gemm`) and the CUDA backend (cudarc) are its two implementations.
 //!
 //! Memory model, llm.c style: a backend hands out typed buffers ([`DeviceBuffer`]: an
-//! element type and a length) and every op takes raw [`DevPtr`]s plus its dimensions.
+//! element type and a length) and every op takes [`Span`]s of them plus its dimensions.
 //! Activations, their gradients and the weights the forward pass reads have the backend's
-//! activation type ([`DevPtr<Act>`], [`ActType`]: f32, or bf16 under [`Precision::Bf16`]);
+//! activation type ([`Span<Act>`], [`ActType`]: f32, or bf16 under [`Precision::Bf16`]);
 //! parameter gradients, optimiser state, losses and layer statistics are always f32; token
 //! ids are i32. Backward ops always ACCUMULATE (`+=`) into their gradient outputs; callers
 //! zero gradients first.
 //!
-//! # Safety
+//! # Operands and safety
 //!
-//! An op that takes a [`DevPtr`] cannot check it, so it is an `unsafe fn`. Its caller
-//! promises, for every pointer: it addresses live memory of this backend holding at least
-//! the extent the op's documentation gives (counted in elements), outputs overlap no input
-//! unless the op says so, and nothing else reads or writes that memory during the call.
-//! The safe layers above hold that promise: [`Backend::write`] and [`Backend::read`] check
-//! bounds against a buffer, the autograd graph checks every shape against the buffers it
-//! owns or borrows, and the optimiser checks its buffers against the parameter layout.
+//! A span is memory that stays alive while the span does ([`span`]). Each op's `# Operands`
+//! section gives the elements it reads or writes of each span; the op checks them, and
+//! that nothing it writes overlaps another operand, before it runs ([`Operands`], in
+//! [`contract`], one function per op that both backends call): a span too short or a
+//! written overlap is a panic naming the op, a caller's bug. So most ops are safe. The
+//! `unsafe` ones are those whose contract is about values no shape can check: ids that
+//! index a table (the embedding, the loss's targets, the MLP's gathered images), a
+//! position read on the device, and the raw copies ([`Backend::upload`],
+//! [`Backend::download`]) that the bounds-checked [`Backend::write`] and [`Backend::read`]
+//! wrap. Nothing else may read or write an op's memory during the call.
 
+pub mod contract;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fused_mlp;
 pub mod replay;
+pub mod span;
+
+pub use fused_mlp::FusedMlp;
+pub use span::{ActElem, Operands, Span};
 
 /// Values one tensor may hold at most (exclusive): the kernels index with 32-bit integers.
 pub const MAX_TENSOR_VALUES: usize = 1 << 31;
@@ -179,6 +188,10 @@ pub trait DeviceBuffer<T: Elem> {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The whole buffer, as an op's operand.
+    fn span(&self) -> Span<'_, T> {
+        Span::of(self)
+    }
 }
 
 /// The positions of `tokens` sorted by token, stably (equal tokens keep their order): the
@@ -212,8 +225,7 @@ pub fn refresh_bf16_copy<B: Backend>(
     if let Some(copy) = copy {
         check_range("bf16 copy", copy.len(), 0, n)?;
         check_range("parameters", params.len(), 0, n)?;
-        // SAFETY: both buffers hold n values (checked above).
-        unsafe { be.round_to_bf16(copy.ptr(), params.ptr(), n) };
+        be.round_to_bf16(copy.span(), params.span(), n);
     }
     Ok(())
 }
@@ -376,8 +388,7 @@ pub trait Backend {
 
     /// Sets every element of `buf` to 0.
     fn zero_buffer<T: Elem>(&self, buf: &Self::Buffer<T>) {
-        // SAFETY: the whole of a live buffer.
-        unsafe { self.zero(buf.ptr(), buf.len()) }
+        self.zero(buf.span(), buf.len())
     }
 
     /// Wait until all queued work is done (a no-op on the CPU).
@@ -458,45 +469,53 @@ pub trait Backend {
 
     // ---- memory: raw -------------------------------------------------------------------
     /// # Safety
-    /// `dst`: `src.len()` elements (see [the contract](self#safety)).
+    /// `dst` addresses `src.len()` elements of live memory of this backend.
     unsafe fn upload<T: Elem>(&self, dst: DevPtr<T>, src: &[T]) -> Result<()>;
     /// # Safety
-    /// `src`: `dst.len()` elements.
+    /// `src` addresses `dst.len()` elements of live memory of this backend.
     unsafe fn download<T: Elem>(&self, src: DevPtr<T>, dst: &mut [T]) -> Result<()>;
     /// Activations from f32 values, rounded to nearest-even when the type is bf16.
-    /// # Safety
+    /// # Operands
     /// `dst`: `src.len()` activations.
-    unsafe fn upload_act(&self, dst: DevPtr<Act>, src: &[f32]) -> Result<()> {
-        match self.act() {
-            ActType::F32 => self.upload(dst.cast::<f32>(), src),
-            ActType::Bf16 => {
-                let host: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
-                self.upload(dst.cast::<bf16>(), &host)
+    fn upload_act(&self, dst: Span<Act>, src: &[f32]) -> Result<()> {
+        let dst = Operands::new("upload_act", self.act()).write("dst", dst, src.len());
+        // SAFETY: `dst` holds src.len() activations (checked).
+        unsafe {
+            match self.act() {
+                ActType::F32 => self.upload(dst.cast::<f32>(), src),
+                ActType::Bf16 => {
+                    let host: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
+                    self.upload(dst.cast::<bf16>(), &host)
+                }
             }
         }
     }
     /// Activations as f32 values (exactly: every bf16 is an f32).
-    /// # Safety
+    /// # Operands
     /// `src`: `dst.len()` activations.
-    unsafe fn download_act(&self, src: DevPtr<Act>, dst: &mut [f32]) -> Result<()> {
-        match self.act() {
-            ActType::F32 => self.download(src.cast::<f32>(), dst),
-            ActType::Bf16 => {
-                let mut host = vec![bf16::ZERO; dst.len()];
-                self.download(src.cast::<bf16>(), &mut host)?;
-                for (d, h) in dst.iter_mut().zip(host) {
-                    *d = h.to_f32();
+    fn download_act(&self, src: Span<Act>, dst: &mut [f32]) -> Result<()> {
+        let src = Operands::new("download_act", self.act()).read("src", src, dst.len());
+        // SAFETY: `src` holds dst.len() activations (checked).
+        unsafe {
+            match self.act() {
+                ActType::F32 => self.download(src.cast::<f32>(), dst),
+                ActType::Bf16 => {
+                    let mut host = vec![bf16::ZERO; dst.len()];
+                    self.download(src.cast::<bf16>(), &mut host)?;
+                    for (d, h) in dst.iter_mut().zip(host) {
+                        *d = h.to_f32();
+                    }
+                    Ok(())
                 }
-                Ok(())
             }
         }
     }
-    /// # Safety
+    /// # Operands
     /// `dst`: `n` elements.
-    unsafe fn zero<T: Elem>(&self, dst: DevPtr<T>, n: usize);
-    /// # Safety
+    fn zero<T: Elem>(&self, dst: Span<T>, n: usize);
+    /// # Operands
     /// `dst`: `n` activations.
-    unsafe fn zero_act(&self, dst: DevPtr<Act>, n: usize) {
+    fn zero_act(&self, dst: Span<Act>, n: usize) {
         match self.act() {
             ActType::F32 => self.zero(dst.cast::<f32>(), n),
             ActType::Bf16 => self.zero(dst.cast::<bf16>(), n),
@@ -504,73 +523,78 @@ pub trait Backend {
     }
     /// `dst = bf16(src)`, rounded to nearest-even, over `n` values: the weight copy the
     /// forward pass reads under bf16, refreshed after the master weights change.
-    /// # Safety
+    /// # Operands
     /// `dst`, `src`: `n` elements each.
-    unsafe fn round_to_bf16(&self, dst: DevPtr<bf16>, src: DevPtr, n: usize);
+    fn round_to_bf16(&self, dst: Span<bf16>, src: Span, n: usize);
     /// `dst += src`, elementwise over `n` f32 values.
-    /// # Safety
+    /// # Operands
     /// `dst`, `src`: `n` elements each; they may be the same pointer.
-    unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize);
+    fn accumulate(&self, dst: Span, src: Span, n: usize);
     /// `dst += src`, elementwise over `n` activations (a gradient reaching a value twice).
-    /// # Safety
+    /// # Operands
     /// `dst`, `src`: `n` activations each; they may be the same pointer.
-    unsafe fn accumulate_act(&self, dst: DevPtr<Act>, src: DevPtr<Act>, n: usize);
+    fn accumulate_act(&self, dst: Span<Act>, src: Span<Act>, n: usize);
     /// `out = a + b`, elementwise over `n` activations, in one pass.
-    /// # Safety
+    /// # Operands
     /// `out`, `a`, `b`: `n` activations each; `out` distinct from both.
-    unsafe fn add(&self, out: DevPtr<Act>, a: DevPtr<Act>, b: DevPtr<Act>, n: usize);
+    fn add(&self, out: Span<Act>, a: Span<Act>, b: Span<Act>, n: usize);
     /// `dst *= s`, elementwise over `n` f32 values.
-    /// # Safety
+    /// # Operands
     /// `dst`: `n` elements.
-    unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32);
+    fn scale(&self, dst: Span, n: usize, s: f32);
 
     // ---- layers: forward and backward ---------------------------------------------
     /// `out (B,T,C) = wte[tokens] + wpe[p + t]`; `tokens` is (B,T), and `p` is 0, or with
     /// `first_position` the position it holds (generation: read on the device, so that a
     /// recorded decode step replays at every position).
+    /// # Operands
+    /// `out`: B·T·C; `tokens`: B·T; `wte`: its rows·C; `wpe`: at least T·C;
+    /// `first_position`: one value.
     /// # Safety
-    /// `out`: B·T·C; `tokens`: B·T ids, each a row of `wte`; `wte`: (its rows)·C; `wpe`:
-    /// (p + T)·C; `first_position`: one value.
+    /// Every id in `tokens` is a row of `wte`, and `wpe` holds (p + T)·C values for the
+    /// position p that `first_position` holds.
     #[allow(clippy::too_many_arguments)]
     unsafe fn encoder_forward(
         &self,
-        out: DevPtr<Act>,
-        tokens: DevPtr<i32>,
-        first_position: Option<DevPtr<i32>>,
-        wte: DevPtr<Act>,
-        wpe: DevPtr<Act>,
+        out: Span<Act>,
+        tokens: Span<i32>,
+        first_position: Option<Span<i32>>,
+        wte: Span<Act>,
+        wpe: Span<Act>,
         b: usize,
         t: usize,
         c: usize,
     );
     /// `order` is the positions 0..B·T sorted by their token (stably, see [`token_order`]):
     /// each token's rows of `dout` are summed in that fixed order, with no atomics.
-    /// # Safety
+    /// # Operands
     /// As `encoder_forward`, with `dwte`, `dwpe` and `dout` in place of `wte`, `wpe`, `out`;
-    /// `order`: B·T positions, a permutation of 0..B·T.
+    /// `order`: B·T.
+    /// # Safety
+    /// Every id in `tokens` is a row of `dwte`; `order` is a permutation of 0..B·T.
     #[allow(clippy::too_many_arguments)]
     unsafe fn encoder_backward(
         &self,
-        dwte: DevPtr,
-        dwpe: DevPtr,
-        dout: DevPtr<Act>,
-        tokens: DevPtr<i32>,
-        order: DevPtr<i32>,
+        dwte: Span,
+        dwpe: Span,
+        dout: Span<Act>,
+        tokens: Span<i32>,
+        order: Span<i32>,
         b: usize,
         t: usize,
         c: usize,
     );
 
     /// out (BT,OC) = inp (BT,C) · wᵀ + bias, with w (OC,C) as in PyTorch's Linear.
-    /// # Safety
+    /// # Operands
     /// `out`: BT·OC; `inp`: BT·C; `w`: OC·C; `bias`: OC.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn matmul_forward(
+    fn matmul_forward(
         &self,
-        out: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: Option<DevPtr<Act>>,
+        out: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        bias: Option<Span<Act>>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -581,19 +605,19 @@ pub trait Backend {
     /// input has only one gradient, and every weight matrix's first comes from a product),
     /// which saves zeroing it and the product reading it back. dbias always accumulates.
     /// [`Overwrite::ACCUMULATE`] adds to both.
-    /// # Safety
+    /// # Operands
     /// As `matmul_forward`; `dinp`, `dw`, `dbias`, `dout` have the shapes of `inp`, `w`,
     /// `bias`, `out`.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn matmul_backward(
+    fn matmul_backward(
         &self,
         overwrite: Overwrite,
-        dinp: DevPtr<Act>,
-        dw: DevPtr,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
+        dinp: Span<Act>,
+        dw: Span,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -601,38 +625,38 @@ pub trait Backend {
     /// dbias (OC) += Σ_rows dout (BT,OC): the bias gradient alone, as a pass of its own
     /// (`matmul_backward` computes it too, the CUDA backend inside the weight gradient's
     /// product; this is the unfused form that benchmarks set beside it).
-    /// # Safety
+    /// # Operands
     /// `dbias`: OC; `dout`: BT·OC.
-    unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize);
+    fn bias_backward(&self, dbias: Span, dout: Span<Act>, bt: usize, oc: usize);
 
     /// out = (inp - mean) · rstd · w + b per row; saves mean (BT) and rstd (BT).
-    /// # Safety
+    /// # Operands
     /// `out`, `inp`: BT·C; `mean`, `rstd`: BT; `w`, `b`: C.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn layernorm_forward(
+    fn layernorm_forward(
         &self,
-        out: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        b: DevPtr<Act>,
+        out: Span<Act>,
+        mean: Span,
+        rstd: Span,
+        inp: Span<Act>,
+        w: Span<Act>,
+        b: Span<Act>,
         bt: usize,
         c: usize,
     );
-    /// # Safety
+    /// # Operands
     /// As `layernorm_forward`; `dinp`, `dout`: BT·C; `dw`, `db`: C.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn layernorm_backward(
+    fn layernorm_backward(
         &self,
-        dinp: DevPtr<Act>,
-        dw: DevPtr,
-        db: DevPtr,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
+        dinp: Span<Act>,
+        dw: Span,
+        db: Span,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        mean: Span,
+        rstd: Span,
         bt: usize,
         c: usize,
     );
@@ -641,20 +665,20 @@ pub trait Backend {
     /// activation type) and `out = layernorm(sum)` with its mean and rstd, as `add` then
     /// `layernorm_forward` compute them. By default those two ops; a backend may do both in
     /// one pass that reads `a` and `b` once (CUDA: `add_layernorm_forward_vec4_kernel`).
-    /// # Safety
+    /// # Operands
     /// As `add` over BT·C activations and `layernorm_forward` with `sum` for `inp`; `sum` and
     /// `out` distinct from each other and from every input.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn add_layernorm_forward(
+    fn add_layernorm_forward(
         &self,
-        sum: DevPtr<Act>,
-        out: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
-        a: DevPtr<Act>,
-        b: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: DevPtr<Act>,
+        sum: Span<Act>,
+        out: Span<Act>,
+        mean: Span,
+        rstd: Span,
+        a: Span<Act>,
+        b: Span<Act>,
+        w: Span<Act>,
+        bias: Span<Act>,
         bt: usize,
         c: usize,
     ) {
@@ -672,22 +696,22 @@ pub trait Backend {
     /// `accumulate_act` into it (the ops an `add` and a `layernorm` ran), then `bias_backward`;
     /// a backend may write `copy` and sum `dbias` in the layernorm backward's own pass (CUDA:
     /// the one-pass kernel's extra outputs).
-    /// # Safety
+    /// # Operands
     /// As `layernorm_backward` with `dsum` for `dinp` and `sum` for `inp`; `copy`: BT·C
     /// activations, overlapping no other operand; `dbias`: C f32s.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn add_layernorm_backward(
+    fn add_layernorm_backward(
         &self,
-        dsum: DevPtr<Act>,
-        copy: Option<DevPtr<Act>>,
-        dbias: Option<DevPtr>,
-        dw: DevPtr,
-        db: DevPtr,
-        dout: DevPtr<Act>,
-        sum: DevPtr<Act>,
-        w: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
+        dsum: Span<Act>,
+        copy: Option<Span<Act>>,
+        dbias: Option<Span>,
+        dw: Span,
+        db: Span,
+        dout: Span<Act>,
+        sum: Span<Act>,
+        w: Span<Act>,
+        mean: Span,
+        rstd: Span,
         bt: usize,
         c: usize,
     ) {
@@ -712,19 +736,10 @@ pub trait Backend {
     /// at `usize::MAX` where the size does not fit, so that size checks refuse it.
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize;
     /// Causal multi-head self-attention: qkv (B,T,3C) → out (B,T,C).
-    /// # Safety
+    /// # Operands
     /// `out`: B·T·C; `saved`: `attention_saved_len(b, t, nh)`; `qkv`: B·T·3C; `nh` divides C.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn attention_forward(
-        &self,
-        out: DevPtr<Act>,
-        saved: DevPtr,
-        qkv: DevPtr<Act>,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    );
+    fn attention_forward(&self, out: Span<Act>, saved: Span, qkv: Span<Act>, b: usize, t: usize, c: usize, nh: usize);
     /// The backward of `attention_forward`: `dqkv += ∂loss/∂qkv` from `dout`. With
     /// `overwrite`, dqkv's contents are ignored and OVERWRITTEN (qkv's first and only
     /// gradient): no zero fill first, and a backend may skip reading it (the Hopper kernels
@@ -733,18 +748,18 @@ pub trait Backend {
     /// leaves out. A backend without overwriting kernels zeroes dqkv, accumulates into it and
     /// runs `bias_backward` after (the CPU); CUDA's Hopper kernels sum the bias from the tiles
     /// they store.
-    /// # Safety
+    /// # Operands
     /// As `attention_forward`; `dqkv`: B·T·3C; `dout`: B·T·C; `dbias`: 3C f32s.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn attention_backward(
+    fn attention_backward(
         &self,
         overwrite: bool,
-        dqkv: DevPtr<Act>,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        qkv: DevPtr<Act>,
-        out: DevPtr<Act>,
-        saved: DevPtr,
+        dqkv: Span<Act>,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        qkv: Span<Act>,
+        out: Span<Act>,
+        saved: Span,
         b: usize,
         t: usize,
         c: usize,
@@ -758,57 +773,59 @@ pub trait Backend {
     /// the device for a GPU), so a recorded decode step replays at every position. Forward
     /// only. On the CPU each row is computed as `attention_forward` computes it, in the same
     /// order.
-    /// # Safety
+    /// # Operands
     /// `out`: T·C; `qkv`: T·3C; `k_cache`, `v_cache`: rows·C activations, distinct from the
-    /// others; `pos`: one value, pos + T ≤ rows; `nh` divides C.
+    /// others; `pos`: one value; `nh` divides C.
+    /// # Safety
+    /// The position `pos` holds leaves room for the new rows: pos + T ≤ rows.
     #[allow(clippy::too_many_arguments)]
     unsafe fn attention_cached_forward(
         &self,
-        out: DevPtr<Act>,
-        k_cache: DevPtr<Act>,
-        v_cache: DevPtr<Act>,
+        out: Span<Act>,
+        k_cache: Span<Act>,
+        v_cache: Span<Act>,
         rows: usize,
-        qkv: DevPtr<Act>,
-        pos: DevPtr<i32>,
+        qkv: Span<Act>,
+        pos: Span<i32>,
         t: usize,
         c: usize,
         nh: usize,
     );
 
     /// ReLU, max(x, 0) (the MLP workload's); backward passes the gradient where x > 0.
-    /// # Safety
+    /// # Operands
     /// `out`, `inp`: `n` elements each.
-    unsafe fn relu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize);
-    /// # Safety
+    fn relu_forward(&self, out: Span<Act>, inp: Span<Act>, n: usize);
+    /// # Operands
     /// `dinp`, `inp`, `dout`: `n` elements each.
-    unsafe fn relu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize);
+    fn relu_backward(&self, dinp: Span<Act>, inp: Span<Act>, dout: Span<Act>, n: usize);
 
     /// GELU, tanh approximation (GPT-2's).
-    /// # Safety
+    /// # Operands
     /// `out`, `inp`: `n` elements each.
-    unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize);
-    /// # Safety
+    fn gelu_forward(&self, out: Span<Act>, inp: Span<Act>, n: usize);
+    /// # Operands
     /// `dinp`, `inp`, `dout`: `n` elements each.
-    unsafe fn gelu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize);
+    fn gelu_backward(&self, dinp: Span<Act>, inp: Span<Act>, dout: Span<Act>, n: usize);
     /// `d = gelu'(inp) ⊙ d`, in place: the gradient with respect to the output becomes the one
     /// with respect to the input (OVERWRITES, unlike the other backward ops).
-    /// # Safety
+    /// # Operands
     /// `d`, `inp`: `n` elements each.
-    unsafe fn gelu_backward_in_place(&self, d: DevPtr<Act>, inp: DevPtr<Act>, n: usize);
+    fn gelu_backward_in_place(&self, d: Span<Act>, inp: Span<Act>, n: usize);
 
     /// The MLP's first product through GELU: `pre (BT,OC) = inp (BT,C) · wᵀ + bias` and
     /// `out = gelu(pre)`, both written. By default the two ops; a backend may fuse GELU into
     /// the product's epilogue (CUDA: cuBLASLt's GELU_AUX_BIAS).
-    /// # Safety
+    /// # Operands
     /// As `matmul_forward`; `pre`, `out`: BT·OC each, distinct.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn matmul_gelu_forward(
+    fn matmul_gelu_forward(
         &self,
-        pre: DevPtr<Act>,
-        out: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: Option<DevPtr<Act>>,
+        pre: Span<Act>,
+        out: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        bias: Option<Span<Act>>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -825,21 +842,21 @@ pub trait Backend {
     /// which its backward then leaves out. By default the two ops, then `bias_backward`; a
     /// backend may fuse gelu' into the product's epilogue (CUDA: cuBLASLt's DGELU), and the
     /// bias sums too (DGELU_BGRAD, opt-in: slower on an H100).
-    /// # Safety
+    /// # Operands
     /// As `matmul_backward` with `dpre` for `dinp` and `act` for `inp`; `pre`: BT·C; `dpre`
     /// overlaps nothing else; `dpre_bias`: C f32s.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn matmul_backward_dgelu(
+    fn matmul_backward_dgelu(
         &self,
-        dpre: DevPtr<Act>,
-        dpre_bias: Option<DevPtr>,
-        dw: DevPtr,
+        dpre: Span<Act>,
+        dpre_bias: Option<Span>,
+        dw: Span,
         overwrite_dw: bool,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        act: DevPtr<Act>,
-        pre: DevPtr<Act>,
-        w: DevPtr<Act>,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        act: Span<Act>,
+        pre: Span<Act>,
+        w: Span<Act>,
         bt: usize,
         c: usize,
         oc: usize,
@@ -856,27 +873,31 @@ pub trait Backend {
     }
 
     /// `losses (BT) = -log softmax(logits[:, :V])[target]`, logits (BT,Vp), targets (BT).
+    /// # Operands
+    /// `losses`: BT; `logits`: BT·Vp; `targets`: BT; V ≤ Vp.
     /// # Safety
-    /// `losses`: BT; `logits`: BT·Vp; `targets`: BT ids, each below V; V ≤ Vp.
+    /// Every id in `targets` is below V.
     #[allow(clippy::too_many_arguments)]
     unsafe fn crossentropy_forward(
         &self,
-        losses: DevPtr,
-        logits: DevPtr<Act>,
-        targets: DevPtr<i32>,
+        losses: Span,
+        logits: Span<Act>,
+        targets: Span<i32>,
         bt: usize,
         v: usize,
         vp: usize,
     );
     /// dlogits += (softmax(logits) - onehot(target)) · dloss, with dloss a scalar per row.
-    /// # Safety
+    /// # Operands
     /// As `crossentropy_forward`; `dlogits`: BT·Vp.
+    /// # Safety
+    /// As `crossentropy_forward`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn crossentropy_backward(
         &self,
-        dlogits: DevPtr<Act>,
-        logits: DevPtr<Act>,
-        targets: DevPtr<i32>,
+        dlogits: Span<Act>,
+        logits: Span<Act>,
+        targets: Span<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
@@ -892,9 +913,9 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn crossentropy_backward_in_place(
         &self,
-        logits: DevPtr<Act>,
-        losses: DevPtr,
-        targets: DevPtr<i32>,
+        logits: Span<Act>,
+        losses: Span,
+        targets: Span<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
@@ -910,9 +931,9 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     unsafe fn crossentropy_fused(
         &self,
-        losses: DevPtr,
-        logits: DevPtr<Act>,
-        targets: DevPtr<i32>,
+        losses: Span,
+        logits: Span<Act>,
+        targets: Span<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
@@ -922,173 +943,59 @@ pub trait Backend {
         self.crossentropy_backward_in_place(logits, losses, targets, dloss, bt, v, vp);
     }
 
-    /// A hidden layer's product through ReLU: `pre (BT,OC) = inp (BT,C) · wᵀ + bias` and
-    /// `out = relu(pre)` (the MLP workload's). By default the two ops, both written; a backend
-    /// may fuse ReLU into the product's epilogue (CUDA: cuBLASLt's RELU_BIAS) and then leave
-    /// `pre` unwritten: callers read `out` only.
-    /// # Safety
-    /// As `matmul_forward`; `pre`, `out`: BT·OC each, distinct.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn matmul_relu_forward(
-        &self,
-        pre: DevPtr<Act>,
-        out: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: Option<DevPtr<Act>>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        self.matmul_forward(pre, inp, w, bias, bt, c, oc);
-        self.relu_forward(out, pre, bt * oc);
-    }
-
-    // ---- the MLP workload's step, whole on the device (mnist/fused.rs) ----------------
-    /// The step's batch, cut on the device from a data set kept there: row r of `out` (rows,
-    /// size) is image `order[s·rows + r]` of `images` (`size` u8 pixels each) scaled to [0, 1]
-    /// (`p / 255` in f32, as the host's gather computes it, then stored as an activation), and
-    /// `targets[r]` is its label in `labels`, where s is the step within the epoch: the
-    /// [`StepState`] step at `state` mod `steps`. Nothing is read back.
-    /// # Safety
-    /// `out`: rows·size activations; `targets`: rows; `order`: steps·rows image indices, each
-    /// below the images in `images` (size each) and `labels`; `state`: [`StepState::WORDS`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gather_batch(
-        &self,
-        out: DevPtr<Act>,
-        targets: DevPtr<i32>,
-        images: DevPtr<u8>,
-        labels: DevPtr<u8>,
-        order: DevPtr<i32>,
-        state: DevPtr,
-        rows: usize,
-        size: usize,
-        steps: usize,
-    );
-    /// The classifier's loss and the step's scalars, for a step whose update runs inside its
-    /// backward pass (so with no gradient norm before it): `losses (rows) =
-    /// crossentropy_forward(logits (rows, V), targets)`, their `mean` into the [`StepState`]'s
-    /// `loss`, then the logits overwritten by their gradient as `crossentropy_backward_in_place`
-    /// with `dloss` writes it. In the state: `norm` and `sumsq` 0, `clip` 1, `apply` 1 when the
-    /// loss is finite (else 0), `lr = schedule[s]`, (loss, 0) into `history[2·(step mod
-    /// history_len)..]`, then `step` + 1; s is the step within the epoch (step mod `steps`).
-    /// The same values as those ops compute, bit for bit.
-    /// # Safety
-    /// `logits`: rows·V activations; `losses`, `targets`: rows (ids below V); `state`:
-    /// [`StepState::WORDS`]; `schedule`: `steps`; `history`: 2·`history_len`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn loss_step(
-        &self,
-        logits: DevPtr<Act>,
-        losses: DevPtr,
-        targets: DevPtr<i32>,
-        state: DevPtr,
-        schedule: DevPtr,
-        history: DevPtr,
-        history_len: usize,
-        rows: usize,
-        v: usize,
-        steps: usize,
-        dloss: f32,
-    );
-    /// A Linear layer's input gradient through the ReLU before it: `dinp (BT,C) = (dout (BT,OC)
-    /// · w (OC,C)) ⊙ [act > 0]`, OVERWRITTEN, where `act` (BT,C) is the ReLU's output (> 0
-    /// exactly where its input is): what `matmul_backward`'s dinp and then `relu_backward`
-    /// compute into zeroed buffers.
-    /// # Safety
-    /// `dinp`, `act`: BT·C; `dout`: BT·OC; `w`: OC·C activations; `dinp` overlaps nothing else.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn matmul_backward_relu(
-        &self,
-        dinp: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        w: DevPtr<Act>,
-        act: DevPtr<Act>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    );
-    /// SGD fused into the backward pass: a Linear layer's gradients `dw (OC,C) = doutᵀ · inp`
-    /// and `db (OC) = Σ_rows dout`, applied at once as [`Backend::sgd`] applies gradients (the
-    /// [`StepState`]'s lr and clipping factor, nothing when its `apply` is 0), `hp.weight_decay`
-    /// on the weights and none on the biases, to `params`: w (OC,C) then b (OC), the MLP's
-    /// layout, with their momentum `velocity` (the same layout), and with `copy` the updated
-    /// values rounded to bf16 there too. `grads` is the layer's slice of the gradient buffer
-    /// (OC·C + OC f32s), which the op may use as scratch: unspecified afterwards.
-    /// # Safety
-    /// `params`, `velocity`, `grads`, `copy`: OC·C + OC elements; `dout`: BT·OC; `inp`: BT·C
-    /// activations; `state`: [`StepState::WORDS`]; the parameters (and their copy) are not
-    /// read by `dout` or `inp`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn linear_sgd(
-        &self,
-        params: DevPtr,
-        velocity: DevPtr,
-        grads: DevPtr,
-        copy: Option<DevPtr<bf16>>,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        state: DevPtr,
-        hp: SgdHyper,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    );
-
     // ---- reductions and the optimiser ---------------------------------------------
     /// `out[0]` = mean of `inp[0..n]` (a fixed reduction order on the CPU).
-    /// # Safety
+    /// # Operands
     /// `out`: 1; `inp`: `n`.
-    unsafe fn mean(&self, out: DevPtr, inp: DevPtr, n: usize);
+    fn mean(&self, out: Span, inp: Span, n: usize);
     /// `out[0] += Σ inp[i]²` over `n` values.
-    /// # Safety
+    /// # Operands
     /// `out`: 1; `inp`: `n`.
-    unsafe fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize);
+    fn sum_squares(&self, out: Span, inp: Span, n: usize);
     /// Finishes a step's [`StepState`] at `state` from its `sumsq` and summed `loss`: the
     /// norm, the factor that clips it to `max_norm` (1 when already under, or when `max_norm`
     /// ≤ 0: PyTorch's clip_grad_norm_), the loss times `loss_scale` (the mean over
     /// micro-batches), `apply` (1 when loss and norm are finite), and (loss, norm) into
     /// `history[2·(step mod history_len)..]`, where the host reads them when it likes.
-    /// # Safety
+    /// # Operands
     /// `state`: [`StepState::WORDS`]; `history`: 2·`history_len`.
-    unsafe fn step_stats(&self, state: DevPtr, history: DevPtr, history_len: usize, max_norm: f32, loss_scale: f32);
+    fn step_stats(&self, state: Span, history: Span, history_len: usize, max_norm: f32, loss_scale: f32);
     /// One AdamW update of the parameters the `segments` cover (in order, from 0), with
     /// `hp.weight_decay` on the segments flagged true and none on the others, in one pass over
     /// the buffers, with the learning rate, bias corrections and clipping factor of the
     /// [`StepState`] at `state`; nothing at all when its `apply` is 0. With `copy`, the updated
     /// parameters are also written there rounded to bf16, in the same pass.
-    /// # Safety
+    /// # Operands
     /// `params`, `grads`, `m`, `v`, `copy`: as many elements as the segments cover; `state`:
     /// [`StepState::WORDS`].
     #[allow(clippy::too_many_arguments)]
-    unsafe fn adamw(
+    fn adamw(
         &self,
-        params: DevPtr,
-        grads: DevPtr,
-        m: DevPtr,
-        v: DevPtr,
+        params: Span,
+        grads: Span,
+        m: Span,
+        v: Span,
         segments: &[(Range<usize>, bool)],
-        state: DevPtr,
+        state: Span,
         hp: AdamWHyper,
-        copy: Option<DevPtr<bf16>>,
+        copy: Option<Span<bf16>>,
     );
     /// One SGD update with momentum of `n` parameters (the MLP workload's optimiser), with
     /// the learning rate and clipping factor of the [`StepState`] at `state` (nothing at all
     /// when its `apply` is 0): `g = grads · clip + weight_decay · p`, `velocity = momentum ·
     /// velocity + g`, `p -= lr · velocity`. With `copy`, the updated parameters are also
     /// written there rounded to bf16, in the same pass.
-    /// # Safety
+    /// # Operands
     /// `params`, `grads`, `velocity`: `n` elements each; `state`: [`StepState::WORDS`]; `copy`: `n`.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn sgd(
+    fn sgd(
         &self,
-        params: DevPtr,
-        grads: DevPtr,
-        velocity: DevPtr,
+        params: Span,
+        grads: Span,
+        velocity: Span,
         n: usize,
-        state: DevPtr,
+        state: Span,
         hp: SgdHyper,
-        copy: Option<DevPtr<bf16>>,
+        copy: Option<Span<bf16>>,
     );
 }

@@ -13,10 +13,11 @@
 //! against. Every row runs on [`KernelOpts::tokens`] rows (B·T): 16,384 on a GPU, fewer on
 //! the CPU, where the whole bench must stay near a minute on 2 cores (see [`KernelOpts`]).
 
-use crate::backend::{Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Overwrite, StepState};
+use crate::backend::{Act, AdamWHyper, Backend, DeviceBuffer, Overwrite, Span, StepState};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
+use std::cell::RefCell;
 use std::time::Instant;
 
 /// What `bench --kernels` times, and at which size.
@@ -108,63 +109,71 @@ fn time_ms<B: Backend>(be: &B, reps: usize, mut f: impl FnMut()) -> Result<f64> 
     Ok(batches[2])
 }
 
-/// Device buffers of random values for one shape, freed together.
+/// Device buffers of random values for one shape, freed together. Each is handed out as a
+/// span that borrows the arena, which keeps the buffer until it is dropped.
 struct Arena<'a, B: Backend> {
     be: &'a B,
-    rng: ChaCha8Rng,
-    held: Vec<B::Buffer<f32>>,
-    held_ids: Vec<B::Buffer<i32>>,
+    rng: RefCell<ChaCha8Rng>,
+    held: RefCell<Vec<B::Buffer<f32>>>,
+    held_ids: RefCell<Vec<B::Buffer<i32>>>,
 }
 
 impl<'a, B: Backend> Arena<'a, B> {
     fn new(be: &'a B) -> Self {
         Arena {
             be,
-            rng: ChaCha8Rng::seed_from_u64(1),
-            held: Vec::new(),
-            held_ids: Vec::new(),
+            rng: RefCell::new(ChaCha8Rng::seed_from_u64(1)),
+            held: RefCell::new(Vec::new()),
+            held_ids: RefCell::new(Vec::new()),
         }
     }
 
-    fn random(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        let rng = &mut self.rng;
+    fn random(&self, n: usize, scale: f32) -> Vec<f32> {
+        let rng = &mut *self.rng.borrow_mut();
         (0..n)
             .map(|_| scale * ((rng.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0))
             .collect()
     }
 
     /// `n` activations, random in [-scale, scale).
-    fn act(&mut self, n: usize, scale: f32) -> Result<DevPtr<Act>> {
-        let buf = self.be.alloc::<f32>(self.be.act().words(n).max(1))?;
-        let host = self.random(n, scale);
-        // SAFETY: a fresh buffer of at least `n` activations.
-        unsafe { self.be.upload_act(buf.ptr().cast(), &host)? };
-        let p = buf.ptr().cast();
-        self.held.push(buf);
-        Ok(p)
+    fn act(&self, n: usize, scale: f32) -> Result<Span<'_, Act>> {
+        let act = self.be.act();
+        let buf = self.be.alloc::<f32>(act.words(n).max(1))?;
+        // SAFETY: the buffer's words hold at least `n` activations; the arena keeps the
+        // buffer (its memory stays put when the buffer moves) until it is dropped, which the
+        // span's borrow of the arena defers.
+        let span = unsafe { Span::from_raw_act(buf.ptr().cast(), n, act) };
+        self.be.upload_act(span, &self.random(n, scale))?;
+        self.held.borrow_mut().push(buf);
+        Ok(span)
     }
 
     /// `n` f32 values, random in [-scale, scale), or all equal to `fill`.
-    fn f32s(&mut self, n: usize, scale: f32, fill: Option<f32>) -> Result<DevPtr> {
+    fn f32s(&self, n: usize, scale: f32, fill: Option<f32>) -> Result<Span<'_>> {
         let buf = self.be.alloc::<f32>(n.max(1))?;
         let host = match fill {
             Some(x) => vec![x; n],
             None => self.random(n, scale),
         };
         self.be.write(&buf, 0, &host)?;
-        let p = buf.ptr();
-        self.held.push(buf);
-        Ok(p)
+        // SAFETY: as in `act`.
+        let span = unsafe { Span::from_raw(buf.ptr(), n) };
+        self.held.borrow_mut().push(buf);
+        Ok(span)
     }
 
     /// `n` ids below `below`.
-    fn ids(&mut self, n: usize, below: usize) -> Result<DevPtr<i32>> {
+    fn ids(&self, n: usize, below: usize) -> Result<Span<'_, i32>> {
         let buf = self.be.alloc::<i32>(n.max(1))?;
-        let host: Vec<i32> = (0..n).map(|_| (self.rng.next_u32() as usize % below) as i32).collect();
+        let host: Vec<i32> = {
+            let rng = &mut *self.rng.borrow_mut();
+            (0..n).map(|_| (rng.next_u32() as usize % below) as i32).collect()
+        };
         self.be.write(&buf, 0, &host)?;
-        let p = buf.ptr();
-        self.held_ids.push(buf);
-        Ok(p)
+        // SAFETY: as in `act`.
+        let span = unsafe { Span::from_raw(buf.ptr(), n) };
+        self.held_ids.borrow_mut().push(buf);
+        Ok(span)
     }
 }
 
@@ -190,15 +199,14 @@ fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>)
     };
     {
         let n = opts.square;
-        let mut m = Arena::new(be);
+        let m = Arena::new(be);
         let (x, w, out) = (m.act(n * n, 1.0)?, m.act(n * n, 0.1)?, m.act(n * n, 1.0)?);
-        // SAFETY: n·n activations in each buffer, no bias.
-        let ms = time_ms(be, 5, || unsafe { be.matmul_forward(out, x, w, None, n, n, n) })?;
+        let ms = time_ms(be, 5, || be.matmul_forward(out, x, w, None, n, n, n))?;
         row("matmul_peak", format!("{n}x{n}x{n}"), ms, 2.0 * (n as f64).powi(3));
     }
     let r = opts.tokens;
     for (fwd, bwd, c_in, oc, has_bias) in GPT2_PRODUCTS {
-        let mut m = Arena::new(be);
+        let m = Arena::new(be);
         let (inp, w, out, dout, dinp) = (
             m.act(r * c_in, 1.0)?,
             m.act(oc * c_in, 0.1)?,
@@ -211,12 +219,11 @@ fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>)
         let dbias = has_bias.then_some(db);
         let shape = format!("{r}x{c_in}x{oc}");
         let flop = 2.0 * (r * c_in * oc) as f64;
-        // SAFETY: every buffer holds what the op's contract asks at this shape.
-        let ms = time_ms(be, 10, || unsafe { be.matmul_forward(out, inp, w, bias, r, c_in, oc) })?;
+        let ms = time_ms(be, 10, || be.matmul_forward(out, inp, w, bias, r, c_in, oc))?;
         row(fwd, shape.clone(), ms, flop);
-        // SAFETY: as above. dinp, dw and dbias accumulate over the calls, which changes their
-        // values, not the work.
-        let ms = time_ms(be, 10, || unsafe {
+        // dinp, dw and dbias accumulate over the calls, which changes their values, not the
+        // work.
+        let ms = time_ms(be, 10, || {
             be.matmul_backward(Overwrite::ACCUMULATE, dinp, dw, dbias, dout, inp, w, r, c_in, oc)
         })?;
         row(bwd, shape, ms, 2.0 * flop);
@@ -262,7 +269,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         for hs in [64usize, 128] {
             let (b, c) = (tokens / t, 768);
             let nh = c / hs;
-            let mut m = Arena::new(be);
+            let m = Arena::new(be);
             let (qkv, out, dout, dqkv) = (
                 m.act(b * t * 3 * c, 1.0)?,
                 m.act(b * t * c, 1.0)?,
@@ -272,12 +279,11 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             let lse = m.f32s(be.attention_saved_len(b, t, nh), 1.0, Some(0.0))?;
             let shape = format!("B={b} T={t} NH={nh} HS={hs}");
             let causal = (b * nh * t * t * hs) as f64; // one T×T×HS product, halved, times 2
-                                                       // SAFETY: every buffer holds what the op's contract asks at this shape.
-            let fwd = time_ms(be, 10, || unsafe { be.attention_forward(out, lse, qkv, b, t, c, nh) })?;
+            let fwd = time_ms(be, 10, || be.attention_forward(out, lse, qkv, b, t, c, nh))?;
             row("ours", "attention_fwd", shape.clone(), fwd, Some(2.0 * causal), None);
-            // SAFETY: as above; `lse` and `out` were written by the forward. The model's call:
-            // dqkv is qkv's first gradient, overwritten.
-            let bwd = time_ms(be, 10, || unsafe {
+            // `lse` and `out` were written by the forward. The model's call: dqkv is qkv's
+            // first gradient, overwritten.
+            let bwd = time_ms(be, 10, || {
                 be.attention_backward(true, dqkv, None, dout, qkv, out, lse, b, t, c, nh)
             })?;
             row("ours", "attention_bwd", shape, bwd, Some(5.0 * causal), None);
@@ -287,7 +293,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
     // Layernorm and GELU at GPT-2 124M's training shape (B·T = 16K rows on a GPU).
     let (r, c) = (tokens, 768usize);
     {
-        let mut m = Arena::new(be);
+        let m = Arena::new(be);
         let (inp, out, dout, dinp) = (
             m.act(r * c, 2.0)?,
             m.act(r * c, 1.0)?,
@@ -303,10 +309,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         );
         let n = (r * c) as f64;
         let shape = format!("{r}x{c}");
-        // SAFETY: every buffer holds what the op's contract asks at this shape.
-        let fwd = time_ms(be, 20, || unsafe {
-            be.layernorm_forward(out, mean, rstd, inp, w, b, r, c)
-        })?;
+        let fwd = time_ms(be, 20, || be.layernorm_forward(out, mean, rstd, inp, w, b, r, c))?;
         row(
             "ours",
             "layernorm_fwd",
@@ -315,8 +318,8 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             None,
             Some(2.0 * n * a + 8.0 * r as f64),
         );
-        // SAFETY: as above; mean and rstd were written by the forward.
-        let bwd = time_ms(be, 20, || unsafe {
+        // mean and rstd were written by the forward.
+        let bwd = time_ms(be, 20, || {
             be.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, r, c)
         })?;
         row(
@@ -337,13 +340,11 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         // the sum's gradient, dout and the sum and writes the sum's gradient and the copy.
         let (y, sum, copy) = (m.act(r * c, 1.0)?, m.act(r * c, 1.0)?, m.act(r * c, 1.0)?);
         let (fwd_floor, bwd_floor) = (Some(4.0 * n * a + 8.0 * r as f64), Some(5.0 * n * a + 8.0 * r as f64));
-        // SAFETY: as above.
-        let fused = time_ms(be, 20, || unsafe {
+        let fused = time_ms(be, 20, || {
             be.add_layernorm_forward(sum, out, mean, rstd, inp, y, w, b, r, c)
         })?;
         row("ours", "add_layernorm_fwd", shape.clone(), fused, None, fwd_floor);
-        // SAFETY: as above.
-        let apart = time_ms(be, 20, || unsafe {
+        let apart = time_ms(be, 20, || {
             be.add(sum, inp, y, r * c);
             be.layernorm_forward(out, mean, rstd, sum, w, b, r, c);
         })?;
@@ -355,14 +356,13 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             None,
             fwd_floor,
         );
-        // SAFETY: as above; sum, mean and rstd were written by the forward. dinp (the sum's
-        // gradient) accumulates over the calls, which changes its values, not the work.
-        let fused = time_ms(be, 20, || unsafe {
+        // sum, mean and rstd were written by the forward. dinp (the sum's gradient)
+        // accumulates over the calls, which changes its values, not the work.
+        let fused = time_ms(be, 20, || {
             be.add_layernorm_backward(dinp, Some(copy), None, dw, db, dout, sum, w, mean, rstd, r, c)
         })?;
         row("ours", "add_layernorm_bwd", shape.clone(), fused, None, bwd_floor);
-        // SAFETY: as above.
-        let apart = time_ms(be, 20, || unsafe {
+        let apart = time_ms(be, 20, || {
             be.layernorm_backward(dinp, dw, db, dout, sum, w, mean, rstd, r, c);
             be.zero_act(copy, r * c);
             be.accumulate_act(copy, dinp, r * c);
@@ -371,14 +371,12 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
     }
     {
         let n = r * 4 * c;
-        let mut m = Arena::new(be);
+        let m = Arena::new(be);
         let (inp, out, dout, dinp) = (m.act(n, 4.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?);
         let shape = format!("{r}x{}", 4 * c);
-        // SAFETY: `n` activations each.
-        let fwd = time_ms(be, 20, || unsafe { be.gelu_forward(out, inp, n) })?;
+        let fwd = time_ms(be, 20, || be.gelu_forward(out, inp, n))?;
         row("ours", "gelu_fwd", shape.clone(), fwd, None, Some(2.0 * n as f64 * a));
-        // SAFETY: as above.
-        let bwd = time_ms(be, 20, || unsafe { be.gelu_backward(dinp, inp, dout, n) })?;
+        let bwd = time_ms(be, 20, || be.gelu_backward(dinp, inp, dout, n))?;
         row("ours", "gelu_bwd", shape, bwd, None, Some(4.0 * n as f64 * a));
     }
     {
@@ -386,7 +384,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         // GELU in the GEMM's epilogue where the backend fuses it, against the product and the
         // GELU kernel apart (backward: d(act) stored, then gelu_backward into d(pre)).
         let h = 4 * c;
-        let mut m = Arena::new(be);
+        let m = Arena::new(be);
         let (inp, w_fc, b_fc) = (m.act(r * c, 1.0)?, m.act(h * c, 0.1)?, m.act(h, 0.1)?);
         let (pre, out, dpre, dact) = (
             m.act(r * h, 1.0)?,
@@ -398,13 +396,11 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         let (dw, db) = (m.f32s(c * h, 1.0, None)?, m.f32s(c, 1.0, None)?);
         let shape = format!("{r}x{c}x{h}");
         let flop = 2.0 * (r * c * h) as f64;
-        // SAFETY: every buffer holds what the op's contract asks at this shape.
-        let fused = time_ms(be, 10, || unsafe {
+        let fused = time_ms(be, 10, || {
             be.matmul_gelu_forward(pre, out, inp, w_fc, Some(b_fc), r, c, h)
         })?;
         row("ours", "matmul_gelu_fwd", shape.clone(), fused, Some(flop), None);
-        // SAFETY: as above.
-        let apart = time_ms(be, 10, || unsafe {
+        let apart = time_ms(be, 10, || {
             be.matmul_forward(pre, inp, w_fc, Some(b_fc), r, c, h);
             be.gelu_forward(out, pre, r * h);
         })?;
@@ -416,13 +412,12 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             Some(flop),
             None,
         );
-        // SAFETY: as above (`out` stands for the GELU output the product read).
-        let fused = time_ms(be, 10, || unsafe {
+        // `out` stands for the GELU output the product read.
+        let fused = time_ms(be, 10, || {
             be.matmul_backward_dgelu(dpre, None, dw, false, Some(db), dout, out, pre, w_proj, r, h, c)
         })?;
         row("ours", "matmul_dgelu_bwd", shape.clone(), fused, Some(2.0 * flop), None);
-        // SAFETY: as above.
-        let apart = time_ms(be, 10, || unsafe {
+        let apart = time_ms(be, 10, || {
             be.matmul_backward(Overwrite::ACCUMULATE, dact, dw, Some(db), dout, out, w_proj, r, h, c);
             be.gelu_backward(dpre, pre, dact, r * h);
         })?;
@@ -436,7 +431,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
     // two rows time the same work through one call or two. FLOP: both products (dinp and dW);
     // bytes: not the bound (the products are).
     for (c_in, oc) in [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)] {
-        let mut m = Arena::new(be);
+        let m = Arena::new(be);
         let (inp, w, dout, dinp) = (
             m.act(r * c_in, 1.0)?,
             m.act(oc * c_in, 0.1)?,
@@ -446,13 +441,11 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
         let (dw, db) = (m.f32s(oc * c_in, 1.0, None)?, m.f32s(oc, 1.0, None)?);
         let shape = format!("{r}x{c_in}x{oc}");
         let flop = 4.0 * (r * c_in * oc) as f64;
-        // SAFETY: every buffer holds what the op's contract asks at this shape.
-        let fused = time_ms(be, 10, || unsafe {
+        let fused = time_ms(be, 10, || {
             be.matmul_backward(Overwrite::ACCUMULATE, dinp, dw, Some(db), dout, inp, w, r, c_in, oc)
         })?;
         row("ours", "matmul_bwd_bias", shape.clone(), fused, Some(flop), None);
-        // SAFETY: as above.
-        let apart = time_ms(be, 10, || unsafe {
+        let apart = time_ms(be, 10, || {
             be.matmul_backward(Overwrite::ACCUMULATE, dinp, dw, None, dout, inp, w, r, c_in, oc);
             be.bias_backward(db, dout, r, oc);
         })?;
@@ -466,14 +459,14 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
     // unfused, into a second buffer zeroed first.
     for v in [32_768usize, 50_304, 131_072] {
         let bt = (tokens / 2).max(1);
-        let mut m = Arena::new(be);
+        let m = Arena::new(be);
         let (logits, dlogits) = (m.act(bt * v, 4.0)?, m.act(bt * v, 1.0)?);
         let (targets, losses) = (m.ids(bt, v)?, m.f32s(bt, 1.0, None)?);
         let shape = format!("BT={bt} V={v}");
         let dloss = 1.0 / bt as f32;
-        // SAFETY: every buffer holds what the op's contract asks at this shape. The in-place
-        // backward turns the logits into gradients: later calls read those, which costs the
-        // same (the values only steer `expf`).
+        // SAFETY: the targets are ids below V. The in-place backward turns the logits into
+        // gradients: later calls read those, which costs the same (the values only steer
+        // `expf`).
         let fused = time_ms(be, 5, || unsafe {
             be.crossentropy_fused(losses, logits, targets, dloss, bt, v, v);
         })?;
@@ -513,7 +506,7 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
     // the weight copy written in the same pass.
     {
         let n = 124_475_904usize;
-        let mut m = Arena::new(be);
+        let m = Arena::new(be);
         let (p, g, mm, vv) = (
             m.f32s(n, 0.1, None)?,
             m.f32s(n, 0.01, None)?,
@@ -544,10 +537,9 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             weight_decay: 0.1,
         };
         let bytes = n as f64 * (4.0 * 7.0 + if copy.is_some() { 2.0 } else { 0.0 });
-        let copy_ptr = copy.as_ref().map(|c| c.ptr());
-        // SAFETY: `n` values in each buffer, the step state's words, `n` in the copy.
-        let ms = time_ms(be, 5, || unsafe {
-            be.adamw(p, g, mm, vv, &[(0..n, true)], state.ptr(), hp, copy_ptr)
+        let copy = copy.as_ref().map(|c| c.span());
+        let ms = time_ms(be, 5, || {
+            be.adamw(p, g, mm, vv, &[(0..n, true)], state.span(), hp, copy)
         })?;
         row("ours", "adamw", format!("{n} params"), ms, None, Some(bytes));
     }

@@ -7,7 +7,7 @@ use super::data::Dataset;
 use super::fused::FusedStep;
 use super::train::{check_batch, fused_path, load_sets, mnist_config, replay_on, widths, MlpTrainer};
 use super::{BenchSettings, RunSettings};
-use crate::backend::Backend;
+use crate::backend::FusedMlp;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use std::time::Instant;
@@ -44,7 +44,7 @@ pub struct MlpBenchRow {
 }
 
 /// `mnist --bench` (and `--sweep`): `timed`'s steps of `asked`'s MLP.
-pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, asked: &RunSettings, timed: &BenchSettings) -> Result<()> {
+pub fn bench<B: FusedMlp>(be: &B, comm: &dyn Comm, asked: &RunSettings, timed: &BenchSettings) -> Result<()> {
     let train = match asked.files.is_some() || asked.synthetic {
         true => load_sets(comm, asked)?.0,
         false => super::train::synthetic_sets().0,
@@ -86,7 +86,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, asked: &RunSettings, timed: &B
 }
 
 /// `timed.warmup` untimed steps, then `timed.steps` timed ones of one shape, from a fresh model.
-fn time_shape<B: Backend>(
+fn time_shape<B: FusedMlp>(
     be: &B,
     comm: &dyn Comm,
     (asked, timed): (&RunSettings, &BenchSettings),

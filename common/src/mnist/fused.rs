@@ -32,13 +32,13 @@
 use super::data::Dataset;
 use super::mlp::Mlp;
 use crate::backend::replay::Recorder;
-use crate::backend::{bf16, check_range, Act, ActType, Backend, DevPtr, DeviceBuffer, SgdHyper};
+use crate::backend::{bf16, check_range, Act, ActType, Backend, DeviceBuffer, FusedMlp, SgdHyper, Span};
 use crate::error::{Error, Result};
 use crate::optim::{OptimConfig, Sgd, StepMeter, StepStats};
 use std::ops::Range;
 
 /// The MLP's step on the device for batches of `rows` images, `steps` of them an epoch.
-pub struct FusedStep<B: Backend> {
+pub struct FusedStep<B: FusedMlp> {
     bufs: Buffers<B>,
     recorder: Recorder<B, Key>,
     /// Record the step once and replay it (where the backend records); else queue it each time.
@@ -53,7 +53,7 @@ struct Key {
     buffers: [u64; 4],
 }
 
-struct Buffers<B: Backend> {
+struct Buffers<B: FusedMlp> {
     rows: usize,
     steps: usize,
     /// Pixels per image.
@@ -88,11 +88,12 @@ fn activations<B: Backend>(be: &B, n: usize) -> Result<B::Buffer<f32>> {
     be.alloc(be.act().words(n))
 }
 
-fn act(buf: &impl DeviceBuffer<f32>) -> DevPtr<Act> {
-    buf.ptr().cast()
+/// The activations an [`activations`] buffer holds, as the backend's type.
+fn act<'a, B: Backend>(be: &B, buf: &'a B::Buffer<f32>) -> Span<'a, Act> {
+    buf.span().words_as_all(be.act())
 }
 
-impl<B: Backend> FusedStep<B> {
+impl<B: FusedMlp> FusedStep<B> {
     /// Uploads `train` and allocates every buffer a step of `mlp` uses, for batches of
     /// `rows` images and epochs of `steps` steps. `record`: record the step once and replay it
     /// (on a backend that records).
@@ -103,6 +104,19 @@ impl<B: Backend> FusedStep<B> {
             return Err(Error::Input(format!(
                 "the fused step needs 1 ≤ batch × steps ≤ {count} images of {} pixels (batch {rows}, {steps} steps, images of {size})",
                 mlp.widths[0]
+            )));
+        }
+        // Checked here: the gather reads `size` pixels at each index below `count`, and the
+        // loss the logit at each label.
+        if train.images.pixels.len() != count * size {
+            return Err(Error::Input(format!(
+                "the fused step needs {count} images of {size} pixels, not {} pixels",
+                train.images.pixels.len()
+            )));
+        }
+        if let Some(&label) = train.labels.iter().find(|&&l| l as usize >= classes) {
+            return Err(Error::Input(format!(
+                "label {label} is outside the MLP's {classes} classes"
             )));
         }
         let images = be.alloc(train.images.pixels.len())?;
@@ -222,7 +236,7 @@ impl<B: Backend> FusedStep<B> {
     }
 }
 
-impl<B: Backend> Buffers<B> {
+impl<B: FusedMlp> Buffers<B> {
     /// The model's and the optimiser's buffers hold the layout, each layer's biases right after
     /// its weights (the fused ops rely on both).
     fn check(&self, be: &B, mlp: &Mlp<B>, sgd: &Sgd<B>) -> Result<()> {
@@ -251,21 +265,20 @@ impl<B: Backend> Buffers<B> {
     /// Queues the step (see the module documentation): its plan, issued where the backend
     /// issues ops best ([`Backend::issue`]: on the CPU, from one of its worker threads).
     fn queue(&self, be: &B, mlp: &Mlp<B>, sgd: &Sgd<B>) -> Result<()> {
-        let plan = self.plan(mlp, sgd);
-        // SAFETY: `plan` names buffers that `check` found to hold the layout, and those that
-        // `new` allocated for these shapes; all outlive the call (see `issue_step`).
+        let plan = self.plan(be, mlp, sgd);
+        // SAFETY: the plan of this step's buffers (see `issue_step`).
         unsafe { be.issue(&plan, issue_step::<B>) }
     }
 
-    /// The step's addresses and sizes (the caller has checked the buffers: `check`).
-    fn plan(&self, mlp: &Mlp<B>, sgd: &Sgd<B>) -> Plan {
+    /// The step's operands and sizes (the caller has checked the buffers: `check`).
+    fn plan<'a>(&'a self, be: &B, mlp: &'a Mlp<B>, sgd: &'a Sgd<B>) -> Plan<'a> {
         // Under bf16 (checked: the copy exists then, and only then) the forward pass and the
         // input gradients read the weights' bf16 copy, and the updates refresh it.
-        let copy = mlp.params_bf16.as_ref().map(|c| c.ptr());
-        let weights = |at: usize| -> DevPtr<Act> {
+        let copy = mlp.params_bf16.as_ref().map(|c| c.span());
+        let weights = |r: &Range<usize>| -> Span<'a, Act> {
             match copy {
-                Some(c) => c.add(at).cast(),
-                None => mlp.params.ptr().add(at).cast(),
+                Some(c) => c.slice(r.start, r.len()).act(),
+                None => mlp.params.span().slice(r.start, r.len()).act(),
             }
         };
         let last = mlp.layers.len() - 1;
@@ -274,13 +287,13 @@ impl<B: Backend> Buffers<B> {
             size: self.size,
             steps: self.steps,
             classes: self.classes,
-            x: act(&self.x),
-            targets: self.targets.ptr(),
-            losses: self.losses.ptr(),
-            images: self.images.ptr(),
-            labels: self.labels.ptr(),
-            order: self.order.ptr(),
-            schedule: self.schedule.ptr(),
+            x: act(be, &self.x),
+            targets: self.targets.span(),
+            losses: self.losses.span(),
+            images: self.images.span(),
+            labels: self.labels.span(),
+            order: self.order.span(),
+            schedule: self.schedule.span(),
             state: self.meter.state(),
             history: (self.meter.history(), self.meter.history_len()),
             hp: SgdHyper {
@@ -292,19 +305,20 @@ impl<B: Backend> Buffers<B> {
                 .iter()
                 .enumerate()
                 .map(|(i, l)| {
-                    let at = l.weight.start;
+                    // The weights, then the biases right after them (checked).
+                    let (at, n) = (l.weight.start, l.bias.end - l.weight.start);
                     LayerPlan {
                         inputs: l.inputs,
                         outputs: l.outputs,
-                        w: weights(at),
-                        b: weights(l.bias.start),
-                        out: act(&self.outs[i]),
-                        pre: (i < last).then(|| act(&self.pres[i])),
-                        dpre: (i < last).then(|| act(&self.dpres[i])),
-                        params: mlp.params.ptr().add(at),
-                        velocity: sgd.velocity.ptr().add(at),
-                        grads: mlp.grads.ptr().add(at),
-                        copy: copy.map(|c| c.add(at)),
+                        w: weights(&l.weight),
+                        b: weights(&l.bias),
+                        out: act(be, &self.outs[i]),
+                        pre: (i < last).then(|| act(be, &self.pres[i])),
+                        dpre: (i < last).then(|| act(be, &self.dpres[i])),
+                        params: mlp.params.span().slice(at, n),
+                        velocity: sgd.velocity.span().slice(at, n),
+                        grads: mlp.grads.span().slice(at, n),
+                        copy: copy.map(|c| c.slice(at, n)),
                     }
                 })
                 .collect(),
@@ -312,62 +326,62 @@ impl<B: Backend> Buffers<B> {
     }
 }
 
-/// Every address and size a step's ops use, as plain data (no buffers), so that the backend
-/// may issue them from a thread of its own.
-struct Plan {
+/// Every operand and size a step's ops use, as plain data (spans, no buffers), so that the
+/// backend may issue them from a thread of its own.
+struct Plan<'a> {
     rows: usize,
     size: usize,
     steps: usize,
     classes: usize,
-    x: DevPtr<Act>,
-    targets: DevPtr<i32>,
-    losses: DevPtr,
-    images: DevPtr<u8>,
-    labels: DevPtr<u8>,
-    order: DevPtr<i32>,
-    schedule: DevPtr,
-    state: DevPtr,
+    x: Span<'a, Act>,
+    targets: Span<'a, i32>,
+    losses: Span<'a>,
+    images: Span<'a, u8>,
+    labels: Span<'a, u8>,
+    order: Span<'a, i32>,
+    schedule: Span<'a>,
+    state: Span<'a>,
     /// The loss history and its length.
-    history: (DevPtr, usize),
+    history: (Span<'a>, usize),
     hp: SgdHyper,
-    layers: Vec<LayerPlan>,
+    layers: Vec<LayerPlan<'a>>,
 }
 
 /// One layer of a [`Plan`].
-struct LayerPlan {
+struct LayerPlan<'a> {
     inputs: usize,
     outputs: usize,
     /// The weights and biases the forward pass and the input gradient read (the bf16 copy's
     /// under bf16).
-    w: DevPtr<Act>,
-    b: DevPtr<Act>,
+    w: Span<'a, Act>,
+    b: Span<'a, Act>,
     /// Its output (rows, outputs): after the ReLU for hidden layers; the logits last.
-    out: DevPtr<Act>,
+    out: Span<'a, Act>,
     /// Hidden layers: the pre-activation and the gradient at it (rows, outputs).
-    pre: Option<DevPtr<Act>>,
-    dpre: Option<DevPtr<Act>>,
+    pre: Option<Span<'a, Act>>,
+    dpre: Option<Span<'a, Act>>,
     /// The layer's weights then biases in the parameters, their velocity, their gradients and
     /// the bf16 copy.
-    params: DevPtr,
-    velocity: DevPtr,
-    grads: DevPtr,
-    copy: Option<DevPtr<bf16>>,
+    params: Span<'a>,
+    velocity: Span<'a>,
+    grads: Span<'a>,
+    copy: Option<Span<'a, bf16>>,
 }
 
 /// Issues the ops of one step (see the module documentation).
 ///
 /// # Safety
-/// `p` comes from [`Buffers::plan`] on checked buffers that are still alive: every buffer was
-/// allocated for these shapes in `new` (activations: rows × the layer's width; the batch: rows
-/// × size; order: steps × rows indices below the images, checked in `begin_epoch`; schedule and
-/// history: `steps`); the parameters, their copy, velocity and gradients hold the layout
-/// (`check`), in which each layer's weights (outputs × inputs) are followed by its biases;
-/// outputs never alias inputs.
-unsafe fn issue_step<B: Backend>(be: &B, p: &Plan) -> Result<()> {
+/// `p` comes from [`Buffers::plan`]: its order holds steps × rows indices below the images
+/// (zeros as allocated, then what `begin_epoch` checked), its labels are below the classes
+/// (checked in `new`).
+unsafe fn issue_step<B: FusedMlp>(be: &B, p: &Plan<'_>) -> Result<()> {
     let (rows, last) = (p.rows, p.layers.len() - 1);
-    be.gather_batch(
-        p.x, p.targets, p.images, p.labels, p.order, p.state, rows, p.size, p.steps,
-    );
+    // SAFETY: the order's indices are below the images (the caller's contract).
+    unsafe {
+        be.gather_batch(
+            p.x, p.targets, p.images, p.labels, p.order, p.state, rows, p.size, p.steps,
+        );
+    }
     let mut inp = p.x;
     for l in &p.layers {
         match l.pre {
@@ -377,19 +391,22 @@ unsafe fn issue_step<B: Backend>(be: &B, p: &Plan) -> Result<()> {
         inp = l.out;
     }
     let logits = p.layers[last].out;
-    be.loss_step(
-        logits,
-        p.losses,
-        p.targets,
-        p.state,
-        p.schedule,
-        p.history.0,
-        p.history.1,
-        rows,
-        p.classes,
-        p.steps,
-        1.0 / rows as f32,
-    );
+    // SAFETY: the targets are labels of the set, below the classes (the caller's contract).
+    unsafe {
+        be.loss_step(
+            logits,
+            p.losses,
+            p.targets,
+            p.state,
+            p.schedule,
+            p.history.0,
+            p.history.1,
+            rows,
+            p.classes,
+            p.steps,
+            1.0 / rows as f32,
+        );
+    }
     let mut dout = logits; // now the logits' gradient
     for (i, l) in p.layers.iter().enumerate().rev() {
         let inp = if i == 0 { p.x } else { p.layers[i - 1].out };

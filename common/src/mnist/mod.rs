@@ -22,7 +22,7 @@ pub use idx::{parse_images, parse_labels, read_images, read_labels, Images};
 pub use mlp::Mlp;
 pub use train::{train, MlpTrainer};
 
-use crate::backend::Backend;
+use crate::backend::FusedMlp;
 use crate::comm::Comm;
 use crate::error::Result;
 use std::path::PathBuf;
@@ -98,7 +98,7 @@ pub struct BenchSettings {
 }
 
 /// The `mnist` subcommand: trains ([`train()`]), or times steps with `bench` ([`bench::bench`]).
-pub fn run<B: Backend>(be: &B, comm: &dyn Comm, settings: &RunSettings) -> Result<()> {
+pub fn run<B: FusedMlp>(be: &B, comm: &dyn Comm, settings: &RunSettings) -> Result<()> {
     match &settings.bench {
         Some(b) => bench::bench(be, comm, settings, b),
         None => train(be, comm, settings),

@@ -16,7 +16,7 @@ use super::mlp::Mlp;
 use super::synthetic;
 use super::{OptimizerKind, RunSettings};
 use crate::autograd::{Graph, Pool};
-use crate::backend::Backend;
+use crate::backend::{Backend, FusedMlp};
 use crate::comm::{agree, from_root, Comm};
 use crate::error::{Error, Result};
 use crate::grad_sync::{GradSync, SyncMode};
@@ -242,7 +242,9 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
         }
         Ok((stats, seconds))
     }
+}
 
+impl<B: FusedMlp> MlpTrainer<'_, B> {
     /// As [`MlpTrainer::run_generic`] with `fused` (made for this set and batch; one rank,
     /// SGD): each epoch's order and learning rates are uploaded at its first step, the steps
     /// are queued (replayed) without waiting, and their stats are read at each epoch's end and
@@ -350,7 +352,7 @@ fn argmax(row: &[f32]) -> usize {
 /// The `mnist` subcommand without `--bench`: trains, tests after each epoch, prints the table,
 /// and keeps `OUT/mlp.ckpt` (at a stop, at the end, and after an epoch once 30 s have passed
 /// since the last) for `--resume`.
-pub fn train<B: Backend>(be: &B, comm: &dyn Comm, asked: &RunSettings) -> Result<()> {
+pub fn train<B: FusedMlp>(be: &B, comm: &dyn Comm, asked: &RunSettings) -> Result<()> {
     crate::stop::on_signals();
     let (train, test) = load_sets(comm, asked)?;
     let (world, b) = (comm.size(), asked.batch);
@@ -537,7 +539,7 @@ enum Ended {
 
 /// A training run under way: the trainer, the table and the checkpoint it keeps, where it
 /// stands ([`Meta`]: the steps done, the open epoch's losses, the time so far).
-struct MlpRun<'a, 'b, B: Backend> {
+struct MlpRun<'a, 'b, B: FusedMlp> {
     trainer: MlpTrainer<'a, B>,
     fused: Option<FusedStep<B>>,
     /// Rank 0's table, trace and checkpoint.
@@ -559,7 +561,7 @@ struct MlpRun<'a, 'b, B: Backend> {
     last: Option<EpochRow>,
 }
 
-impl<B: Backend> MlpRun<'_, '_, B> {
+impl<B: FusedMlp> MlpRun<'_, '_, B> {
     /// Training time, the resumed run's before this process included.
     fn elapsed(&self) -> f64 {
         self.meta.log.elapsed_s + self.started.elapsed().as_secs_f64()

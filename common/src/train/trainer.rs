@@ -145,53 +145,52 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.replay.recorder.recorded()
     }
 
-    /// zero grads → (forward → backward) per micro-batch → gradients summed over ranks →
-    /// clip + AdamW. A step whose loss (averaged over micro-batches and ranks) or gradient
-    /// norm is not finite leaves the model as it was (`skipped`). `batch` is this rank's
-    /// (b, t) shard, cut into `micro_batches` pieces of b / micro_batches rows; `step` is
-    /// 0-based.
+    /// One optimizer step on this rank's (b, t) shard `batch`, cut into `micro_batches`
+    /// pieces of b / micro_batches rows; `step` is 0-based. What it computes is
+    /// `Trainer::queue_step`; a step whose loss (averaged over micro-batches and ranks) or
+    /// gradient norm is not finite leaves the model as it was (`skipped`).
     ///
-    /// On the GPU (one rank, or ranks over NCCL) the step's work is recorded (the second
-    /// step of a shape: the first sizes the memory) and replayed from then on, with nothing
-    /// read back: NCCL's sums (and ZeRO-1's gather) are in the recording, the device
-    /// averages the loss over the ranks and decides whether to skip the update, and the
-    /// step's (loss, norm) wait on the device until [`Trainer::flush`] (or a read now and
-    /// then) brings them back.
+    /// How it runs: as queued, op by op, with the step's (loss, norm) read back after it; or,
+    /// on the GPU (one rank, or ranks over NCCL), recorded once and replayed from then on
+    /// (`Trainer::step_replayed`), with nothing read back until [`Trainer::flush`] (or a
+    /// read now and then).
     pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
-        let be = self.be;
         let started = Instant::now();
-        self.opt.begin_step(be, step)?;
+        self.opt.begin_step(self.be, step)?; // the step's learning rate and bias corrections
         if self.replay.on {
             let finished = self.step_replayed(batch, b, t, step)?;
-            let compute_s = started.elapsed().as_secs_f64();
             return Ok(StepReport {
                 finished,
-                compute_s,
+                compute_s: started.elapsed().as_secs_f64(),
                 comm_s: 0.0,
             });
         }
-        let mut comm_s = self.queue_gradients(batch, b, t, false)?;
-        // Averaged over micro-batches and ranks, the same on every rank.
-        let (loss, norm) = self.opt.meter.read_loss_and_norm(be)?;
-        comm_s += self.update(step)?;
-        let total = started.elapsed().as_secs_f64();
+        let comm_s = self.queue_step(batch, b, t, step, false)?;
+        let (loss, norm) = self.opt.meter.read_loss_and_norm(self.be)?;
         Ok(StepReport {
             finished: vec![(step, StepStats::of(&self.opt.config, step, loss, norm))],
-            compute_s: total - comm_s,
+            compute_s: started.elapsed().as_secs_f64() - comm_s,
             comm_s,
         })
     }
 
-    /// Queues zero grads → (forward → backward) per micro-batch → gradients summed over
-    /// ranks → norm, clipping factor and mean loss on the device. The first micro-batch's
-    /// products WRITE the matrices' gradients, so the zeroing skips them
-    /// ([`Graph::zero_grads_except_first_products`]).
-    /// `staged`: the token ids come from `self.tokens`. Returns the seconds spent
-    /// communicating.
-    fn queue_gradients(&mut self, batch: &Batch, b: usize, t: usize, staged: bool) -> Result<f64> {
+    /// The training step, queued on the backend:
+    ///
+    /// 1. per micro-batch: forward (the loss), then on the first one zero the gradients
+    ///    (all but those the first products write), then backward;
+    /// 2. reduce: the gradients summed over the ranks (under `--overlap`, bucket by bucket
+    ///    during backward), the loss averaged over micro-batches and ranks;
+    /// 3. clip: the gradient norm and the factor that clips it to `grad_clip`;
+    /// 4. AdamW on the parameters (the device skips it when the loss or the norm is not
+    ///    finite), then under ZeRO-1 the updated shards gathered on every rank.
+    ///
+    /// `staged`: the token ids come from `self.tokens` (a recorded step). Returns the
+    /// seconds spent communicating.
+    fn queue_step(&mut self, batch: &Batch, b: usize, t: usize, step: u64, staged: bool) -> Result<f64> {
         let (be, comm) = (self.be, self.comm);
-        let (k, mut comm_s) = (self.micro_batches, 0.0);
+        let k = self.micro_batches;
         let n = (b / k) * t; // tokens of a micro-batch
+        let mut comm_s = 0.0;
         for micro in 0..k {
             let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);
             let seed = self.sync.loss_scale(comm.size(), k);
@@ -202,19 +201,23 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 g = g.with_tokens(&self.tokens);
             }
             let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
+            let loss = fwd.loss.expect("targets given");
             if micro == 0 {
                 g.zero_grads_except_first_products(&self.model.grads)?;
             }
-            let loss = fwd.loss.expect("targets given");
             comm_s += self.sync.backward(&mut g, loss, comm, &self.model.grads, (micro, k))?;
             let (slot, at) = self.opt.meter.loss_slot();
             g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
         }
         self.opt.finish_gradients(be, &self.model.grads, 1.0 / k as f32, comm)?;
+        comm_s += self.update(step)?;
         Ok(comm_s)
     }
 
-    /// One step on one rank, replayed when a recording of its shape exists (see `step`).
+    /// `Trainer::queue_step` recorded once and replayed: the token ids staged at fixed
+    /// memory, then the step replayed when a recording of its shape exists (else queued, and
+    /// recorded the second time). NCCL's sums (and ZeRO-1's gather) are in the recording, and
+    /// the steps' (loss, norm) wait on the device until they are read, by count or by time.
     fn step_replayed(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<Vec<(u64, StepStats)>> {
         let be = self.be;
         // The ids the step's graph will ask for, in its order: per micro-batch the inputs,
@@ -247,7 +250,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let now = shape(be, &self.tokens);
         let mut recorder = std::mem::take(&mut self.replay.recorder);
         let ran = recorder.run(be, now, || {
-            self.queue_step(batch, b, t, step)?;
+            self.queue_step(batch, b, t, step, true)?;
             Ok(shape(be, &self.tokens))
         });
         self.replay.recorder = recorder;
@@ -269,18 +272,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok(Vec::new())
     }
 
-    /// Queues a whole step: gradients (summed over the ranks), then the update (which the
-    /// device skips when the loss or the norm is not finite), then, under ZeRO-1, the
-    /// gathering of the updated shards.
-    fn queue_step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<()> {
-        self.queue_gradients(batch, b, t, true)?;
-        self.update(step)?;
-        Ok(())
-    }
-
     /// The update of 0-based `step` and what follows it across ranks (ZeRO-1's gather of
-    /// the updated shards; local SGD's averaging). Returns the seconds
-    /// spent communicating.
+    /// the updated shards; local SGD's averaging). Returns the seconds spent communicating.
     fn update(&self, step: u64) -> Result<f64> {
         let (be, opt, model) = (self.be, &self.opt, &self.model);
         let copy = model.params_bf16.as_ref();

@@ -1,7 +1,9 @@
 //! Elementwise ops (zero, add, scale, GELU) over fixed-size chunks, so results never depend
-//! on the thread count, and the small vector helpers the other op families share.
+//! on the thread count; rounding to bf16; and the small vector helpers the other op
+//! families share.
 
 use super::fastmath;
+use crate::backend::bf16;
 use rayon::prelude::*;
 
 /// Elementwise work is split in chunks this long (a constant, so results never depend
@@ -36,6 +38,13 @@ pub(super) fn add(out: &mut [f32], a: &[f32], b: &[f32]) {
                 *o = a + b;
             }
         });
+}
+
+/// `dst = bf16(src)`, rounded to nearest-even.
+pub(super) fn round_to_bf16(dst: &mut [bf16], src: &[f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = bf16::from_f32(s);
+    }
 }
 
 pub(super) fn scale(dst: &mut [f32], s: f32) {

@@ -3,10 +3,12 @@
 //! thread count (work is split by output element or by fixed-size blocks, never by
 //! thread), so a run is bit-for-bit reproducible and stage 1's ranks can match stage 0.
 //!
-//! This file holds the buffers and the [`Backend`] impl, which is the one place where raw
-//! pointers become slices (under the trait's safety contract); the numerics live in one
-//! file per op family and work on plain slices: `elementwise`, `encoder`, `matmul`,
-//! `layernorm`, `attention`, `loss`, `optim`, `mlp` (the MLP's step on the device).
+//! This file holds the buffers and the [`Backend`] impl. Each op first hands its spans to
+//! its [`contract`] function, which checks every extent and that nothing the op writes
+//! overlaps another operand; only the addresses it returns become slices, of exactly the
+//! extents it checked. The numerics live in one file per op family and work on plain
+//! slices: `elementwise`, `encoder`, `matmul`, `layernorm`, `attention`, `loss`, `optim`,
+//! `mlp` (the MLP's step on the device, with the [`FusedMlp`](super::FusedMlp) impl).
 
 // Index loops read like the formulas in these numeric kernels.
 #![allow(clippy::needless_range_loop)]
@@ -21,7 +23,9 @@ mod matmul;
 mod mlp;
 mod optim;
 
-use super::{bf16, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Overwrite, SgdHyper, StepState};
+use super::{
+    bf16, contract, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Overwrite, SgdHyper, Span, StepState,
+};
 use crate::error::{Error, Result};
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -76,8 +80,12 @@ impl CpuBackend {
 }
 
 // ---- raw memory views --------------------------------------------------------------
-// Under the Backend trait's contract every pointer covers the extent the op uses and an
-// op's outputs never alias its inputs; these turn such pointers into slices.
+// Every op's spans have been through its `contract::` function before these are called:
+// each address holds the elements the op uses, and nothing the op writes overlaps another
+// operand, so a view of that extent is a slice no other slice of the call aliases. Where a
+// table's rows are picked by values (token ids, image indices), the view is the whole span
+// and indexing it is bounds-checked. Only the raw copies (`upload`, `download`) take
+// addresses whose extent their caller promises.
 
 // The CPU computes in f32 only, so its activations (`DevPtr<Act>`) are f32.
 
@@ -98,9 +106,13 @@ impl HostPtr for DevPtr<Act> {
     }
 }
 
+/// # Safety
+/// `p` holds `n` live elements that nothing writes while the slice is used.
 unsafe fn view<'a, P: HostPtr>(p: P, n: usize) -> &'a [P::Elem] {
     std::slice::from_raw_parts(p.addr() as *const P::Elem, n)
 }
+/// # Safety
+/// `p` holds `n` live elements that nothing else reads or writes while the slice is used.
 #[allow(clippy::mut_from_ref)]
 unsafe fn view_mut<'a, P: HostPtr>(p: P, n: usize) -> &'a mut [P::Elem] {
     std::slice::from_raw_parts_mut(p.addr() as *mut P::Elem, n)
@@ -112,6 +124,55 @@ unsafe fn view_mut<'a, P: HostPtr>(p: P, n: usize) -> &'a mut [P::Elem] {
 /// `p` holds [`StepState::WORDS`] words, not otherwise borrowed.
 unsafe fn state_mut<'a>(p: DevPtr) -> &'a mut StepState {
     bytemuck::from_bytes_mut(bytemuck::cast_slice_mut(view_mut(p, StepState::WORDS)))
+}
+
+/// The [`StepState`] at `p`, read.
+///
+/// # Safety
+/// `p` holds [`StepState::WORDS`] words that nothing writes while it is read.
+unsafe fn read_state(p: DevPtr) -> StepState {
+    *bytemuck::from_bytes(bytemuck::cast_slice(view(p, StepState::WORDS)))
+}
+
+impl CpuBackend {
+    /// `dst += src` over `n` values (`src` may be `dst`: then `dst *= 2`).
+    ///
+    /// # Safety
+    /// As `view_mut(dst, n)` and `view(src, n)`, except that they may be the same pointer.
+    unsafe fn accumulate_at(&self, dst: DevPtr, src: DevPtr, n: usize) {
+        if dst == src {
+            return self.run(|| elementwise::scale(view_mut(dst, n), 2.0));
+        }
+        self.run(|| elementwise::accumulate(view_mut(dst, n), view(src, n)));
+    }
+
+    /// [`Backend::sgd`]'s update on addresses.
+    ///
+    /// # Safety
+    /// `params`, `velocity` (and `copy`): `n` elements each to write, `grads`: `n` to read,
+    /// `state`: [`StepState::WORDS`], none overlapping a written one.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn sgd_at(
+        &self,
+        params: DevPtr,
+        grads: DevPtr,
+        velocity: DevPtr,
+        n: usize,
+        state: DevPtr,
+        hp: SgdHyper,
+        copy: Option<DevPtr<bf16>>,
+    ) {
+        let step = read_state(state);
+        if step.apply == 0.0 {
+            return;
+        }
+        let (p, v) = (view_mut(params, n), view_mut(velocity, n));
+        let grads = view(grads, n);
+        self.run(|| optim::sgd(p, v, grads, &step, hp));
+        if let Some(copy) = copy {
+            elementwise::round_to_bf16(view_mut(copy, n), view(params, n));
+        }
+    }
 }
 
 impl Backend for CpuBackend {
@@ -171,172 +232,214 @@ impl Backend for CpuBackend {
     }
 
     unsafe fn upload<T: Elem>(&self, dst: DevPtr<T>, src: &[T]) -> Result<()> {
-        view_mut(dst, src.len()).copy_from_slice(src);
+        // SAFETY: `dst` holds src.len() elements (the caller's contract).
+        unsafe { view_mut(dst, src.len()) }.copy_from_slice(src);
         Ok(())
     }
 
     unsafe fn download<T: Elem>(&self, src: DevPtr<T>, dst: &mut [T]) -> Result<()> {
-        dst.copy_from_slice(view(src, dst.len()));
+        // SAFETY: `src` holds dst.len() elements (the caller's contract).
+        dst.copy_from_slice(unsafe { view(src, dst.len()) });
         Ok(())
     }
 
-    unsafe fn zero<T: Elem>(&self, dst: DevPtr<T>, n: usize) {
-        self.run(|| elementwise::zero(view_mut(dst, n)));
+    fn zero<T: Elem>(&self, dst: Span<T>, n: usize) {
+        let dst = contract::zero(dst, n);
+        // SAFETY: the contract checked the extent.
+        self.run(|| elementwise::zero(unsafe { view_mut(dst, n) }));
     }
 
-    unsafe fn round_to_bf16(&self, dst: DevPtr<bf16>, src: DevPtr, n: usize) {
-        for (d, &s) in view_mut(dst, n).iter_mut().zip(view(src, n)) {
-            *d = bf16::from_f32(s);
-        }
+    fn round_to_bf16(&self, dst: Span<bf16>, src: Span, n: usize) {
+        let (dst, src) = contract::round_to_bf16(dst, src, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { elementwise::round_to_bf16(view_mut(dst, n), view(src, n)) };
     }
 
-    unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
-        if dst == src {
-            return self.scale(dst, n, 2.0);
-        }
-        self.run(|| elementwise::accumulate(view_mut(dst, n), view(src, n)));
+    fn accumulate(&self, dst: Span, src: Span, n: usize) {
+        let (dst, src) = contract::accumulate(dst, src, n);
+        // SAFETY: the contract checked every extent, and that `src` is `dst` or apart from it.
+        unsafe { self.accumulate_at(dst, src, n) };
     }
 
-    unsafe fn accumulate_act(&self, dst: DevPtr<Act>, src: DevPtr<Act>, n: usize) {
-        self.accumulate(dst.cast(), src.cast(), n);
+    fn accumulate_act(&self, dst: Span<Act>, src: Span<Act>, n: usize) {
+        let (dst, src) = contract::accumulate_act(self.act(), dst, src, n);
+        // SAFETY: the contract checked every extent, and that `src` is `dst` or apart from it.
+        unsafe { self.accumulate_at(dst.cast(), src.cast(), n) };
     }
 
-    unsafe fn add(&self, out: DevPtr<Act>, a: DevPtr<Act>, b: DevPtr<Act>, n: usize) {
-        self.run(|| elementwise::add(view_mut(out, n), view(a, n), view(b, n)));
+    fn add(&self, out: Span<Act>, a: Span<Act>, b: Span<Act>, n: usize) {
+        let (out, a, b) = contract::add(self.act(), out, a, b, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (out, a, b) = unsafe { (view_mut(out, n), view(a, n), view(b, n)) };
+        self.run(|| elementwise::add(out, a, b));
     }
 
-    unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32) {
-        self.run(|| elementwise::scale(view_mut(dst, n), s));
+    fn scale(&self, dst: Span, n: usize, s: f32) {
+        let dst = contract::scale(dst, n);
+        // SAFETY: the contract checked the extent.
+        let dst = unsafe { view_mut(dst, n) };
+        self.run(|| elementwise::scale(dst, s));
     }
 
     unsafe fn encoder_forward(
         &self,
-        out: DevPtr<Act>,
-        tokens: DevPtr<i32>,
-        first_position: Option<DevPtr<i32>>,
-        wte: DevPtr<Act>,
-        wpe: DevPtr<Act>,
+        out: Span<Act>,
+        tokens: Span<i32>,
+        first_position: Option<Span<i32>>,
+        wte: Span<Act>,
+        wpe: Span<Act>,
         b: usize,
         t: usize,
         c: usize,
     ) {
-        let tokens = view(tokens, b * t);
-        let vocab = tokens.iter().map(|&id| id as usize + 1).max().unwrap_or(0);
-        let p = first_position.map_or(0, |p| view(p, 1)[0] as usize);
-        let wpe = &view(wpe, (p + t) * c)[p * c..];
-        let (out, wte) = (view_mut(out, b * t * c), view(wte, vocab * c));
-        self.run(|| encoder::forward(out, tokens, wte, wpe, t, c));
+        let (wte_len, wpe_len) = (wte.len(), wpe.len());
+        let (out, tokens, first_position, wte, wpe) =
+            contract::encoder_forward(self.act(), out, tokens, first_position, wte, wpe, b, t, c);
+        // SAFETY: the contract checked every extent and overlap; the tables are viewed whole,
+        // so a token id or position past them is an index out of bounds.
+        unsafe {
+            let tokens = view(tokens, b * t);
+            let p = first_position.map_or(0, |p| view(p, 1)[0] as usize);
+            let wpe = &view(wpe, wpe_len)[p * c..(p + t) * c];
+            let (out, wte) = (view_mut(out, b * t * c), view(wte, wte_len));
+            self.run(|| encoder::forward(out, tokens, wte, wpe, t, c));
+        }
     }
 
     unsafe fn encoder_backward(
         &self,
-        dwte: DevPtr,
-        dwpe: DevPtr,
-        dout: DevPtr<Act>,
-        tokens: DevPtr<i32>,
-        order: DevPtr<i32>,
+        dwte: Span,
+        dwpe: Span,
+        dout: Span<Act>,
+        tokens: Span<i32>,
+        order: Span<i32>,
         b: usize,
         t: usize,
         c: usize,
     ) {
-        let (tokens, order) = (view(tokens, b * t), view(order, b * t));
-        let vocab = tokens.iter().map(|&id| id as usize + 1).max().unwrap_or(0);
-        let (dwte, dwpe, dout) = (view_mut(dwte, vocab * c), view_mut(dwpe, t * c), view(dout, b * t * c));
-        self.run(|| encoder::backward(dwte, dwpe, dout, tokens, order, b, t, c));
+        let dwte_len = dwte.len();
+        let (dwte, dwpe, dout, tokens, order) =
+            contract::encoder_backward(self.act(), dwte, dwpe, dout, tokens, order, b, t, c);
+        // SAFETY: the contract checked every extent and overlap; `dwte` is viewed whole, so a
+        // token id past it is an index out of bounds.
+        unsafe {
+            let (tokens, order) = (view(tokens, b * t), view(order, b * t));
+            let (dwte, dwpe, dout) = (view_mut(dwte, dwte_len), view_mut(dwpe, t * c), view(dout, b * t * c));
+            self.run(|| encoder::backward(dwte, dwpe, dout, tokens, order, b, t, c));
+        }
     }
 
-    unsafe fn matmul_forward(
+    fn matmul_forward(
         &self,
-        out: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: Option<DevPtr<Act>>,
+        out: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        bias: Option<Span<Act>>,
         bt: usize,
         c: usize,
         oc: usize,
     ) {
-        let out = view_mut(out, bt * oc);
-        let (inp, w, bias) = (view(inp, bt * c), view(w, oc * c), bias.map(|p| view(p, oc)));
-        self.run(|| matmul::forward(out, inp, w, bias, c, oc, self.threads));
+        let (out, inp, w, bias) = contract::matmul_forward(self.act(), out, inp, w, bias, bt, c, oc);
+        // SAFETY: the contract checked every extent and that `out` overlaps no input.
+        unsafe {
+            let out = view_mut(out, bt * oc);
+            let (inp, w, bias) = (view(inp, bt * c), view(w, oc * c), bias.map(|p| view(p, oc)));
+            self.run(|| matmul::forward(out, inp, w, bias, c, oc, self.threads));
+        }
     }
 
-    unsafe fn matmul_backward(
+    fn matmul_backward(
         &self,
         overwrite: Overwrite,
-        dinp: DevPtr<Act>,
-        dw: DevPtr,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
+        dinp: Span<Act>,
+        dw: Span,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
         bt: usize,
         c: usize,
         oc: usize,
     ) {
-        // A written gradient is zeroed and then added to: the same bits as into zeros.
-        // SAFETY: dinp holds BT·C activations and dw OC·C f32s (the caller's contract).
+        let (dinp, dw, dbias, dout, inp, w) =
+            contract::matmul_backward(self.act(), dinp, dw, dbias, dout, inp, w, bt, c, oc);
+        // SAFETY: the contract checked every extent and that no gradient overlaps another operand.
         unsafe {
-            if overwrite.dinp {
-                self.zero_act(dinp, bt * c);
-            }
-            if overwrite.dw {
-                self.zero(dw, oc * c);
-            }
+            let grads = matmul::Grads {
+                dinp: view_mut(dinp, bt * c),
+                dw: view_mut(dw, oc * c),
+                dbias: dbias.map(|p| view_mut(p, oc)),
+            };
+            let (dout, inp, w) = (view(dout, bt * oc), view(inp, bt * c), view(w, oc * c));
+            self.run(|| {
+                // A written gradient is zeroed and then added to: the same bits as into zeros.
+                if overwrite.dinp {
+                    elementwise::zero(&mut *grads.dinp);
+                }
+                if overwrite.dw {
+                    elementwise::zero(&mut *grads.dw);
+                }
+                matmul::backward(grads, dout, inp, w, c, oc, self.threads)
+            });
         }
-        let grads = matmul::Grads {
-            dinp: view_mut(dinp, bt * c),
-            dw: view_mut(dw, oc * c),
-            dbias: dbias.map(|p| view_mut(p, oc)),
-        };
-        let (dout, inp, w) = (view(dout, bt * oc), view(inp, bt * c), view(w, oc * c));
-        self.run(|| matmul::backward(grads, dout, inp, w, c, oc, self.threads));
     }
 
-    unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
-        let (dbias, dout) = (view_mut(dbias, oc), view(dout, bt * oc));
+    fn bias_backward(&self, dbias: Span, dout: Span<Act>, bt: usize, oc: usize) {
+        let (dbias, dout) = contract::bias_backward(self.act(), dbias, dout, bt, oc);
+        // SAFETY: the contract checked every extent and overlap.
+        let (dbias, dout) = unsafe { (view_mut(dbias, oc), view(dout, bt * oc)) };
         self.run(|| matmul::bias_backward(dbias, dout, oc));
     }
 
-    unsafe fn layernorm_forward(
+    fn layernorm_forward(
         &self,
-        out: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        b: DevPtr<Act>,
+        out: Span<Act>,
+        mean: Span,
+        rstd: Span,
+        inp: Span<Act>,
+        w: Span<Act>,
+        b: Span<Act>,
         bt: usize,
         c: usize,
     ) {
-        let stats = layernorm::Stats {
-            mean: view_mut(mean, bt),
-            rstd: view_mut(rstd, bt),
-        };
-        let (out, inp, w, b) = (view_mut(out, bt * c), view(inp, bt * c), view(w, c), view(b, c));
-        self.run(|| layernorm::forward(out, stats, inp, w, b));
+        let (out, mean, rstd, inp, w, b) = contract::layernorm_forward(self.act(), out, mean, rstd, inp, w, b, bt, c);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            let stats = layernorm::Stats {
+                mean: view_mut(mean, bt),
+                rstd: view_mut(rstd, bt),
+            };
+            let (out, inp, w, b) = (view_mut(out, bt * c), view(inp, bt * c), view(w, c), view(b, c));
+            self.run(|| layernorm::forward(out, stats, inp, w, b));
+        }
     }
 
-    unsafe fn layernorm_backward(
+    fn layernorm_backward(
         &self,
-        dinp: DevPtr<Act>,
-        dw: DevPtr,
-        db: DevPtr,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
+        dinp: Span<Act>,
+        dw: Span,
+        db: Span,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        mean: Span,
+        rstd: Span,
         bt: usize,
         c: usize,
     ) {
-        let grads = layernorm::Grads {
-            dinp: view_mut(dinp, bt * c),
-            dw: view_mut(dw, c),
-            db: view_mut(db, c),
-        };
-        let (dout, inp, w) = (view(dout, bt * c), view(inp, bt * c), view(w, c));
-        let (mean, rstd) = (view(mean, bt), view(rstd, bt));
-        self.run(|| layernorm::backward(grads, dout, inp, w, mean, rstd));
+        let (dinp, dw, db, dout, inp, w, mean, rstd) =
+            contract::layernorm_backward(self.act(), dinp, dw, db, dout, inp, w, mean, rstd, bt, c);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            let grads = layernorm::Grads {
+                dinp: view_mut(dinp, bt * c),
+                dw: view_mut(dw, c),
+                db: view_mut(db, c),
+            };
+            let (dout, inp, w) = (view(dout, bt * c), view(inp, bt * c), view(w, c));
+            let (mean, rstd) = (view(mean, bt), view(rstd, bt));
+            self.run(|| layernorm::backward(grads, dout, inp, w, mean, rstd));
+        }
     }
 
     fn attention_saved_len(&self, b: usize, t: usize, nh: usize) -> usize {
@@ -345,326 +448,259 @@ impl Backend for CpuBackend {
         b.saturating_mul(nh).saturating_mul(t).saturating_mul(t)
     }
 
-    unsafe fn attention_forward(
-        &self,
-        out: DevPtr<Act>,
-        saved: DevPtr,
-        qkv: DevPtr<Act>,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) {
+    fn attention_forward(&self, out: Span<Act>, saved: Span, qkv: Span<Act>, b: usize, t: usize, c: usize, nh: usize) {
+        let saved_len = self.attention_saved_len(b, t, nh);
+        let (out, saved, qkv) = contract::attention_forward(self.act(), out, saved, saved_len, qkv, b, t, c, nh);
         let dims = attention::Dims { b, t, c, nh };
-        let (out, att, qkv) = (
-            view_mut(out, b * t * c),
-            view_mut(saved, b * nh * t * t),
-            view(qkv, b * t * 3 * c),
-        );
-        self.run(|| attention::forward(out, att, qkv, dims));
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            let (out, att, qkv) = (
+                view_mut(out, b * t * c),
+                view_mut(saved, saved_len),
+                view(qkv, b * t * 3 * c),
+            );
+            self.run(|| attention::forward(out, att, qkv, dims));
+        }
     }
 
     unsafe fn attention_cached_forward(
         &self,
-        out: DevPtr<Act>,
-        k_cache: DevPtr<Act>,
-        v_cache: DevPtr<Act>,
+        out: Span<Act>,
+        k_cache: Span<Act>,
+        v_cache: Span<Act>,
         rows: usize,
-        qkv: DevPtr<Act>,
-        pos: DevPtr<i32>,
+        qkv: Span<Act>,
+        pos: Span<i32>,
         t: usize,
         c: usize,
         nh: usize,
     ) {
-        let pos = view(pos, 1)[0] as usize;
-        let (out, k_cache, v_cache, qkv) = (
-            view_mut(out, t * c),
-            view_mut(k_cache, rows * c),
-            view_mut(v_cache, rows * c),
-            view(qkv, t * 3 * c),
-        );
-        self.run(|| attention::cached_forward(out, k_cache, v_cache, qkv, pos, t, c, nh));
+        let (out, k_cache, v_cache, qkv, pos) =
+            contract::attention_cached_forward(self.act(), out, k_cache, v_cache, rows, qkv, pos, t, c, nh);
+        // SAFETY: the contract checked every extent and overlap; the kernel checks the caches
+        // hold rows up to pos + T.
+        unsafe {
+            let pos = view(pos, 1)[0] as usize;
+            let (out, k_cache, v_cache, qkv) = (
+                view_mut(out, t * c),
+                view_mut(k_cache, rows * c),
+                view_mut(v_cache, rows * c),
+                view(qkv, t * 3 * c),
+            );
+            self.run(|| attention::cached_forward(out, k_cache, v_cache, qkv, pos, t, c, nh));
+        }
     }
 
-    unsafe fn attention_backward(
+    fn attention_backward(
         &self,
         overwrite: bool,
-        dqkv: DevPtr<Act>,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        qkv: DevPtr<Act>,
-        _out: DevPtr<Act>,
-        saved: DevPtr,
+        dqkv: Span<Act>,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        qkv: Span<Act>,
+        out: Span<Act>,
+        saved: Span,
         b: usize,
         t: usize,
         c: usize,
         nh: usize,
     ) {
-        // A written gradient is zeroed and then added to: the same bits as into zeros.
-        if overwrite {
-            // SAFETY: dqkv holds B·T·3C activations (the caller's contract).
-            unsafe { self.zero_act(dqkv, b * t * 3 * c) };
-        }
+        let saved_len = self.attention_saved_len(b, t, nh);
+        let (dqkv, dbias, dout, qkv, _out, saved) =
+            contract::attention_backward(self.act(), dqkv, dbias, dout, qkv, out, saved, saved_len, b, t, c, nh);
         let dims = attention::Dims { b, t, c, nh };
-        let (dout, qkv, att) = (
-            view(dout, b * t * c),
-            view(qkv, b * t * 3 * c),
-            view(saved, b * nh * t * t),
-        );
-        self.run(|| attention::backward(view_mut(dqkv, b * t * 3 * c), dout, qkv, att, dims));
-        if let Some(dbias) = dbias {
-            // SAFETY: dbias holds 3C f32s (the caller's contract).
-            unsafe { self.bias_backward(dbias, dqkv, b * t, 3 * c) };
+        // SAFETY: the contract checked every extent and that no gradient overlaps another operand.
+        unsafe {
+            let dqkv = view_mut(dqkv, b * t * 3 * c);
+            let (dout, qkv, att) = (view(dout, b * t * c), view(qkv, b * t * 3 * c), view(saved, saved_len));
+            let dbias = dbias.map(|p| view_mut(p, 3 * c));
+            self.run(|| {
+                // A written gradient is zeroed and then added to: the same bits as into zeros.
+                if overwrite {
+                    elementwise::zero(&mut *dqkv);
+                }
+                attention::backward(&mut *dqkv, dout, qkv, att, dims);
+                if let Some(dbias) = dbias {
+                    matmul::bias_backward(dbias, dqkv, 3 * c);
+                }
+            });
         }
     }
 
-    unsafe fn relu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
-        self.run(|| elementwise::relu_forward(view_mut(out, n), view(inp, n)));
+    fn relu_forward(&self, out: Span<Act>, inp: Span<Act>, n: usize) {
+        let (out, inp) = contract::unary("relu_forward", self.act(), out, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (out, inp) = unsafe { (view_mut(out, n), view(inp, n)) };
+        self.run(|| elementwise::relu_forward(out, inp));
     }
 
-    unsafe fn relu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
-        self.run(|| elementwise::relu_backward(view_mut(dinp, n), view(inp, n), view(dout, n)));
+    fn relu_backward(&self, dinp: Span<Act>, inp: Span<Act>, dout: Span<Act>, n: usize) {
+        let (dinp, inp, dout) = contract::unary_backward("relu_backward", self.act(), dinp, inp, dout, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (dinp, inp, dout) = unsafe { (view_mut(dinp, n), view(inp, n), view(dout, n)) };
+        self.run(|| elementwise::relu_backward(dinp, inp, dout));
     }
 
-    unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
-        self.run(|| elementwise::gelu_forward(view_mut(out, n), view(inp, n)));
+    fn gelu_forward(&self, out: Span<Act>, inp: Span<Act>, n: usize) {
+        let (out, inp) = contract::unary("gelu_forward", self.act(), out, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (out, inp) = unsafe { (view_mut(out, n), view(inp, n)) };
+        self.run(|| elementwise::gelu_forward(out, inp));
     }
 
-    unsafe fn gelu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
-        self.run(|| elementwise::gelu_backward(view_mut(dinp, n), view(inp, n), view(dout, n)));
+    fn gelu_backward(&self, dinp: Span<Act>, inp: Span<Act>, dout: Span<Act>, n: usize) {
+        let (dinp, inp, dout) = contract::unary_backward("gelu_backward", self.act(), dinp, inp, dout, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (dinp, inp, dout) = unsafe { (view_mut(dinp, n), view(inp, n), view(dout, n)) };
+        self.run(|| elementwise::gelu_backward(dinp, inp, dout));
     }
 
-    unsafe fn gelu_backward_in_place(&self, d: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
-        self.run(|| elementwise::gelu_backward_in_place(view_mut(d, n), view(inp, n)));
+    fn gelu_backward_in_place(&self, d: Span<Act>, inp: Span<Act>, n: usize) {
+        let (d, inp) = contract::gelu_backward_in_place(self.act(), d, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (d, inp) = unsafe { (view_mut(d, n), view(inp, n)) };
+        self.run(|| elementwise::gelu_backward_in_place(d, inp));
     }
 
     unsafe fn crossentropy_forward(
         &self,
-        losses: DevPtr,
-        logits: DevPtr<Act>,
-        targets: DevPtr<i32>,
+        losses: Span,
+        logits: Span<Act>,
+        targets: Span<i32>,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
-        let (losses, logits, targets) = (view_mut(losses, bt), view(logits, bt * vp), view(targets, bt));
-        self.run(|| loss::forward(losses, logits, targets, v, vp));
+        let (losses, logits, targets) = contract::crossentropy_forward(self.act(), losses, logits, targets, bt, v, vp);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            let (losses, logits, targets) = (view_mut(losses, bt), view(logits, bt * vp), view(targets, bt));
+            self.run(|| loss::forward(losses, logits, targets, v, vp));
+        }
     }
 
     unsafe fn crossentropy_backward(
         &self,
-        dlogits: DevPtr<Act>,
-        logits: DevPtr<Act>,
-        targets: DevPtr<i32>,
+        dlogits: Span<Act>,
+        logits: Span<Act>,
+        targets: Span<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
-        let dlogits = view_mut(dlogits, bt * vp);
-        let (logits, targets) = (view(logits, bt * vp), view(targets, bt));
-        self.run(|| loss::backward(dlogits, logits, targets, dloss, v, vp));
+        let (dlogits, logits, targets) =
+            contract::crossentropy_backward(self.act(), dlogits, logits, targets, bt, v, vp);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            let dlogits = view_mut(dlogits, bt * vp);
+            let (logits, targets) = (view(logits, bt * vp), view(targets, bt));
+            self.run(|| loss::backward(dlogits, logits, targets, dloss, v, vp));
+        }
     }
 
     unsafe fn crossentropy_backward_in_place(
         &self,
-        logits: DevPtr<Act>,
-        losses: DevPtr,
-        targets: DevPtr<i32>,
+        logits: Span<Act>,
+        losses: Span,
+        targets: Span<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
-        let logits = view_mut(logits, bt * vp);
-        let (losses, targets) = (view(losses, bt), view(targets, bt));
-        self.run(|| loss::backward_in_place(logits, losses, targets, dloss, v, vp));
+        let (logits, losses, targets) = contract::crossentropy_in_place(
+            "crossentropy_backward_in_place",
+            self.act(),
+            logits,
+            losses,
+            targets,
+            bt,
+            v,
+            vp,
+        );
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            let logits = view_mut(logits, bt * vp);
+            let (losses, targets) = (view(losses, bt), view(targets, bt));
+            self.run(|| loss::backward_in_place(logits, losses, targets, dloss, v, vp));
+        }
     }
 
-    unsafe fn mean(&self, out: DevPtr, inp: DevPtr, n: usize) {
-        view_mut(out, 1)[0] = optim::mean(view(inp, n));
+    fn mean(&self, out: Span, inp: Span, n: usize) {
+        let (out, inp) = contract::mean(out, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { view_mut(out, 1)[0] = optim::mean(view(inp, n)) };
     }
 
-    unsafe fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize) {
-        let inp = view(inp, n);
-        view_mut(out, 1)[0] += self.run(|| optim::sum_squares(inp));
+    fn sum_squares(&self, out: Span, inp: Span, n: usize) {
+        let (out, inp) = contract::sum_squares(out, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (out, inp) = unsafe { (view_mut(out, 1), view(inp, n)) };
+        out[0] += self.run(|| optim::sum_squares(inp));
     }
 
-    unsafe fn step_stats(&self, state: DevPtr, history: DevPtr, history_len: usize, max_norm: f32, loss_scale: f32) {
-        let s = state_mut(state);
+    fn step_stats(&self, state: Span, history: Span, history_len: usize, max_norm: f32, loss_scale: f32) {
+        let (state, history) = contract::step_stats(state, history, history_len);
+        // SAFETY: the contract checked every extent and overlap.
+        let (s, history) = unsafe { (state_mut(state), view_mut(history, 2 * history_len)) };
         optim::step_stats(s, max_norm, loss_scale);
         let at = 2 * (s.step as usize % history_len);
-        view_mut(history, 2 * history_len)[at..at + 2].copy_from_slice(&[s.loss, s.norm]);
+        history[at..at + 2].copy_from_slice(&[s.loss, s.norm]);
     }
 
-    unsafe fn adamw(
+    fn adamw(
         &self,
-        params: DevPtr,
-        grads: DevPtr,
-        m: DevPtr,
-        v: DevPtr,
+        params: Span,
+        grads: Span,
+        m: Span,
+        v: Span,
         segments: &[(Range<usize>, bool)],
-        state: DevPtr,
+        state: Span,
         hp: AdamWHyper,
-        copy: Option<DevPtr<bf16>>,
+        copy: Option<Span<bf16>>,
     ) {
-        let step = *state_mut(state);
-        if step.apply == 0.0 {
-            return;
-        }
-        for (range, decay) in segments {
-            let (o, n) = (range.start, range.len());
-            let moments = optim::AdamWState {
-                params: view_mut(params.add(o), n),
-                m: view_mut(m.add(o), n),
-                v: view_mut(v.add(o), n),
-            };
-            let grads = view(grads.add(o), n);
-            let hp = AdamWHyper {
-                weight_decay: if *decay { hp.weight_decay } else { 0.0 },
-                ..hp
-            };
-            self.run(|| optim::adamw(moments, grads, &step, hp));
-        }
-        if let (Some(copy), Some((last, _))) = (copy, segments.last()) {
-            self.round_to_bf16(copy, params, last.end);
+        let (params, grads, m, v, state, copy) = contract::adamw(params, grads, m, v, segments, state, copy);
+        // SAFETY: the contract checked that every operand holds the elements the segments
+        // cover (each view lies inside them) and that no written one overlaps another.
+        unsafe {
+            let step = read_state(state);
+            if step.apply == 0.0 {
+                return;
+            }
+            for (range, decay) in segments {
+                let (o, n) = (range.start, range.len());
+                let moments = optim::AdamWState {
+                    params: view_mut(params.add(o), n),
+                    m: view_mut(m.add(o), n),
+                    v: view_mut(v.add(o), n),
+                };
+                let grads = view(grads.add(o), n);
+                let hp = AdamWHyper {
+                    weight_decay: if *decay { hp.weight_decay } else { 0.0 },
+                    ..hp
+                };
+                self.run(|| optim::adamw(moments, grads, &step, hp));
+            }
+            if let (Some(copy), Some((last, _))) = (copy, segments.last()) {
+                elementwise::round_to_bf16(view_mut(copy, last.end), view(params, last.end));
+            }
         }
     }
 
-    unsafe fn sgd(
+    fn sgd(
         &self,
-        params: DevPtr,
-        grads: DevPtr,
-        velocity: DevPtr,
+        params: Span,
+        grads: Span,
+        velocity: Span,
         n: usize,
-        state: DevPtr,
+        state: Span,
         hp: SgdHyper,
-        copy: Option<DevPtr<bf16>>,
+        copy: Option<Span<bf16>>,
     ) {
-        let step = *state_mut(state);
-        if step.apply == 0.0 {
-            return;
-        }
-        let (p, v) = (view_mut(params, n), view_mut(velocity, n));
-        let grads = view(grads, n);
-        self.run(|| optim::sgd(p, v, grads, &step, hp));
-        if let Some(copy) = copy {
-            self.round_to_bf16(copy, params, n);
-        }
-    }
-
-    unsafe fn gather_batch(
-        &self,
-        out: DevPtr<Act>,
-        targets: DevPtr<i32>,
-        images: DevPtr<u8>,
-        labels: DevPtr<u8>,
-        order: DevPtr<i32>,
-        state: DevPtr,
-        rows: usize,
-        size: usize,
-        steps: usize,
-    ) {
-        let s = state_mut(state).step as usize % steps;
-        let order = &view(order, steps * rows)[s * rows..(s + 1) * rows];
-        let count = order.iter().map(|&i| i as usize + 1).max().unwrap_or(0);
-        let (images, labels) = (view(images, count * size), view(labels, count));
-        let (out, targets) = (view_mut(out, rows * size), view_mut(targets, rows));
-        self.run(|| mlp::gather(out, targets, images, labels, order, size));
-    }
-
-    unsafe fn loss_step(
-        &self,
-        logits: DevPtr<Act>,
-        losses: DevPtr,
-        targets: DevPtr<i32>,
-        state: DevPtr,
-        schedule: DevPtr,
-        history: DevPtr,
-        history_len: usize,
-        rows: usize,
-        v: usize,
-        steps: usize,
-        dloss: f32,
-    ) {
-        // The generic step's ops in its order: crossentropy_forward, mean, the copy into the
-        // state (0 + mean), step_stats (· 1.0), crossentropy_backward_in_place.
-        self.crossentropy_forward(losses, logits, targets, rows, v, v);
-        let loss = 0.0 + optim::mean(view(losses, rows)) * 1.0;
-        self.crossentropy_backward_in_place(logits, losses, targets, dloss, rows, v, v);
-        let s = state_mut(state);
-        let at = s.step as usize;
-        s.sumsq = 0.0;
-        s.norm = 0.0;
-        s.clip = 1.0;
-        s.loss = loss;
-        s.apply = loss.is_finite() as u8 as f32;
-        s.lr = view(schedule, steps)[at % steps];
-        let slot = 2 * (at % history_len);
-        view_mut(history, 2 * history_len)[slot..slot + 2].copy_from_slice(&[loss, 0.0]);
-        s.step = s.step.wrapping_add(1);
-    }
-
-    unsafe fn matmul_backward_relu(
-        &self,
-        dinp: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        w: DevPtr<Act>,
-        act: DevPtr<Act>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        let d = view_mut(dinp, bt * c);
-        let (dout, w, act) = (view(dout, bt * oc), view(w, oc * c), view(act, bt * c));
-        self.run(|| {
-            elementwise::zero(d);
-            matmul::input_grad(d, dout, w, c, oc, self.threads);
-            mlp::relu_mask(d, act);
-        });
-    }
-
-    unsafe fn linear_sgd(
-        &self,
-        params: DevPtr,
-        velocity: DevPtr,
-        grads: DevPtr,
-        copy: Option<DevPtr<bf16>>,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        state: DevPtr,
-        hp: SgdHyper,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        // The gradients as the generic step computes them (into zeros), then its two updates.
-        {
-            let g = view_mut(grads, oc * c + oc);
-            let (dw, db) = g.split_at_mut(oc * c);
-            let (dout, inp) = (view(dout, bt * oc), view(inp, bt * c));
-            self.run(|| {
-                elementwise::zero(dw);
-                elementwise::zero(db);
-                matmul::weight_grad(dw, dout, inp, c, oc, self.threads);
-                matmul::bias_backward(db, dout, oc);
-            });
-        }
-        let n = oc * c;
-        self.sgd(params, grads, velocity, n, state, hp, copy);
-        let bias = SgdHyper {
-            weight_decay: 0.0,
-            ..hp
-        };
-        self.sgd(
-            params.add(n),
-            grads.add(n),
-            velocity.add(n),
-            oc,
-            state,
-            bias,
-            copy.map(|p| p.add(n)),
-        );
+        let (params, grads, velocity, state, copy) = contract::sgd(params, grads, velocity, n, state, copy);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.sgd_at(params, grads, velocity, n, state, hp, copy) };
     }
 }
 

@@ -12,7 +12,7 @@
 use super::memory::device_err;
 use super::{args, blocks, CudaBackend};
 use crate::backend::Precision;
-use crate::backend::{Act, Backend as _, DevPtr};
+use crate::backend::{Act, Backend as _, DevPtr, Span};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys};
 
@@ -200,7 +200,9 @@ impl CudaBackend {
         let hopper = v.suffix == "d64_wgmma";
         let store = overwrite && hopper;
         if overwrite && !store {
-            self.zero_act(dqkv, b * t * 3 * c);
+            let n = b * t * 3 * c;
+            // SAFETY: the caller's contract: dqkv is n live activations.
+            self.zero_act(Span::from_raw_act(dqkv, n, self.act()), n);
         }
         // The Hopper kernels' bias partials, a row of 3C a tile of 64 positions, after delta.
         let tiles = b * t.div_ceil(ROWS_PER_BLOCK);

@@ -1,9 +1,10 @@
 //! The CUDA backend (cudarc): NVRTC-compiled kernels from `kernels/*.cu`, cuBLAS for the
-//! matrix products, one stream for all work. `ops.rs` implements [`Backend`] (one launcher
-//! per op, named and ordered as its CPU twin); this file holds the device, the kernel
-//! launcher and the error latch that carries a failed launch to the next `synchronize`.
+//! matrix products, one stream for all work. `ops.rs` implements [`Backend`] and [`FusedMlp`]
+//! (one launcher per op, named and ordered as its CPU twin); this file holds the device, the
+//! kernel launcher and the error latch that carries a failed launch to the next `synchronize`.
 //!
 //! [`Backend`]: crate::backend::Backend
+//! [`FusedMlp`]: crate::backend::FusedMlp
 
 mod attention;
 mod blas;

@@ -1,5 +1,6 @@
-//! [`Backend`] for [`CudaBackend`]: one launcher per op, named and ordered as its CPU twin.
-//! Ops that return nothing queue their work and latch the first failure for `synchronize`.
+//! [`Backend`] and [`FusedMlp`] for [`CudaBackend`]: one launcher per op, named and ordered as
+//! its CPU twin. Each op checks its operands ([`contract`]) before it queues anything; ops that
+//! return nothing queue their work and latch the first failure for `synchronize`.
 
 use cudarc::driver::{result as driver, sys as driver_sys};
 
@@ -8,9 +9,10 @@ use super::memory::device_err;
 use super::Arg;
 use super::Recording;
 use super::{args, blocks, mlp_tiled, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
+use crate::backend::contract;
 use crate::backend::{
-    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Overwrite, Precision, SgdHyper,
-    Snapshot,
+    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, FusedMlp, Overwrite, Precision,
+    SgdHyper, Snapshot, Span,
 };
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -423,7 +425,8 @@ impl Backend for CudaBackend {
         self.synchronize()
     }
 
-    unsafe fn zero<T: Elem>(&self, dst: DevPtr<T>, n: usize) {
+    fn zero<T: Elem>(&self, dst: Span<T>, n: usize) {
+        let dst = contract::zero(dst, n);
         let bytes = n * std::mem::size_of::<T>();
         if bytes == 0 {
             return;
@@ -431,12 +434,15 @@ impl Backend for CudaBackend {
         let queued = self.bind().and_then(|()| {
             // The widest memset the size and the address allow.
             let (addr, stream) = (dst.addr(), self.stream());
-            let done = if bytes.is_multiple_of(4) && addr.is_multiple_of(4) {
-                driver_sys::cuMemsetD32Async(addr, 0, bytes / 4, stream)
-            } else if bytes.is_multiple_of(2) && addr.is_multiple_of(2) {
-                driver_sys::cuMemsetD16Async(addr, 0, bytes / 2, stream)
-            } else {
-                driver_sys::cuMemsetD8Async(addr, 0, bytes, stream)
+            // SAFETY: the contract checked that `dst` holds `n` elements.
+            let done = unsafe {
+                if bytes.is_multiple_of(4) && addr.is_multiple_of(4) {
+                    driver_sys::cuMemsetD32Async(addr, 0, bytes / 4, stream)
+                } else if bytes.is_multiple_of(2) && addr.is_multiple_of(2) {
+                    driver_sys::cuMemsetD16Async(addr, 0, bytes / 2, stream)
+                } else {
+                    driver_sys::cuMemsetD8Async(addr, 0, bytes, stream)
+                }
             };
             done.result().map_err(|e| device_err("zeroing device memory", e))
         });
@@ -449,32 +455,46 @@ impl Backend for CudaBackend {
         self.precision
     }
 
-    unsafe fn round_to_bf16(&self, dst: DevPtr<bf16>, src: DevPtr, n: usize) {
-        self.launch_1d("round_to_bf16_kernel", n, args![dst, src, n]);
+    fn round_to_bf16(&self, dst: Span<bf16>, src: Span, n: usize) {
+        let (dst, src) = contract::round_to_bf16(dst, src, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch_1d("round_to_bf16_kernel", n, args![dst, src, n]) };
     }
 
-    unsafe fn accumulate(&self, dst: DevPtr, src: DevPtr, n: usize) {
-        self.launch_1d("accumulate_kernel", n, args![dst, src, n]);
+    fn accumulate(&self, dst: Span, src: Span, n: usize) {
+        let (dst, src) = contract::accumulate(dst, src, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch_1d("accumulate_kernel", n, args![dst, src, n]) };
     }
 
-    unsafe fn accumulate_act(&self, dst: DevPtr<Act>, src: DevPtr<Act>, n: usize) {
-        if vec4_rows(n, &[dst, src], self.act()) {
-            self.launch_1d("accumulate_act_vec4_kernel", n / 4, args![dst, src, n / 4]);
-        } else {
-            self.launch_1d("accumulate_act_kernel", n, args![dst, src, n]);
+    fn accumulate_act(&self, dst: Span<Act>, src: Span<Act>, n: usize) {
+        let (dst, src) = contract::accumulate_act(self.act(), dst, src, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            if vec4_rows(n, &[dst, src], self.act()) {
+                self.launch_1d("accumulate_act_vec4_kernel", n / 4, args![dst, src, n / 4]);
+            } else {
+                self.launch_1d("accumulate_act_kernel", n, args![dst, src, n]);
+            }
         }
     }
 
-    unsafe fn add(&self, out: DevPtr<Act>, a: DevPtr<Act>, b: DevPtr<Act>, n: usize) {
-        if vec4_rows(n, &[out, a, b], self.act()) {
-            self.launch_1d("add_vec4_kernel", n / 4, args![out, a, b, n / 4]);
-        } else {
-            self.launch_1d("add_kernel", n, args![out, a, b, n]);
+    fn add(&self, out: Span<Act>, a: Span<Act>, b: Span<Act>, n: usize) {
+        let (out, a, b) = contract::add(self.act(), out, a, b, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            if vec4_rows(n, &[out, a, b], self.act()) {
+                self.launch_1d("add_vec4_kernel", n / 4, args![out, a, b, n / 4]);
+            } else {
+                self.launch_1d("add_kernel", n, args![out, a, b, n]);
+            }
         }
     }
 
-    unsafe fn scale(&self, dst: DevPtr, n: usize, s: f32) {
-        self.launch_1d("scale_kernel", n, args![dst, n, s]);
+    fn scale(&self, dst: Span, n: usize, s: f32) {
+        let dst = contract::scale(dst, n);
+        // SAFETY: the contract checked that `dst` holds `n` elements.
+        unsafe { self.launch_1d("scale_kernel", n, args![dst, n, s]) };
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -564,15 +584,17 @@ impl Backend for CudaBackend {
 
     unsafe fn encoder_forward(
         &self,
-        out: DevPtr<Act>,
-        tokens: DevPtr<i32>,
-        first_position: Option<DevPtr<i32>>,
-        wte: DevPtr<Act>,
-        wpe: DevPtr<Act>,
+        out: Span<Act>,
+        tokens: Span<i32>,
+        first_position: Option<Span<i32>>,
+        wte: Span<Act>,
+        wpe: Span<Act>,
         b: usize,
         t: usize,
         c: usize,
     ) {
+        let (out, tokens, first_position, wte, wpe) =
+            contract::encoder_forward(self.act(), out, tokens, first_position, wte, wpe, b, t, c);
         // A null pointer: positions from 0.
         let first = first_position.unwrap_or_default();
         self.launch_1d(
@@ -584,15 +606,17 @@ impl Backend for CudaBackend {
 
     unsafe fn encoder_backward(
         &self,
-        dwte: DevPtr,
-        dwpe: DevPtr,
-        dout: DevPtr<Act>,
-        tokens: DevPtr<i32>,
-        order: DevPtr<i32>,
+        dwte: Span,
+        dwpe: Span,
+        dout: Span<Act>,
+        tokens: Span<i32>,
+        order: Span<i32>,
         b: usize,
         t: usize,
         c: usize,
     ) {
+        let (dwte, dwpe, dout, tokens, order) =
+            contract::encoder_backward(self.act(), dwte, dwpe, dout, tokens, order, b, t, c);
         let bt = b * t;
         // In chunks (no serial chain as long as a token's run) where rows of C allow 8-element
         // loads; otherwise one thread a (run, column).
@@ -626,210 +650,245 @@ impl Backend for CudaBackend {
         self.launch_1d("encoder_backward_wpe_kernel", t * c, args![dwpe, dout, b, t, c]);
     }
 
-    unsafe fn matmul_forward(
+    fn matmul_forward(
         &self,
-        out: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: Option<DevPtr<Act>>,
+        out: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        bias: Option<Span<Act>>,
         bt: usize,
         c: usize,
         oc: usize,
     ) {
-        if let (Some(lt), Some(bias)) = (&self.lt, bias) {
-            if self.fused_epilogue(|| lt.matmul_bias(self.stream(), false, out, inp, w, bias, bt, c, oc)) {
-                return;
-            } // else no fused algorithm for this shape: GEMM, then the bias kernel
-        }
-        // Row-major out (BT,OC) = inp (BT,C) · wᵀ is column-major outᵀ (OC,BT) = wᵀ · inpᵀ.
-        let act = self.act();
-        let (out, inp, w) = (out.cast(), inp.cast(), w.cast());
-        self.gemm(Gemm {
-            ab: act,
-            c_type: act,
-            trans_a: true,
-            trans_b: false,
-            m: oc,
-            n: bt,
-            k: c,
-            a: w,
-            lda: c,
-            stride_a: 0,
-            b: inp,
-            ldb: c,
-            stride_b: 0,
-            beta: 0.0,
-            c: out,
-            ldc: oc,
-            stride_c: 0,
-            batch: 1,
-        });
-        if let Some(bias) = bias {
-            self.launch_1d("add_bias_kernel", bt * oc, args![out, bias, bt, oc]);
+        let (out, inp, w, bias) = contract::matmul_forward(self.act(), out, inp, w, bias, bt, c, oc);
+        // SAFETY: the contract checked every extent and that `out` overlaps no input.
+        unsafe {
+            if let (Some(lt), Some(bias)) = (&self.lt, bias) {
+                if self.fused_epilogue(|| lt.matmul_bias(self.stream(), false, out, inp, w, bias, bt, c, oc)) {
+                    return;
+                } // else no fused algorithm for this shape: GEMM, then the bias kernel
+            }
+            // Row-major out (BT,OC) = inp (BT,C) · wᵀ is column-major outᵀ (OC,BT) = wᵀ · inpᵀ.
+            let act = self.act();
+            let (out, inp, w) = (out.cast(), inp.cast(), w.cast());
+            self.gemm(Gemm {
+                ab: act,
+                c_type: act,
+                trans_a: true,
+                trans_b: false,
+                m: oc,
+                n: bt,
+                k: c,
+                a: w,
+                lda: c,
+                stride_a: 0,
+                b: inp,
+                ldb: c,
+                stride_b: 0,
+                beta: 0.0,
+                c: out,
+                ldc: oc,
+                stride_c: 0,
+                batch: 1,
+            });
+            if let Some(bias) = bias {
+                self.launch_1d("add_bias_kernel", bt * oc, args![out, bias, bt, oc]);
+            }
         }
     }
 
-    unsafe fn matmul_backward(
+    fn matmul_backward(
         &self,
         overwrite: Overwrite,
-        dinp: DevPtr<Act>,
-        dw: DevPtr,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
+        dinp: Span<Act>,
+        dw: Span,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
         bt: usize,
         c: usize,
         oc: usize,
     ) {
+        let (dinp, dw, dbias, dout, inp, w) =
+            contract::matmul_backward(self.act(), dinp, dw, dbias, dout, inp, w, bt, c, oc);
         // An overwritten gradient is the product's with beta 0, neither zeroed nor read.
         let beta = if overwrite.dinp { 0.0 } else { 1.0 };
         let dw_beta = if overwrite.dw { 0.0 } else { 1.0 };
-        self.matmul_backward_with(Some((dinp, beta)), (dw, dw_beta), dbias, dout, inp, w, bt, c, oc);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.matmul_backward_with(Some((dinp, beta)), (dw, dw_beta), dbias, dout, inp, w, bt, c, oc) };
     }
 
-    unsafe fn bias_backward(&self, dbias: DevPtr, dout: DevPtr<Act>, bt: usize, oc: usize) {
-        self.column_sums(dbias, dout, bt, oc);
+    fn bias_backward(&self, dbias: Span, dout: Span<Act>, bt: usize, oc: usize) {
+        let (dbias, dout) = contract::bias_backward(self.act(), dbias, dout, bt, oc);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.column_sums(dbias, dout, bt, oc) };
     }
 
-    unsafe fn matmul_gelu_forward(
+    fn matmul_gelu_forward(
         &self,
-        pre: DevPtr<Act>,
-        out: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: Option<DevPtr<Act>>,
+        pre: Span<Act>,
+        out: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        bias: Option<Span<Act>>,
         bt: usize,
         c: usize,
         oc: usize,
     ) {
+        let spans = (pre, out, inp, w, bias);
+        let (pre, out, inp, w, bias) =
+            contract::matmul_act_forward("matmul_gelu_forward", self.act(), pre, out, inp, w, bias, bt, c, oc);
         if let Some(lt) = self.gelu_epilogues() {
-            if self.fused_epilogue(|| lt.matmul_gelu(self.stream(), pre, out, inp, w, bias, bt, c, oc)) {
+            // SAFETY: the contract checked every extent and overlap.
+            if self.fused_epilogue(|| unsafe { lt.matmul_gelu(self.stream(), pre, out, inp, w, bias, bt, c, oc) }) {
                 return;
             } // else the epilogue cannot run here: the product, then the GELU kernel
         }
+        let (pre, out, inp, w, bias) = spans;
         self.matmul_forward(pre, inp, w, bias, bt, c, oc);
         self.gelu_forward(out, pre, bt * oc);
     }
 
-    unsafe fn matmul_backward_dgelu(
+    fn matmul_backward_dgelu(
         &self,
-        dpre: DevPtr<Act>,
-        dpre_bias: Option<DevPtr>,
-        dw: DevPtr,
+        dpre: Span<Act>,
+        dpre_bias: Option<Span>,
+        dw: Span,
         overwrite_dw: bool,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        act: DevPtr<Act>,
-        pre: DevPtr<Act>,
-        w: DevPtr<Act>,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        act: Span<Act>,
+        pre: Span<Act>,
+        w: Span<Act>,
         bt: usize,
         c: usize,
         oc: usize,
     ) {
+        let (dpre_span, pre_span) = (dpre, pre);
+        let (dpre, dpre_bias, dw, dbias, dout, act, pre, w) =
+            contract::matmul_backward_dgelu(self.act(), dpre, dpre_bias, dw, dbias, dout, act, pre, w, bt, c, oc);
         let dw = (dw, if overwrite_dw { 0.0 } else { 1.0 });
-        // dpre = gelu'(pre) ⊙ (dout · w) in the product's epilogue where it runs, else the
-        // product, then gelu' in place; dpre's column sums by the column-sum kernels after.
-        // (cuBLASLt's DGELU_BGRAD epilogue, which would sum them in the product, costs more on
-        // an H100 in bf16 than the column sums it saves.)
-        let fused = self
-            .gelu_epilogues()
-            .is_some_and(|lt| self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc)));
-        if fused {
-            self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc);
-        } else {
-            // dpre = dout · w (beta = 0 overwrites), then dpre = gelu'(pre) ⊙ dpre.
-            self.matmul_backward_with(Some((dpre, 0.0)), dw, dbias, dout, act, w, bt, c, oc);
-            self.gelu_backward_in_place(dpre, pre, bt * c);
-        }
-        if let Some(dpre_bias) = dpre_bias {
-            self.column_sums(dpre_bias, dpre, bt, c);
+        // SAFETY: the contract checked every extent and that `dpre` overlaps no other operand.
+        unsafe {
+            // dpre = gelu'(pre) ⊙ (dout · w) in the product's epilogue where it runs, else the
+            // product, then gelu' in place; dpre's column sums by the column-sum kernels after.
+            // (cuBLASLt's DGELU_BGRAD epilogue, which would sum them in the product, costs more on
+            // an H100 in bf16 than the column sums it saves.)
+            let fused = self.gelu_epilogues().is_some_and(|lt| {
+                self.fused_epilogue(|| lt.matmul_dgelu(self.stream(), dpre, dout, w, pre, bt, c, oc))
+            });
+            if fused {
+                self.matmul_backward_with(None, dw, dbias, dout, act, w, bt, c, oc);
+            } else {
+                // dpre = dout · w (beta = 0 overwrites), then dpre = gelu'(pre) ⊙ dpre.
+                self.matmul_backward_with(Some((dpre, 0.0)), dw, dbias, dout, act, w, bt, c, oc);
+                self.gelu_backward_in_place(dpre_span, pre_span, bt * c);
+            }
+            if let Some(dpre_bias) = dpre_bias {
+                self.column_sums(dpre_bias, dpre, bt, c);
+            }
         }
     }
 
-    unsafe fn layernorm_forward(
+    fn layernorm_forward(
         &self,
-        out: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        b: DevPtr<Act>,
+        out: Span<Act>,
+        mean: Span,
+        rstd: Span,
+        inp: Span<Act>,
+        w: Span<Act>,
+        b: Span<Act>,
         bt: usize,
         c: usize,
     ) {
+        let (out, mean, rstd, inp, w, b) = contract::layernorm_forward(self.act(), out, mean, rstd, inp, w, b, bt, c);
         let grid = blocks(bt, ROWS_PER_BLOCK);
         let name = if vec4_rows(c, &[out, inp, w, b], self.act()) {
             "layernorm_forward_vec4_kernel"
         } else {
             "layernorm_forward_kernel"
         };
-        self.launch(
-            name,
-            grid,
-            (THREADS as u32, 1, 1),
-            args![out, mean, rstd, inp, w, b, bt, c],
-        );
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            self.launch(
+                name,
+                grid,
+                (THREADS as u32, 1, 1),
+                args![out, mean, rstd, inp, w, b, bt, c],
+            )
+        };
     }
 
-    unsafe fn layernorm_backward(
+    fn layernorm_backward(
         &self,
-        dinp: DevPtr<Act>,
-        dw: DevPtr,
-        db: DevPtr,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
+        dinp: Span<Act>,
+        dw: Span,
+        db: Span,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        mean: Span,
+        rstd: Span,
         bt: usize,
         c: usize,
     ) {
-        self.layernorm_backward_with(dinp, None, None, dw, db, dout, inp, w, mean, rstd, bt, c);
+        let (dinp, dw, db, dout, inp, w, mean, rstd) =
+            contract::layernorm_backward(self.act(), dinp, dw, db, dout, inp, w, mean, rstd, bt, c);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.layernorm_backward_with(dinp, None, None, dw, db, dout, inp, w, mean, rstd, bt, c) };
     }
 
-    unsafe fn add_layernorm_forward(
+    fn add_layernorm_forward(
         &self,
-        sum: DevPtr<Act>,
-        out: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
-        a: DevPtr<Act>,
-        b: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: DevPtr<Act>,
+        sum: Span<Act>,
+        out: Span<Act>,
+        mean: Span,
+        rstd: Span,
+        a: Span<Act>,
+        b: Span<Act>,
+        w: Span<Act>,
+        bias: Span<Act>,
         bt: usize,
         c: usize,
     ) {
+        let spans = (sum, out, mean, rstd, a, b, w, bias);
+        let (sum, out, mean, rstd, a, b, w, bias) =
+            contract::add_layernorm_forward(self.act(), sum, out, mean, rstd, a, b, w, bias, bt, c);
         // One kernel where the rows allow 4-element accesses; otherwise the two ops.
         if vec4_rows(c, &[sum, out, a, b, w, bias], self.act()) {
             let grid = blocks(bt, ROWS_PER_BLOCK);
             let args = args![sum, out, mean, rstd, a, b, w, bias, bt, c];
-            self.launch("add_layernorm_forward_vec4_kernel", grid, (THREADS as u32, 1, 1), args);
+            // SAFETY: the contract checked every extent and overlap.
+            unsafe { self.launch("add_layernorm_forward_vec4_kernel", grid, (THREADS as u32, 1, 1), args) };
         } else {
+            let (sum, out, mean, rstd, a, b, w, bias) = spans;
             self.add(sum, a, b, bt * c);
             self.layernorm_forward(out, mean, rstd, sum, w, bias, bt, c);
         }
     }
 
-    unsafe fn add_layernorm_backward(
+    fn add_layernorm_backward(
         &self,
-        dsum: DevPtr<Act>,
-        copy: Option<DevPtr<Act>>,
-        dbias: Option<DevPtr>,
-        dw: DevPtr,
-        db: DevPtr,
-        dout: DevPtr<Act>,
-        sum: DevPtr<Act>,
-        w: DevPtr<Act>,
-        mean: DevPtr,
-        rstd: DevPtr,
+        dsum: Span<Act>,
+        copy: Option<Span<Act>>,
+        dbias: Option<Span>,
+        dw: Span,
+        db: Span,
+        dout: Span<Act>,
+        sum: Span<Act>,
+        w: Span<Act>,
+        mean: Span,
+        rstd: Span,
         bt: usize,
         c: usize,
     ) {
+        let (dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd) =
+            contract::add_layernorm_backward(self.act(), dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c);
         // The dinp kernel writes the copy beside dsum (no zero fill, no accumulate) and, in
         // one pass, sums dbias's columns from the same registers.
-        self.layernorm_backward_with(dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.layernorm_backward_with(dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c) };
     }
 
     fn attention_refuses(&self, head_size: usize) -> Option<String> {
@@ -850,54 +909,57 @@ impl Backend for CudaBackend {
         }
     }
 
-    unsafe fn attention_forward(
-        &self,
-        out: DevPtr<Act>,
-        saved: DevPtr,
-        qkv: DevPtr<Act>,
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) {
+    fn attention_forward(&self, out: Span<Act>, saved: Span, qkv: Span<Act>, b: usize, t: usize, c: usize, nh: usize) {
+        let saved_len = self.attention_saved_len(b, t, nh);
+        let (out, saved, qkv) = contract::attention_forward(self.act(), out, saved, saved_len, qkv, b, t, c, nh);
         // The GEMM path is f32 only (a bf16 backend is never on it: see `CudaBackend::new`).
-        let queued = match self.attention {
-            AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
-            AttentionPath::Gemm => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
+        // SAFETY: the contract checked every extent and overlap.
+        let queued = unsafe {
+            match self.attention {
+                AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
+                AttentionPath::Gemm => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
+            }
         };
         if let Err(e) = queued {
             self.fail(e);
         }
     }
 
-    unsafe fn attention_backward(
+    fn attention_backward(
         &self,
         overwrite: bool,
-        dqkv: DevPtr<Act>,
-        dbias: Option<DevPtr>,
-        dout: DevPtr<Act>,
-        qkv: DevPtr<Act>,
-        out: DevPtr<Act>,
-        saved: DevPtr,
+        dqkv: Span<Act>,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        qkv: Span<Act>,
+        out: Span<Act>,
+        saved: Span,
         b: usize,
         t: usize,
         c: usize,
         nh: usize,
     ) {
-        let queued = match self.attention {
-            AttentionPath::Flash => {
-                self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, overwrite, dbias)
-            }
-            AttentionPath::Gemm => {
-                // Accumulates only: a written gradient is zeroed first, its bias summed after.
-                if overwrite {
-                    self.zero_act(dqkv, b * t * 3 * c);
+        let dqkv_span = dqkv;
+        let saved_len = self.attention_saved_len(b, t, nh);
+        let (dqkv, dbias, dout, qkv, out, saved) =
+            contract::attention_backward(self.act(), dqkv, dbias, dout, qkv, out, saved, saved_len, b, t, c, nh);
+        // SAFETY: the contract checked every extent and overlap.
+        let queued = unsafe {
+            match self.attention {
+                AttentionPath::Flash => {
+                    self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, overwrite, dbias)
                 }
-                let queued = self.attention_backward_gemm(dqkv.cast(), dout.cast(), qkv.cast(), saved, b, t, c, nh);
-                if let Some(dbias) = dbias {
-                    self.column_sums(dbias, dqkv, b * t, 3 * c);
+                AttentionPath::Gemm => {
+                    // Accumulates only: a written gradient is zeroed first, its bias summed after.
+                    if overwrite {
+                        self.zero_act(dqkv_span, b * t * 3 * c);
+                    }
+                    let queued = self.attention_backward_gemm(dqkv.cast(), dout.cast(), qkv.cast(), saved, b, t, c, nh);
+                    if let Some(dbias) = dbias {
+                        self.column_sums(dbias, dqkv, b * t, 3 * c);
+                    }
+                    queued
                 }
-                queued
             }
         };
         if let Err(e) = queued {
@@ -907,16 +969,18 @@ impl Backend for CudaBackend {
 
     unsafe fn attention_cached_forward(
         &self,
-        out: DevPtr<Act>,
-        k_cache: DevPtr<Act>,
-        v_cache: DevPtr<Act>,
+        out: Span<Act>,
+        k_cache: Span<Act>,
+        v_cache: Span<Act>,
         rows: usize,
-        qkv: DevPtr<Act>,
-        pos: DevPtr<i32>,
+        qkv: Span<Act>,
+        pos: Span<i32>,
         t: usize,
         c: usize,
         nh: usize,
     ) {
+        let (out, k_cache, v_cache, qkv, pos) =
+            contract::attention_cached_forward(self.act(), out, k_cache, v_cache, rows, qkv, pos, t, c, nh);
         let queued = (|| -> Result<()> {
             super::attention::head_size(c, nh)?;
             if t == 0 {
@@ -941,47 +1005,64 @@ impl Backend for CudaBackend {
         }
     }
 
-    unsafe fn relu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
-        self.launch_1d("relu_forward_kernel", n, args![out, inp, n]);
+    fn relu_forward(&self, out: Span<Act>, inp: Span<Act>, n: usize) {
+        let (out, inp) = contract::unary("relu_forward", self.act(), out, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch_1d("relu_forward_kernel", n, args![out, inp, n]) };
     }
 
-    unsafe fn relu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
-        self.launch_1d("relu_backward_kernel", n, args![dinp, inp, dout, n]);
+    fn relu_backward(&self, dinp: Span<Act>, inp: Span<Act>, dout: Span<Act>, n: usize) {
+        let (dinp, inp, dout) = contract::unary_backward("relu_backward", self.act(), dinp, inp, dout, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch_1d("relu_backward_kernel", n, args![dinp, inp, dout, n]) };
     }
 
-    unsafe fn gelu_forward(&self, out: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
-        if vec4_rows(n, &[out, inp], self.act()) {
-            self.launch_1d("gelu_forward_vec4_kernel", n / 4, args![out, inp, n / 4]);
-        } else {
-            self.launch_1d("gelu_forward_kernel", n, args![out, inp, n]);
+    fn gelu_forward(&self, out: Span<Act>, inp: Span<Act>, n: usize) {
+        let (out, inp) = contract::unary("gelu_forward", self.act(), out, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            if vec4_rows(n, &[out, inp], self.act()) {
+                self.launch_1d("gelu_forward_vec4_kernel", n / 4, args![out, inp, n / 4]);
+            } else {
+                self.launch_1d("gelu_forward_kernel", n, args![out, inp, n]);
+            }
         }
     }
 
-    unsafe fn gelu_backward(&self, dinp: DevPtr<Act>, inp: DevPtr<Act>, dout: DevPtr<Act>, n: usize) {
-        if vec4_rows(n, &[dinp, inp, dout], self.act()) {
-            self.launch_1d("gelu_backward_vec4_kernel", n / 4, args![dinp, inp, dout, n / 4]);
-        } else {
-            self.launch_1d("gelu_backward_kernel", n, args![dinp, inp, dout, n]);
+    fn gelu_backward(&self, dinp: Span<Act>, inp: Span<Act>, dout: Span<Act>, n: usize) {
+        let (dinp, inp, dout) = contract::unary_backward("gelu_backward", self.act(), dinp, inp, dout, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            if vec4_rows(n, &[dinp, inp, dout], self.act()) {
+                self.launch_1d("gelu_backward_vec4_kernel", n / 4, args![dinp, inp, dout, n / 4]);
+            } else {
+                self.launch_1d("gelu_backward_kernel", n, args![dinp, inp, dout, n]);
+            }
         }
     }
 
-    unsafe fn gelu_backward_in_place(&self, d: DevPtr<Act>, inp: DevPtr<Act>, n: usize) {
-        if vec4_rows(n, &[d, inp], self.act()) {
-            self.launch_1d("gelu_backward_in_place_vec4_kernel", n / 4, args![d, inp, n / 4]);
-        } else {
-            self.launch_1d("gelu_backward_in_place_kernel", n, args![d, inp, n]);
+    fn gelu_backward_in_place(&self, d: Span<Act>, inp: Span<Act>, n: usize) {
+        let (d, inp) = contract::gelu_backward_in_place(self.act(), d, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            if vec4_rows(n, &[d, inp], self.act()) {
+                self.launch_1d("gelu_backward_in_place_vec4_kernel", n / 4, args![d, inp, n / 4]);
+            } else {
+                self.launch_1d("gelu_backward_in_place_kernel", n, args![d, inp, n]);
+            }
         }
     }
 
     unsafe fn crossentropy_forward(
         &self,
-        losses: DevPtr,
-        logits: DevPtr<Act>,
-        targets: DevPtr<i32>,
+        losses: Span,
+        logits: Span<Act>,
+        targets: Span<i32>,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
+        let (losses, logits, targets) = contract::crossentropy_forward(self.act(), losses, logits, targets, bt, v, vp);
         let vec = vec4_rows(vp, &[logits], self.act()) as usize;
         let args = args![losses, logits, targets, bt, v, vp, vec];
         self.launch("crossentropy_forward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
@@ -989,28 +1070,40 @@ impl Backend for CudaBackend {
 
     unsafe fn crossentropy_backward(
         &self,
-        dlogits: DevPtr<Act>,
-        logits: DevPtr<Act>,
-        targets: DevPtr<i32>,
+        dlogits: Span<Act>,
+        logits: Span<Act>,
+        targets: Span<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
+        let (dlogits, logits, targets) =
+            contract::crossentropy_backward(self.act(), dlogits, logits, targets, bt, v, vp);
         let args = args![dlogits, logits, targets, dloss, bt, v, vp];
         self.launch("crossentropy_backward_kernel", (bt as u32, 1, 1), (512, 1, 1), args);
     }
 
     unsafe fn crossentropy_backward_in_place(
         &self,
-        logits: DevPtr<Act>,
-        losses: DevPtr,
-        targets: DevPtr<i32>,
+        logits: Span<Act>,
+        losses: Span,
+        targets: Span<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
+        let (logits, losses, targets) = contract::crossentropy_in_place(
+            "crossentropy_backward_in_place",
+            self.act(),
+            logits,
+            losses,
+            targets,
+            bt,
+            v,
+            vp,
+        );
         // 4-element accesses when every row starts aligned to 4 elements.
         let width = 4 * self.act().bytes() as u64;
         let vec = (vp.is_multiple_of(4) && logits.addr().is_multiple_of(width)) as usize;
@@ -1025,14 +1118,16 @@ impl Backend for CudaBackend {
 
     unsafe fn crossentropy_fused(
         &self,
-        losses: DevPtr,
-        logits: DevPtr<Act>,
-        targets: DevPtr<i32>,
+        losses: Span,
+        logits: Span<Act>,
+        targets: Span<i32>,
         dloss: f32,
         bt: usize,
         v: usize,
         vp: usize,
     ) {
+        let (logits, losses, targets) =
+            contract::crossentropy_in_place("crossentropy_fused", self.act(), logits, losses, targets, bt, v, vp);
         // 8-element (16-byte for bf16) accesses when every row starts aligned to 8 elements.
         let width = 8 * self.act().bytes() as u64;
         let vec = (vp.is_multiple_of(8) && logits.addr().is_multiple_of(width)) as usize;
@@ -1040,173 +1135,59 @@ impl Backend for CudaBackend {
         self.launch("crossentropy_fused_kernel", (bt as u32, 1, 1), (1024, 1, 1), args);
     }
 
-    unsafe fn matmul_relu_forward(
-        &self,
-        pre: DevPtr<Act>,
-        out: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        w: DevPtr<Act>,
-        bias: Option<DevPtr<Act>>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        if let (Some(lt), Some(bias)) = (&self.lt, bias) {
-            if self.fused_epilogue(|| lt.matmul_bias(self.stream(), true, out, inp, w, bias, bt, c, oc)) {
-                return;
-            } // else no fused algorithm for this shape: the product, then ReLU
-        }
-        self.matmul_forward(pre, inp, w, bias, bt, c, oc);
-        self.relu_forward(out, pre, bt * oc);
-    }
-
-    // ---- the MLP workload's step on the device ------------------------------------------
-
-    unsafe fn gather_batch(
-        &self,
-        out: DevPtr<Act>,
-        targets: DevPtr<i32>,
-        images: DevPtr<u8>,
-        labels: DevPtr<u8>,
-        order: DevPtr<i32>,
-        state: DevPtr,
-        rows: usize,
-        size: usize,
-        steps: usize,
-    ) {
-        let args = args![out, targets, images, labels, order, state, rows, size, steps];
-        self.launch_1d("gather_batch_kernel", rows * size, args);
-    }
-
-    unsafe fn loss_step(
-        &self,
-        logits: DevPtr<Act>,
-        losses: DevPtr,
-        targets: DevPtr<i32>,
-        state: DevPtr,
-        schedule: DevPtr,
-        history: DevPtr,
-        history_len: usize,
-        rows: usize,
-        v: usize,
-        steps: usize,
-        dloss: f32,
-    ) {
-        // The forward kernel's 4-element reads where it takes them (crossentropy_forward).
-        let vec = vec4_rows(v, &[logits], self.act()) as usize;
-        let args = args![
-            logits,
-            losses,
-            targets,
-            state,
-            schedule,
-            history,
-            history_len,
-            rows,
-            v,
-            steps,
-            dloss,
-            vec
-        ];
-        self.launch("loss_step_kernel", (1, 1, 1), (1024, 1, 1), args);
-    }
-
-    unsafe fn matmul_backward_relu(
-        &self,
-        dinp: DevPtr<Act>,
-        dout: DevPtr<Act>,
-        w: DevPtr<Act>,
-        act: DevPtr<Act>,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        if mlp_tiled(bt, c, oc) {
-            let (grid, block) = mlp_tile_grid(bt, c);
-            self.launch(
-                "mlp_dinp_relu_kernel",
-                grid,
-                block,
-                args![dinp, dout, w, act, bt, c, oc],
-            );
-        } else {
-            self.input_grad_gemm(dinp, 0.0, dout, w, bt, c, oc);
-            self.launch_1d("mlp_relu_mask_kernel", bt * c, args![dinp, act, bt * c]);
-        }
-    }
-
-    unsafe fn linear_sgd(
-        &self,
-        params: DevPtr,
-        velocity: DevPtr,
-        grads: DevPtr,
-        copy: Option<DevPtr<bf16>>,
-        dout: DevPtr<Act>,
-        inp: DevPtr<Act>,
-        state: DevPtr,
-        hp: SgdHyper,
-        bt: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        let copy = copy.unwrap_or_default(); // null: no copy
-        let (momentum, decay) = (hp.momentum, hp.weight_decay);
-        if mlp_tiled(oc, c + 1, bt) {
-            let (grid, block) = mlp_tile_grid(oc, c + 1);
-            let args = args![params, velocity, copy, dout, inp, state, momentum, decay, bt, c, oc];
-            self.launch("mlp_linear_sgd_kernel", grid, block, args);
-        } else {
-            self.weight_grad_gemm(grads, 0.0, dout, inp, bt, c, oc);
-            let wblocks = (oc * c).div_ceil(THREADS);
-            let grid = ((wblocks + oc.div_ceil(32)) as u32, 1, 1);
-            let args = args![params, velocity, grads, copy, dout, state, momentum, decay, bt, c, oc, wblocks];
-            self.launch("mlp_sgd_apply_kernel", grid, (THREADS as u32, 1, 1), args);
-        }
-    }
-
     // ---- reductions and the optimiser ---------------------------------------------
 
-    unsafe fn mean(&self, out: DevPtr, inp: DevPtr, n: usize) {
-        self.launch("mean_kernel", (1, 1, 1), (1024, 1, 1), args![out, inp, n]);
+    fn mean(&self, out: Span, inp: Span, n: usize) {
+        let (out, inp) = contract::mean(out, inp, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch("mean_kernel", (1, 1, 1), (1024, 1, 1), args![out, inp, n]) };
     }
 
-    unsafe fn sum_squares(&self, out: DevPtr, inp: DevPtr, n: usize) {
+    fn sum_squares(&self, out: Span, inp: Span, n: usize) {
+        let (out, inp) = contract::sum_squares(out, inp, n);
         if n == 0 {
             return;
         }
         // Two fixed passes (block partials, then one block) rather than atomics: deterministic.
         let parts = n.div_ceil(THREADS).min(MAX_REDUCE_BLOCKS);
         let partials = self.reduce_partials.ptr();
-        self.launch(
-            "sum_squares_partial_kernel",
-            (parts as u32, 1, 1),
-            (THREADS as u32, 1, 1),
-            args![partials, inp, n],
-        );
-        self.launch(
-            "sum_squares_finish_kernel",
-            (1, 1, 1),
-            (1024, 1, 1),
-            args![out, partials, parts],
-        );
+        // SAFETY: the contract checked every extent and overlap; `partials` holds
+        // MAX_REDUCE_BLOCKS values.
+        unsafe {
+            self.launch(
+                "sum_squares_partial_kernel",
+                (parts as u32, 1, 1),
+                (THREADS as u32, 1, 1),
+                args![partials, inp, n],
+            );
+            self.launch(
+                "sum_squares_finish_kernel",
+                (1, 1, 1),
+                (1024, 1, 1),
+                args![out, partials, parts],
+            );
+        }
     }
 
-    unsafe fn step_stats(&self, state: DevPtr, history: DevPtr, history_len: usize, max_norm: f32, loss_scale: f32) {
+    fn step_stats(&self, state: Span, history: Span, history_len: usize, max_norm: f32, loss_scale: f32) {
+        let (state, history) = contract::step_stats(state, history, history_len);
         let args = args![state, history, history_len, max_norm, loss_scale];
-        self.launch("step_stats_kernel", (1, 1, 1), (32, 1, 1), args);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch("step_stats_kernel", (1, 1, 1), (32, 1, 1), args) };
     }
 
-    unsafe fn adamw(
+    fn adamw(
         &self,
-        params: DevPtr,
-        grads: DevPtr,
-        m: DevPtr,
-        v: DevPtr,
+        params: Span,
+        grads: Span,
+        m: Span,
+        v: Span,
         segments: &[(Range<usize>, bool)],
-        state: DevPtr,
+        state: Span,
         hp: AdamWHyper,
-        copy: Option<DevPtr<bf16>>,
+        copy: Option<Span<bf16>>,
     ) {
+        let (params, grads, m, v, state, copy) = contract::adamw(params, grads, m, v, segments, state, copy);
         // One launch over the whole buffer, the segments passed by value (a layout with more
         // than DECAY_SEGMENTS of them goes in pieces of that many).
         for piece in segments.chunks(DECAY_SEGMENTS) {
@@ -1226,20 +1207,22 @@ impl Backend for CudaBackend {
                 copy,
                 decay_table(piece, start)
             ];
-            self.launch_1d("adamw_kernel", end - start, args);
+            // SAFETY: the contract checked every extent (the segments' whole) and overlap.
+            unsafe { self.launch_1d("adamw_kernel", end - start, args) };
         }
     }
 
-    unsafe fn sgd(
+    fn sgd(
         &self,
-        params: DevPtr,
-        grads: DevPtr,
-        velocity: DevPtr,
+        params: Span,
+        grads: Span,
+        velocity: Span,
         n: usize,
-        state: DevPtr,
+        state: Span,
         hp: SgdHyper,
-        copy: Option<DevPtr<bf16>>,
+        copy: Option<Span<bf16>>,
     ) {
+        let (params, grads, velocity, state, copy) = contract::sgd(params, grads, velocity, n, state, copy);
         let args = args![
             params,
             grads,
@@ -1250,6 +1233,172 @@ impl Backend for CudaBackend {
             hp.weight_decay,
             copy.unwrap_or_default()
         ];
-        self.launch_1d("sgd_kernel", n, args);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch_1d("sgd_kernel", n, args) };
+    }
+}
+
+impl FusedMlp for CudaBackend {
+    fn matmul_relu_forward(
+        &self,
+        pre: Span<Act>,
+        out: Span<Act>,
+        inp: Span<Act>,
+        w: Span<Act>,
+        bias: Option<Span<Act>>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let spans = (pre, out, inp, w, bias);
+        let (_, out, inp, w, bias) =
+            contract::matmul_act_forward("matmul_relu_forward", self.act(), pre, out, inp, w, bias, bt, c, oc);
+        if let (Some(lt), Some(bias)) = (&self.lt, bias) {
+            // SAFETY: the contract checked every extent and overlap.
+            if self.fused_epilogue(|| unsafe { lt.matmul_bias(self.stream(), true, out, inp, w, bias, bt, c, oc) }) {
+                return;
+            } // else no fused algorithm for this shape: the product, then ReLU
+        }
+        let (pre, out, inp, w, bias) = spans;
+        self.matmul_forward(pre, inp, w, bias, bt, c, oc);
+        self.relu_forward(out, pre, bt * oc);
+    }
+
+    // ---- the MLP workload's step on the device ------------------------------------------
+
+    unsafe fn gather_batch(
+        &self,
+        out: Span<Act>,
+        targets: Span<i32>,
+        images: Span<u8>,
+        labels: Span<u8>,
+        order: Span<i32>,
+        state: Span,
+        rows: usize,
+        size: usize,
+        steps: usize,
+    ) {
+        let (out, targets, images, labels, order, state) = contract::gather_batch(
+            self.act(),
+            out,
+            targets,
+            images,
+            labels,
+            order,
+            state,
+            rows,
+            size,
+            steps,
+        );
+        let args = args![out, targets, images, labels, order, state, rows, size, steps];
+        self.launch_1d("gather_batch_kernel", rows * size, args);
+    }
+
+    unsafe fn loss_step(
+        &self,
+        logits: Span<Act>,
+        losses: Span,
+        targets: Span<i32>,
+        state: Span,
+        schedule: Span,
+        history: Span,
+        history_len: usize,
+        rows: usize,
+        v: usize,
+        steps: usize,
+        dloss: f32,
+    ) {
+        let (logits, losses, targets, state, schedule, history) = contract::loss_step(
+            self.act(),
+            logits,
+            losses,
+            targets,
+            state,
+            schedule,
+            history,
+            history_len,
+            rows,
+            v,
+            steps,
+        );
+        // The forward kernel's 4-element reads where it takes them (crossentropy_forward).
+        let vec = vec4_rows(v, &[logits], self.act()) as usize;
+        let args = args![
+            logits,
+            losses,
+            targets,
+            state,
+            schedule,
+            history,
+            history_len,
+            rows,
+            v,
+            steps,
+            dloss,
+            vec
+        ];
+        self.launch("loss_step_kernel", (1, 1, 1), (1024, 1, 1), args);
+    }
+
+    fn matmul_backward_relu(
+        &self,
+        dinp: Span<Act>,
+        dout: Span<Act>,
+        w: Span<Act>,
+        act: Span<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let (dinp, dout, w, act) = contract::matmul_backward_relu(self.act(), dinp, dout, w, act, bt, c, oc);
+        // SAFETY: the contract checked every extent and that `dinp` overlaps no other operand.
+        unsafe {
+            if mlp_tiled(bt, c, oc) {
+                let (grid, block) = mlp_tile_grid(bt, c);
+                self.launch(
+                    "mlp_dinp_relu_kernel",
+                    grid,
+                    block,
+                    args![dinp, dout, w, act, bt, c, oc],
+                );
+            } else {
+                self.input_grad_gemm(dinp, 0.0, dout, w, bt, c, oc);
+                self.launch_1d("mlp_relu_mask_kernel", bt * c, args![dinp, act, bt * c]);
+            }
+        }
+    }
+
+    fn linear_sgd(
+        &self,
+        params: Span,
+        velocity: Span,
+        grads: Span,
+        copy: Option<Span<bf16>>,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        state: Span,
+        hp: SgdHyper,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let (params, velocity, grads, copy, dout, inp, state) =
+            contract::linear_sgd(self.act(), params, velocity, grads, copy, dout, inp, state, bt, c, oc);
+        let copy = copy.unwrap_or_default(); // null: no copy
+        let (momentum, decay) = (hp.momentum, hp.weight_decay);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            if mlp_tiled(oc, c + 1, bt) {
+                let (grid, block) = mlp_tile_grid(oc, c + 1);
+                let args = args![params, velocity, copy, dout, inp, state, momentum, decay, bt, c, oc];
+                self.launch("mlp_linear_sgd_kernel", grid, block, args);
+            } else {
+                self.weight_grad_gemm(grads, 0.0, dout, inp, bt, c, oc);
+                let wblocks = (oc * c).div_ceil(THREADS);
+                let grid = ((wblocks + oc.div_ceil(32)) as u32, 1, 1);
+                let args = args![params, velocity, grads, copy, dout, state, momentum, decay, bt, c, oc, wblocks];
+                self.launch("mlp_sgd_apply_kernel", grid, (THREADS as u32, 1, 1), args);
+            }
+        }
     }
 }
