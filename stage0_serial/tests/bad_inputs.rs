@@ -719,6 +719,11 @@ const CASES: &[(&str, &str, &str)] = &[
         "--stop-after",
     ),
     (
+        "resume for fewer steps than the checkpoint's warmup",
+        "train --data corpus.txt --out o --resume warmup6.ckpt --steps 5",
+        "--warmup",
+    ),
+    (
         "resume on another corpus",
         "train --data other.txt --out o --resume good.ckpt",
         "--resume-on-new-data",
@@ -839,6 +844,9 @@ fn fixtures() -> PathBuf {
             &with_meta(&good, &format!("/train/{key}"), value),
         );
     }
+    // A run of 8 steps with a warmup of 6, to be resumed for fewer steps than its warmup.
+    let long = with_meta(&good, "/train/total_steps", 8.into());
+    write(&dir, "warmup6.ckpt", &with_meta(&long, "/train/warmup", 6.into()));
     // Counters no run of its 4 steps could have written (they would overflow as it goes on).
     let counters = [
         ("window-steps", "/progress/window/steps", u64::MAX),

@@ -129,6 +129,16 @@ impl<'a, B: Backend> Run<'a, B> {
             eps: 1e-8,
             grad_clip: setting.get("--grad-clip", "grad_clip", args.grad_clip, DEFAULT_GRAD_CLIP)?,
         };
+        // A resumed run whose warmup fit its schedule, shortened below it: the peak is never reached.
+        let saved_total = saved_setting::<u64>(resumed.as_ref(), "total_steps")?;
+        let warmup = optim.warmup_steps;
+        if args.warmup.is_none() && saved_total.is_some_and(|s| warmup <= s) && warmup > total_steps {
+            let e = Error::Input(format!(
+                "the checkpoint's warmup of {warmup} steps is longer than the run's {total_steps}: the learning \
+                 rate would never reach its peak; give --warmup N with N at most {total_steps}"
+            ));
+            return Err(e.on_every_rank()); // the same checkpoint and flags everywhere
+        }
         let eval_every = setting
             .get("--eval-every", "eval_every", args.eval_every, steps_per_epoch)?
             .max(1);
