@@ -3,10 +3,10 @@
 # the default, and the GEMM attention path) against PyTorch's from the same weights on the
 # same batches; and, with --converge, bf16 against fp32 over a longer run.
 #
-#   gpu/train-compare.sh [--steps N] [--converge]
+#   gpu/train-compare.sh [--steps N] [--lr LR] [--converge]
 #
 # Ours: `stage2_cuda train` GPT-2 124M in fp32 on data/tinyshakespeare.txt (GPT-2 tokenizer,
-# B=8, T=1024, N steps, default 100, lr 6e-4, warmup 10, cosine to 0.1x, weight decay 0.1,
+# B=8, T=1024, N steps, default 100, lr LR (default 6e-4), warmup 10, cosine to 0.1x, weight decay 0.1,
 # clip 1.0, seed 1337), writing its initial weights (--save-init) and every step's batch,
 # loss, learning rate and gradient norm (--dump-batches); once with GPT2_CUDA_ATTENTION=flash
 # and once with =gemm (batched cuBLAS products + softmax): same seed, so the same initial
@@ -32,10 +32,11 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 args=("$@")
-steps=100 converge=no
+steps=100 lr=6e-4 converge=no
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=$2; shift ;;
+    --lr) lr=$2; shift ;;
     --converge) converge=yes ;;
     -h|--help) gpu_help; exit 0 ;;
     *) gpu_die "unknown argument $1 (see --help)" ;;
@@ -47,10 +48,11 @@ gpu_has_torch || gpu_die "PyTorch (with transformers and safetensors) is needed"
 s2=$(gpu_bin stage2_cuda)
 status=0
 train=(train --data data/tinyshakespeare.txt --model gpt2 --tokenizer gpt2 --precision fp32 --batch 8 --seq-len 1024
-       --steps "$steps" --lr 6e-4 --warmup 10 --min-lr-frac 0.1 --weight-decay 0.1 --grad-clip 1.0 --seed 1337
+       --steps "$steps" --lr "$lr" --warmup 10 --min-lr-frac 0.1 --weight-decay 0.1 --grad-clip 1.0 --seed 1337
        --eval-every "$steps" --eval-batches 4 --sample-len 0)
 for attn in flash gemm; do
   w=$GPU_LOGS/$attn
+  mkdir -p "$w"
   gpu_say "ours, fp32, GPT2_CUDA_ATTENTION=$attn: ${train[*]}"
   GPT2_CUDA_ATTENTION=$attn "$s2" "${train[@]}" --out "$w/run" --save-init --dump-batches "$w/batches.bin" \
     >"$GPU_LOGS/ours-$attn.log" 2>&1 || gpu_die "our $attn run failed ($GPU_LOGS/ours-$attn.log)"
