@@ -44,6 +44,10 @@ pub struct CheckpointMeta {
     /// Data cursor: the epoch and the step within it where the next batch starts.
     pub data_epoch: u64,
     pub data_step_in_epoch: u64,
+    /// The order the cursor counts windows in (`data::DataOrder::name`); absent from imported
+    /// checkpoints and from those written before it was recorded (Fisher–Yates then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_order: Option<String>,
     pub seed: u64,
     /// The run's settings (lr, batch, seq_len, ...), opaque to this module.
     pub train: serde_json::Value,

@@ -49,6 +49,7 @@ fn meta(config: ModelConfig, step: u64) -> CheckpointMeta {
         step,
         data_epoch: 3,
         data_step_in_epoch: 17,
+        data_order: None,
         seed: 0xdead_beef_1234,
         // Floats with full 17-digit expansions: the run settings must survive exactly too.
         train: serde_json::json!({
@@ -60,6 +61,7 @@ fn meta(config: ModelConfig, step: u64) -> CheckpointMeta {
             bytes: 3 << 20,
             head_xxh64: "0x0123456789abcdef".into(),
             tail_xxh64: "0xfedcba9876543210".into(),
+            shards: None,
         }),
     }
 }

@@ -5,7 +5,10 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::data::{eval_batches, load_tokens, read_bin, split, write_bin, Batch, DataCursor, Loader, BIN_MAGIC};
+use common::data::{
+    eval_batches, load_tokens, read_bin, resolve, split, write_bin, Batch, BatchSource, Batches, DataCursor, DataOrder,
+    Loader, ShardLoader, ShardSet, TrainSource, ValSource, BIN_MAGIC,
+};
 use common::tokenizer::{Tokenizer, TokenizerKind, LONGEST_WHITESPACE_RUN};
 use common::Error;
 
@@ -402,4 +405,208 @@ fn eval_batches_are_consecutive_windows() {
     assert_eq!(small.len(), 1);
     assert_eq!(windows_of(&small[0], t), (0..10).collect::<Vec<_>>());
     assert!(eval_batches(&val[..4], t, 4, 5).is_empty());
+}
+
+/// Writes `sizes.len()` shards named `{prefix}_{k:03}.bin` into `dir`, holding one ramp of
+/// tokens across them (shard k starts where shard k-1 ended); returns their paths.
+fn write_shards(dir: &TempDir, prefix: &str, sizes: &[usize]) -> Vec<PathBuf> {
+    let mut next = 0u32;
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            let path = dir.path(&format!("{prefix}_{k:03}.bin"));
+            write_bin(&path, &(next..next + n as u32).collect::<Vec<_>>()).unwrap();
+            next += n as u32;
+            path
+        })
+        .collect()
+}
+
+/// The first token of each row (a window's identity in a ramp), checking the row is
+/// consecutive tokens with targets one ahead.
+fn rows_of(b: &Batch, seq_len: usize) -> Vec<i32> {
+    b.inputs
+        .chunks(seq_len)
+        .zip(b.targets.chunks(seq_len))
+        .map(|(inp, tgt)| {
+            for t in 0..seq_len {
+                assert_eq!(inp[t], inp[0] + t as i32);
+                assert_eq!(tgt[t], inp[0] + t as i32 + 1);
+            }
+            inp[0]
+        })
+        .collect()
+}
+
+fn shard_set(paths: &[PathBuf]) -> ShardSet {
+    ShardSet::open(paths.to_vec()).unwrap()
+}
+
+#[test]
+fn shard_sets_resolve_from_directories_patterns_and_lists() {
+    let dir = TempDir::new("resolve");
+    let train = write_shards(&dir, "c_train", &[50, 40, 60]);
+    let val = write_shards(&dir, "c_val", &[30]);
+    std::fs::write(dir.path("notes.txt"), "not a shard").unwrap();
+    let paths = |s: &ShardSet| s.shards.iter().map(|x| x.path.clone()).collect::<Vec<_>>();
+
+    // A directory: its .bin files, sorted, the *_val_* ones for validation.
+    let plan = resolve(std::slice::from_ref(&dir.0), None).unwrap();
+    let TrainSource::Shards(t) = &plan.train else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(paths(t), train);
+    assert_eq!(t.tokens(), 150);
+    assert_eq!(plan.val, ValSource::Shards(shard_set(&val)));
+
+    // A pattern and a list of paths, given in any order: sorted by name.
+    let pattern = dir.path("c_train_*.bin");
+    let plan = resolve(std::slice::from_ref(&pattern), Some(&val[0])).unwrap();
+    assert_eq!(plan.train, TrainSource::Shards(shard_set(&train)));
+    let plan = resolve(
+        &[train[2].clone(), train[0].clone(), train[1].clone()],
+        Some(&dir.path("c_val_*")),
+    )
+    .unwrap();
+    assert_eq!(plan.train, TrainSource::Shards(shard_set(&train)));
+
+    // One file: today's split without --val-data; streamed (one shard) with it.
+    let plan = resolve(std::slice::from_ref(&train[0]), None).unwrap();
+    assert_eq!(
+        (plan.train, plan.val),
+        (TrainSource::File(train[0].clone()), ValSource::Split)
+    );
+    let plan = resolve(std::slice::from_ref(&train[0]), Some(&val[0])).unwrap();
+    assert_eq!(plan.train, TrainSource::Shards(shard_set(&train[..1])));
+    let text = dir.path("notes.txt");
+    let plan = resolve(std::slice::from_ref(&text), Some(&text)).unwrap();
+    assert_eq!(
+        (plan.train, plan.val),
+        (TrainSource::File(text.clone()), ValSource::Text(text))
+    );
+
+    // Refused in one line: no validation set, no match, a shard on both sides.
+    let msg = input_err(resolve(std::slice::from_ref(&pattern), None));
+    assert!(msg.contains("--val-data"), "{msg}");
+    let msg = input_err(resolve(&[dir.path("nothing_*.bin")], Some(&val[0])));
+    assert!(
+        msg.contains("matches no file") && msg.contains("nothing_*.bin"),
+        "{msg}"
+    );
+    let msg = input_err(resolve(&[dir.path("c_*.bin")], Some(&val[0])));
+    assert!(msg.contains("c_val_000.bin") && msg.contains("both"), "{msg}");
+    let only_train = TempDir::new("resolve-noval");
+    write_shards(&only_train, "x_train", &[20]);
+    let msg = input_err(resolve(std::slice::from_ref(&only_train.0), None));
+    assert!(msg.contains("*_val_*") && msg.contains("--val-data"), "{msg}");
+}
+
+#[test]
+fn shard_headers_are_checked_at_start_and_tokens_when_read() {
+    let dir = TempDir::new("headers");
+    let good = write_shards(&dir, "g", &[40, 40]);
+    // A size the header disagrees with, and a bad magic: named at start-up.
+    let short = dir.path("short.bin");
+    let bytes = std::fs::read(&good[0]).unwrap();
+    std::fs::write(&short, &bytes[..bytes.len() - 2]).unwrap();
+    let msg = input_err(ShardSet::open(vec![good[0].clone(), short.clone()]));
+    assert!(
+        msg.starts_with(&short.display().to_string()) && msg.contains("1102"),
+        "{msg}"
+    );
+    let magic = dir.path("magic.bin");
+    let mut bad = bytes.clone();
+    bad[0] = 0;
+    std::fs::write(&magic, &bad).unwrap();
+    assert!(input_err(ShardSet::open(vec![magic])).contains("magic"));
+
+    // A token outside the vocabulary: refused when its window is read, naming file and offset.
+    let set = shard_set(&good);
+    let mut loader = ShardLoader::new(set, 60, 4, 4, 0, 1, 3).unwrap();
+    let msg = (0..20)
+        .find_map(|_| BatchSource::next_batch(&mut loader).err())
+        .map(|e| input_err::<()>(Err(e)))
+        .expect("a window past token 60 is read");
+    assert!(
+        msg.contains("g_00") && msg.contains("outside the vocabulary of 60") && msg.contains("byte offset"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn shard_batches_are_the_same_for_any_number_of_ranks() {
+    let dir = TempDir::new("ranks");
+    // Windows of T = 4: 12, 0 (a shard shorter than a window) and 9, so 21 windows, B = 4.
+    let paths = write_shards(&dir, "r", &[49, 3, 38]);
+    let t = 4;
+    let new = |rank, world| ShardLoader::new(shard_set(&paths), 1000, t, 4, rank, world, 11).unwrap();
+    let (mut whole, mut r0, mut r1) = (new(0, 1), new(0, 2), new(1, 2));
+    assert_eq!((whole.num_windows(), whole.steps_per_epoch()), (21, 5));
+    // Every epoch visits 20 windows once each, none spanning two shards.
+    let starts: HashSet<i32> = (0..12).map(|w| w * 4).chain((0..9).map(|w| 52 + w * 4)).collect();
+    for epoch in 0..3 {
+        let mut seen = HashSet::new();
+        for _ in 0..5 {
+            let w = rows_of(&BatchSource::next_batch(&mut whole).unwrap(), t);
+            let a = rows_of(&BatchSource::next_batch(&mut r0).unwrap(), t);
+            let b = rows_of(&BatchSource::next_batch(&mut r1).unwrap(), t);
+            assert_eq!(
+                [a, b].concat(),
+                w,
+                "epoch {epoch}: the ranks' rows are the global batch"
+            );
+            seen.extend(w);
+        }
+        assert_eq!(seen.len(), 20);
+        assert!(seen.is_subset(&starts), "{seen:?}");
+    }
+}
+
+#[test]
+fn shard_batches_resume_across_a_shard_boundary_and_prefetch_alike() {
+    let dir = TempDir::new("resume");
+    let paths = write_shards(&dir, "s", &[33, 33, 33]);
+    let t = 4; // 8 windows a shard, 24 in all: 4 steps of 6 an epoch
+    let new = || ShardLoader::new(shard_set(&paths), 1000, t, 6, 0, 1, 5).unwrap();
+    let mut straight = new();
+    let all: Vec<Batch> = (0..14)
+        .map(|_| BatchSource::next_batch(&mut straight).unwrap())
+        .collect();
+    let shards_of = |b: &Batch| rows_of(b, t).iter().map(|&r| r / 33).collect::<HashSet<_>>();
+    assert!(all.iter().all(|b| shards_of(b).len() > 1), "each batch mixes shards");
+
+    // Through the prefetching Batches, cut at step 6 (epoch 1, step 2), resumed by a fresh one.
+    let mut first = Batches::new(Box::new(new()), DataOrder::Feistel);
+    for b in &all[..6] {
+        assert_eq!(&first.next_batch().unwrap(), b);
+    }
+    let saved = first.cursor();
+    assert_eq!(
+        saved,
+        DataCursor {
+            epoch: 1,
+            step_in_epoch: 2
+        }
+    );
+    assert!((first.epochs_done() - 1.5).abs() < 1e-12);
+    drop(first);
+    let mut resumed = Batches::new(Box::new(new()), DataOrder::Feistel);
+    resumed.set_cursor(saved).unwrap();
+    for b in &all[6..] {
+        assert_eq!(&resumed.next_batch().unwrap(), b);
+    }
+    // Repositioned while its thread runs ahead.
+    resumed
+        .set_cursor(DataCursor {
+            epoch: 0,
+            step_in_epoch: 1,
+        })
+        .unwrap();
+    assert_eq!(resumed.next_batch().unwrap(), all[1]);
+    let msg = input_err(resumed.set_cursor(DataCursor {
+        epoch: 0,
+        step_in_epoch: 4,
+    }));
+    assert!(msg.contains("past the 4 steps"), "{msg}");
 }

@@ -342,6 +342,7 @@ fn micro_meta() -> CheckpointMeta {
         step: 12,
         data_epoch: 1,
         data_step_in_epoch: 3,
+        data_order: None,
         seed: 1234,
         train: serde_json::json!({"lr": 6e-4, "batch": 4, "seq_len": 4, "name": "fuzz"}),
         progress: serde_json::json!({"rows": 2}),

@@ -52,6 +52,51 @@ const CASES: &[(&str, &str, &str)] = &[
         "300",
     ),
     (
+        "a directory of shards without *_val_* shards",
+        "train --data noval --out o",
+        "--val-data",
+    ),
+    (
+        "a pattern that matches no shard",
+        "train --data shards/x_*.bin --val-data shards/s_val_000.bin --out o",
+        "matches no file",
+    ),
+    (
+        "a shard whose size disagrees with its header",
+        "train --data badshards --out o",
+        "bytes",
+    ),
+    (
+        "a shard with a token outside the vocabulary",
+        "train --data vocabshards --out o --model tiny --batch 4 --seq-len 16 --steps 2 --sample-len 0",
+        "byte offset",
+    ),
+    (
+        "a FIFO among the shards",
+        "train --data shards/s_train_000.bin pipe --val-data shards/s_val_000.bin --out o",
+        "FIFO",
+    ),
+    (
+        "a FIFO as the validation set",
+        "train --data corpus.txt --val-data pipe --out o",
+        "FIFO",
+    ),
+    (
+        "a held-out fraction of shards",
+        "train --data shards --out o --val-fraction 0.2",
+        "--val-fraction",
+    ),
+    (
+        "a shard as the batch dump",
+        "train --data shards --out o --dump-batches shards/s_train_001.bin",
+        "inputs",
+    ),
+    (
+        "resume a run that held out its tail with --val-data",
+        "train --data corpus.txt --val-data corpus.txt --out o --resume good.ckpt",
+        "--resume-on-new-data",
+    ),
+    (
         "unknown model preset",
         "train --data corpus.txt --out o --model gpt5",
         "gpt5",
@@ -779,6 +824,27 @@ fn fixtures() -> PathBuf {
     let mut big = tokens.clone();
     big[77] = 300;
     write(&dir, "vocab.bin", &bin_file(20240520, 2000, &big));
+    // Shard directories: a good one, one without validation shards, one with a shard its
+    // header disagrees with, one whose training tokens are all outside the byte vocabulary.
+    let shard = bin_file(20240520, 2000, &tokens);
+    for (sub, name, bytes) in [
+        ("shards", "s_train_000.bin", &shard[..]),
+        ("shards", "s_train_001.bin", &shard[..]),
+        ("shards", "s_val_000.bin", &shard[..]),
+        ("noval", "n_train_000.bin", &shard[..]),
+        ("badshards", "b_train_000.bin", &shard[..]),
+        ("badshards", "b_train_001.bin", &shard[..shard.len() - 2]),
+        ("badshards", "b_val_000.bin", &shard[..]),
+        (
+            "vocabshards",
+            "v_train_000.bin",
+            &bin_file(20240520, 2000, &[300; 2000]),
+        ),
+        ("vocabshards", "v_val_000.bin", &shard[..]),
+    ] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        write(&dir.join(sub), name, bytes);
+    }
     // Good idx files (made-up images: 200 for training, 100 for test) and broken ones.
     let idx_pair = |set: &common::mnist::Dataset, name: &str| {
         let (images, labels) = (

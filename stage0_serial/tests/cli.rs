@@ -1259,3 +1259,62 @@ fn started_as_several_processes_it_refuses_in_one_line() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// `n` shards of the corpus's text as byte tokens, `{prefix}_{k:03}.bin` in `dir`: the
+/// corpus cut into `n` pieces.
+fn text_shards(dir: &Path, prefix: &str, n: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let text = std::fs::read(corpus(dir)).unwrap();
+    std::fs::remove_file(dir.join("corpus.txt")).unwrap();
+    let piece = text.len() / n;
+    for k in 0..n {
+        let tokens: Vec<u32> = text[k * piece..(k + 1) * piece].iter().map(|&b| b as u32).collect();
+        common::data::write_bin(&dir.join(format!("{prefix}_{k:03}.bin")), &tokens).unwrap();
+    }
+}
+
+#[test]
+fn a_sharded_corpus_trains_and_resumes_across_shards_and_epochs() {
+    let d = tmpdir("shards");
+    // Three training shards (a third of the corpus each) and one validation shard.
+    let shards = d.join("shards");
+    text_shards(&shards, "c_train", 3);
+    text_shards(&d.join("val"), "c_val", 4);
+    std::fs::rename(d.join("val/c_val_000.bin"), shards.join("c_val_000.bin")).unwrap();
+    let data = shards.to_str().unwrap();
+    // 68 steps an epoch (272 windows of 16 + 1, batch 4): 80 steps cross into the second.
+    let schedule = ["--steps", "80", "--warmup", "5", "--eval-every", "20"];
+    let straight = d.join("straight");
+    run_ok(&train_args(data, straight.to_str().unwrap(), &schedule));
+    let table = table_without_times(&straight);
+    assert_eq!(table.len(), 5, "{table:?}");
+    assert!(table[4].starts_with("1.176\t"), "80 of 68 steps an epoch: {table:?}");
+
+    // Stopped at step 30, then resumed: the same table and weights.
+    let stopped = d.join("stopped");
+    let first = [&schedule[..], &["--stop-after", "30"]].concat();
+    run_ok(&train_args(data, stopped.to_str().unwrap(), &first));
+    let ck = stopped.join("model.ckpt");
+    let meta = common::checkpoint::load_meta(&ck).unwrap();
+    assert_eq!(meta.data_order.as_deref(), Some("feistel-v1"));
+    assert_eq!((meta.data_epoch, meta.data_step_in_epoch), (0, 30));
+    run_ok(&train_args(
+        data,
+        stopped.to_str().unwrap(),
+        &["--resume", ck.to_str().unwrap()],
+    ));
+    assert_eq!(table_without_times(&stopped), table);
+    assert_eq!(params_of(&stopped), params_of(&straight));
+
+    // The same shards named by a pattern and --val-data are the same run.
+    let pattern = shards.join("c_train_*.bin");
+    let val = shards.join("c_val_000.bin");
+    let by_pattern = d.join("pattern");
+    let extra = [&schedule[..], &["--val-data", val.to_str().unwrap()]].concat();
+    run_ok(&train_args(
+        pattern.to_str().unwrap(),
+        by_pattern.to_str().unwrap(),
+        &extra,
+    ));
+    assert_eq!(table_without_times(&by_pattern), table);
+}

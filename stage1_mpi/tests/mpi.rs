@@ -1286,3 +1286,85 @@ fn mpi_init_keeps_hwloc_off_opencl_unless_the_user_names_its_components() {
     );
     assert!(!probes(&[]), "by default MPI_Init should not let hwloc probe OpenCL");
 }
+
+/// The test corpus as byte tokens in `.bin` shards: `train` training shards and one
+/// validation shard (`c_val_000.bin`) in `dir`, the corpus cut into `train + 1` pieces.
+fn shards(dir: &Path, train: usize) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let text = std::fs::read(corpus(dir)).unwrap();
+    std::fs::remove_file(dir.join("corpus.txt")).unwrap();
+    let piece = text.len() / (train + 1);
+    for k in 0..=train {
+        let name = match k < train {
+            true => format!("c_train_{k:03}.bin"),
+            false => "c_val_000.bin".to_string(),
+        };
+        let tokens: Vec<u32> = text[k * piece..(k + 1) * piece].iter().map(|&b| b as u32).collect();
+        common::data::write_bin(&dir.join(name), &tokens).unwrap();
+    }
+    dir.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_sharded_corpus_matches_stage0_and_resumes_on_another_rank_count() {
+    let d = tmpdir("shards");
+    let data = shards(&d.join("shards"), 3);
+    let steps = ["--steps", "30", "--eval-every", "10"];
+    let reference = d.join("stage0");
+    let args = train_args(&data, &reference, &[&steps[..], &["--threads", "1"]].concat());
+    assert_ok(&run_limited(
+        stage0_bin().to_str().unwrap(),
+        &args,
+        &[],
+        Duration::from_secs(60),
+    ));
+    let straight = d.join("straight");
+    assert_ok(&mpirun(2, &train_args(&data, &straight, &steps), &[]));
+    assert_tables_close(
+        &loss_table(&straight),
+        &loss_table(&reference),
+        "2 ranks vs stage 0, shards",
+    );
+    // Stopped on 2 ranks at step 13, resumed on 1: the batches the straight run saw.
+    let out = d.join("2-then-1");
+    let cut = [&steps[..], &["--stop-after", "13"]].concat();
+    assert_ok(&mpirun(2, &train_args(&data, &out, &cut), &[]));
+    let ckpt = out.join("model.ckpt");
+    let rest = ["--eval-every", "10", "--resume", ckpt.to_str().unwrap()];
+    assert_ok(&mpirun(1, &train_args(&data, &out, &rest), &[]));
+    assert_tables_close(
+        &loss_table(&out),
+        &loss_table(&straight),
+        "2 then 1 ranks vs 2 ranks, shards",
+    );
+}
+
+#[test]
+fn a_rank_that_sees_other_shards_stops_the_job_in_one_line() {
+    // The same relative --data from two working directories: rank 1's has a shard more.
+    let d = tmpdir("other-shards");
+    let (a, b) = (d.join("a"), d.join("b"));
+    shards(&a.join("shards"), 2);
+    shards(&b.join("shards"), 3);
+    let out = d.join("run");
+    let line = train_args("shards", &out, &["--steps", "3"]);
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut args = Vec::new();
+    for (i, dir) in [&a, &b].iter().enumerate() {
+        if i > 0 {
+            args.push(":".to_string());
+        }
+        let wdir = dir.to_str().unwrap().to_string();
+        args.extend(["-n".into(), "1".into(), "-wdir".into(), wdir, BIN.to_string()]);
+        args.extend(line.iter().cloned());
+    }
+    let o = run_limited("mpirun", &args, &[], Duration::from_secs(30));
+    assert_eq!(o.code, Some(2), "stderr: {}", o.stderr);
+    let lines: Vec<&str> = o.stderr.trim().lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {}", o.stderr);
+    assert!(
+        lines[0].starts_with("stage1_mpi: error: rank 1 of 2 does not see rank 0's shard shards/c_train_000.bin"),
+        "{}",
+        lines[0]
+    );
+}

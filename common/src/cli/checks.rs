@@ -71,6 +71,11 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
     ),
     ("steps", "epochs", "both set the length of the run"),
     (
+        "val_fraction",
+        "val_data",
+        "--val-fraction holds out the tail of a single --data file; --val-data gives the validation set",
+    ),
+    (
         "greedy",
         "temperature",
         "greedy decoding takes the most likely token and never samples",

@@ -298,9 +298,16 @@ impl SyncArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// Training corpus: a UTF-8 text file, or a .bin of tokens (see `tokenize`).
-    #[arg(long)]
-    pub data: PathBuf,
+    /// Training corpus: a UTF-8 text file or a .bin of tokens (see `tokenize`), its tail held
+    /// out for validation; or llm.c .bin shards, streamed: a directory (its *_val_* shards
+    /// validate), a quoted pattern ('shards/*_train_*.bin') or several paths, sorted by name.
+    #[arg(long, num_args = 1.., required = true, value_name = "FILE|DIR|GLOB")]
+    pub data: Vec<PathBuf>,
+    /// Validation set: a text or .bin file, a quoted pattern of .bin shards, or a directory's
+    /// *_val_* shards [default: the tail of a single --data file (--val-fraction), or the
+    /// *_val_* shards of a --data directory].
+    #[arg(long, value_name = "FILE|GLOB")]
+    pub val_data: Option<PathBuf>,
     /// Output directory for loss.tsv and checkpoints (created if missing).
     #[arg(long)]
     pub out: PathBuf,

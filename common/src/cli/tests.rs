@@ -7,6 +7,7 @@ use super::*;
 /// switches). Every flag of every subcommand must be listed: see the test below.
 const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("train", "data", &[]),
+    ("train", "val_data", &[]),
     ("train", "out", &[]),
     ("train", "preset", &[]),
     ("train", "layers", &["0", "-1", "x"]),
@@ -196,6 +197,7 @@ fn good_value(id: &str) -> &'static str {
         "comm_timeout" => "60",
         "temperature" => "0.5",
         "top_p" => "0.9",
+        "val_fraction" => "0.1",
         _ => "some-path", // prompts, files and checkpoints: parsed as text
     }
 }

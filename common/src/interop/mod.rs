@@ -119,6 +119,7 @@ pub fn import_checkpoint(dir: &Path) -> Result<Checkpoint> {
         step: 0,
         data_epoch: 0,
         data_step_in_epoch: 0,
+        data_order: None,
         seed: 0,
         train: serde_json::json!({ IMPORTED_FROM: dir.display().to_string() }),
         progress: serde_json::json!({}),

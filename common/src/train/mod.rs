@@ -33,12 +33,13 @@ pub fn train<B: Backend>(be: &B, comm: &dyn Comm, args: &TrainArgs) -> Result<()
     }
     if let Some(dump) = &args.dump_batches {
         // The dump replaces its file: never one of the run's inputs.
-        let inputs = [Some(&args.data), args.resume.as_ref(), args.init_from.as_ref()];
-        crate::input::refuse_overwriting(
-            "--dump-batches",
-            dump,
-            inputs.into_iter().flatten().map(|p| p.as_path()),
-        )?;
+        let plan = crate::data::resolve(&args.data, args.val_data.as_deref())?;
+        let checkpoints = [args.resume.as_ref(), args.init_from.as_ref()];
+        let inputs = plan
+            .files()
+            .into_iter()
+            .chain(checkpoints.into_iter().flatten().map(|p| p.as_path()));
+        crate::input::refuse_overwriting("--dump-batches", dump, inputs)?;
     }
     let mut run = Run::prepare(be, comm, args)?;
     // Before anything is written to OUT: a path that cannot be written is one line.
@@ -68,7 +69,7 @@ fn run_steps<B: Backend>(
         #[cfg(feature = "fault-injection")]
         fault::fail_if_asked(comm, step)?;
         session.starting(step)?;
-        let batch = run.loader.next_batch();
+        let batch = run.loader.next_batch()?;
         if let Some(d) = dump.as_mut() {
             d.add_batch(&batch)?;
         }

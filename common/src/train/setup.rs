@@ -1,7 +1,8 @@
 //! Setting a run up before its first step: the same flags and binary on every rank, the
-//! model and tokenizer (from the flags, or from the checkpoint when resuming), the corpus
-//! (read by rank 0, sent to all), the split and the loader, the schedule, and the
-//! parameters (initialised, or restored). Every failure stops every rank together.
+//! model and tokenizer (from the flags, or from the checkpoint when resuming), the corpus (one
+//! file read by rank 0 and sent to all, or shards every rank reads its own windows of), the
+//! split and the batches, the schedule, and the parameters (initialised, or restored). Every
+//! failure stops every rank together.
 
 use super::trainer::{Trainer, TrainerSettings};
 use crate::backend::Backend;
@@ -11,7 +12,10 @@ use crate::cli::{
     DEFAULT_VAL_FRACTION, DEFAULT_WARMUP, DEFAULT_WEIGHT_DECAY,
 };
 use crate::comm::{agree, check_same_everywhere, from_root, Comm};
-use crate::data::{self, Batch, DataCursor, DataIdentity, Loader};
+use crate::data::{
+    self, Batch, Batches, DataCursor, DataIdentity, DataOrder, DataPlan, Loader, ShardLoader, ShardSet, TrainSource,
+    ValSource,
+};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use crate::optim::OptimConfig;
@@ -26,7 +30,8 @@ const MAX_STEPS: u64 = 1_000_000_000_000;
 /// Everything a run needs once it is set up.
 pub struct Run<'a, B: Backend> {
     pub trainer: Trainer<'a, B>,
-    pub loader: Loader,
+    /// This rank's batches, prepared ahead on a thread of their own.
+    pub loader: Batches,
     /// Validation batches, in pieces of at most the per-rank batch (rank 0 evaluates).
     pub eval_set: Vec<Batch>,
     pub tok: Tokenizer,
@@ -78,20 +83,60 @@ impl<'a, B: Backend> Run<'a, B> {
         // A resumed run keeps its seed: it fixes the data order the cursor points into.
         let seed = agree(comm, run_seed(args, resumed.as_ref()))?;
 
-        // Rank 0 reads and tokenizes the corpus (a resumed run's own, unless asked otherwise);
-        // every rank gets the tokens.
-        let corpus = corpus_identity(comm, args, resumed.as_ref())?;
-        let bytes = from_root(comm, || {
-            let tokens = data::load_tokens(&args.data, &tok)?;
-            Ok(bytemuck::cast_slice(&tokens).to_vec())
-        })?;
-        let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-        drop(bytes);
+        // What --data and --val-data name (every rank resolves them; shards must be the same
+        // on every rank), and which corpus that is (a resumed run's own, unless asked otherwise).
+        let plan = resolve_data(comm, args)?;
+        let corpus = corpus_identity(comm, args, resumed.as_ref(), &plan)?;
+        let order = match plan.train {
+            TrainSource::File(_) => DataOrder::FisherYates,
+            TrainSource::Shards(_) => DataOrder::Feistel,
+        };
+        let split = plan.val == ValSource::Split;
+        if let Some(meta) = resumed.as_ref() {
+            same_windows(meta, order, split, args.resume_on_new_data).map_err(Error::on_every_rank)?;
+        }
         // The held-out fraction fixes the split the checkpoint's data cursor points into.
-        let val_fraction = agree(comm, run_val_fraction(args, resumed.as_ref()))?;
-        let split = agree(comm, data::split(tokens, val_fraction, t))?;
-        let mut loader = agree(comm, Loader::new(split.train, t, b, comm.rank(), world, seed))?;
-        let eval_set = eval_pieces(data::eval_batches(&split.val, t, b, args.eval_batches), t, b / world);
+        let val_fraction = match split {
+            true => Some(agree(comm, run_val_fraction(args, resumed.as_ref()))?),
+            false => None,
+        };
+        let (source, val): (Box<dyn data::BatchSource>, Option<Vec<u32>>) = match &plan.train {
+            TrainSource::File(path) => {
+                // Rank 0 reads and tokenizes the file; every rank gets the tokens.
+                let bytes = from_root(comm, || {
+                    let tokens = data::load_tokens(path, &tok)?;
+                    Ok(bytemuck::cast_slice(&tokens).to_vec())
+                })?;
+                let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+                drop(bytes);
+                let (train, val) = match val_fraction {
+                    Some(fraction) => {
+                        let split = agree(comm, data::split(tokens, fraction, t))?;
+                        (split.train, Some(split.val))
+                    }
+                    None => (tokens, None),
+                };
+                let loader = agree(comm, Loader::new(train, t, b, comm.rank(), world, seed))?;
+                (Box::new(loader), val)
+            }
+            TrainSource::Shards(set) => {
+                let vocab = tok.vocab_size();
+                let loader = ShardLoader::new(set.clone(), vocab, t, b, comm.rank(), world, seed);
+                (Box::new(agree(comm, loader)?), None)
+            }
+        };
+        let mut loader = Batches::new(source, order);
+        let eval_set = match val {
+            Some(val) => data::eval_batches(&val, t, b, args.eval_batches),
+            // Rank 0 evaluates: it alone reads the validation set.
+            None => {
+                let read = comm
+                    .is_root()
+                    .then(|| eval_set_of(&plan.val, &tok, t, b, args.eval_batches));
+                agree(comm, read.transpose())?.unwrap_or_default()
+            }
+        };
+        let eval_set = eval_pieces(eval_set, t, b / world);
 
         let steps_per_epoch = loader.steps_per_epoch();
         let total_steps = schedule_length(args, resumed.as_ref(), steps_per_epoch, comm.is_root())?;
@@ -129,10 +174,12 @@ impl<'a, B: Backend> Run<'a, B> {
             eps: 1e-8,
             grad_clip: setting.get("--grad-clip", "grad_clip", args.grad_clip, DEFAULT_GRAD_CLIP)?,
         };
-        // A resumed run whose warmup fit its schedule, shortened below it: the peak is never reached.
+        // A resumed run whose warmup fit its schedule, shortened below it (but not below the
+        // checkpoint's step, refused below): the peak is never reached.
         let saved_total = saved_setting::<u64>(resumed.as_ref(), "total_steps")?;
         let warmup = optim.warmup_steps;
-        if args.warmup.is_none() && saved_total.is_some_and(|s| warmup <= s) && warmup > total_steps {
+        let still_to_run = resumed.as_ref().is_some_and(|m| m.step < total_steps);
+        if args.warmup.is_none() && still_to_run && saved_total.is_some_and(|s| warmup <= s) && warmup > total_steps {
             let e = Error::Input(format!(
                 "the checkpoint's warmup of {warmup} steps is longer than the run's {total_steps}: the learning \
                  rate would never reach its peak; give --warmup N with N at most {total_steps}"
@@ -252,6 +299,9 @@ impl<'a, B: Backend> Run<'a, B> {
             ));
             return Err(e.on_every_rank());
         }
+        // The first batch is read now: a window that cannot be read stops every rank before
+        // the run writes anything.
+        agree(comm, loader.peek())?;
         Ok(Run {
             trainer,
             loader,
@@ -282,6 +332,7 @@ impl<'a, B: Backend> Run<'a, B> {
             step: steps_done,
             data_epoch: cursor.epoch,
             data_step_in_epoch: cursor.step_in_epoch,
+            data_order: Some(self.loader.order().name().to_string()),
             seed: self.seed,
             train: self.settings.clone(),
             progress: serde_json::to_value(log).expect("plain data serialises"),
@@ -363,9 +414,17 @@ fn schedule_refuses(args: &TrainArgs, total_steps: u64) -> Option<String> {
 /// What the corpus is (rank 0 reads it; every rank gets it). Resuming, a corpus other than the
 /// one the checkpoint records is refused unless `--resume-on-new-data` asks for it (then said in
 /// one line); a checkpoint that records none (older, or imported) takes any.
-fn corpus_identity(comm: &dyn Comm, args: &TrainArgs, resumed: Option<&CheckpointMeta>) -> Result<DataIdentity> {
+fn corpus_identity(
+    comm: &dyn Comm,
+    args: &TrainArgs,
+    resumed: Option<&CheckpointMeta>,
+    plan: &DataPlan,
+) -> Result<DataIdentity> {
     let json = from_root(comm, || {
-        let data = DataIdentity::of(&args.data)?;
+        let data = match &plan.train {
+            TrainSource::File(path) => DataIdentity::of(path)?,
+            TrainSource::Shards(set) => DataIdentity::of_shards(&set.paths())?,
+        };
         if let Some(saved) = resumed.and_then(|m| m.data.as_ref()).filter(|s| !s.same_data(&data)) {
             if !args.resume_on_new_data {
                 crate::bail_input!(
@@ -382,6 +441,130 @@ fn corpus_identity(comm: &dyn Comm, args: &TrainArgs, resumed: Option<&Checkpoin
         Ok(serde_json::to_vec(&data).expect("plain data serialises"))
     })?;
     serde_json::from_slice(&json).map_err(|e| Error::Device(format!("the corpus's identity from rank 0: {e}")))
+}
+
+/// The data `--data` and `--val-data` name. A single file without `--val-data` is rank 0's to
+/// read (other hosts need not see it); shards are resolved, and their headers read, on every
+/// rank, and a rank that sees other training shards than rank 0 stops the job in one line.
+fn resolve_data(comm: &dyn Comm, args: &TrainArgs) -> Result<DataPlan> {
+    let plan = agree(comm, data::resolve(&args.data, args.val_data.as_deref()))?;
+    if let (Some(fraction), TrainSource::Shards(_)) = (args.val_fraction, &plan.train) {
+        let e = Error::Input(format!(
+            "--val-fraction {fraction} holds out the tail of a single --data file; shards take their validation set \
+             from --val-data or a directory's *_val_* shards"
+        ));
+        return Err(e.on_every_rank()); // the same flags everywhere
+    }
+    if let TrainSource::Shards(set) = &plan.train {
+        same_shards_everywhere(comm, set)?;
+    }
+    Ok(plan)
+}
+
+/// Stops every rank, in one line, where a rank sees other training shards (names or sizes)
+/// than rank 0: rank 0's list goes to every rank, and each says where its own first differs.
+fn same_shards_everywhere(comm: &dyn Comm, set: &ShardSet) -> Result<()> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let list = |s: &ShardSet| s.shards.iter().map(|x| (x.path.clone(), x.bytes())).collect::<Vec<_>>();
+    let mine = list(set);
+    let json = from_root(comm, || Ok(serde_json::to_vec(&mine).expect("plain data serialises")))?;
+    let root: Vec<(std::path::PathBuf, u64)> =
+        serde_json::from_slice(&json).map_err(|e| Error::Device(format!("the shard list from rank 0: {e}")))?;
+    // Per rank: 0 where it sees rank 0's list, else 1 + the index of its first difference.
+    let mut differ = vec![0.0f32; comm.size()];
+    if mine != root {
+        let first = mine.iter().zip(&root).take_while(|(a, b)| a == b).count();
+        differ[comm.rank()] = (first + 1) as f32;
+    }
+    comm.all_reduce_sum_host(&mut differ)?;
+    let Some((rank, &code)) = differ.iter().enumerate().find(|(_, &c)| c > 0.0) else {
+        return Ok(());
+    };
+    let first = code as usize - 1;
+    let what = match root.get(first) {
+        Some((path, bytes)) => format!(
+            "does not see rank 0's shard {} ({bytes} bytes) as rank 0 does (missing, another size, or other shards before it)",
+            path.display()
+        ),
+        None => format!("sees more shards than rank 0's {}", root.len()),
+    };
+    let e = Error::Input(format!(
+        "rank {rank} of {} {what}: every host must see the same --data shards, on a shared file system or as identical copies",
+        comm.size()
+    ));
+    Err(e.on_every_rank())
+}
+
+/// Refuses to resume where the flags' data would be cut into other windows, or visited in
+/// another order, than the checkpoint's data cursor counts in (unless `--resume-on-new-data`
+/// asks to go on with other data): shards streamed where the run held one file in memory or
+/// the other way round, or a held-out tail where the run had `--val-data`, or the other way.
+fn same_windows(meta: &CheckpointMeta, order: DataOrder, split: bool, new_data: bool) -> Result<()> {
+    let saved = DataOrder::from_checkpoint(meta.data_order.as_deref())?;
+    let saved_split = saved_setting::<f32>(Some(meta), "val_fraction")?.is_some();
+    if new_data {
+        return Ok(());
+    }
+    let held_out = |split: bool| match split {
+        true => "the tail of its --data held out (--val-fraction)",
+        false => "a validation set of its own (--val-data, or a directory's *_val_* shards)",
+    };
+    if saved != order {
+        crate::bail_input!(
+            "cannot resume: the checkpoint's data cursor counts windows of {}, but these flags give {}: give the run's \
+             --data and --val-data, or add --resume-on-new-data",
+            saved.describe(),
+            order.describe()
+        );
+    }
+    if saved_split != split {
+        crate::bail_input!(
+            "cannot resume: the checkpoint's run trained with {}, these flags with {}: give the run's --data and \
+             --val-data, or add --resume-on-new-data",
+            held_out(saved_split),
+            held_out(split)
+        );
+    }
+    Ok(())
+}
+
+/// Evaluation batches from a validation set of its own (not the held-out tail): a text file
+/// read whole, or the first windows of shards read one after another. A set shorter than one
+/// window is refused.
+fn eval_set_of(
+    val: &ValSource,
+    tok: &crate::tokenizer::Tokenizer,
+    t: usize,
+    b: usize,
+    max: usize,
+) -> Result<Vec<Batch>> {
+    let (tokens, name) = match val {
+        ValSource::Split => return Ok(Vec::new()),
+        ValSource::Text(path) => (data::load_tokens(path, tok)?, path.display().to_string()),
+        ValSource::Shards(set) => {
+            // The most eval_batches takes: `max` batches of `b` windows of `t`, and one more token.
+            let need = (max as u64)
+                .saturating_mul(b as u64)
+                .saturating_mul(t as u64)
+                .saturating_add(1);
+            let name = match set.shards.len() {
+                1 => set.shards[0].path.display().to_string(),
+                n => format!("{n} validation shards"),
+            };
+            (set.read_prefix(need, tok.vocab_size())?, name)
+        }
+    };
+    let batches = data::eval_batches(&tokens, t, b, max);
+    if batches.is_empty() {
+        crate::bail_input!(
+            "--val-data {name}: {} tokens, fewer than one window of seq-len + 1 = {}",
+            tokens.len(),
+            t + 1
+        );
+    }
+    Ok(batches)
 }
 
 /// Rank 0's checkpoint metadata, on every rank.

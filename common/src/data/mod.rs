@@ -1,195 +1,34 @@
-//! Training data: llm.c's `.bin` token files, the train/validation split, the shuffled
-//! per-rank batch loader (resumable through [`DataCursor`]) and fixed evaluation batches.
+//! Training data: where it comes from (one file read whole, or llm.c `.bin` shards streamed
+//! window by window), the train/validation split, the shuffled per-rank batches (resumable
+//! through [`DataCursor`]) and fixed evaluation batches.
+//!
+//! - [`bin`]: the `.bin` format, whole files and headers;
+//! - [`shards`]: what `--data` and `--val-data` name, resolved into files;
+//! - [`order`]: the keyed permutation that orders a streamed corpus's windows;
+//! - [`stream`]: batches read from shards, and the thread that prepares them ahead;
+//! - here: the in-memory [`Loader`] (one file, Fisher–Yates), the split, evaluation batches.
 
-use std::fs;
-use std::io::Write;
-use std::path::Path;
+pub mod bin;
+mod identity;
+pub mod order;
+pub mod shards;
+pub mod stream;
+
 use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
 use crate::bail_input;
-use crate::error::{io_err, Error, Result};
-use crate::tokenizer::Tokenizer;
+use crate::error::Result;
 
-/// llm.c's header: 256 little-endian i32 = [magic, version, token count, 0...].
-pub const BIN_MAGIC: i32 = 20240520;
-pub const BIN_VERSION: i32 = 1;
-const HEADER_BYTES: usize = 256 * 4;
+pub use bin::{load_tokens, read_bin, write_bin, BIN_MAGIC, BIN_VERSION};
+pub use identity::DataIdentity;
+pub use shards::{resolve, DataPlan, Shard, ShardSet, TrainSource, ValSource};
+pub use stream::{Batches, ShardLoader};
 
 /// Spreads consecutive epoch numbers over the seed space (2^64 / golden ratio).
 const EPOCH_SEED_MIX: u64 = 0x9E3779B97F4A7C15;
-
-/// Write `tokens` as uint16 after the llm.c header, atomically (see [`crate::atomic_file`]).
-pub fn write_bin(path: &Path, tokens: &[u32]) -> Result<()> {
-    if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t > u16::MAX as u32) {
-        bail_input!(
-            "{}: token {t} at index {i} does not fit the .bin format's uint16",
-            path.display()
-        );
-    }
-    let count = i32::try_from(tokens.len()).map_err(|_| {
-        Error::Input(format!(
-            "{}: {} tokens exceed the .bin header's i32 count",
-            path.display(),
-            tokens.len()
-        ))
-    })?;
-    let mut bytes = Vec::with_capacity(HEADER_BYTES + 2 * tokens.len());
-    for v in [BIN_MAGIC, BIN_VERSION, count] {
-        bytes.extend_from_slice(&v.to_le_bytes());
-    }
-    bytes.resize(HEADER_BYTES, 0);
-    for &t in tokens {
-        bytes.extend_from_slice(&(t as u16).to_le_bytes());
-    }
-
-    crate::atomic_file::write(path, |file| file.write_all(&bytes))
-}
-
-/// Read an llm.c `.bin` file, checking the header, the exact size and every token id.
-pub fn read_bin(path: &Path, vocab_size: usize) -> Result<Vec<u32>> {
-    crate::input::refuse_special(path, "a .bin token file")?;
-    let bytes = fs::read(path).map_err(io_err(path))?;
-    parse_bin(path, &bytes, vocab_size)
-}
-
-fn parse_bin(path: &Path, bytes: &[u8], vocab_size: usize) -> Result<Vec<u32>> {
-    let p = path.display();
-    if bytes.len() < HEADER_BYTES {
-        bail_input!(
-            "{p}: {} bytes is shorter than the {HEADER_BYTES}-byte .bin header",
-            bytes.len()
-        );
-    }
-    let header = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
-    let (magic, version, count) = (header(0), header(1), header(2));
-    if magic != BIN_MAGIC {
-        bail_input!("{p}: bad .bin magic {magic} (expected {BIN_MAGIC}); not an llm.c token file");
-    }
-    if version != BIN_VERSION {
-        bail_input!("{p}: unsupported .bin version {version} (expected {BIN_VERSION}, uint16 tokens)");
-    }
-    if count < 0 {
-        bail_input!("{p}: negative token count {count} in the .bin header");
-    }
-    let count = count as usize;
-    let expected = HEADER_BYTES + 2 * count;
-    if bytes.len() != expected {
-        bail_input!(
-            "{p}: header says {count} tokens, so the file should be {expected} bytes, but it is {} bytes",
-            bytes.len()
-        );
-    }
-    let tokens: Vec<u32> = bytes[HEADER_BYTES..]
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
-        .collect();
-    if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab_size) {
-        // `tokenize` writes GPT-2 tokens by default, `train` reads bytes by default.
-        let gpt2 = crate::tokenizer::GPT2_VOCAB;
-        let hint = match tokens.iter().all(|&t| (t as usize) < gpt2) && vocab_size < gpt2 {
-            true => " (GPT-2 tokens? train on them with --tokenizer gpt2)",
-            false => "",
-        };
-        bail_input!("{p}: token {t} at index {i} is outside the vocabulary of {vocab_size}{hint}");
-    }
-    Ok(tokens)
-}
-
-/// Tokens from `path`: an llm.c `.bin` file (recognised by its magic or a `.bin` extension)
-/// is read as is; anything else must be UTF-8 text and is encoded with `tok`.
-pub fn load_tokens(path: &Path, tok: &Tokenizer) -> Result<Vec<u32>> {
-    let p = path.display();
-    // A device (/dev/zero) never ends, a FIFO may never be written: neither is opened.
-    crate::input::refuse_special(path, "a corpus file")?;
-    let bytes = fs::read(path).map_err(io_err(path))?;
-    if bytes.is_empty() {
-        bail_input!("{p}: file is empty");
-    }
-    let has_magic = bytes.len() >= 4 && bytes[..4] == BIN_MAGIC.to_le_bytes();
-    let tokens = if has_magic || path.extension().is_some_and(|e| e == "bin") {
-        parse_bin(path, &bytes, tok.vocab_size())?
-    } else {
-        match std::str::from_utf8(&bytes) {
-            Ok(text) => tok.encode(text).map_err(|e| Error::Input(format!("{p}: {e}")))?,
-            Err(e) => bail_input!(
-                "{p}: neither UTF-8 text (invalid byte at offset {}) nor an llm.c .bin token file",
-                e.valid_up_to()
-            ),
-        }
-    };
-    if tokens.is_empty() {
-        bail_input!("{p}: contains no tokens");
-    }
-    Ok(tokens)
-}
-
-/// Which corpus a run trained on, as its checkpoints record it, so that a resumed run can refuse
-/// another: the file's name, its size and the xxHash64 of its first and of its last MiB (of the
-/// whole of a smaller file), which reads two MiB of a corpus of any size.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DataIdentity {
-    /// The file's name, without its directory (shown in messages; not compared).
-    pub name: String,
-    pub bytes: u64,
-    /// xxHash64 (seed 0) of the first MiB, as `0x` and 16 hex digits.
-    pub head_xxh64: String,
-    /// xxHash64 (seed 0) of the last MiB, as `0x` and 16 hex digits.
-    pub tail_xxh64: String,
-}
-
-impl DataIdentity {
-    /// The bytes hashed at each end: a MiB.
-    const PART: u64 = 1 << 20;
-
-    /// The identity of the corpus at `path` (a regular file, as [`load_tokens`] wants).
-    pub fn of(path: &Path) -> Result<Self> {
-        use std::io::{Read, Seek, SeekFrom};
-        const MIB: u64 = DataIdentity::PART;
-        crate::input::refuse_special(path, "a corpus file")?;
-        let mut file = fs::File::open(path).map_err(io_err(path))?;
-        let bytes = file.metadata().map_err(io_err(path))?.len();
-        let mut hash_from = |at: u64| -> std::io::Result<String> {
-            let mut part = Vec::new();
-            file.seek(SeekFrom::Start(at))?;
-            (&mut file).take(MIB).read_to_end(&mut part)?;
-            Ok(format!("{:#018x}", xxhash_rust::xxh64::xxh64(&part, 0)))
-        };
-        let head_xxh64 = hash_from(0).map_err(io_err(path))?;
-        let tail_xxh64 = hash_from(bytes.saturating_sub(MIB)).map_err(io_err(path))?;
-        let name = path
-            .file_name()
-            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        Ok(DataIdentity {
-            name,
-            bytes,
-            head_xxh64,
-            tail_xxh64,
-        })
-    }
-
-    /// Whether `other` holds the same data: its size and both hashes (a corpus moved or
-    /// renamed is the same corpus).
-    pub fn same_data(&self, other: &DataIdentity) -> bool {
-        (self.bytes, &self.head_xxh64, &self.tail_xxh64) == (other.bytes, &other.head_xxh64, &other.tail_xxh64)
-    }
-}
-
-impl std::fmt::Display for DataIdentity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (name, bytes) = (&self.name, self.bytes);
-        match bytes <= DataIdentity::PART {
-            true => write!(f, "{name} ({bytes} bytes, xxh64 {})", self.head_xxh64),
-            false => write!(
-                f,
-                "{name} ({bytes} bytes, xxh64 of its first and last MiB {} and {})",
-                self.head_xxh64, self.tail_xxh64
-            ),
-        }
-    }
-}
 
 /// Training and validation tokens: the validation set is the tail of the corpus.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -226,6 +65,102 @@ pub fn split(mut tokens: Vec<u32>, val_fraction: f32, seq_len: usize) -> Result<
 pub struct DataCursor {
     pub epoch: u64,
     pub step_in_epoch: u64,
+}
+
+impl DataCursor {
+    /// The cursor one global batch on, in epochs of `steps_per_epoch` steps.
+    pub fn after_step(self, steps_per_epoch: u64) -> DataCursor {
+        match self.step_in_epoch + 1 == steps_per_epoch {
+            true => DataCursor {
+                epoch: self.epoch + 1,
+                step_in_epoch: 0,
+            },
+            false => DataCursor {
+                epoch: self.epoch,
+                step_in_epoch: self.step_in_epoch + 1,
+            },
+        }
+    }
+}
+
+/// The order an epoch visits its windows in, which a checkpoint's data cursor counts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataOrder {
+    /// A Fisher–Yates shuffle of `(seed, epoch)` ([`epoch_order`]): one file held in memory.
+    FisherYates,
+    /// The keyed permutation of [`order::WindowOrder`]: shards streamed.
+    Feistel,
+}
+
+impl DataOrder {
+    /// The name checkpoints record.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataOrder::FisherYates => "fisher-yates",
+            DataOrder::Feistel => "feistel-v1",
+        }
+    }
+
+    /// The order a checkpoint records; one that records none (written before orders were
+    /// recorded) is Fisher–Yates, the only order there was.
+    pub fn from_checkpoint(name: Option<&str>) -> Result<DataOrder> {
+        match name {
+            None | Some("fisher-yates") => Ok(DataOrder::FisherYates),
+            Some("feistel-v1") => Ok(DataOrder::Feistel),
+            Some(other) => bail_input!(
+                "cannot resume: the checkpoint's data order {:?} is not one this build knows (fisher-yates, feistel-v1)",
+                other
+            ),
+        }
+    }
+
+    /// How a run of this order reads its data, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            DataOrder::FisherYates => "one file held in memory, its windows shuffled by Fisher–Yates",
+            DataOrder::Feistel => "shards streamed, their windows in a keyed permutation",
+        }
+    }
+}
+
+/// What [`Batches`] draws from: a run's batches in order, from any cursor.
+pub trait BatchSource: Send {
+    /// This rank's share of the next global batch; moves the cursor.
+    fn next_batch(&mut self) -> Result<Batch>;
+    fn cursor(&self) -> DataCursor;
+    /// Resume from a saved cursor. The checkpoint must come from a run over the same windows
+    /// with the same seq-len and batch size, which is what makes `step_in_epoch` meaningful.
+    fn set_cursor(&mut self, c: DataCursor) -> Result<()>;
+    /// Global batches per epoch.
+    fn steps_per_epoch(&self) -> u64;
+    fn num_windows(&self) -> u64;
+}
+
+/// Refuses a cursor past the end of an epoch of `steps` steps.
+fn check_cursor(c: DataCursor, steps: u64) -> Result<()> {
+    if c.step_in_epoch >= steps {
+        bail_input!(
+            "data cursor step {} is past the {steps} steps of an epoch; was the checkpoint made with other data or batch size?",
+            c.step_in_epoch
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a batch shape that cannot be cut into windows and spread over the ranks.
+fn check_shape(seq_len: usize, global_batch: usize, rank: usize, world: usize) -> Result<()> {
+    if seq_len == 0 || global_batch == 0 || world == 0 {
+        bail_input!(
+            "sequence length ({seq_len}), batch size ({global_batch}) and world size ({world}) must be positive"
+        );
+    }
+    if rank >= world {
+        bail_input!("rank {rank} is outside a world of {world} ranks");
+    }
+    if !global_batch.is_multiple_of(world) {
+        bail_input!("global batch size {global_batch} is not divisible by the number of ranks {world}");
+    }
+    Ok(())
 }
 
 /// One rank's share of a batch: `rows * seq_len` ids each, row-major; `targets` are `inputs`
@@ -288,17 +223,7 @@ impl Loader {
         seed: u64,
     ) -> Result<Loader> {
         let tokens = tokens.into();
-        if seq_len == 0 || global_batch == 0 || world == 0 {
-            bail_input!(
-                "sequence length ({seq_len}), batch size ({global_batch}) and world size ({world}) must be positive"
-            );
-        }
-        if rank >= world {
-            bail_input!("rank {rank} is outside a world of {world} ranks");
-        }
-        if !global_batch.is_multiple_of(world) {
-            bail_input!("global batch size {global_batch} is not divisible by the number of ranks {world}");
-        }
+        check_shape(seq_len, global_batch, rank, world)?;
         let num_windows = tokens.len().saturating_sub(1) / seq_len;
         if num_windows < global_batch {
             bail_input!(
@@ -354,12 +279,9 @@ impl Loader {
         for &w in &self.order[start..start + self.local_batch] {
             push_window(&mut batch, &self.tokens, w, self.seq_len);
         }
-        self.cursor.step_in_epoch += 1;
-        if self.cursor.step_in_epoch == self.steps_per_epoch() {
-            self.cursor = DataCursor {
-                epoch: self.cursor.epoch + 1,
-                step_in_epoch: 0,
-            };
+        let epoch = self.cursor.epoch;
+        self.cursor = self.cursor.after_step(self.steps_per_epoch());
+        if self.cursor.epoch != epoch {
             self.shuffle_for(self.cursor.epoch, self.num_windows());
         }
         batch
@@ -372,13 +294,7 @@ impl Loader {
     /// Resume from a saved cursor. The checkpoint must come from a run over the same tokens
     /// with the same seq-len and batch size, which is what makes `step_in_epoch` meaningful.
     pub fn set_cursor(&mut self, c: DataCursor) -> Result<()> {
-        let steps = self.steps_per_epoch();
-        if c.step_in_epoch >= steps {
-            bail_input!(
-                "data cursor step {} is past the {steps} steps of an epoch; was the checkpoint made with other data or batch size?",
-                c.step_in_epoch
-            );
-        }
+        check_cursor(c, self.steps_per_epoch())?;
         if c.epoch != self.cursor.epoch {
             self.shuffle_for(c.epoch, self.num_windows());
         }
@@ -389,6 +305,28 @@ impl Loader {
     /// Epochs completed, fractional: `epoch + step_in_epoch / steps_per_epoch`.
     pub fn epochs_done(&self) -> f64 {
         self.cursor.epoch as f64 + self.cursor.step_in_epoch as f64 / self.steps_per_epoch() as f64
+    }
+}
+
+impl BatchSource for Loader {
+    fn next_batch(&mut self) -> Result<Batch> {
+        Ok(Loader::next_batch(self))
+    }
+
+    fn cursor(&self) -> DataCursor {
+        Loader::cursor(self)
+    }
+
+    fn set_cursor(&mut self, c: DataCursor) -> Result<()> {
+        Loader::set_cursor(self, c)
+    }
+
+    fn steps_per_epoch(&self) -> u64 {
+        Loader::steps_per_epoch(self)
+    }
+
+    fn num_windows(&self) -> u64 {
+        Loader::num_windows(self) as u64
     }
 }
 
