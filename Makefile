@@ -99,9 +99,9 @@ char-model: deps
 	$(CARGO) build --release -p stage0_serial
 	BIN=$(BIN)/stage0_serial RUN=$(RUN_DIR)/shakespeare-char data/make-char-model.sh
 
-# data/docs-gpt2.bin: >= 10M GPT-2 tokens of the documentation Debian ships (linux-doc and
-# python3-doc, installed on first use), for the run at the used-by scale
-# (gpu/corpus-run.sh). Ignored by git: 24 MB, made again by this target.
+# data/docs-gpt2/: >= 10M GPT-2 tokens of the documentation Debian ships (linux-doc and
+# python3-doc, installed on first use) in llm.c shards of 1M tokens (`tokenize --output-dir`),
+# for the run at the used-by scale. Ignored by git: 24 MB, made again by this target.
 docs-corpus: deps
 	$(CARGO) build --release -p stage0_serial
 	BIN=$(BIN)/stage0_serial data/make-docs-corpus.sh

@@ -2,11 +2,12 @@
 # Training at scale on the docs corpus: GPT-2 124M on N GPUs for whole epochs, and the same
 # set-up's first steps on N GPUs equal to one GPU's.
 #
-#   gpu/corpus-run.sh [N] [--epochs E] [--parity-steps S] [--parity-part 1|2] [--data FILE]
+#   gpu/corpus-run.sh [N] [--epochs E] [--parity-steps S] [--parity-part 1|2] [--data DIR|FILE]
 #                     [--stage3-flags "FLAGS"]
 #
-# Needs data/docs-gpt2.bin (`make docs-corpus`: over 10M GPT-2 tokens; a data/docs-gpt2.bin.gz
-# beside it is unpacked first). N: GPUs (default: every GPU nvidia-smi lists).
+# Needs data/docs-gpt2/ (`make docs-corpus`: over 10M GPT-2 tokens in llm.c shards, its
+# *_val_* shard the validation set), or with --data a single .bin file (its last 10% held out;
+# a FILE.gz beside it is unpacked first). N: GPUs (default: every GPU nvidia-smi lists).
 # 1. bf16: `mpirun -n N stage3_mpi_cuda train`, B=16 a GPU (global batch 16N), T=1024, lr 6e-4
 #    with a warm-up over 5% of the run, E epochs (default 1), evaluated about 10 times an epoch,
 #    a 64-token sample at each evaluation.
@@ -31,7 +32,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 args=("$@")
-n='' epochs=1 parity_steps=200 part=0 data=data/docs-gpt2.bin stage3_flags=''
+n='' epochs=1 parity_steps=200 part=0 data=data/docs-gpt2 stage3_flags=''
 while [ $# -gt 0 ]; do
   case $1 in
     --epochs) epochs=$2; shift ;;
@@ -48,23 +49,36 @@ done
 case $part in 0|1|2) ;; *) gpu_die "--parity-part must be 1 or 2" ;; esac
 [ "$part" != 0 ] && [ -z "${GPU_LOGS:-}" ] && gpu_die "--parity-part needs GPU_LOGS=DIR (the same for both parts)"
 gpu_setup "${args[@]}"
-[ -f "$data" ] || [ ! -f "$data.gz" ] || gunzip -k "$data.gz"
-[ -f "$data" ] || gpu_die "$data is missing: \`make docs-corpus\` makes it"
+[ -e "$data" ] || [ ! -f "$data.gz" ] || gunzip -k "$data.gz"
+[ -e "$data" ] || gpu_die "$data is missing: \`make docs-corpus\` makes it"
 found=$(gpu_count)
 n=${n:-$found}
 { [ "$n" -ge 1 ] && [ "$n" -le "$found" ]; } || gpu_die "asked for $n GPUs, nvidia-smi lists $found"
 s2=$(gpu_bin stage2_cuda) s3=$(gpu_bin stage3_mpi_cuda)
 read -r -a s3flags <<<"$stage3_flags"
-tokens=$(( ($(stat -c %s "$data") - 1024) / 2 ))
 batch=$((16 * n))
-steps=$(( tokens * 9 / 10 / 1024 / batch ))        # an epoch: 90% of the windows (the default validation split)
+if [ -d "$data" ]; then
+  # Shards: the training shards' windows (none spans two shards) make an epoch.
+  tokens=0 windows=0
+  for f in "$data"/*.bin; do
+    case $f in *_val_*) continue ;; esac
+    t=$(( ($(stat -c %s "$f") - 1024) / 2 ))
+    tokens=$((tokens + t)) windows=$((windows + (t - 1) / 1024))
+  done
+  sha=$(cat "$data"/*.bin | sha256sum | cut -c1-16)
+else
+  tokens=$(( ($(stat -c %s "$data") - 1024) / 2 ))
+  windows=$(( tokens * 9 / 10 / 1024 ))             # 90% of the windows (the default validation split)
+  sha=$(sha256sum "$data" | cut -c1-16)
+fi
+steps=$(( windows / batch ))                        # an epoch
 every=$(( steps / 10 > 0 ? steps / 10 : 1 ))
 warmup=$(( steps * epochs / 20 > 0 ? steps * epochs / 20 : 1 ))
 runs=$GPU_LOGS/runs
 one_gpu=fp32-1gpu-accum$n
 common=(--data "$data" --model gpt2 --tokenizer gpt2 --seq-len 1024 --lr 6e-4 --seed 1337)
 parity=(--batch "$batch" --eval-every 20 --warmup 20 --sample-len 0 --precision fp32)
-echo "{\"kind\": \"corpus\", \"data\": \"$data\", \"tokens\": $tokens, \"sha256\": \"$(sha256sum "$data" | cut -c1-16)\", \"gpus\": $n, \"epochs\": $epochs, \"stage3_flags\": \"$stage3_flags\"}" >>"$GPU_ROWS"
+echo "{\"kind\": \"corpus\", \"data\": \"$data\", \"tokens\": $tokens, \"sha256\": \"$sha\", \"gpus\": $n, \"epochs\": $epochs, \"stage3_flags\": \"$stage3_flags\"}" >>"$GPU_ROWS"
 status=0
 train() {  # name limit command...: one run into $runs/name
   local name=$1 limit=$2 t0=$SECONDS; shift 2

@@ -473,21 +473,89 @@ fn prompts(args: &GenerateArgs) -> Result<Vec<String>> {
 }
 
 fn tokenize_cmd(args: &TokenizeArgs) -> Result<()> {
-    if crate::input::same_file(&args.input, &args.output) {
+    match (&args.output, &args.output_dir) {
+        (Some(output), _) => tokenize_file(args, output),
+        (None, Some(dir)) => tokenize_shards(args, dir),
+        (None, None) => crate::bail_input!("tokenize: give --output FILE or --output-dir DIR"),
+    }
+}
+
+/// `tokenize --output FILE`: one text file's tokens as they are.
+fn tokenize_file(args: &TokenizeArgs, output: &Path) -> Result<()> {
+    let input = match args.input.as_slice() {
+        [one] if !data::shards::is_pattern(one) && !one.is_dir() => one,
+        _ => crate::bail_input!(
+            "--output writes one text file's tokens: for a directory, a pattern or several files give --output-dir DIR"
+        ),
+    };
+    if crate::input::same_file(input, output) {
         crate::bail_input!(
             "--output {} is the --input file: the tokens would replace the text; give another path",
-            args.output.display()
+            output.display()
         );
     }
     let tok = Tokenizer::new(args.tokenizer)?;
-    let tokens = data::load_tokens(&args.input, &tok)?;
-    data::write_bin(&args.output, &tokens)?;
+    let tokens = data::load_tokens(input, &tok)?;
+    data::write_bin(output, &tokens)?;
     crate::say!(
         "{}: {} tokens ({}) written to {}",
-        args.input.display(),
+        input.display(),
         tokens.len(),
         args.tokenizer.name(),
-        args.output.display()
+        output.display()
+    );
+    Ok(())
+}
+
+/// `tokenize --output-dir DIR`: documents into llm.c shards (see [`data::sharding`]).
+fn tokenize_shards(args: &TokenizeArgs, dir: &Path) -> Result<()> {
+    use data::sharding;
+    const LLMC_SHARD_TOKENS: u64 = 100_000_000;
+    let tok = Tokenizer::new(args.tokenizer)?;
+    if tok.end_of_text().is_none() {
+        crate::bail_input!(
+            "--tokenizer {} has no <|endoftext|> to put before each document: use --tokenizer gpt2 with --output-dir",
+            args.tokenizer.name()
+        );
+    }
+    let shard_tokens = args.shard_tokens.unwrap_or(LLMC_SHARD_TOKENS);
+    let spec = sharding::ShardSpec {
+        dir: dir.to_path_buf(),
+        prefix: match &args.prefix {
+            Some(p) => p.clone(),
+            None => dir
+                .file_name()
+                .map_or_else(|| "shard".to_string(), |n| n.to_string_lossy().into_owned()),
+        },
+        shard_tokens,
+        val_tokens: args.val_tokens.unwrap_or(shard_tokens),
+    };
+    let documents = sharding::documents(&args.input)?;
+    sharding::check_destination(&spec, &documents)?;
+    let threads = match args.threads {
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::Device(format!("cannot start {threads} threads: {e}")))?;
+    let started = std::time::Instant::now();
+    let bar = crate::report::progress::bytes_bar(documents.iter().map(|d| d.bytes).sum());
+    let written = sharding::write_shards(&documents, &tok, &spec, &pool, &bar);
+    bar.finish_and_clear();
+    let written = written?;
+    let seconds = started.elapsed().as_secs_f64();
+    crate::say!(
+        "{} documents, {} tokens ({}; {} validation), {} shards in {}, {:.1} s, {:.0} tokens/s",
+        written.documents,
+        written.tokens,
+        args.tokenizer.name(),
+        written.val_tokens,
+        written.shards.len(),
+        dir.display(),
+        seconds,
+        written.tokens as f64 / seconds.max(1e-9)
     );
     Ok(())
 }

@@ -752,6 +752,77 @@ const CASES: &[(&str, &str, &str)] = &[
         "tokenize --input corpus.txt --output corpus-link.txt",
         "--input",
     ),
+    // Documents into shards (`tokenize --output-dir`).
+    (
+        "tokenize: a pattern that matches no document",
+        "tokenize --input docs/*.md --output-dir o",
+        "matches no file",
+    ),
+    (
+        "tokenize: a directory that holds no document",
+        "tokenize --input emptydir --output-dir o",
+        "no file",
+    ),
+    (
+        "tokenize: a FIFO among the documents",
+        "tokenize --input docs pipe --output-dir o",
+        "FIFO",
+    ),
+    (
+        "tokenize: a document that is not UTF-8",
+        "tokenize --input docs binary.dat --output-dir o",
+        "UTF-8",
+    ),
+    (
+        "tokenize: shards into a directory that holds shards",
+        "tokenize --input docs --output-dir shards",
+        "already holds",
+    ),
+    (
+        "tokenize: shards into the directory of the documents",
+        "tokenize --input docs --output-dir docs",
+        "holds the input",
+    ),
+    (
+        "tokenize: shards into a file",
+        "tokenize --input docs --output-dir empty.txt",
+        "not a directory",
+    ),
+    (
+        "tokenize: shards of no tokens",
+        "tokenize --input docs --output-dir o --shard-tokens 0",
+        "--shard-tokens",
+    ),
+    (
+        "tokenize: shards larger than the .bin header counts",
+        "tokenize --input docs --output-dir o --shard-tokens 4294967296",
+        "--shard-tokens",
+    ),
+    (
+        "tokenize: validation takes every document",
+        "tokenize --input docs --output-dir o --val-tokens 1000000",
+        "--val-tokens",
+    ),
+    (
+        "tokenize: a prefix that reads as validation",
+        "tokenize --input docs --output-dir o --prefix web_val_",
+        "_val_",
+    ),
+    (
+        "tokenize: shards with the byte tokenizer (no end-of-text token)",
+        "tokenize --input docs --output-dir o --tokenizer byte",
+        "endoftext",
+    ),
+    (
+        "tokenize: a directory into one .bin",
+        "tokenize --input docs --output out.bin",
+        "--output-dir",
+    ),
+    (
+        "tokenize: shard flags with --output",
+        "tokenize --input corpus.txt --output out.bin --shard-tokens 1000",
+        "--shard-tokens",
+    ),
     // Flags that would change nothing, or the run's data without a word.
     (
         "a warmup longer than the run",
@@ -813,6 +884,11 @@ fn fixtures() -> PathBuf {
     );
     write(&dir, "infinite.tsv", b"threads\tspeed\n1\tinf\n2\t3\n");
     write(&dir, "huge.tsv", b"threads\tspeed\n1\t1e308\n2\t-1e308\n");
+    // Documents for `tokenize --output-dir`, and a directory without any.
+    std::fs::create_dir_all(dir.join("docs")).unwrap();
+    std::fs::create_dir_all(dir.join("emptydir")).unwrap();
+    write(&dir.join("docs"), "a.txt", text.as_bytes());
+    write(&dir.join("docs"), "b.txt", b"JULIET:\nO Romeo, Romeo!\n");
     std::fs::create_dir_all(dir.join("badloss")).unwrap();
     let losses = b"epoch\ttrain_loss\tval_loss\tbad_steps\ttokens_per_s\telapsed_s\n1.0\t2.5\tx\t0\t100\t1.0\n";
     write(&dir.join("badloss"), "loss.tsv", losses);

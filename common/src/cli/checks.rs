@@ -236,6 +236,23 @@ pub(super) fn at_least_one_u64(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `tokenize --shard-tokens`: at least 1, at most the .bin header's i32 count.
+pub(super) fn shard_tokens(s: &str) -> Result<u64, String> {
+    match number::<u64>(s)? {
+        0 => Err("must be at least 1".into()),
+        n if n > i32::MAX as u64 => Err(format!("must be at most {} (the .bin header's count)", i32::MAX)),
+        n => Ok(n),
+    }
+}
+
+/// `tokenize --val-tokens`: 0 (no validation shard) up to the .bin header's i32 count.
+pub(super) fn val_tokens(s: &str) -> Result<u64, String> {
+    match number::<u64>(s)? {
+        n if n > i32::MAX as u64 => Err(format!("must be at most {} (the .bin header's count)", i32::MAX)),
+        n => Ok(n),
+    }
+}
+
 /// The most steps `bench` and `mnist --bench` time, and the most they run first untimed.
 pub const MAX_BENCH_STEPS: u64 = 1_000_000;
 

@@ -16,7 +16,8 @@ use crate::mnist::{BenchSettings, OptimizerKind, RunSettings};
 use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
     at_least_one, at_least_one_u64, bench_steps, bench_warmup, fraction_f32, kernel_tokens, mass_f32, message_mb,
-    non_negative_f32, open_fraction_f32, positive_f32, positive_f64, thread_count, token_count, zero_stage,
+    non_negative_f32, open_fraction_f32, positive_f32, positive_f64, shard_tokens, thread_count, token_count,
+    val_tokens, zero_stage,
 };
 
 use clap::{Args, Parser, Subcommand};
@@ -105,7 +106,8 @@ pub enum Command {
     /// Turn a Hugging Face GPT-2 directory (config.json and model.safetensors) into a
     /// checkpoint, to generate from or to fine-tune with `train --init-from`.
     Import(ImportArgs),
-    /// Tokenize a text file into llm.c's .bin format (uint16 tokens).
+    /// Tokenize a text file into llm.c's .bin format (uint16 tokens), or a corpus of documents
+    /// (one a file) into llm.c shards of --shard-tokens, in parallel (--output-dir).
     Tokenize(TokenizeArgs),
     /// Time training steps on random tokens; prints one JSON line last.
     Bench(BenchArgs),
@@ -692,13 +694,37 @@ pub struct ImportArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("destination").required(true).args(["output", "output_dir"])))]
 pub struct TokenizeArgs {
-    /// UTF-8 text file.
+    /// With --output: one UTF-8 text file. With --output-dir: the documents, one a file:
+    /// text files, directories (every file under them) and quoted patterns
+    /// ('docs/**/*.txt'), taken in the sorted order of their paths.
+    #[arg(long, value_name = "PATH", required = true, num_args = 1..)]
+    pub input: Vec<PathBuf>,
+    /// Output .bin (llm.c layout: 256 int32 header, then uint16 tokens) holding the file's
+    /// tokens as they are.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["output_dir", "shard_tokens", "val_tokens", "prefix", "threads"])]
+    pub output: Option<PathBuf>,
+    /// Write llm.c shards here (created if missing; refused where it holds .bin files):
+    /// PREFIX_val_000000.bin, then PREFIX_train_000001.bin, ...; <|endoftext|> before each
+    /// document. `train --data DIR` reads them.
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// With --output-dir: tokens per training shard; the last holds the rest
+    /// [default: 100000000, llm.c's].
+    #[arg(long, value_name = "N", value_parser = shard_tokens)]
+    pub shard_tokens: Option<u64>,
+    /// With --output-dir: the validation shard takes whole documents from the first until
+    /// it holds at least N tokens; 0: no validation shard [default: --shard-tokens].
+    #[arg(long, value_name = "N", value_parser = val_tokens)]
+    pub val_tokens: Option<u64>,
+    /// With --output-dir: the shards' names begin with this [default: the directory's name].
     #[arg(long)]
-    pub input: PathBuf,
-    /// Output .bin (llm.c layout: 256 int32 header, then uint16 tokens).
-    #[arg(long)]
-    pub output: PathBuf,
+    pub prefix: Option<String>,
+    /// With --output-dir: documents tokenized at once, at most 4 per core [default: the
+    /// host's cores]. The shards do not depend on it.
+    #[arg(long, value_parser = thread_count)]
+    pub threads: Option<usize>,
     #[arg(long, value_enum, default_value_t = crate::tokenizer::TokenizerKind::Gpt2)]
     pub tokenizer: crate::tokenizer::TokenizerKind,
 }

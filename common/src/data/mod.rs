@@ -4,6 +4,7 @@
 //!
 //! - [`bin`]: the `.bin` format, whole files and headers;
 //! - [`shards`]: what `--data` and `--val-data` name, resolved into files;
+//! - [`sharding`]: text documents into shards (`tokenize --output-dir`);
 //! - [`order`]: the keyed permutation that orders a streamed corpus's windows;
 //! - [`stream`]: batches read from shards, and the thread that prepares them ahead;
 //! - here: the in-memory [`Loader`] (one file, Fisher–Yates), the split, evaluation batches.
@@ -11,6 +12,7 @@
 pub mod bin;
 mod identity;
 pub mod order;
+pub mod sharding;
 pub mod shards;
 pub mod stream;
 

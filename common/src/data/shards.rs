@@ -168,13 +168,13 @@ impl DataPlan {
 
 /// Whether `arg` is a pattern (as llm.c's `-i`) rather than a path: it holds a wildcard and
 /// names no existing file.
-fn is_pattern(arg: &Path) -> bool {
+pub(crate) fn is_pattern(arg: &Path) -> bool {
     let s = arg.to_string_lossy();
     s.contains(['*', '?', '[']) && fs::symlink_metadata(arg).is_err()
 }
 
 /// The files `pattern` matches, sorted by name; none is refused.
-fn expand(pattern: &Path, flag: &str) -> Result<Vec<PathBuf>> {
+pub(crate) fn expand(pattern: &Path, flag: &str) -> Result<Vec<PathBuf>> {
     let text = pattern.to_string_lossy();
     let matches = glob::glob(&text)
         .map_err(|e| crate::error::Error::Input(format!("{flag} {text}: not a valid pattern ({})", e.msg)))?;
@@ -193,7 +193,7 @@ fn expand(pattern: &Path, flag: &str) -> Result<Vec<PathBuf>> {
 }
 
 /// A validation shard's name: llm.c's `*_val_*`.
-fn is_val_shard(path: &Path) -> bool {
+pub(crate) fn is_val_shard(path: &Path) -> bool {
     path.file_name().is_some_and(|n| n.to_string_lossy().contains("_val_"))
 }
 
