@@ -417,7 +417,7 @@ pub fn load_meta(path: &Path) -> Result<CheckpointMeta> {
 }
 
 /// The three arrays with their names, for errors.
-fn named<'a>(arrays: [&'a [f32]; 3]) -> impl Iterator<Item = (&'a str, &'a [f32])> {
+fn named(arrays: [&[f32]; 3]) -> impl Iterator<Item = (&str, &[f32])> {
     ["params", "m", "v"].into_iter().zip(arrays)
 }
 

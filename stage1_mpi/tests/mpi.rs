@@ -538,7 +538,9 @@ fn rank_0_commands_and_the_environment_fail_in_one_line() {
     let mut from_fifo = train_args(fifo.to_str().unwrap(), &d.join("run"), &["--steps", "5"]);
     set_flag(&mut from_fifo, "--batch", "3"); // one row on each of the 3 ranks
     let args = |line: &[&str]| line.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let cases: Vec<(Vec<String>, Vec<(&str, &str)>, &str)> = vec![
+    // (arguments, environment, the message's words)
+    type Case<'a> = (Vec<String>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (from_fifo, vec![], "named pipe (FIFO), not a corpus file"),
         (
             args(&["generate", "--checkpoint", missing.to_str().unwrap()]),

@@ -269,6 +269,8 @@ impl NcclComm {
     /// unique id, MPI broadcasts its 128 bytes) and keeps `mpi` for host-side collectives.
     /// On an error `mpi` comes back, for the ranks to leave together (see `app::fail`): an
     /// error every rank met alike (no GPU, no driver) is then one line.
+    // The error hands back the MPI communicator itself (large, and used once, to leave).
+    #[allow(clippy::result_large_err)]
     pub fn init(mpi: MpiComm) -> std::result::Result<Self, (Error, MpiComm)> {
         match Self::open(&mpi) {
             Ok(o) => Ok(NcclComm {
