@@ -498,7 +498,7 @@ pub fn step_stats(state: Span, history: Span, history_len: usize) -> (F, F) {
 }
 
 /// The elements the segments cover (they must follow each other from 0).
-pub fn segments_len(op: &str, segments: &[(Range<usize>, bool)]) -> usize {
+fn segments_len(op: &str, segments: &[(Range<usize>, bool)]) -> usize {
     let mut end = 0;
     for (range, _) in segments {
         assert_eq!(range.start, end, "{op}: segments must follow each other from 0");
