@@ -18,6 +18,16 @@ fn ops(op: &'static str, act: ActType) -> Operands {
     Operands::new(op, act)
 }
 
+/// `nh` heads split the C channels evenly.
+fn heads_divide(op: &str, c: usize, nh: usize) {
+    assert!(nh > 0 && c.is_multiple_of(nh), "{op}: {nh} heads do not divide C = {c}");
+}
+
+/// The V real columns fit in the Vp a row of logits holds.
+fn padded_vocab(op: &str, v: usize, vp: usize) {
+    assert!(v <= vp, "{op}: V = {v} above the padded Vp = {vp}");
+}
+
 pub fn zero<T: Elem>(dst: Span<T>, n: usize) -> DevPtr<T> {
     ops("zero", ActType::F32).write("dst", dst, n)
 }
@@ -277,10 +287,7 @@ pub fn attention_forward(
     c: usize,
     nh: usize,
 ) -> (A, F, A) {
-    assert!(
-        nh > 0 && c.is_multiple_of(nh),
-        "attention_forward: {nh} heads do not divide C = {c}"
-    );
+    heads_divide("attention_forward", c, nh);
     let mut o = ops("attention_forward", act);
     let (out, saved) = (o.write("out", out, b * t * c), o.write("saved", saved, saved_len));
     (out, saved, o.read("qkv", qkv, b * t * 3 * c))
@@ -300,10 +307,7 @@ pub fn attention_backward(
     c: usize,
     nh: usize,
 ) -> (A, Option<F>, A, A, A, F) {
-    assert!(
-        nh > 0 && c.is_multiple_of(nh),
-        "attention_backward: {nh} heads do not divide C = {c}"
-    );
+    heads_divide("attention_backward", c, nh);
     let mut o = ops("attention_backward", act);
     let (dqkv, dbias) = (o.write("dqkv", dqkv, b * t * 3 * c), o.write_opt("dbias", dbias, 3 * c));
     let (dout, qkv, out) = (
@@ -327,10 +331,7 @@ pub fn attention_cached_forward(
     c: usize,
     nh: usize,
 ) -> (A, A, A, A, I) {
-    assert!(
-        nh > 0 && c.is_multiple_of(nh),
-        "attention_cached_forward: {nh} heads do not divide C = {c}"
-    );
+    heads_divide("attention_cached_forward", c, nh);
     assert!(
         t <= rows,
         "attention_cached_forward: {t} positions in a cache of {rows}"
@@ -432,7 +433,7 @@ pub fn crossentropy_forward(
     v: usize,
     vp: usize,
 ) -> (F, A, I) {
-    assert!(v <= vp, "crossentropy_forward: V = {v} above the padded Vp = {vp}");
+    padded_vocab("crossentropy_forward", v, vp);
     let mut o = ops("crossentropy_forward", act);
     let losses = o.write("losses", losses, bt);
     (
@@ -451,7 +452,7 @@ pub fn crossentropy_backward(
     v: usize,
     vp: usize,
 ) -> (A, A, I) {
-    assert!(v <= vp, "crossentropy_backward: V = {v} above the padded Vp = {vp}");
+    padded_vocab("crossentropy_backward", v, vp);
     let mut o = ops("crossentropy_backward", act);
     let dlogits = o.write("dlogits", dlogits, bt * vp);
     (
@@ -473,7 +474,7 @@ pub fn crossentropy_in_place(
     v: usize,
     vp: usize,
 ) -> (A, F, I) {
-    assert!(v <= vp, "{op}: V = {v} above the padded Vp = {vp}");
+    padded_vocab(op, v, vp);
     let mut o = ops(op, act);
     let (logits, losses) = (o.write("logits", logits, bt * vp), o.write("losses", losses, bt));
     (logits, losses, o.read("targets", targets, bt))
