@@ -108,8 +108,10 @@ docs-corpus: deps
 
 # Stage 0 and stage 1 (2 ranks) on the bundled corpus, same seed and global batch (with the
 # GPU stages' runs that gpu/stages.sh wrote into results/runs/), then
-# the side-by-side tables and plot in results/README.md.
+# the side-by-side tables and plot in results/README.md. The CPU stages' run folders are made
+# afresh (a run into an existing folder would keep the old one in earlier/).
 results: build
+	rm -rf results/runs/stage0 results/runs/stage1 results/runs/short-stage0 results/runs/short-stage1
 	$(BIN)/stage0_serial train $(TRAIN_FLAGS) --out results/runs/stage0
 	results/describe-machine.sh > results/runs/stage0/env.txt
 	mpirun -n $(NP) $(BIN)/stage1_mpi train $(TRAIN_FLAGS) --out results/runs/stage1
