@@ -24,8 +24,8 @@
 # About 2.5 min for the epoch on 4 x H200 and 1-2 min for the parity; the one-GPU side grows
 # with N (about 10 min at N=8).
 # Writes results/docs-run.md (machine header, the corpus and its sha256; each run's loss per
-# evaluation with tokens/s; the parity's worst difference and PASS/FAIL) and
-# results/docs-run.json, and the runs (loss.tsv, log.txt, env.txt; no checkpoints) in
+# evaluation with tokens/s, and the share of its time spent waiting for the data loader; the
+# parity's worst difference and PASS/FAIL) and results/docs-run.json, and the runs (loss.tsv, log.txt, env.txt; no checkpoints) in
 # results/runs/corpus-run/. Exits 1 if a run fails or the parity does not hold.
 set -euo pipefail
 # shellcheck source=gpu/lib.sh

@@ -172,7 +172,15 @@ def cmd_lossrows(a):
     except OSError:
         print(json.dumps({"kind": "run", "run": name, "failed": True, "error": tail(os.path.join(a.dir, "log.txt"))}))
         return
-    print(json.dumps({"kind": "run", "run": name, "rows": rows}))
+    row = {"kind": "run", "run": name, "rows": rows}
+    try:
+        with open(os.path.join(a.dir, "summary.json")) as f:
+            summary = json.load(f)
+        row.update(train_time_s=summary["train_time_s"], loader_wait_s=summary.get("loader_wait_s"),
+                   steps=summary["steps"])
+    except (OSError, KeyError, ValueError):
+        pass
+    print(json.dumps(row))
 
 
 def cmd_parity(a):
@@ -622,6 +630,10 @@ def t_docs_run(rows, a):
         cols = [k for k in ("epoch", "step", "train_loss", "val_loss", "tokens_per_s") if k in r["rows"][0]] if r["rows"] else []
         out += ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
         out += ["| " + " | ".join(x[k] for k in cols) + " |" for x in r["rows"]]
+        if r.get("loader_wait_s") is not None:
+            out += ["", f"Waiting for the data loader: {r['loader_wait_s']:.3f} s of {r['train_time_s']:.1f} s "
+                    f"({100 * r['loader_wait_s'] / r['train_time_s']:.3f}% of the run's time; "
+                    f"{1e3 * r['loader_wait_s'] / r['steps']:.3f} ms a step)."]
     p = next((r for r in rows if r.get("kind") == "parity"), None)
     if p:
         out += ["", f"Parity: stage 3 on {p['gpus']} GPUs against `stage2_cuda --grad-accum {p['gpus']}`, fp32: "

@@ -26,6 +26,10 @@ pub struct RunSummary {
     pub steps: u64,
     pub train_time_s: f64,
     pub train_tokens_per_s: f64,
+    /// Of `train_time_s`, the seconds rank 0 waited for its next batch from the data loader
+    /// (which prepares batches ahead on its own thread).
+    #[serde(default)]
+    pub loader_wait_s: f64,
     pub final_val_loss: f32,
     /// Tokens generated for the sample, and how long that took (inference time).
     pub sample_tokens: usize,

@@ -65,11 +65,14 @@ fn run_steps<B: Backend>(
 ) -> Result<()> {
     let local_batch = run.batch / comm.size();
     let grad_norm_steps = grad_norm_steps();
+    let mut loader_wait_s = 0.0;
     for step in run.start_step..run.total_steps {
         #[cfg(feature = "fault-injection")]
         fault::fail_if_asked(comm, step)?;
         session.starting(step)?;
+        let waiting = Instant::now();
         let batch = run.loader.next_batch()?;
+        loader_wait_s += waiting.elapsed().as_secs_f64();
         if let Some(d) = dump.as_mut() {
             d.add_batch(&batch)?;
         }
@@ -121,7 +124,7 @@ fn run_steps<B: Backend>(
         let (elapsed, tokens_per_s) = (session.elapsed(), tokens / session.step_time);
         // The last checkpoint is written: the memory its copy kept goes (sampling may want it).
         run.trainer.release_checkpoint_memory();
-        finish(run, args, elapsed, tokens_per_s, session.last_val)?;
+        finish(run, args, (elapsed, loader_wait_s), tokens_per_s, session.last_val)?;
     }
     Ok(())
 }
@@ -139,7 +142,7 @@ fn finish_dump(dump: Option<BatchDump>) -> Result<()> {
 fn finish<B: Backend>(
     run: &mut Run<B>,
     args: &TrainArgs,
-    train_time_s: f64,
+    (train_time_s, loader_wait_s): (f64, f64),
     tokens_per_s: f64,
     val: f32,
 ) -> Result<()> {
@@ -152,6 +155,7 @@ fn finish<B: Backend>(
         steps: run.total_steps,
         train_time_s,
         train_tokens_per_s: tokens_per_s,
+        loader_wait_s,
         final_val_loss: val,
         ..Default::default()
     };
