@@ -13,6 +13,11 @@
 #                           (GPT2_CUDA_GRAPH=0), and bf16 against torch.compile at GPT-2 medium
 #                           B=8, GPT-2 large B=8 and 124M at T=2048 B=8.  ~6 min on an H100.
 #   gpu/bench.sh --quick    124M bf16, ours against torch.compile only.  ~2 min.
+#   gpu/bench.sh --memory   peak memory and speed, bf16, at GPT-2 124M B=16, gpt2-medium B=8 and
+#                           gpt2-large B=8 (T=1024): ours with `--recompute none` and
+#                           `--recompute layernorm`, torch.compile, and with BIN_B=DIR build B's
+#                           stage2_cuda as it runs by default; rounds (default 1) in turns.
+#                           Writes results/gpu-memory.md.  ~5 min a round.
 #   BIN_B=DIR gpu/bench.sh --ab [--gpus N]
 #                           build A (the binaries gpu/lib.sh finds) against build B (the
 #                           binaries in DIR), 124M bf16, in alternating rounds (default 5; the
@@ -40,6 +45,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --quick) mode=quick ;;
     --ab) mode=ab ;;
+    --memory) mode=memory ;;
     --rounds) rounds=$2; shift ;;
     --steps) steps=$2; shift ;;
     --gpus) ngpus=$2; shift ;;
@@ -51,6 +57,7 @@ while [ $# -gt 0 ]; do
 done
 gpu_setup "${args[@]}"
 [ "$mode" = ab ] && rounds=${rounds:-5} steps=${steps:-20}
+[ "$mode" = memory ] && rounds=${rounds:-1}
 rounds=${rounds:-2} steps=${steps:-10}
 if [ $torch = yes ] && [ "$mode" != ab ] && ! gpu_has_torch; then
   gpu_say "PyTorch is not installed: ours only"; torch=no
@@ -104,6 +111,32 @@ if [ "$mode" = ab ]; then
     if [ $((r % 2)) = 1 ]; then one A "$r"; one B "$r"; else one B "$r"; one A "$r"; fi
   done
   gpu_table gpu-bench-ab --a "$(gpu_commit) ($a_dir)" --b "${COMMIT_B:-$b_dir} ($b_dir)"
+  exit $status
+fi
+
+if [ "$mode" = memory ]; then
+  b_dir=''; [ -n "${BIN_B:-}" ] && b_dir=$(cd "$BIN_B" && pwd) && gpu_bin stage2_cuda "$b_dir" >/dev/null
+  for r in $(seq "$rounds"); do
+    for s in "gpt2 16 1024" "gpt2-medium 8 1024" "gpt2-large 8 1024"; do
+      read -r m b t <<<"$s"
+      for what in none layernorm; do
+        # shellcheck disable=SC2046
+        gpu_run "ours-$what-$m-r$r" 300 side=ours variant="--recompute $what" round="$r" model="$m" batch="$b" \
+          seq_len="$t" -- "$s2" bench $(shape "$m" "$b" "$t" bf16) --recompute "$what" || status=1
+      done
+      if [ -n "$b_dir" ]; then
+        # shellcheck disable=SC2046
+        gpu_run "B-$m-r$r" 300 side=ours variant="build B (${COMMIT_B:-$b_dir})" round="$r" model="$m" batch="$b" \
+          seq_len="$t" -- "$b_dir/stage2_cuda" bench $(shape "$m" "$b" "$t" bf16) || status=1
+      fi
+      if [ $torch = yes ]; then
+        # shellcheck disable=SC2046
+        gpu_run "torch-compile-$m-r$r" 400 side=torch-compile variant=torch.compile round="$r" model="$m" \
+          batch="$b" seq_len="$t" -- python3 "$torch_py" $(shape "$m" "$b" "$t" bf16) --compile || status=1
+      fi
+    done
+  done
+  gpu_table gpu-memory
   exit $status
 fi
 

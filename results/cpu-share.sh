@@ -44,21 +44,27 @@ step_gflops() {
   pin "$BIN" bench --model char --vocab 256 --batch 16 --seq-len 128 --threads 2 --steps 30 --warmup 3 2>/dev/null | tail -1 \
     | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d["gflops"], d["tokens_per_s"])'
 }
+# Other processes' share of the machine while this runs (near 0: nothing else ran).
+busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+own() { sed 's/.*) //' /proc/$$/stat | awk '{print $12 + $13 + $14 + $15}'; }
+busy0=$(busy) own0=$(own) wall0=$(date +%s%N)
 : >"$work/rounds"
 for r in $(seq "$ROUNDS"); do
   echo "round $r/$ROUNDS" >&2
-  n=$(numpy_gflops); o=$(ours_gflops); read -r s tps < <(step_gflops)
+  n=$(numpy_gflops); o=$(ours_gflops); sg=$(step_gflops); read -r s tps <<<"$sg"
   echo "$n $o $s $tps" >>"$work/rounds"
 done
 train_s=None val=None
 if [ "$TRAIN" = 1 ]; then
   echo "the char model's 2 epochs (make run's job)" >&2
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   pin "$BIN" train --data data/tinyshakespeare.txt --model char --epochs 2 --batch 16 --seq-len 128 --lr 6e-3 \
     --warmup 30 --seed 1337 --eval-every 98 --threads 2 --sample-len 0 --out "$work/run" >/dev/null 2>&1
-  train_s=$(echo "$(date +%s.%N) - $t0" | bc)
+  train_s=$(( ($(date +%s%N) - t0) / 1000000 ))e-3
   val=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["final_val_loss"])' "$work/run/summary.json")
 fi
+others=$(awk -v b="$(( $(busy) - busy0 ))" -v o="$(( $(own) - own0 ))" -v hz="$(getconf CLK_TCK)" \
+  -v w="$(( $(date +%s%N) - wall0 ))" -v n="$(nproc)" 'BEGIN { x = (b - o) / hz / (w / 1e9 * n); printf "%.3f", x < 0 ? 0 : x }')
 mkdir -p results/cpu-share
 python3 - "$work/rounds" "results/cpu-share/$slug.json" <<EOF
 import json, statistics, sys
@@ -68,7 +74,7 @@ json.dump({"cpu": "$cpu", "simd": "$simd", "cpus": "$CPUS", "siblings": "$siblin
            "machine": """$(results/describe-machine.sh | sed 's/^Measured on: //')""",
            "rounds": rows, "numpy_gflops": med(0), "ours_gflops": med(1), "step_gflops": med(2),
            "step_tokens_per_s": med(3), "share_of_numpy": med(2) / med(0), "share_of_ours": med(2) / med(1),
-           "train_2_epochs_s": $train_s, "train_val_loss": $val}, open(sys.argv[2], "w"), indent=1)
+           "train_2_epochs_s": $train_s, "train_val_loss": $val, "others_share": $others, "cores": $(nproc)}, open(sys.argv[2], "w"), indent=1)
 EOF
 python3 - results/cpu-share/*.json >results/cpu-share.md <<'EOF'
 import json, sys
@@ -79,13 +85,15 @@ print("Written by `results/cpu-share.sh`, one row per machine (its JSON in `cpu-
       "in GFLOP/s as `bench` counts them. numpy: its 2048^3 product on 2 threads of its BLAS; ours: "
       "`bench --kernels --matmul-only`'s 2048^3 product. Medians of the rounds, run in turns. "
       "2 epochs: the char-model run of `make run` (its training alone, binary built), with its final "
-      "validation loss. Target: the step at >= 0.4 of numpy's rate.\n")
-print("| CPU (cores used; their hyperthread siblings) | numpy GEMM GFLOP/s | ours GFLOP/s | char step GFLOP/s | step / numpy | step / ours | char tokens/s | 2 epochs (s), val |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+      "validation loss. Load: the share of the machine's cores that other processes kept busy "
+      "meanwhile. Target: the step at >= 0.4 of numpy's rate.\n")
+print("| CPU (cores used; their hyperthread siblings) | numpy GEMM GFLOP/s | ours GFLOP/s | char step GFLOP/s | step / numpy | step / ours | char tokens/s | 2 epochs (s), val | load |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
     run = f"{r['train_2_epochs_s']:.1f}, {r['train_val_loss']:.3f}" if r.get("train_2_epochs_s") else "-"
     print(f"| {r['cpu']}, {r['simd']} ({r['cpus']}; {r['siblings']}), numpy's BLAS {r['blas']} | {r['numpy_gflops']:.0f} | {r['ours_gflops']:.0f} "
-          f"| {r['step_gflops']:.0f} | {r['share_of_numpy']:.2f} | {r['share_of_ours']:.2f} | {r['step_tokens_per_s']:,.0f} | {run} |")
+          f"| {r['step_gflops']:.0f} | {r['share_of_numpy']:.2f} | {r['share_of_ours']:.2f} | {r['step_tokens_per_s']:,.0f} | {run} "
+          f"| {100 * r['others_share']:.0f}% of {r['cores']} cores |")
 print("\nMeasured on:\n")
 for r in rows:
     print(f"- {r['cpu']}: {r['machine']}")

@@ -11,8 +11,9 @@
 # last the rest) and one validation shard of 1M, written under WORK (default: a temporary
 # directory, removed at the end) by numpy. The run: `stage0_serial train --data DIR --tokenizer
 # gpt2 --model tiny --max-seq-len 1024 --batch 16 --seq-len 1024 --steps 2 --threads 2`, evaluated once on one
-# batch. Its peak resident memory is /usr/bin/time's maximum RSS: the shards are read with
-# positioned reads, not mapped, so the page cache they pass through is not counted in it.
+# batch. Its peak resident memory is /usr/bin/time's maximum RSS (Python's getrusage where
+# that is missing): the shards are read with positioned reads, not mapped, so the page cache
+# they pass through is not counted in it.
 # Each size runs ROUNDS times (default 3) in turns with the others; the table gives medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,20 @@ while total > 0:
 EOF
 }
 
+# timed FILE COMMAND...: the command's wall seconds and peak RSS (KiB) into FILE.
+timed() {
+  local out=$1; shift
+  if [ -x /usr/bin/time ]; then /usr/bin/time -f "%e %M" -o "$out" "$@"; return; fi
+  python3 - "$out" "$@" <<'PY'
+import resource, subprocess, sys, time
+t = time.perf_counter()
+rc = subprocess.call(sys.argv[2:])
+with open(sys.argv[1], "w") as f:
+    f.write(f"{time.perf_counter() - t:.2f} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\n")
+sys.exit(rc)
+PY
+}
+
 rows=()
 for m in $SIZES; do
   [ -d "$work/c$m" ] || make_corpus "$work/c$m" "$m"
@@ -56,7 +71,7 @@ done
 for r in $(seq "$ROUNDS"); do
   for m in $SIZES; do
     rm -rf "$work/out"
-    /usr/bin/time -f "%e %M" -o "$work/time" "$BIN" train --data "$work/c$m" --tokenizer gpt2 --model tiny --max-seq-len 1024 \
+    timed "$work/time" "$BIN" train --data "$work/c$m" --tokenizer gpt2 --model tiny --max-seq-len 1024 \
       --batch 16 --seq-len 1024 --steps 2 --eval-every 2 --eval-batches 1 --sample-len 0 --threads 2 \
       --out "$work/out" >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
     read -r secs kib <"$work/time"
@@ -87,7 +102,7 @@ md = [
     "--threads 2` (evaluated once on one batch) on random GPT-2 token ids in llm.c shards of 100M "
     f"tokens plus a 1M-token validation shard; {rounds} rounds in turns, medians. Wall time is the "
     "whole run (start-up, reading the shard headers, 2 steps, one evaluation, the checkpoint); peak "
-    "RSS is /usr/bin/time's (the shards are read with positioned reads, not mapped).",
+    "RSS is the run's maximum resident set (the shards are read with positioned reads, not mapped).",
     "",
     "| corpus (tokens) | shards | wall time (s) | peak RSS (MiB) |",
     "| ---: | ---: | ---: | ---: |",

@@ -7,7 +7,7 @@
 
 mod support;
 
-use common::autograd::{Graph, Pool};
+use common::autograd::{Graph, Pool, Recompute};
 use common::backend::cpu::CpuBackend;
 use common::backend::cuda::CudaBackend;
 use common::backend::Precision;
@@ -75,17 +75,17 @@ fn batches(n: usize, b: usize, t: usize) -> Vec<Batch> {
 
 /// Loss and every parameter's gradient after one forward/backward from the seeded init.
 fn step0<B: Backend>(be: &B, cfg: ModelConfig, batch: &Batch, b: usize, t: usize) -> (f32, Vec<f32>) {
-    step0_with(be, cfg, batch, b, t, false)
+    step0_with(be, cfg, batch, b, t, Recompute::None)
 }
 
-/// `step0`, with the GELU and layernorm outputs computed again in backward when `recompute`.
+/// `step0`, with the outputs `recompute` names computed again in backward.
 fn step0_with<B: Backend>(
     be: &B,
     cfg: ModelConfig,
     batch: &Batch,
     b: usize,
     t: usize,
-    recompute: bool,
+    recompute: Recompute,
 ) -> (f32, Vec<f32>) {
     let model = Gpt2::new(be, cfg).expect("model");
     model.init_weights(be, 1337).expect("init");
@@ -145,16 +145,21 @@ fn recompute_is_bit_for_bit_with_the_fused_residual() {
     let _gpu = support::one_at_a_time();
     // Under --recompute each fused op's layernorm output is computed again by layernorm_forward
     // from the kept sum; the fused kernel shares that kernel's row code, so the run is the same
-    // bit for bit. fp32 and tf32, where GELU runs in our kernel (bf16's GELU epilogue is
-    // recomputed by our kernel, the same only to rounding).
+    // bit for bit: in every precision for the layernorms alone, and with GELU in fp32 and
+    // tf32, where GELU runs in our kernel (bf16's GELU epilogue is recomputed by our kernel,
+    // the same only to rounding).
     let cfg = config("char", ConfigOverrides::default());
     let (b, t) = (4, 64);
     let batch = &batches(1, b, t)[0];
-    for precision in [Precision::Fp32, Precision::Tf32] {
+    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
         let be = CudaBackend::new(0, precision).expect("cuda");
-        let kept = step0_with(&be, cfg, batch, b, t, false);
-        let again = step0_with(&be, cfg, batch, b, t, true);
-        assert_same_step0(&format!("--recompute, {precision:?}"), &kept, &again);
+        let kept = step0_with(&be, cfg, batch, b, t, Recompute::None);
+        let what = match precision {
+            Precision::Bf16 => Recompute::Layernorm,
+            _ => Recompute::All,
+        };
+        let again = step0_with(&be, cfg, batch, b, t, what);
+        assert_same_step0(&format!("--recompute {what:?}, {precision:?}"), &kept, &again);
     }
 }
 
@@ -217,7 +222,7 @@ fn train_losses<B: Backend>(be: &B, cfg: ModelConfig, batches: &[Batch], b: usiz
         optim,
         sync: SyncMode::Allreduce,
         micro_batches: 1,
-        recompute: false,
+        recompute: Recompute::None,
         zero: false,
     };
     let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
@@ -257,7 +262,7 @@ fn replay_run(precision: Precision, replay: bool, micro_batches: usize) -> (Vec<
         },
         sync: SyncMode::Allreduce,
         micro_batches,
-        recompute: false,
+        recompute: Recompute::None,
         zero: false,
     };
     let cfg = config("char", ConfigOverrides::default());
@@ -371,7 +376,7 @@ fn logits<B: Backend>(be: &B, model: &Gpt2<B>, batch: &Batch, b: usize, t: usize
         .forward(&mut g, &batch.inputs, None, b, t, false)
         .expect("forward");
     let mut out = vec![0.0f32; b * t * model.config.padded_vocab_size];
-    g.read(fwd.logits, &mut out).expect("logits");
+    g.read(fwd.logits.expect("logits kept"), &mut out).expect("logits");
     out
 }
 
@@ -406,6 +411,13 @@ fn bf16_forward_reads_the_parameters_it_was_given() {
 /// NaN: the whole buffer zeroed first, or (`first_writes`) only what the products' first
 /// writes leave (`Graph::zero_grads_except_first_products`).
 fn grads_after_backward<B: Backend>(be: &B, first_writes: bool) -> Vec<f32> {
+    grads_and_loss(be, first_writes, None).0
+}
+
+/// [`grads_after_backward`] with the step's seed announced (the loss's gradient in the
+/// forward pass, as training runs it), and the language-model head over chunks of `lm_rows`
+/// rows when given; also the loss.
+fn grads_and_loss<B: Backend>(be: &B, first_writes: bool, lm_rows: Option<usize>) -> (Vec<f32>, f32) {
     // T = 64 of the char model's 256 positions: wpe's later rows must come out zero.
     let cfg = config("char", ConfigOverrides::default());
     let (b, t) = (4, 64);
@@ -416,20 +428,46 @@ fn grads_after_backward<B: Backend>(be: &B, first_writes: bool) -> Vec<f32> {
         .expect("write");
     let mut pool = Pool::default();
     let mut g = Graph::new(be, &mut pool, true);
+    if let Some(rows) = lm_rows {
+        g = g.with_loss_seed(1.0).with_fresh_gradients(first_writes).with_lm_head_rows(rows);
+    }
     let fwd = model
         .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)
         .expect("forward");
+    let loss = fwd.loss.expect("targets given");
+    let mut l = [0.0f32];
+    g.read(loss, &mut l).expect("loss");
     if first_writes {
         g.zero_grads_except_first_products(&model.grads).expect("zero");
     } else {
         be.zero_buffer(&model.grads);
     }
-    g.backward(fwd.loss.expect("targets given"), 1.0).expect("backward");
+    g.backward(loss, 1.0).expect("backward");
     drop(g);
     let mut grads = vec![0.0f32; model.grads.len()];
     be.read(&model.grads, 0, &mut grads).expect("grads");
     be.synchronize().expect("synchronize");
-    grads
+    (grads, l[0])
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lm_head_in_row_chunks_equals_the_whole_logits() {
+    let _gpu = support::one_at_a_time();
+    // 256 rows in chunks of 96 (the last 64): the loss and every gradient as with the whole
+    // (256, Vp) logits, the weight's gradient written over NaN by the first chunk.
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let be = CudaBackend::new(0, precision).expect("cuda");
+        let (want, want_loss) = grads_and_loss(&be, true, None);
+        let (got, loss) = grads_and_loss(&be, true, Some(96));
+        let err = rel_err(&got, &want);
+        eprintln!("LM_HEAD_CHUNKS {precision:?}: loss {loss} vs {want_loss}, gradients rel_err {err:.2e}");
+        assert!(got.iter().all(|x| x.is_finite()), "{precision:?}: NaN left");
+        // Products of another row count may round otherwise: bf16 outputs by their last bit.
+        let bound = if precision == Precision::Bf16 { 1e-2 } else { 1e-4 };
+        assert!((loss - want_loss).abs() <= 1e-6 * want_loss.abs(), "{precision:?}: loss {loss} vs {want_loss}");
+        assert!(err < bound, "{precision:?}: gradients off by {err:.2e} (bound {bound:.0e})");
+    }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! Reference: L = Σ out ⊙ R for a fixed random R, differentiated numerically with step
 //! h = 1e-2 in f32; tolerance |analytic − numeric| ≤ 2e-2·max(|a|,|n|) + 2e-3.
 
-use common::autograd::{Graph, Pool};
+use common::autograd::{Graph, Pool, Recompute};
 use common::backend::cpu::{CpuBackend, CpuBuffer};
 use common::backend::{token_order, AdamWHyper, Backend, DeviceBuffer, Overwrite, StepState};
 use common::model::{ConfigOverrides, Gpt2, ModelConfig};
@@ -695,6 +695,54 @@ fn loss_gradient_in_the_forward_pass_equals_the_backward_one() {
     assert!(err.contains("seed"), "{err}");
 }
 
+/// The language-model head over row chunks (`Graph::lm_head` in a training pass) gives the
+/// loss and gradients of the whole-logits path, as a step of two micro-batches uses it: the
+/// first pass writes over stale gradients (`with_fresh_gradients`), the second adds.
+#[test]
+fn lm_head_in_row_chunks_equals_the_whole_logits() {
+    let be = be();
+    let model = tiny_model(&be);
+    let mut pool = Pool::default();
+    let inp: Vec<i32> = vec![1, 5, 2, 9, 12, 0, 3, 3, 7, 11];
+    let tg: Vec<i32> = vec![5, 2, 9, 12, 0, 3, 3, 7, 11, 4];
+    let mut step = |rows: Option<usize>| {
+        be.write(&model.grads, 0, &vec![7.0; model.num_params()]).unwrap(); // stale
+        let mut losses = Vec::new();
+        for micro in 0..2 {
+            let mut g = Graph::new(&be, &mut pool, true).with_loss_seed(0.5).with_fresh_gradients(micro == 0);
+            if let Some(r) = rows {
+                g = g.with_lm_head_rows(r);
+            }
+            let fwd = model.forward(&mut g, &inp, Some(&tg), 2, 5, false).unwrap();
+            assert_eq!(fwd.logits.is_none(), rows.is_some(), "chunked: no logits kept");
+            let loss = fwd.loss.unwrap();
+            if micro == 0 {
+                g.zero_grads_except_first_products(&model.grads).unwrap();
+            }
+            let mut l = [0.0f32];
+            g.read(loss, &mut l).unwrap();
+            g.backward(loss, 0.5).unwrap();
+            losses.push(l[0]);
+        }
+        let mut grads = vec![0.0; model.num_params()];
+        be.read(&model.grads, 0, &mut grads).unwrap();
+        (losses, grads)
+    };
+    let (want_loss, want) = step(None);
+    for rows in [1, 3, 4, 9] {
+        let (loss, got) = step(Some(rows));
+        assert_eq!(loss, want_loss, "{rows} rows a chunk: the loss");
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{rows} rows a chunk: grad[{i}] {a} vs {b}");
+        }
+    }
+    // A pass that added to the weight's gradient before the step's zeroing is refused.
+    let mut g = Graph::new(&be, &mut pool, true).with_loss_seed(0.5).with_lm_head_rows(3);
+    model.forward(&mut g, &inp, Some(&tg), 2, 5, false).unwrap();
+    let err = g.zero_grads_except_first_products(&model.grads).unwrap_err().to_string();
+    assert!(err.contains("with_fresh_gradients"), "{err}");
+}
+
 #[test]
 fn cpu_results_do_not_depend_on_thread_count() {
     let one = CpuBackend::new(1).unwrap();
@@ -750,7 +798,7 @@ fn mlp_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuffer<f3
     let ids: Vec<i32> = vec![1, 5, 2, 6, 0, 3];
     let targets: Vec<i32> = vec![5, 2, 6, 0, 3, 4];
     let mut pool = Pool::default();
-    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(form == MlpForm::OpRecompute);
+    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(if form == MlpForm::OpRecompute { Recompute::All } else { Recompute::None });
     let mut at = 0;
     let mut p = Vec::new();
     for shape in mlp_net_shapes() {
@@ -907,7 +955,7 @@ fn residual_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuff
     let ids: Vec<i32> = vec![1, 5, 2, 6, 0, 3];
     let targets: Vec<i32> = vec![5, 2, 6, 0, 3, 4];
     let mut pool = Pool::default();
-    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(form == ResidualForm::OpRecompute);
+    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(if form == ResidualForm::OpRecompute { Recompute::All } else { Recompute::None });
     let mut at = 0;
     let mut p = Vec::new();
     for shape in residual_net_shapes() {

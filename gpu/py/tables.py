@@ -367,6 +367,36 @@ def t_gpu_bench(rows, a):
     return out + failed_lines(rows)
 
 
+def t_gpu_memory(rows, a):
+    out = ["bf16, T=1024, one GPU: GPT-2 on random tokens, forward, backward, clipping and AdamW a step (ours "
+           "`stage2_cuda bench`; PyTorch gpu/py/pytorch_gpt2.py with torch.compile and fused AdamW), the runs of a "
+           "round in turns. Peak memory is each allocator's own high-water mark: ours the bytes our device "
+           "allocator had handed out (pooled buffers included), PyTorch's `torch.cuda.max_memory_allocated()` "
+           "(its `max_memory_reserved()` beside it). \"vs\" columns: ours over torch.compile's in the same "
+           "round (tokens/s: above 1 faster; memory: below 1 smaller).", ""]
+    for model in dict.fromkeys(r.get("model") for r in rows if r.get("model")):
+        rs = [r for r in rows if r.get("model") == model]
+        b = next((r.get("batch") for r in rs), "?")
+        out += [f"## {model}, B={b}", "",
+                "| run | round | tokens/s | vs torch.compile | peak MiB | memory vs torch.compile |",
+                "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in rs:
+            if r.get("failed"):
+                out.append(f"| {r.get('variant')} | {r.get('round')} | FAILED | | | |")
+                continue
+            t = next((x for x in rs if x.get("side") == "torch-compile" and x.get("round") == r.get("round")
+                      and not x.get("failed")), None)
+            mem = f"{r['peak_device_mb']:,.0f}"
+            if r.get("side") == "torch-compile" and r.get("peak_reserved_mb"):
+                mem += f" (reserved {r['peak_reserved_mb']:,.0f})"
+            mine = r.get("side") == "ours"
+            out.append(f"| {r.get('variant')} | {r.get('round')} | {r['tokens_per_s']:,.0f} | "
+                       f"{rx(ratio(r, t), 3) if mine else ''} | {mem} | "
+                       f"{rx(ratio(r, t, 'peak_device_mb'), 3) if mine and t else ''} |")
+        out.append("")
+    return out
+
+
 def t_gpu_bench_ab(rows, a):
     out = [f"Build A: {a.a}. Build B: {a.b}.", "",
            "GPT-2 124M, bf16, B=16 per GPU, T=1024 (`bench`), A and B alternating (A first in odd rounds, B first in "
@@ -707,6 +737,7 @@ def t_mlp_gpu(rows, a):
 TABLES = {
     "gpu-check": ("GPU tests and determinism", t_gpu_check),
     "gpu-bench": ("Training speed on one GPU against PyTorch", t_gpu_bench),
+    "gpu-memory": ("Peak GPU memory against torch.compile", t_gpu_memory),
     "gpu-bench-ab": ("Training speed: build B against build A, alternating", t_gpu_bench_ab),
     "scaling": ("Weak scaling on several GPUs against PyTorch DDP", t_scaling),
     "kernel-bench": ("Kernels alone against PyTorch's ops", t_kernel_bench),

@@ -220,20 +220,24 @@ fn a_new_run_moves_an_earlier_run_aside_and_that_run_still_resumes() {
 
 #[test]
 fn recompute_trains_the_same_run_bit_for_bit() {
-    // --recompute computes GELU and layernorm outputs again in backward: the same kernels on
-    // the same inputs, so the losses and the final parameters must not move by a bit.
+    // --recompute computes GELU and layernorm outputs (or with `layernorm` the latter alone)
+    // again in backward: the same kernels on the same inputs, so the losses and the final
+    // parameters must not move by a bit.
     let d = tmpdir("recompute");
     let data = corpus(&d);
     let data = data.to_str().unwrap();
-    let (kept, again) = (d.join("kept"), d.join("again"));
+    let kept = d.join("kept");
     assert!(run(&train_args(data, kept.to_str().unwrap(), &SCHEDULE))
         .status
         .success());
-    let flags = [&SCHEDULE[..], &["--recompute"]].concat();
-    let o = run(&train_args(data, again.to_str().unwrap(), &flags));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(table_without_times(&kept), table_without_times(&again));
-    assert_eq!(params_of(&kept), params_of(&again), "final parameters bit for bit");
+    for what in [&["--recompute"][..], &["--recompute", "layernorm"]] {
+        let again = d.join(what.join("-"));
+        let flags = [&SCHEDULE[..], what].concat();
+        let o = run(&train_args(data, again.to_str().unwrap(), &flags));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(table_without_times(&kept), table_without_times(&again), "{what:?}");
+        assert_eq!(params_of(&kept), params_of(&again), "{what:?}: final parameters bit for bit");
+    }
 }
 
 #[test]

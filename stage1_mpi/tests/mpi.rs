@@ -254,6 +254,24 @@ fn reproduces_stage0_with_and_without_overlap() {
 }
 
 #[test]
+fn the_shipped_hostfile_runs_on_this_machine() {
+    // `mpirun -n 2 -f hostfile stage1_mpi train ...` as the README and the hostfile say.
+    let d = tmpdir("hostfile");
+    let data = corpus(&d);
+    let hostfile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hostfile");
+    let mut args: Vec<String> = ["-n", "2", "-f", hostfile.to_str().unwrap(), BIN].map(String::from).to_vec();
+    args.extend(train_args(&data, &d.join("run"), &["--steps", "6", "--eval-every", "6"]));
+    let o = {
+        let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        run_limited("mpirun", &args, &[], Duration::from_secs(60))
+    };
+    assert_ok(&o);
+    assert_eq!(loss_table(&d.join("run")).len(), 1);
+    let summary = std::fs::read_to_string(d.join("run/summary.json")).unwrap();
+    assert!(summary.contains("\"ranks\": 2"), "{summary}");
+}
+
+#[test]
 fn reduce_scatter_and_all_gather_are_exact() {
     // ZeRO-1's collectives on their own (stage1_mpi/src/bin/comm_check.rs): even, uneven and
     // empty parts, blocking and started, on 2 and 3 ranks.

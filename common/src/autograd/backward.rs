@@ -28,7 +28,7 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     /// A gradient slot for activation `x`, which has none yet, that the caller's op will
     /// OVERWRITE: a pooled buffer, not zeroed.
-    fn act_grad_overwritten(&mut self, x: Tensor) -> Result<Span<'a, Act>> {
+    pub(super) fn act_grad_overwritten(&mut self, x: Tensor) -> Result<Span<'a, Act>> {
         assert!(
             self.values[x.0].kind == Kind::Activation && self.values[x.0].grad.is_none(),
             "an overwritten gradient is an activation's first"
@@ -112,6 +112,13 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// reading the matrices' gradients back and most of the zeroing. Call between the forward
     /// pass and backward. Parameters whose views overlap without being equal are all zeroed.
     pub fn zero_grads_except_first_products(&mut self, grads: &B::Buffer<f32>) -> Result<()> {
+        if (self.tape.iter()).any(|n| matches!(n.op, Op::LmHeadLoss { fresh: false, .. })) {
+            return Err(Error::Device(
+                "the language-model head added to its weight's gradient in the forward pass, which \
+                 zeroing now would lose: give the step's first pass with_fresh_gradients(true)"
+                    .into(),
+            ));
+        }
         self.first_writes.clear();
         let (base, len) = (grads.ptr().addr(), grads.len());
         // Every parameter's gradient range in the buffer (element offsets), by address.
@@ -409,6 +416,20 @@ impl<'a, B: Backend> Graph<'a, B> {
                     unsafe { be.crossentropy_backward(dlogits, x, targets, dloss, rows, v, vp) };
                 }
             }
+            Op::LmHeadLoss { h, w, applied, .. } => {
+                let rows = self.shape(h)[0];
+                let dloss = seed / rows as f32;
+                if applied != dloss {
+                    return Err(Error::Device(format!(
+                        "the language-model head computed its gradients in the forward pass for seed {} \
+                         but backward got {seed}",
+                        applied * rows as f32
+                    )));
+                }
+                // The forward pass wrote both gradients; w's slot, when left for this op's
+                // first write, is used up here (nothing to zero).
+                self.param_grad_or_first(w)?;
+            }
             Op::Mark { .. } => unreachable!("marks are handled by backward_with"),
         }
         Ok(())
@@ -504,6 +525,8 @@ fn param_writes(op: &Op) -> Vec<(Tensor, bool)> {
             .into_iter()
             .flatten()
             .collect(),
+        // Written in the forward pass: its first chunk writes w's gradient when `fresh`.
+        Op::LmHeadLoss { w, fresh, .. } => vec![(w, fresh)],
         Op::Attention { .. }
         | Op::Gelu { .. }
         | Op::Relu { .. }
@@ -534,6 +557,7 @@ fn read_by_others(tape: &[Node], x: Tensor, node: &Node) -> bool {
                 Op::Add { a, b } => x == a || x == b,
                 Op::AddLayerNorm { a, b, w, bias, .. } => x == a || x == b || x == w || x == bias,
                 Op::CrossEntropy { logits, .. } => x == logits,
+                Op::LmHeadLoss { h, w, .. } => x == h || x == w,
                 Op::Mark { .. } => false,
             }
     })

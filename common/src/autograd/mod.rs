@@ -27,11 +27,16 @@ mod pool;
 pub use kv_cache::KvCache;
 pub use pool::Pool;
 
-use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer, Span};
+use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer, Overwrite, Span};
 use crate::error::{Error, Result};
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+
+/// A training pass's language-model head whose logits would take more than this many bytes
+/// runs over row chunks of about this size ([`Graph::lm_head`]): GPT-2's logits are the largest
+/// activation (1.6 GB at B=16, T=1024 in bf16), and only a chunk of them is ever needed at once.
+pub const LM_HEAD_CHUNK_BYTES: usize = 256 << 20;
 
 /// Handle to a value in a [`Graph`]: an index, cheap to copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +52,21 @@ enum Kind {
     Activation,
     /// An f32 result (the mean loss): read, never back-propagated through.
     Scalar,
+}
+
+/// What a training pass computes again in backward instead of keeping from the forward pass
+/// (`--recompute`): less memory, a little more time; the results are the same, bit for bit,
+/// where the kernels that compute them again are the forward's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Recompute {
+    /// Keep every activation that backward reads.
+    #[default]
+    None,
+    /// The layernorms' outputs (two of a GPT-2 block's five (B·T, C) activations), from the
+    /// kept input and statistics.
+    Layernorm,
+    /// The layernorms' and the GELUs' outputs (in GPT-2 about a third of the activations).
+    All,
 }
 
 /// How to compute a value again (`--recompute`): its producer's forward, from inputs that
@@ -160,6 +180,19 @@ enum Op<'a> {
         /// logits hold their gradient from the forward pass on.
         fused: Option<f32>,
     },
+    /// The language-model head and its loss in one, over row chunks, in a training forward
+    /// pass whose seed is known ([`Graph::lm_head`]): each chunk's logits are computed, turned
+    /// into their gradient in place, and multiplied out into `h`'s gradient and `w`'s before
+    /// the next chunk takes the same memory. So the (R, Vp) logits never exist whole, and the
+    /// backward has nothing left to do but check the seed. `w`'s gradient was WRITTEN by the
+    /// first chunk when `fresh` (the step's first pass; see [`Graph::with_fresh_gradients`]),
+    /// else added to.
+    LmHeadLoss {
+        h: Tensor,
+        w: Tensor,
+        applied: f32,
+        fresh: bool,
+    },
     /// Not an op: a label the forward pass left on the tape (e.g. "block l starts here").
     /// Reached in reverse, it means every op recorded after it has run its backward.
     Mark {
@@ -182,9 +215,9 @@ pub struct Graph<'a, B: Backend> {
     /// Pooled gradient buffers of activations, by value index.
     grads: HashMap<usize, B::Buffer<f32>>,
     record: bool,
-    /// `--recompute`: GELU and layernorm outputs are not kept for backward, but written to a
+    /// `--recompute`: the outputs it names are not kept for backward, but written to a
     /// scratch buffer (one per size, shared) and computed again when backward needs them.
-    recompute: bool,
+    recompute: Recompute,
     /// The recompute scratch buffers by size in words, with the value each holds now.
     scratch: HashMap<usize, (Span<'a>, Option<Tensor>)>,
     /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
@@ -195,6 +228,11 @@ pub struct Graph<'a, B: Backend> {
     /// ([`Graph::zero_grads_except_first_products`]): address -> (the gradient, the product's
     /// place on the tape); each leaves as it is written.
     first_writes: HashMap<u64, (Span<'a>, usize)>,
+    /// This pass's gradient writes are the step's first ([`Graph::with_fresh_gradients`]).
+    fresh_gradients: bool,
+    /// Rows of the language-model head taken at a time in a training pass ([`Graph::lm_head`]);
+    /// `None`: as many as make [`LM_HEAD_CHUNK_BYTES`] of logits.
+    lm_head_rows: Option<usize>,
     /// Products (by output value) whose bias gradient the backward of the one op reading
     /// their output has already summed from that output's gradient as it wrote it (the
     /// `dbias` of [`Backend::add_layernorm_backward`] and
@@ -288,13 +326,31 @@ impl<'a, B: Backend> Graph<'a, B> {
             held: Vec::new(),
             grads: HashMap::new(),
             record,
-            recompute: false,
+            recompute: Recompute::None,
             scratch: HashMap::new(),
             staged: None,
             loss_seed: None,
             first_writes: HashMap::new(),
+            fresh_gradients: false,
+            lm_head_rows: None,
             bias_summed: HashSet::new(),
         }
+    }
+
+    /// This pass is the step's first (its first micro-batch): a gradient that the forward pass
+    /// itself computes ([`Graph::lm_head`]) is written over the parameter's slot rather than
+    /// added to it, as the products of backward write theirs after
+    /// [`Graph::zero_grads_except_first_products`].
+    pub fn with_fresh_gradients(mut self, fresh: bool) -> Self {
+        self.fresh_gradients = fresh;
+        self
+    }
+
+    /// The language-model head of a training pass takes `rows` rows at a time (tests; by
+    /// default as many as make [`LM_HEAD_CHUNK_BYTES`] of logits).
+    pub fn with_lm_head_rows(mut self, rows: usize) -> Self {
+        self.lm_head_rows = Some(rows.max(1));
+        self
     }
 
     /// The seed the training step will pass to [`Graph::backward`], known before the forward
@@ -311,13 +367,13 @@ impl<'a, B: Backend> Graph<'a, B> {
         self
     }
 
-    /// Trades speed for memory: GELU and layernorm outputs are computed again in backward
+    /// Trades speed for memory: the outputs `what` names are computed again in backward
     /// instead of kept (training graphs only). The results are the same, bit for bit, when
     /// the kernels that compute them again are the forward's: not when the backend fused
     /// GELU into the MLP's first product (its epilogue may round GELU otherwise than
     /// `gelu_forward`, which computes it again), where they agree to that rounding.
-    pub fn with_recompute(mut self, on: bool) -> Self {
-        self.recompute = on && self.record;
+    pub fn with_recompute(mut self, what: Recompute) -> Self {
+        self.recompute = if self.record { what } else { Recompute::None };
         self
     }
 
@@ -510,7 +566,11 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// As [`Graph::activation`] for a value that `--recompute` does not keep: its data goes
     /// to the shared scratch of its size (taken over from whichever value held it).
     fn activation_recomputed(&mut self, shape: [usize; 2], rebuild: Rebuild<'a>) -> Result<Tensor> {
-        if !self.recompute {
+        let wanted = match rebuild {
+            Rebuild::LayerNorm { .. } => self.recompute != Recompute::None,
+            Rebuild::Gelu { .. } => self.recompute == Recompute::All,
+        };
+        if !wanted {
             return self.activation(shape);
         }
         let n = shape[0] * shape[1];
@@ -845,6 +905,79 @@ impl<'a, B: Backend> Graph<'a, B> {
         let (s, n, w, bias) = (self.span(sum), self.span(normed), self.span(w), self.span(bias));
         self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c);
         Ok((sum, normed))
+    }
+
+    /// The tied language-model head `h (R, C) · wᵀ (C, Vp)` and, with `targets`, the mean
+    /// cross-entropy over the first `v` columns: (the logits, the loss). In a training pass
+    /// whose seed is known ([`Graph::with_loss_seed`]) and whose logits would be large, the
+    /// two run together over row chunks ([`Op::LmHeadLoss`]) and no logits are returned;
+    /// otherwise as [`Graph::matmul`] then [`Graph::cross_entropy`].
+    pub fn lm_head(
+        &mut self,
+        h: Tensor,
+        w: Tensor,
+        targets: Option<&[i32]>,
+        v: usize,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let ([r, _], [vp, _]) = (self.shape(h), self.shape(w));
+        let bytes = self.act().words(vp) * 4;
+        let rows = self.lm_head_rows.unwrap_or((LM_HEAD_CHUNK_BYTES / bytes).max(1));
+        let chunked = self.loss_seed.is_some()
+            && rows < r
+            && self.values[w.0].grad.is_some()
+            && self.values[h.0].grad.is_none()
+            && !self.is_param(h);
+        match targets {
+            Some(targets) if chunked => Ok((None, Some(self.lm_head_loss(h, w, targets, v, rows)?))),
+            _ => {
+                let logits = self.matmul(h, w, None)?;
+                let loss = targets.map(|tg| self.cross_entropy(logits, tg, v)).transpose()?;
+                Ok((Some(logits), loss))
+            }
+        }
+    }
+
+    /// [`Op::LmHeadLoss`]: the head, the loss and both gradients, `rows` rows at a time.
+    fn lm_head_loss(&mut self, h: Tensor, w: Tensor, targets: &[i32], v: usize, rows: usize) -> Result<Tensor> {
+        let ([r, c], [vp, wc]) = (self.shape(h), self.shape(w));
+        assert_eq!(c, wc, "lm_head: inner dimensions differ");
+        assert!(
+            v <= vp && targets.len() == r,
+            "lm_head: {r} targets below {v} ≤ Vp = {vp} expected"
+        );
+        check_ids("target id", targets, v)?;
+        let targets = self.tokens(targets)?;
+        let (losses, mean) = (self.alloc_f32(r)?, self.alloc_f32(1)?);
+        let out = self.push(mean.act(), [1, 1], None, Kind::Scalar);
+        let applied = self.loss_seed.expect("lm_head chunks only with a known seed") / r as f32;
+        let fresh = self.fresh_gradients;
+        self.record_op(Op::LmHeadLoss { h, w, applied, fresh }, out);
+        // One chunk's logits, then their gradient: the pool has the memory back at the end.
+        let (scratch_buf, words) = self.take_pooled(self.act().words(rows * vp))?;
+        let scratch = self.as_act(words, rows * vp);
+        let dh = self.act_grad_overwritten(h)?;
+        let dw = self.values[w.0].grad.expect("checked by lm_head").cast::<f32>();
+        let (x, wd) = (self.data(h), self.span(w));
+        for start in (0..r).step_by(rows) {
+            let n = rows.min(r - start);
+            let (logits, xs) = (scratch.slice(0, n * vp), x.slice(start * c, n * c));
+            self.be.matmul_forward(logits, xs, wd, None, n, c, vp);
+            // SAFETY: every target is below v (checked above).
+            unsafe {
+                self.be
+                    .crossentropy_fused(losses.slice(start, n), logits, targets.slice(start, n), applied, n, v, vp)
+            };
+            let overwrite = Overwrite {
+                dinp: true,
+                dw: fresh && start == 0,
+            };
+            let dxs = dh.slice(start * c, n * c);
+            self.be
+                .matmul_backward(overwrite, dxs, dw, None, logits, xs, wd, n, c, vp);
+        }
+        self.pool.give(scratch_buf);
+        self.be.mean(mean, losses, r);
+        Ok(out)
     }
 
     /// Mean cross-entropy of logits (R, Vp) against `targets` (R ids below `v` ≤ Vp) → (1, 1).

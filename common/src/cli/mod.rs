@@ -10,6 +10,7 @@ pub use checks::{
     DEFAULT_SEQ_LEN, DEFAULT_VAL_FRACTION, DEFAULT_WARMUP, DEFAULT_WEIGHT_DECAY, MAX_NEW_TOKENS, STAGE_FLAGS,
 };
 
+use crate::autograd::Recompute;
 use crate::backend::Precision;
 use crate::grad_sync::SyncMode;
 use crate::mnist::{BenchSettings, OptimizerKind, RunSettings};
@@ -395,11 +396,13 @@ pub struct TrainArgs {
     /// checkpoint's].
     #[arg(long, value_name = "K", value_parser = at_least_one)]
     pub grad_accum: Option<usize>,
-    /// Compute GELU and layernorm outputs again in the backward pass instead of keeping them
-    /// from the forward pass: less memory (about a third of the activations), a little
-    /// slower; the results are the same, bit for bit.
-    #[arg(long)]
-    pub recompute: bool,
+    /// Compute these outputs again in the backward pass instead of keeping them from the
+    /// forward pass: `layernorm` (two of a block's five (B·T, C) activations), `all` (and the
+    /// GELUs': about a third of the activations; `--recompute` alone), or `none`. Less memory,
+    /// a little slower; the results are the same, bit for bit.
+    #[arg(long, value_enum, value_name = "WHAT", num_args = 0..=1, default_value = "none",
+          default_missing_value = "all")]
+    pub recompute: Recompute,
     /// Multi-process stages: end the job when a rank makes no progress for this many seconds
     /// (another rank stopped or hung in a collective); keep it above the time of an
     /// evaluation or a checkpoint write [default: 300].
@@ -748,9 +751,10 @@ pub struct BenchArgs {
     /// Untimed steps first (at most 1,000,000).
     #[arg(long, default_value_t = 2, value_parser = bench_warmup)]
     pub warmup: u64,
-    /// As `train --recompute`: GELU and layernorm outputs computed again in backward.
-    #[arg(long)]
-    pub recompute: bool,
+    /// As `train --recompute`: `layernorm`, `all` (`--recompute` alone) or `none`.
+    #[arg(long, value_enum, value_name = "WHAT", num_args = 0..=1, default_value = "none",
+          default_missing_value = "all")]
+    pub recompute: Recompute,
     /// Time generation with the key/value cache instead: start-up, the prompt (prefill, --seq-len
     /// random tokens) and decoding (--new-tokens), each in tokens/s, medians of --steps runs
     /// after --warmup; one JSON line. Batch 1, random weights, rank 0 alone.

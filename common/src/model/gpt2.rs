@@ -24,8 +24,9 @@ pub struct Gpt2<B: Backend> {
 
 /// What a forward pass returns.
 pub struct Forward {
-    /// (B·T, Vp), or (B, Vp) when only the last position was asked for.
-    pub logits: Tensor,
+    /// (B·T, Vp), or (B, Vp) when only the last position was asked for; `None` from a
+    /// training pass whose loss took the logits over in chunks ([`Graph::lm_head`]).
+    pub logits: Option<Tensor>,
     /// Mean cross-entropy, (1, 1), when targets were given.
     pub loss: Option<Tensor>,
 }
@@ -123,7 +124,8 @@ impl<B: Backend> Gpt2<B> {
         }
         Ok(self
             .build(g, inputs, None, 1, t, true, Attend::Cached { cache, pos })?
-            .logits)
+            .logits
+            .expect("a pass without targets keeps its logits"))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -196,8 +198,7 @@ impl<B: Backend> Gpt2<B> {
             assert_eq!(b, 1, "last_only supports one sequence");
             h = g.rows(h, t - 1, 1);
         }
-        let logits = g.matmul(h, wte, None)?; // tied LM head: (BT, Vp)
-        let loss = targets.map(|tg| g.cross_entropy(logits, tg, vocab)).transpose()?;
+        let (logits, loss) = g.lm_head(h, wte, targets, vocab)?; // tied LM head: (BT, Vp)
         Ok(Forward { logits, loss })
     }
 }

@@ -3,7 +3,7 @@
 //! of: one step, an evaluation, a sample, saving and restoring. `train` and `bench` both
 //! drive it.
 
-use crate::autograd::{check_ids, Graph, Pool, TokenStage};
+use crate::autograd::{check_ids, Graph, Pool, Recompute, TokenStage};
 use crate::backend::replay::Recorder;
 use crate::backend::{token_order, Backend, DeviceBuffer};
 use crate::checkpoint::{Checkpoint, HostState};
@@ -25,8 +25,8 @@ pub struct TrainerSettings {
     pub sync: SyncMode,
     /// Micro-batches per optimizer step (gradient accumulation); 1: none.
     pub micro_batches: usize,
-    /// Compute GELU and layernorm outputs again in backward instead of keeping them.
-    pub recompute: bool,
+    /// What backward computes again instead of keeping from the forward pass.
+    pub recompute: Recompute,
     /// ZeRO-1: the optimiser's state cut over the ranks (see [`crate::grad_sync::Shards`]).
     pub zero: bool,
 }
@@ -38,7 +38,7 @@ pub struct Trainer<'a, B: Backend> {
     pub opt: AdamW<B>,
     sync: GradSync,
     micro_batches: usize,
-    recompute: bool,
+    recompute: Recompute,
     pool: Pool<B>,
     /// The step's token ids at fixed device memory, when steps are recorded.
     tokens: TokenStage<B>,
@@ -196,7 +196,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let seed = self.sync.loss_scale(comm.size(), k);
             let mut g = Graph::new(be, &mut self.pool, true)
                 .with_recompute(self.recompute)
-                .with_loss_seed(seed);
+                .with_loss_seed(seed)
+                .with_fresh_gradients(micro == 0);
             if staged {
                 g = g.with_tokens(&self.tokens);
             }
