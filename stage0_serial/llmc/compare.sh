@@ -201,6 +201,10 @@ DIRTY=""
 if [[ -n "$(git -C "$REPO" status --porcelain -- common stage0_serial Cargo.toml Cargo.lock .cargo 2>/dev/null)" ]]; then
     DIRTY=" (plus uncommitted changes under common/ or stage0_serial/ at run time)"
 fi
+# A stage 0 binary from a GPU bundle (.gpu/, built elsewhere) names its own commit.
+if [[ "$STAGE0_BIN" != "$REPO/target/release/stage0_serial" && -f "$REPO/.gpu/commit" ]]; then
+    COMMIT="$(cat "$REPO/.gpu/commit") (the bundle's binary)" DIRTY=""
+fi
 mkdir -p "$(dirname "$OUT")"
 python3 - "$RAW" "$OUT" <<EOF
 import statistics, sys
