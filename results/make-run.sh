@@ -29,7 +29,7 @@ python3 - "$work/repo/runs/stage0/summary.json" "results/make-run/$slug.json" <<
 import json, sys
 s = json.load(open(sys.argv[1]))
 json.dump({"cpu": "$cpu", "simd": "$simd", "cpus": "$CPUS", "commit": "$commit",
-           "machine": """$(results/describe-machine.sh | sed 's/^Measured on: //')""",
+           "machine": """$(cd "$work/repo" && results/describe-machine.sh | sed 's/^Measured on: //')""",
            "total_s": $total, "train_s": s["train_time_s"], "val_loss": s["final_val_loss"],
            "steps": s["steps"]}, open(sys.argv[2], "w"), indent=1)
 EOF

@@ -445,7 +445,10 @@ fn dump_logits<B: Backend>(be: &B, model: &Gpt2<B>, text: &str, prompt: &[u32], 
         let mut pool = Pool::default();
         let mut g = crate::autograd::Graph::new(be, &mut pool, false);
         let fwd = model.forward(&mut g, &ids, None, 1, ids.len(), false)?;
-        g.read(fwd.logits.expect("a pass without targets keeps its logits"), &mut logits)?;
+        g.read(
+            fwd.logits.expect("a pass without targets keeps its logits"),
+            &mut logits,
+        )?;
     }
     let rows: Vec<&[f32]> = logits
         .chunks_exact(cfg.padded_vocab_size)

@@ -161,7 +161,10 @@ pub fn generate<B: Backend>(
                 Some(cache) => model.forward_cached(&mut g, &seq[cached..], cache, cached)?,
                 None => {
                     let window = &seq[seq.len().saturating_sub(context)..];
-                    model.forward(&mut g, window, None, 1, window.len(), true)?.logits.expect("a pass without targets keeps its logits")
+                    model
+                        .forward(&mut g, window, None, 1, window.len(), true)?
+                        .logits
+                        .expect("a pass without targets keeps its logits")
                 }
             };
             g.read(last, &mut logits)?;

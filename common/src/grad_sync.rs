@@ -16,6 +16,11 @@
 //! With gradient accumulation (K micro-batches a step), each micro-batch's backward is seeded
 //! with a further 1/K and adds to the same gradients; ranks meet after the last one.
 //!
+//! `--grad-comm bf16` ([`GradComm`]): each bucket is rounded to bf16 before its sum, summed
+//! in bf16 (each addition rounded to bf16; half the bytes on the wire), and widened back into
+//! the f32 gradients, where clipping and AdamW read it as ever. Every rank rounds the same
+//! sums, so ranks stay equal; on 2 ranks a sum is one rounded addition, whatever the buckets.
+//!
 //! ZeRO-1 (`--zero 1`, [`Shards`]): the flat buffers are cut once into one contiguous shard
 //! per rank; the gradient sums above become reduce-scatters (each rank gets the sum of its
 //! own shard, bucket by bucket when overlapped), each rank's optimiser updates its shard
@@ -24,9 +29,9 @@
 //! f32 weights made whole only when something reads them all (a checkpoint).
 
 use crate::autograd::{Graph, Tensor};
-use crate::backend::{Backend, DeviceBuffer};
+use crate::backend::{bf16, Backend, DeviceBuffer};
 use crate::comm::{device_order, even_parts, parts_within, Comm, Words};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{Gpt2, ParamLayout};
 use std::ops::Range;
 use std::time::Instant;
@@ -42,6 +47,17 @@ pub enum SyncMode {
     LocalSgd {
         every: u64,
     },
+}
+
+/// What the gradient sums carry over the wire (`--grad-comm`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GradComm {
+    /// f32 values, summed in f32.
+    #[default]
+    Fp32,
+    /// The gradients rounded to bf16 and summed in bf16: half the bytes, about 3 significant
+    /// digits per sum; accumulated back into the f32 gradients on each rank.
+    Bf16,
 }
 
 /// Shard boundaries fall on multiples of this many values (128 bytes), so each shard's
@@ -100,6 +116,8 @@ pub struct GradSync {
     /// What lies outside the blocks, finished only at the end of backward.
     outside: Vec<Range<usize>>,
     total: usize,
+    /// What the sums carry.
+    wire: GradComm,
 }
 
 impl GradSync {
@@ -120,7 +138,19 @@ impl GradSync {
             closes,
             outside: layout.outside_blocks(),
             total: layout.total,
+            wire: GradComm::Fp32,
         }
+    }
+
+    /// The sums carry `wire` values; `Bf16` needs [`GradSync::backward`]'s bf16 buffer.
+    pub fn with_wire(mut self, wire: GradComm) -> Self {
+        self.wire = wire;
+        self
+    }
+
+    /// What the sums carry.
+    pub fn wire(&self) -> GradComm {
+        self.wire
     }
 
     /// The buckets, in the order backward finishes them (the last block's first).
@@ -143,6 +173,7 @@ impl GradSync {
             closes: Vec::new(),
             outside: std::iter::once(0..total).collect(),
             total,
+            wire: GradComm::Fp32,
         }
     }
 
@@ -163,7 +194,8 @@ impl GradSync {
 
     /// Back-propagates micro-batch `micro` (of `micro.1`) from `loss` into `grads`; after
     /// the last one, leaves the summed gradients in `grads` on every rank (under ZeRO-1,
-    /// the sum of its own shard only: the rest is left unspecified). Returns the
+    /// the sum of its own shard only: the rest is left unspecified). Under `--grad-comm
+    /// bf16`, `wire` (the layout's size in bf16) carries the sums. Returns the
     /// seconds spent inside communication calls (waiting included: the part of
     /// communication that computing did not hide). Overlapped on NCCL, the host does not
     /// wait: this is the time spent queueing the collectives, and the GPU's wait for
@@ -173,10 +205,19 @@ impl GradSync {
         g: &mut Graph<'_, B>,
         loss: Tensor,
         comm: &dyn Comm,
-        grads: &B::Buffer<f32>,
+        (grads, wire): (&B::Buffer<f32>, Option<&B::Buffer<bf16>>),
         (micro, micro_batches): (usize, usize),
     ) -> Result<f64> {
         let (be, world) = (g.backend(), comm.size());
+        let wire = match (self.wire, wire) {
+            (GradComm::Fp32, _) => None,
+            (GradComm::Bf16, Some(w)) if w.len() >= self.total => Some(w),
+            (GradComm::Bf16, _) => {
+                return Err(Error::Device(
+                    "bf16 gradient sums need a bf16 buffer of the layout's size".into(),
+                ))
+            }
+        };
         let seed = self.loss_scale(world, micro_batches);
         if micro + 1 < micro_batches {
             g.backward(loss, seed)?; // ranks meet after the last micro-batch
@@ -191,18 +232,49 @@ impl GradSync {
             if after.is_none() {
                 be.synchronize()?;
             }
-            let at = grads.ptr().add(range.start);
-            // SAFETY: every range lies in the layout, inside `grads` (checked above), which
-            // the caller keeps alive and leaves alone until the sums are finished (on the
-            // host, or for work queued on `after` from then on); the bucket's writes are
-            // done (host wait above) or queued on `after` before it.
+            let parts = || parts_within(self.shards.parts(), range);
+            let Some(wire) = wire else {
+                let at = grads.ptr().add(range.start);
+                // SAFETY: every range lies in the layout, inside `grads` (checked above), which
+                // the caller keeps alive and leaves alone until the sums are finished (on the
+                // host, or for work queued on `after` from then on); the bucket's writes are
+                // done (host wait above) or queued on `after` before it.
+                return timed(comm_s, || unsafe {
+                    match self.shards.sharded() {
+                        true => comm.start_reduce_scatter_sum(at, &parts(), after),
+                        false => comm.start_all_reduce_sum(at, range.len(), after),
+                    }
+                });
+            };
+            let (start, n) = (range.start, range.len());
+            be.round_to_bf16(wire.span().slice(start, n), grads.span().slice(start, n), n);
+            if after.is_none() {
+                be.synchronize()?;
+            }
+            let at = wire.ptr().add(start);
+            // SAFETY: as above, for the bucket's bf16 copy in `wire` (checked to cover the
+            // layout), written (host wait) or queued on `after` before the sum.
             timed(comm_s, || unsafe {
-                if self.shards.sharded() {
-                    comm.start_reduce_scatter_sum(at, &parts_within(self.shards.parts(), range), after)
-                } else {
-                    comm.start_all_reduce_sum(at, range.len(), after)
+                match self.shards.sharded() {
+                    true => comm.start_reduce_scatter_sum_bf16(at, &parts(), after),
+                    false => comm.start_all_reduce_sum_bf16(at, n, after),
                 }
             })
+        };
+        // The bf16 sums back into the f32 gradients (this rank's shard under ZeRO-1).
+        let widen = || {
+            if let Some(wire) = wire {
+                let r = if self.shards.sharded() {
+                    self.shards.own()
+                } else {
+                    0..self.total
+                };
+                be.widen_bf16(
+                    grads.span().slice(r.start, r.len()),
+                    wire.span().slice(r.start, r.len()),
+                    r.len(),
+                );
+            }
         };
         let mut comm_s = 0.0;
         match self.mode {
@@ -220,12 +292,14 @@ impl GradSync {
                 // What reads the sums (the norm, the optimiser) is queued on the backend's
                 // stream after this, which waits for them on the device (or the host waits).
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
+                widen();
             }
-            SyncMode::Allreduce if world > 1 && after.is_some() => {
-                // One bucket after backward, ordered on the device (no host wait).
+            SyncMode::Allreduce if world > 1 && (after.is_some() || wire.is_some()) => {
+                // One bucket after backward, ordered on the device (no host wait), or in bf16.
                 g.backward(loss, seed)?;
                 sum(&(0..self.total), &mut comm_s)?;
                 timed(&mut comm_s, || comm.finish_all_reduces(after))?;
+                widen();
             }
             SyncMode::Allreduce if world > 1 => {
                 g.backward(loss, seed)?;

@@ -224,6 +224,7 @@ fn train_losses<B: Backend>(be: &B, cfg: ModelConfig, batches: &[Batch], b: usiz
         micro_batches: 1,
         recompute: Recompute::None,
         zero: false,
+        grad_comm: Default::default(),
     };
     let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
     trainer.init_weights(1337).expect("init");
@@ -264,6 +265,7 @@ fn replay_run(precision: Precision, replay: bool, micro_batches: usize) -> (Vec<
         micro_batches,
         recompute: Recompute::None,
         zero: false,
+        grad_comm: Default::default(),
     };
     let cfg = config("char", ConfigOverrides::default());
     let mut trainer = Trainer::new(&be, &Single, cfg, settings).expect("trainer");
@@ -429,7 +431,10 @@ fn grads_and_loss<B: Backend>(be: &B, first_writes: bool, lm_rows: Option<usize>
     let mut pool = Pool::default();
     let mut g = Graph::new(be, &mut pool, true);
     if let Some(rows) = lm_rows {
-        g = g.with_loss_seed(1.0).with_fresh_gradients(first_writes).with_lm_head_rows(rows);
+        g = g
+            .with_loss_seed(1.0)
+            .with_fresh_gradients(first_writes)
+            .with_lm_head_rows(rows);
     }
     let fwd = model
         .forward(&mut g, &batch.inputs, Some(&batch.targets), b, t, false)
@@ -465,8 +470,14 @@ fn lm_head_in_row_chunks_equals_the_whole_logits() {
         assert!(got.iter().all(|x| x.is_finite()), "{precision:?}: NaN left");
         // Products of another row count may round otherwise: bf16 outputs by their last bit.
         let bound = if precision == Precision::Bf16 { 1e-2 } else { 1e-4 };
-        assert!((loss - want_loss).abs() <= 1e-6 * want_loss.abs(), "{precision:?}: loss {loss} vs {want_loss}");
-        assert!(err < bound, "{precision:?}: gradients off by {err:.2e} (bound {bound:.0e})");
+        assert!(
+            (loss - want_loss).abs() <= 1e-6 * want_loss.abs(),
+            "{precision:?}: loss {loss} vs {want_loss}"
+        );
+        assert!(
+            err < bound,
+            "{precision:?}: gradients off by {err:.2e} (bound {bound:.0e})"
+        );
     }
 }
 

@@ -709,7 +709,9 @@ fn lm_head_in_row_chunks_equals_the_whole_logits() {
         be.write(&model.grads, 0, &vec![7.0; model.num_params()]).unwrap(); // stale
         let mut losses = Vec::new();
         for micro in 0..2 {
-            let mut g = Graph::new(&be, &mut pool, true).with_loss_seed(0.5).with_fresh_gradients(micro == 0);
+            let mut g = Graph::new(&be, &mut pool, true)
+                .with_loss_seed(0.5)
+                .with_fresh_gradients(micro == 0);
             if let Some(r) = rows {
                 g = g.with_lm_head_rows(r);
             }
@@ -733,13 +735,21 @@ fn lm_head_in_row_chunks_equals_the_whole_logits() {
         let (loss, got) = step(Some(rows));
         assert_eq!(loss, want_loss, "{rows} rows a chunk: the loss");
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{rows} rows a chunk: grad[{i}] {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                "{rows} rows a chunk: grad[{i}] {a} vs {b}"
+            );
         }
     }
     // A pass that added to the weight's gradient before the step's zeroing is refused.
-    let mut g = Graph::new(&be, &mut pool, true).with_loss_seed(0.5).with_lm_head_rows(3);
+    let mut g = Graph::new(&be, &mut pool, true)
+        .with_loss_seed(0.5)
+        .with_lm_head_rows(3);
     model.forward(&mut g, &inp, Some(&tg), 2, 5, false).unwrap();
-    let err = g.zero_grads_except_first_products(&model.grads).unwrap_err().to_string();
+    let err = g
+        .zero_grads_except_first_products(&model.grads)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("with_fresh_gradients"), "{err}");
 }
 
@@ -798,7 +808,11 @@ fn mlp_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuffer<f3
     let ids: Vec<i32> = vec![1, 5, 2, 6, 0, 3];
     let targets: Vec<i32> = vec![5, 2, 6, 0, 3, 4];
     let mut pool = Pool::default();
-    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(if form == MlpForm::OpRecompute { Recompute::All } else { Recompute::None });
+    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(if form == MlpForm::OpRecompute {
+        Recompute::All
+    } else {
+        Recompute::None
+    });
     let mut at = 0;
     let mut p = Vec::new();
     for shape in mlp_net_shapes() {
@@ -955,7 +969,11 @@ fn residual_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuff
     let ids: Vec<i32> = vec![1, 5, 2, 6, 0, 3];
     let targets: Vec<i32> = vec![5, 2, 6, 0, 3, 4];
     let mut pool = Pool::default();
-    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(if form == ResidualForm::OpRecompute { Recompute::All } else { Recompute::None });
+    let mut g = Graph::new(be, &mut pool, grads.is_some()).with_recompute(if form == ResidualForm::OpRecompute {
+        Recompute::All
+    } else {
+        Recompute::None
+    });
     let mut at = 0;
     let mut p = Vec::new();
     for shape in residual_net_shapes() {

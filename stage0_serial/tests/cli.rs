@@ -236,7 +236,11 @@ fn recompute_trains_the_same_run_bit_for_bit() {
         let o = run(&train_args(data, again.to_str().unwrap(), &flags));
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(table_without_times(&kept), table_without_times(&again), "{what:?}");
-        assert_eq!(params_of(&kept), params_of(&again), "{what:?}: final parameters bit for bit");
+        assert_eq!(
+            params_of(&kept),
+            params_of(&again),
+            "{what:?}: final parameters bit for bit"
+        );
     }
 }
 

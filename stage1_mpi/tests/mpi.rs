@@ -254,13 +254,61 @@ fn reproduces_stage0_with_and_without_overlap() {
 }
 
 #[test]
+fn bf16_sums_are_the_same_however_cut_and_close_to_f32_sums() {
+    // --grad-comm bf16 on 2 ranks: each sum is one addition rounded to bf16, so buckets,
+    // overlap and ZeRO-1's reduce-scatter leave the run the same bit for bit (ZeRO-1 without
+    // clipping, whose norm it sums per shard: see zero1_equals_zero0); the losses stay near
+    // the f32 sums' (and differ from them: the bf16 path is taken).
+    let d = tmpdir("bf16-sums");
+    let data = corpus(&d);
+    let steps = ["--steps", "30", "--eval-every", "10"];
+    let run = |name: &str, flags: &[&str]| {
+        let out = d.join(name);
+        let o = mpirun(2, &train_args(&data, &out, &[&steps[..], flags].concat()), &[]);
+        assert_ok(&o);
+        (loss_table(&out), final_params(&out))
+    };
+    let (f32_losses, f32_params) = run("fp32", &[]);
+    let (losses, params) = run("bf16", &["--grad-comm", "bf16"]);
+    for (name, flags) in [
+        ("bf16-overlap", &["--grad-comm", "bf16", "--overlap"][..]),
+        ("bf16-buckets", &["--grad-comm", "bf16", "--bucket-mb", "0.3"]),
+    ] {
+        let (l, p) = run(name, flags);
+        assert_eq!(l, losses, "{name}: the loss table");
+        assert!(p == params, "{name}: the final parameters differ from plain bf16 sums'");
+    }
+    let unclipped = run("bf16-noclip", &["--grad-comm", "bf16", "--grad-clip", "0"]);
+    let zero1 = run(
+        "bf16-zero1",
+        &["--grad-comm", "bf16", "--grad-clip", "0", "--zero", "1"],
+    );
+    assert!(zero1 == unclipped, "bf16 sums: ZeRO-1 differs from none");
+    assert!(params != f32_params, "bf16 sums left every parameter as f32 sums do");
+    for (b, f) in losses.iter().zip(&f32_losses) {
+        for k in 1..3 {
+            assert!(
+                (b[k] - f[k]).abs() <= 2e-2,
+                "bf16 sums' losses {b:?} against f32 sums' {f:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn the_shipped_hostfile_runs_on_this_machine() {
     // `mpirun -n 2 -f hostfile stage1_mpi train ...` as the README and the hostfile say.
     let d = tmpdir("hostfile");
     let data = corpus(&d);
     let hostfile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hostfile");
-    let mut args: Vec<String> = ["-n", "2", "-f", hostfile.to_str().unwrap(), BIN].map(String::from).to_vec();
-    args.extend(train_args(&data, &d.join("run"), &["--steps", "6", "--eval-every", "6"]));
+    let mut args: Vec<String> = ["-n", "2", "-f", hostfile.to_str().unwrap(), BIN]
+        .map(String::from)
+        .to_vec();
+    args.extend(train_args(
+        &data,
+        &d.join("run"),
+        &["--steps", "6", "--eval-every", "6"],
+    ));
     let o = {
         let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         run_limited("mpirun", &args, &[], Duration::from_secs(60))

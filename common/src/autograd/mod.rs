@@ -912,7 +912,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// The tied language-model head `h (R, C) · wᵀ (C, Vp)` and, with `targets`, the mean
     /// cross-entropy over the first `v` columns: (the logits, the loss). In a training pass
     /// whose seed is known ([`Graph::with_loss_seed`]) and whose logits would be large, the
-    /// two run together over row chunks ([`Op::LmHeadLoss`]) and no logits are returned;
+    /// two run together over row chunks (`Op::LmHeadLoss`) and no logits are returned;
     /// otherwise as [`Graph::matmul`] then [`Graph::cross_entropy`].
     pub fn lm_head(
         &mut self,
@@ -968,8 +968,15 @@ impl<'a, B: Backend> Graph<'a, B> {
             self.be.matmul_forward(logits, xs, wd, None, n, c, vp);
             // SAFETY: every target is below v (checked above).
             unsafe {
-                self.be
-                    .crossentropy_fused(losses.slice(start, n), logits, targets.slice(start, n), applied, n, v, vp)
+                self.be.crossentropy_fused(
+                    losses.slice(start, n),
+                    logits,
+                    targets.slice(start, n),
+                    applied,
+                    n,
+                    v,
+                    vp,
+                )
             };
             let overwrite = Overwrite {
                 dinp: true,

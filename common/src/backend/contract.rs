@@ -37,6 +37,11 @@ pub fn round_to_bf16(dst: Span<bf16>, src: Span, n: usize) -> (DevPtr<bf16>, F) 
     (o.write("dst", dst, n), o.read("src", src, n))
 }
 
+pub fn widen_bf16(dst: Span, src: Span<bf16>, n: usize) -> (F, DevPtr<bf16>) {
+    let mut o = ops("widen_bf16", ActType::F32);
+    (o.write("dst", dst, n), o.read("src", src, n))
+}
+
 /// `dst += src`; `src` may be `dst` itself.
 pub fn accumulate(dst: Span, src: Span, n: usize) -> (F, F) {
     let mut o = ops("accumulate", ActType::F32);

@@ -526,6 +526,10 @@ pub trait Backend {
     /// # Operands
     /// `dst`, `src`: `n` elements each.
     fn round_to_bf16(&self, dst: Span<bf16>, src: Span, n: usize);
+    /// `dst = f32(src)` over `n` values (exact): gradients summed in bf16 back into f32.
+    /// # Operands
+    /// `dst`, `src`: `n` elements each.
+    fn widen_bf16(&self, dst: Span, src: Span<bf16>, n: usize);
     /// `dst += src`, elementwise over `n` f32 values.
     /// # Operands
     /// `dst`, `src`: `n` elements each; they may be the same pointer.

@@ -103,6 +103,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         micro_batches: 1,
         recompute: args.recompute,
         zero: args.sync.zero(),
+        grad_comm: args.sync.grad_comm(),
     };
     let mut trainer = Trainer::new(be, comm, config, settings)?;
     trainer.init_weights(1)?;

@@ -43,6 +43,9 @@ pub const STAGE_FLAGS: &[StageFlag] = &[
     ("zero", "the multi-process stages (stage1_mpi, stage3_mpi_cuda)", |s| {
         s.distributed
     }),
+    ("grad_comm", "stage1_mpi (the GPU stages do not sum in bf16 yet)", |s| {
+        s.distributed && !s.gpu
+    }),
     (
         "comm_timeout",
         "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
@@ -62,6 +65,11 @@ pub const CONFLICTS: &[(&str, &str, &str)] = &[
         "bucket_mb",
         "sync_every",
         "local SGD sums no gradients during backward, so there are no buckets",
+    ),
+    (
+        "grad_comm",
+        "sync_every",
+        "local SGD sums no gradients: it averages parameters, in f32",
     ),
     // `--zero 0` with `--sync-every` is what local SGD runs anyway.
     (

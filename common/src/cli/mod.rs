@@ -12,7 +12,7 @@ pub use checks::{
 
 use crate::autograd::Recompute;
 use crate::backend::Precision;
-use crate::grad_sync::SyncMode;
+use crate::grad_sync::{GradComm, SyncMode};
 use crate::mnist::{BenchSettings, OptimizerKind, RunSettings};
 use crate::model::{ConfigOverrides, ModelConfig};
 use checks::{
@@ -267,6 +267,11 @@ pub struct SyncArgs {
     /// MPI on CPUs [default: 1 on stage3_mpi_cuda, 0 there with --sync-every; 0 on stage1_mpi].
     #[arg(long, value_name = "STAGE", value_parser = zero_stage)]
     pub zero: Option<u8>,
+    /// stage1_mpi: what the gradient sums carry: fp32, or bf16 (the gradients rounded to
+    /// bf16 and summed in bf16: half the bytes on the wire; back into f32 gradients on each
+    /// rank; not yet on the GPU stages) [default: fp32].
+    #[arg(long, value_enum, value_name = "TYPE")]
+    pub grad_comm: Option<GradComm>,
 }
 
 impl SyncArgs {
@@ -283,6 +288,11 @@ impl SyncArgs {
         let sums_every_step = self.sync_every.is_none();
         self.zero
             .get_or_insert((stage.gpu && stage.distributed && sums_every_step) as u8);
+    }
+
+    /// What the gradient sums carry.
+    pub fn grad_comm(&self) -> GradComm {
+        self.grad_comm.unwrap_or_default()
     }
 
     /// How gradients are synchronised across ranks.

@@ -43,6 +43,7 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("train", "sync_every", &["0"]),
     ("train", "bucket_mb", &["0", "-1", "x"]),
     ("train", "zero", &["2", "3", "-1", "x"]),
+    ("train", "grad_comm", &["fp16", "x"]),
     ("generate", "checkpoint", &[]),
     ("generate", "prompt", &[]),
     ("generate", "max_new_tokens", &["1000001", "18446744073709551615"]),
@@ -101,6 +102,7 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("bench", "allreduce", &[]),
     ("bench", "allreduce_max_mb", &["0", "x"]),
     ("bench", "zero", &["2", "x"]),
+    ("bench", "grad_comm", &["fp16"]),
     ("report", "runs", &[]),
     ("report", "out", &[]),
     ("plot", "data", &[]),
@@ -199,6 +201,7 @@ fn good_value(id: &str) -> &'static str {
         "bucket_mb" => "25",
         "sync_every" => "4",
         "zero" => "1",
+        "grad_comm" => "bf16",
         "comm_timeout" => "60",
         "temperature" => "0.5",
         "top_p" => "0.9",
@@ -289,7 +292,15 @@ fn every_conflicting_pair_is_refused_naming_both_flags() {
         // Each alone passes (on the stage where it applies), the two together do not.
         let (_, alone) = line_with(&[a]);
         let (line, both) = line_with(&[a, b]);
-        let stage = STAGES[3]; // the multi-process GPU stage: every STAGE_FLAGS flag applies
+        // A stage both flags apply to (a flag outside STAGE_FLAGS applies to every stage).
+        let applies = |stage: StageKind, side: &str| {
+            let id = conflict_side(side).0;
+            STAGE_FLAGS.iter().all(|&(f, _, applies)| f != id || applies(stage))
+        };
+        let stage = *STAGES
+            .iter()
+            .find(|s| applies(s.0, a) && applies(s.0, b))
+            .unwrap_or_else(|| panic!("no stage takes both {a} and {b}"));
         assert_eq!(check_flags(&alone, stage.0, stage.1), Ok(()), "{a} alone");
         let e = check_flags(&both, stage.0, stage.1).expect_err(&format!("accepted {line:?}"));
         assert_eq!(

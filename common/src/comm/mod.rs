@@ -11,7 +11,7 @@ pub mod nccl;
 mod watchdog;
 
 use crate::backend::{bf16, DevPtr, DeviceStream};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::ops::Range;
 
 pub use agree::{agree, broadcast_f32, check_same_everywhere, everywhere, from_root, on_root};
@@ -84,6 +84,33 @@ pub trait Comm {
         host_ordered(self, after)?;
         self.reduce_scatter_sum(buf, parts)
     }
+    /// `--grad-comm bf16`: as [`Comm::start_all_reduce_sum`] over `n` bf16 values, each
+    /// addition formed in f32 and rounded to bf16 (half the bytes of f32 sums on the wire).
+    /// Default: refused, for a communicator without bf16 sums.
+    ///
+    /// # Safety
+    /// As [`Comm::start_all_reduce_sum`], for bf16 values.
+    unsafe fn start_all_reduce_sum_bf16(
+        &self,
+        _buf: DevPtr<bf16>,
+        _n: usize,
+        _after: Option<DeviceStream>,
+    ) -> Result<()> {
+        Err(no_bf16_sums())
+    }
+    /// `--grad-comm bf16`: as [`Comm::start_reduce_scatter_sum`] over bf16 values, rounded as
+    /// [`Comm::start_all_reduce_sum_bf16`] rounds. Default: refused.
+    ///
+    /// # Safety
+    /// As [`Comm::start_reduce_scatter_sum`], for bf16 values.
+    unsafe fn start_reduce_scatter_sum_bf16(
+        &self,
+        _buf: DevPtr<bf16>,
+        _parts: &[Range<usize>],
+        _after: Option<DeviceStream>,
+    ) -> Result<()> {
+        Err(no_bf16_sums())
+    }
     /// Rank r's `parts[r]` of `buf` replaces that part on every rank, in place (ZeRO-1's
     /// all-gather of the updated weights: f32, or their bf16 copy). `parts` as in
     /// [`Comm::reduce_scatter_sum`], counted in `buf`'s values, except that gaps may lie
@@ -128,6 +155,10 @@ pub trait Comm {
     fn job_abort(&self) -> Option<fn(u8)> {
         None
     }
+}
+
+fn no_bf16_sums() -> Error {
+    Error::Device("this communicator has no bf16 sums (--grad-comm bf16)".into())
 }
 
 /// Backend memory that a gather copies: f32 values, or bf16 ones (a gather moves bits and

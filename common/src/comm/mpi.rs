@@ -3,7 +3,7 @@
 //! collectives, so those few calls go straight to `mpi::ffi`, each wrapped and checked here.
 
 use super::{Comm, Words};
-use crate::backend::{DevPtr, DeviceStream};
+use crate::backend::{bf16, DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use mpi::ffi;
 use mpi::raw::AsRaw;
@@ -54,6 +54,8 @@ pub struct MpiComm {
     /// Reduce-scatters started and not yet waited for: where each one's sum lands, the part
     /// of the caller's buffer to copy it into then, and the counts MPI may read until then.
     scattered: RefCell<Vec<Scattered>>,
+    /// The sum of bf16 values (`--grad-comm bf16`): an MPI operation of ours on 16-bit words.
+    bf16_sum: ffi::MPI_Op,
     /// Finalizes MPI when dropped, so it is declared (and dropped) last.
     _universe: mpi::environment::Universe,
 }
@@ -84,6 +86,12 @@ impl MpiComm {
         let (local_rank, local_size) = (local.rank() as usize, local.size() as usize);
         drop(local);
         abort_job_on_panic();
+        // SAFETY: MPI is initialised; `add_bf16` has MPI_User_function's signature. The
+        // operation lives until MPI_Finalize (MpiComm's lifetime).
+        let mut bf16_sum: ffi::MPI_Op = unsafe { std::mem::zeroed() };
+        check("MPI_Op_create", unsafe {
+            ffi::MPI_Op_create(Some(add_bf16), 1, &mut bf16_sum)
+        })?;
         Ok(MpiComm {
             world,
             rank: rank as usize,
@@ -93,6 +101,7 @@ impl MpiComm {
             host,
             pending: RefCell::new(Vec::new()),
             scattered: RefCell::new(Vec::new()),
+            bf16_sum,
             _universe: universe,
         })
     }
@@ -157,23 +166,20 @@ impl MpiComm {
     /// it into the part. MPI's reduction order is fixed for a given world size and count,
     /// so the sums are the same at every call.
     ///
-    /// SAFETY: `buf` must address the live host f32 that `parts` cover; `own` holds this
-    /// rank's part's length; `counts` is [`part_counts`] of `parts`; all three stay untouched
+    /// SAFETY: `buf` must address the live host values that `parts` cover, of MPI type
+    /// `float` (which `op` adds); `own` holds this rank's part's length; `counts` is [`part_counts`] of `parts`; all three stay untouched
     /// until the call (or its request) completes.
-    unsafe fn reduce_scatter_into(
+    unsafe fn reduce_scatter_into<T>(
         &self,
-        buf: *const f32,
+        buf: *const T,
         (parts, counts): (&[Range<usize>], &[c_int]),
-        own: &mut [f32],
+        own: &mut [T],
+        (float, op): (ffi::MPI_Datatype, ffi::MPI_Op),
         request: Option<&mut ffi::MPI_Request>,
     ) -> Result<()> {
         let send = buf.wrapping_add(parts[0].start) as *const c_void;
         let recv = own.as_mut_ptr() as *mut c_void;
-        let (float, op, world) = (
-            unsafe { ffi::RSMPI_FLOAT },
-            unsafe { ffi::RSMPI_SUM },
-            self.world.as_raw(),
-        );
+        let world = self.world.as_raw();
         // SAFETY: the caller's buffers and counts (above).
         match request {
             None => check("MPI_Reduce_scatter", unsafe {
@@ -201,8 +207,38 @@ impl MpiComm {
     }
 }
 
-/// A started reduce-scatter's sum, where to copy it once done, and its counts.
-type Scattered = (Vec<f32>, *mut f32, Vec<c_int>);
+/// A started reduce-scatter's sum, where to copy it once done, and its counts (which MPI may
+/// read until then).
+enum Scattered {
+    F32 {
+        own: Vec<f32>,
+        into: *mut f32,
+        _counts: Vec<c_int>,
+    },
+    Bf16 {
+        own: Vec<u16>,
+        into: *mut u16,
+        _counts: Vec<c_int>,
+    },
+}
+
+/// `inout[i] = bf16(in[i] + inout[i])` over `len` bf16 values (16-bit words): each sum formed
+/// in f32 (exact for two bf16 values but for rounding) and rounded to the nearest bf16, ties to
+/// even, as NCCL's bf16 sums round. MPI_User_function's signature (MPI_Op_create).
+unsafe extern "C" fn add_bf16(input: *mut c_void, inout: *mut c_void, len: *mut c_int, _: *mut ffi::MPI_Datatype) {
+    // SAFETY: MPI passes two arrays of `*len` 16-bit words (the datatype given with the op).
+    let n = unsafe { *len } as usize;
+    let (a, b) = unsafe {
+        (
+            std::slice::from_raw_parts(input as *const u16, n),
+            std::slice::from_raw_parts_mut(inout as *mut u16, n),
+        )
+    };
+    for (x, y) in a.iter().zip(b.iter_mut()) {
+        let sum = half::bf16::from_bits(*x).to_f32() + half::bf16::from_bits(*y).to_f32();
+        *y = half::bf16::from_f32(sum).to_bits();
+    }
+}
 
 /// Each part's length as MPI's count, after checking the parts (one per rank, contiguous).
 fn part_counts(comm: &MpiComm, parts: &[Range<usize>]) -> Result<Vec<c_int>> {
@@ -353,7 +389,13 @@ impl Comm for MpiComm {
         // SAFETY: the Comm contract; MpiComm's DevPtrs are host addresses (CPU backend), and
         // the own part lies inside the buffer.
         unsafe {
-            self.reduce_scatter_into(buf, (parts, &counts), &mut own, None)?;
+            self.reduce_scatter_into(
+                buf,
+                (parts, &counts),
+                &mut own,
+                (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM),
+                None,
+            )?;
             std::ptr::copy_nonoverlapping(own.as_ptr(), buf.add(parts[self.rank].start), own.len());
         }
         Ok(())
@@ -374,10 +416,66 @@ impl Comm for MpiComm {
         // SAFETY: as above; the caller leaves the memory alone until `finish_all_reduces`,
         // and the heap memory of `own` and `counts` stays where it is when the vectors move
         // into `scattered`, kept until then.
-        unsafe { self.reduce_scatter_into(buf, (parts, &counts), &mut own, Some(&mut request))? };
+        unsafe {
+            let types = (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM);
+            self.reduce_scatter_into(buf, (parts, &counts), &mut own, types, Some(&mut request))?
+        };
         pending.push(request);
         let into = buf.wrapping_add(parts[self.rank].start);
-        self.scattered.borrow_mut().push((own, into, counts));
+        self.scattered.borrow_mut().push(Scattered::F32 {
+            own,
+            into,
+            _counts: counts,
+        });
+        self.progress(&mut pending)
+    }
+
+    unsafe fn start_all_reduce_sum_bf16(&self, buf: DevPtr<bf16>, n: usize, after: Option<DeviceStream>) -> Result<()> {
+        super::host_ordered(self, after)?;
+        let mut pending = self.pending.borrow_mut();
+        for (piece, count) in pieces(buf.addr() as *mut u16, n) {
+            // SAFETY: as in `start_all_reduce_sum`, for `n` bf16 values (16-bit words).
+            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+            check("MPI_Iallreduce", unsafe {
+                ffi::MPI_Iallreduce(
+                    gpt2rs_mpi_in_place(),
+                    piece,
+                    count,
+                    ffi::RSMPI_UINT16_T,
+                    self.bf16_sum,
+                    self.world.as_raw(),
+                    &mut request,
+                )
+            })?;
+            pending.push(request);
+        }
+        self.progress(&mut pending)
+    }
+
+    unsafe fn start_reduce_scatter_sum_bf16(
+        &self,
+        buf: DevPtr<bf16>,
+        parts: &[Range<usize>],
+        after: Option<DeviceStream>,
+    ) -> Result<()> {
+        super::host_ordered(self, after)?;
+        let counts = part_counts(self, parts)?;
+        let mut own = vec![0u16; parts[self.rank].len()];
+        let buf = buf.addr() as *mut u16;
+        let mut pending = self.pending.borrow_mut();
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as in `start_reduce_scatter_sum`, for bf16 values (16-bit words).
+        unsafe {
+            let types = (ffi::RSMPI_UINT16_T, self.bf16_sum);
+            self.reduce_scatter_into(buf, (parts, &counts), &mut own, types, Some(&mut request))?
+        };
+        pending.push(request);
+        let into = buf.wrapping_add(parts[self.rank].start);
+        self.scattered.borrow_mut().push(Scattered::Bf16 {
+            own,
+            into,
+            _counts: counts,
+        });
         self.progress(&mut pending)
     }
 
@@ -404,10 +502,17 @@ impl Comm for MpiComm {
             unsafe { ffi::MPI_Waitall(pending.len() as c_int, pending.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) };
         pending.clear();
         check("MPI_Waitall", code)?;
-        for (own, into, _counts) in self.scattered.borrow_mut().drain(..) {
+        for scattered in self.scattered.borrow_mut().drain(..) {
             // SAFETY: `into` is this rank's part of the buffer given to
-            // `start_reduce_scatter_sum`, which the caller has left alone until now.
-            unsafe { std::ptr::copy_nonoverlapping(own.as_ptr(), into, own.len()) };
+            // `start_reduce_scatter_sum(_bf16)`, which the caller has left alone until now.
+            match scattered {
+                Scattered::F32 { own, into, .. } => unsafe {
+                    std::ptr::copy_nonoverlapping(own.as_ptr(), into, own.len())
+                },
+                Scattered::Bf16 { own, into, .. } => unsafe {
+                    std::ptr::copy_nonoverlapping(own.as_ptr(), into, own.len())
+                },
+            }
         }
         Ok(())
     }

@@ -153,7 +153,8 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
             let mut g = Graph::new(be, &mut self.pool, true);
             let (_, loss) = self.mlp.forward(&mut g, pixels, rows, Some(labels))?;
             let loss = loss.expect("labels given");
-            self.sync.backward(&mut g, loss, comm, &self.mlp.grads, (0, 1))?;
+            self.sync
+                .backward(&mut g, loss, comm, (&self.mlp.grads, None), (0, 1))?;
             let (slot, at) = self.opt.meter().loss_slot();
             g.copy_into(loss, slot, at, false)?;
         }

@@ -238,6 +238,7 @@ impl<'a, B: Backend> Run<'a, B> {
                 micro_batches,
                 recompute: args.recompute,
                 zero: args.sync.zero(),
+                grad_comm: args.sync.grad_comm(),
             },
         )?;
         let (mut start_step, mut log_state) = (0, LogState::default());

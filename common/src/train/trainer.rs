@@ -5,13 +5,13 @@
 
 use crate::autograd::{check_ids, Graph, Pool, Recompute, TokenStage};
 use crate::backend::replay::Recorder;
-use crate::backend::{token_order, Backend, DeviceBuffer};
+use crate::backend::{bf16, token_order, Backend, DeviceBuffer};
 use crate::checkpoint::{Checkpoint, HostState};
 use crate::comm::{broadcast_f32, device_order, Comm, Words};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions};
-use crate::grad_sync::{GradSync, Shards, SyncMode};
+use crate::grad_sync::{GradComm, GradSync, Shards, SyncMode};
 use crate::model::{Gpt2, ModelConfig};
 use crate::optim::{AdamW, OptimConfig, StepStats, HISTORY};
 use crate::tokenizer::Tokenizer;
@@ -29,6 +29,8 @@ pub struct TrainerSettings {
     pub recompute: Recompute,
     /// ZeRO-1: the optimiser's state cut over the ranks (see [`crate::grad_sync::Shards`]).
     pub zero: bool,
+    /// What the gradient sums carry.
+    pub grad_comm: GradComm,
 }
 
 pub struct Trainer<'a, B: Backend> {
@@ -37,6 +39,8 @@ pub struct Trainer<'a, B: Backend> {
     pub model: Gpt2<B>,
     pub opt: AdamW<B>,
     sync: GradSync,
+    /// The gradients' bf16 copy that their sums carry (`--grad-comm bf16`, several ranks).
+    wire: Option<B::Buffer<bf16>>,
     micro_batches: usize,
     recompute: Recompute,
     pool: Pool<B>,
@@ -95,7 +99,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let shards = Shards::new(model.layout.total, comm, settings.zero);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
         let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own(), shards.sharded())?;
-        let sync = GradSync::new(settings.sync, &model.layout, shards);
+        let sync = GradSync::new(settings.sync, &model.layout, shards).with_wire(settings.grad_comm);
+        // The bf16 copy the sums carry under --grad-comm bf16.
+        let wire = match settings.grad_comm {
+            GradComm::Bf16 if comm.size() > 1 => Some(be.alloc::<bf16>(n)?),
+            _ => None,
+        };
         let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
             be,
@@ -103,6 +112,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             model,
             opt,
             sync,
+            wire,
             micro_batches: settings.micro_batches.max(1),
             recompute: settings.recompute,
             pool: Pool::default(),
@@ -206,7 +216,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
             if micro == 0 {
                 g.zero_grads_except_first_products(&self.model.grads)?;
             }
-            comm_s += self.sync.backward(&mut g, loss, comm, &self.model.grads, (micro, k))?;
+            let bufs = (&self.model.grads, self.wire.as_ref());
+            comm_s += self.sync.backward(&mut g, loss, comm, bufs, (micro, k))?;
             let (slot, at) = self.opt.meter.loss_slot();
             g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
         }

@@ -255,6 +255,13 @@ impl Backend for CpuBackend {
         unsafe { elementwise::round_to_bf16(view_mut(dst, n), view(src, n)) };
     }
 
+    fn widen_bf16(&self, dst: Span, src: Span<bf16>, n: usize) {
+        let (dst, src) = contract::widen_bf16(dst, src, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (dst, src) = unsafe { (view_mut(dst, n), view(src, n)) };
+        dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+    }
+
     fn accumulate(&self, dst: Span, src: Span, n: usize) {
         let (dst, src) = contract::accumulate(dst, src, n);
         // SAFETY: the contract checked every extent, and that `src` is `dst` or apart from it.

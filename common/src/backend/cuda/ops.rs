@@ -461,6 +461,12 @@ impl Backend for CudaBackend {
         unsafe { self.launch_1d("round_to_bf16_kernel", n, args![dst, src, n]) };
     }
 
+    fn widen_bf16(&self, dst: Span, src: Span<bf16>, n: usize) {
+        let (dst, src) = contract::widen_bf16(dst, src, n);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch_1d("widen_bf16_kernel", n, args![dst, src, n]) };
+    }
+
     fn accumulate(&self, dst: Span, src: Span, n: usize) {
         let (dst, src) = contract::accumulate(dst, src, n);
         // SAFETY: the contract checked every extent and overlap.

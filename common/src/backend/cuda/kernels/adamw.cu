@@ -87,3 +87,9 @@ extern "C" __global__ void round_to_bf16_kernel(bf16_t* dst, const float* src, i
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = to_bf16(src[i]);
 }
+
+// dst = float(src), exact (gradients summed in bf16, back into f32).
+extern "C" __global__ void widen_bf16_kernel(float* dst, const bf16_t* src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = to_f(src[i]);
+}
