@@ -191,6 +191,54 @@ impl MpiComm {
         }
     }
 
+    /// Starts summing `n` values at `ptr` (MPI type and operation `types`) over all ranks in
+    /// place, in pieces of at most [`MAX_COUNT`]; `finish_all_reduces` waits.
+    ///
+    /// SAFETY: `ptr` addresses `n` live host values of that type, left alone until then.
+    unsafe fn start_sum<T>(&self, ptr: *mut T, n: usize, (words, op): (ffi::MPI_Datatype, ffi::MPI_Op)) -> Result<()> {
+        let mut pending = self.pending.borrow_mut();
+        for (piece, count) in pieces(ptr, n) {
+            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: `piece` lies inside the caller's buffer.
+            check("MPI_Iallreduce", unsafe {
+                ffi::MPI_Iallreduce(
+                    gpt2rs_mpi_in_place(),
+                    piece,
+                    count,
+                    words,
+                    op,
+                    self.world.as_raw(),
+                    &mut request,
+                )
+            })?;
+            pending.push(request);
+        }
+        self.progress(&mut pending)
+    }
+
+    /// Starts [`MpiComm::reduce_scatter_into`] a buffer of this rank's part; returns it, where
+    /// it goes in `buf` once done, and the counts MPI may read until then (both kept, with
+    /// their heap memory in place, until `finish_all_reduces`).
+    ///
+    /// SAFETY: `buf` addresses the live host values `parts` covers, of MPI type `types.0`,
+    /// left alone until then.
+    unsafe fn start_scatter<T: Copy + Default>(
+        &self,
+        buf: *mut T,
+        parts: &[Range<usize>],
+        types: (ffi::MPI_Datatype, ffi::MPI_Op),
+    ) -> Result<(Vec<T>, *mut T, Vec<c_int>)> {
+        let counts = part_counts(self, parts)?;
+        let mut own = vec![T::default(); parts[self.rank].len()];
+        let mut pending = self.pending.borrow_mut();
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: the caller's buffer; `own` and `counts` outlive the request (above).
+        unsafe { self.reduce_scatter_into(buf, (parts, &counts), &mut own, types, Some(&mut request))? };
+        pending.push(request);
+        self.progress(&mut pending)?;
+        Ok((own, buf.wrapping_add(parts[self.rank].start), counts))
+    }
+
     /// MPICH moves nonblocking collectives on only inside MPI calls (no progress thread):
     /// testing them lets those started earlier advance while the backward pass computes.
     fn progress(&self, pending: &mut [ffi::MPI_Request]) -> Result<()> {
@@ -361,25 +409,9 @@ impl Comm for MpiComm {
 
     unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
         super::host_ordered(self, after)?;
-        let mut pending = self.pending.borrow_mut();
-        for (piece, count) in pieces(buf.addr() as *mut f32, n) {
-            // SAFETY: as in `all_reduce_sum`; the caller leaves the memory alone until
-            // `finish_all_reduces` has waited for this request (the trait's contract).
-            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-            check("MPI_Iallreduce", unsafe {
-                ffi::MPI_Iallreduce(
-                    gpt2rs_mpi_in_place(),
-                    piece,
-                    count,
-                    ffi::RSMPI_FLOAT,
-                    ffi::RSMPI_SUM,
-                    self.world.as_raw(),
-                    &mut request,
-                )
-            })?;
-            pending.push(request);
-        }
-        self.progress(&mut pending)
+        // SAFETY: as in `all_reduce_sum`; the caller leaves the memory alone until
+        // `finish_all_reduces` has waited (the trait's contract).
+        unsafe { self.start_sum(buf.addr() as *mut f32, n, (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM)) }
     }
 
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
@@ -408,48 +440,22 @@ impl Comm for MpiComm {
         after: Option<DeviceStream>,
     ) -> Result<()> {
         super::host_ordered(self, after)?;
-        let counts = part_counts(self, parts)?;
-        let mut own = vec![0.0f32; parts[self.rank].len()];
-        let buf = buf.addr() as *mut f32;
-        let mut pending = self.pending.borrow_mut();
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: as above; the caller leaves the memory alone until `finish_all_reduces`,
-        // and the heap memory of `own` and `counts` stays where it is when the vectors move
-        // into `scattered`, kept until then.
-        unsafe {
-            let types = (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM);
-            self.reduce_scatter_into(buf, (parts, &counts), &mut own, types, Some(&mut request))?
-        };
-        pending.push(request);
-        let into = buf.wrapping_add(parts[self.rank].start);
+        let types = (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM);
+        // SAFETY: as in `reduce_scatter_sum`; the caller leaves the memory alone until
+        // `finish_all_reduces`.
+        let (own, into, counts) = unsafe { self.start_scatter(buf.addr() as *mut f32, parts, types)? };
         self.scattered.borrow_mut().push(Scattered::F32 {
             own,
             into,
             _counts: counts,
         });
-        self.progress(&mut pending)
+        Ok(())
     }
 
     unsafe fn start_all_reduce_sum_bf16(&self, buf: DevPtr<bf16>, n: usize, after: Option<DeviceStream>) -> Result<()> {
         super::host_ordered(self, after)?;
-        let mut pending = self.pending.borrow_mut();
-        for (piece, count) in pieces(buf.addr() as *mut u16, n) {
-            // SAFETY: as in `start_all_reduce_sum`, for `n` bf16 values (16-bit words).
-            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-            check("MPI_Iallreduce", unsafe {
-                ffi::MPI_Iallreduce(
-                    gpt2rs_mpi_in_place(),
-                    piece,
-                    count,
-                    ffi::RSMPI_UINT16_T,
-                    self.bf16_sum,
-                    self.world.as_raw(),
-                    &mut request,
-                )
-            })?;
-            pending.push(request);
-        }
-        self.progress(&mut pending)
+        // SAFETY: as in `start_all_reduce_sum`, for `n` bf16 values (16-bit words).
+        unsafe { self.start_sum(buf.addr() as *mut u16, n, (ffi::RSMPI_UINT16_T, self.bf16_sum)) }
     }
 
     unsafe fn start_reduce_scatter_sum_bf16(
@@ -459,24 +465,15 @@ impl Comm for MpiComm {
         after: Option<DeviceStream>,
     ) -> Result<()> {
         super::host_ordered(self, after)?;
-        let counts = part_counts(self, parts)?;
-        let mut own = vec![0u16; parts[self.rank].len()];
-        let buf = buf.addr() as *mut u16;
-        let mut pending = self.pending.borrow_mut();
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let types = (ffi::RSMPI_UINT16_T, self.bf16_sum);
         // SAFETY: as in `start_reduce_scatter_sum`, for bf16 values (16-bit words).
-        unsafe {
-            let types = (ffi::RSMPI_UINT16_T, self.bf16_sum);
-            self.reduce_scatter_into(buf, (parts, &counts), &mut own, types, Some(&mut request))?
-        };
-        pending.push(request);
-        let into = buf.wrapping_add(parts[self.rank].start);
+        let (own, into, counts) = unsafe { self.start_scatter(buf.addr() as *mut u16, parts, types)? };
         self.scattered.borrow_mut().push(Scattered::Bf16 {
             own,
             into,
             _counts: counts,
         });
-        self.progress(&mut pending)
+        Ok(())
     }
 
     unsafe fn all_gather(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
