@@ -6,17 +6,18 @@
 //! - [`shards`]: what `--data` and `--val-data` name, resolved into files;
 //! - [`sharding`]: text documents into shards (`tokenize --output-dir`);
 //! - [`order`]: the keyed permutation that orders a streamed corpus's windows;
-//! - [`stream`]: batches read from shards, and the thread that prepares them ahead;
-//! - here: the in-memory [`Loader`] (one file, Fisher–Yates), the split, evaluation batches.
+//! - [`loader`]: the shuffled per-rank batches over any corpus's windows ([`WindowLoader`]),
+//!   and the in-memory [`Loader`] (one file, Fisher–Yates);
+//! - [`stream`]: windows read from shards, and the thread that prepares batches ahead;
+//! - here: the split, the cursor, evaluation batches.
 
 pub mod bin;
 mod identity;
+pub mod loader;
 pub mod order;
 pub mod sharding;
 pub mod shards;
 pub mod stream;
-
-use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -26,8 +27,9 @@ use crate::error::Result;
 
 pub use bin::{load_tokens, read_bin, write_bin, BIN_MAGIC, BIN_VERSION};
 pub use identity::DataIdentity;
+pub use loader::{EpochOrder, InMemory, Loader, WindowLoader, Windows};
 pub use shards::{resolve, DataPlan, Shard, ShardSet, TrainSource, ValSource};
-pub use stream::{Batches, ShardLoader};
+pub use stream::{Batches, ShardLoader, ShardWindows};
 
 /// Spreads consecutive epoch numbers over the seed space (2^64 / golden ratio).
 const EPOCH_SEED_MIX: u64 = 0x9E3779B97F4A7C15;
@@ -178,158 +180,6 @@ fn push_window(batch: &mut Batch, tokens: &[u32], w: usize, seq_len: usize) {
     let window = &tokens[w * seq_len..w * seq_len + seq_len + 1];
     batch.inputs.extend(window[..seq_len].iter().map(|&t| t as i32));
     batch.targets.extend(window[1..].iter().map(|&t| t as i32));
-}
-
-/// Shuffled, sharded batches over the training tokens.
-///
-/// The tokens are cut into `num_windows = (len - 1) / T` non-overlapping windows of `T + 1`
-/// tokens. Each epoch visits them in a Fisher–Yates order that depends only on `(seed, epoch)`;
-/// a global batch is the next `B` windows of that order, and rank `r` of `world` takes rows
-/// `[r*B/world, (r+1)*B/world)` of it. The `num_windows % B` windows left at the end of an
-/// epoch are skipped, so `steps_per_epoch = num_windows / B`; the next epoch reshuffles, so
-/// different windows are skipped each time.
-pub struct Loader {
-    tokens: Arc<[u32]>,
-    seq_len: usize,
-    global_batch: usize,
-    local_batch: usize,
-    rank: usize,
-    seed: u64,
-    /// Window indices in this epoch's visiting order (always the order for `cursor.epoch`).
-    order: Vec<usize>,
-    cursor: DataCursor,
-}
-
-/// Shape and position only: the token buffer is far too long to print.
-impl std::fmt::Debug for Loader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Loader")
-            .field("tokens", &self.tokens.len())
-            .field("seq_len", &self.seq_len)
-            .field("global_batch", &self.global_batch)
-            .field("local_batch", &self.local_batch)
-            .field("rank", &self.rank)
-            .field("seed", &self.seed)
-            .field("cursor", &self.cursor)
-            .finish()
-    }
-}
-
-impl Loader {
-    pub fn new(
-        tokens: impl Into<Arc<[u32]>>,
-        seq_len: usize,
-        global_batch: usize,
-        rank: usize,
-        world: usize,
-        seed: u64,
-    ) -> Result<Loader> {
-        let tokens = tokens.into();
-        check_shape(seq_len, global_batch, rank, world)?;
-        let num_windows = tokens.len().saturating_sub(1) / seq_len;
-        if num_windows < global_batch {
-            bail_input!(
-                "corpus too short: {} training tokens make {num_windows} windows of seq-len + 1 = {} tokens, \
-                 fewer than the global batch of {global_batch}",
-                tokens.len(),
-                seq_len + 1
-            );
-        }
-        let mut loader = Loader {
-            tokens,
-            seq_len,
-            global_batch,
-            local_batch: global_batch / world,
-            rank,
-            seed,
-            order: Vec::with_capacity(num_windows),
-            cursor: DataCursor::default(),
-        };
-        loader.shuffle_for(0, num_windows);
-        Ok(loader)
-    }
-
-    /// Rebuild the order from scratch so it depends on `(seed, epoch)` alone, not on history:
-    /// that is what lets [`Loader::set_cursor`] jump to any epoch.
-    fn shuffle_for(&mut self, epoch: u64, num_windows: usize) {
-        epoch_order(&mut self.order, num_windows, self.seed, epoch);
-    }
-
-    pub fn num_windows(&self) -> usize {
-        self.order.len()
-    }
-
-    /// Rows of this rank's batches (`global_batch / world`).
-    pub fn local_batch(&self) -> usize {
-        self.local_batch
-    }
-
-    /// Global batches per epoch; the `num_windows % B` leftover windows are skipped.
-    pub fn steps_per_epoch(&self) -> u64 {
-        (self.num_windows() / self.global_batch) as u64
-    }
-
-    /// This rank's share of the next global batch; moves the cursor and reshuffles at the end
-    /// of an epoch.
-    pub fn next_batch(&mut self) -> Batch {
-        let n = self.local_batch * self.seq_len;
-        let mut batch = Batch {
-            inputs: Vec::with_capacity(n),
-            targets: Vec::with_capacity(n),
-        };
-        let start = self.cursor.step_in_epoch as usize * self.global_batch + self.rank * self.local_batch;
-        for &w in &self.order[start..start + self.local_batch] {
-            push_window(&mut batch, &self.tokens, w, self.seq_len);
-        }
-        let epoch = self.cursor.epoch;
-        self.cursor = self.cursor.after_step(self.steps_per_epoch());
-        if self.cursor.epoch != epoch {
-            self.shuffle_for(self.cursor.epoch, self.num_windows());
-        }
-        batch
-    }
-
-    pub fn cursor(&self) -> DataCursor {
-        self.cursor
-    }
-
-    /// Resume from a saved cursor. The checkpoint must come from a run over the same tokens
-    /// with the same seq-len and batch size, which is what makes `step_in_epoch` meaningful.
-    pub fn set_cursor(&mut self, c: DataCursor) -> Result<()> {
-        check_cursor(c, self.steps_per_epoch())?;
-        if c.epoch != self.cursor.epoch {
-            self.shuffle_for(c.epoch, self.num_windows());
-        }
-        self.cursor = c;
-        Ok(())
-    }
-
-    /// Epochs completed, fractional: `epoch + step_in_epoch / steps_per_epoch`.
-    pub fn epochs_done(&self) -> f64 {
-        self.cursor.epoch as f64 + self.cursor.step_in_epoch as f64 / self.steps_per_epoch() as f64
-    }
-}
-
-impl BatchSource for Loader {
-    fn next_batch(&mut self) -> Result<Batch> {
-        Ok(Loader::next_batch(self))
-    }
-
-    fn cursor(&self) -> DataCursor {
-        Loader::cursor(self)
-    }
-
-    fn set_cursor(&mut self, c: DataCursor) -> Result<()> {
-        Loader::set_cursor(self, c)
-    }
-
-    fn steps_per_epoch(&self) -> u64 {
-        Loader::steps_per_epoch(self)
-    }
-
-    fn num_windows(&self) -> u64 {
-        Loader::num_windows(self) as u64
-    }
 }
 
 /// Sets `order` to 0..n in the Fisher–Yates order of `(seed, epoch)`: the order in which an

@@ -1,39 +1,79 @@
-//! Batches streamed from `.bin` shards ([`ShardLoader`]), and [`Batches`]: the run's batches,
-//! prepared ahead on a thread of their own so that reading never shows in the step time.
+//! Windows streamed from `.bin` shards ([`ShardWindows`], batched by [`ShardLoader`]), and
+//! [`Batches`]: the run's batches, prepared ahead on a thread of their own so that reading
+//! never shows in the step time.
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
+use super::loader::{EpochOrder, WindowLoader, Windows};
 use super::order::WindowOrder;
 use super::shards::{ShardFiles, ShardSet};
-use super::{check_shape, Batch, BatchSource, DataCursor, DataOrder};
-use crate::bail_input;
+use super::{Batch, BatchSource, DataCursor, DataOrder};
 use crate::error::{Error, Result};
 
-/// Shuffled, sharded batches over the windows of a set of shards, reading only the windows of
-/// this rank's rows.
-///
-/// Shard `s` of `n_s` tokens is cut into `(n_s - 1) / T` windows of `T + 1` tokens (a window
-/// never spans two shards), numbered across the shards in their order. Epoch `e` visits them
-/// in the [`WindowOrder`] of `(seed, e)`; a global batch is the next `B` windows of it, and rank
-/// `r` of `world` takes rows `[r*B/world, (r+1)*B/world)`, so the batches are the same for any
-/// number of ranks. The `windows % B` windows left at the end of an epoch are skipped.
-pub struct ShardLoader {
+/// The windows of a set of shards, read as needed: shard `s` of `n_s` tokens is cut into
+/// `(n_s - 1) / T` windows of `T + 1` tokens (a window never spans two shards), numbered across
+/// the shards in their order, and visited in the [`WindowOrder`] of `(seed, epoch)`, which holds
+/// no per-window state. Each rank reads only the windows of its own rows.
+pub struct ShardWindows {
     files: ShardFiles,
+    seq_len: usize,
     /// The number of the first window of each shard (its windows run to the next one's).
     first_window: Vec<u64>,
     num_windows: u64,
-    seq_len: usize,
-    global_batch: usize,
-    local_batch: usize,
-    rank: usize,
-    seed: u64,
-    /// The order of `cursor.epoch`.
-    order: WindowOrder,
-    cursor: DataCursor,
-    /// One window's tokens, as read.
-    window: Vec<u32>,
+    /// The shards' tokens, all told.
+    tokens: u64,
 }
+
+impl ShardWindows {
+    pub fn new(set: ShardSet, vocab_size: usize, seq_len: usize) -> ShardWindows {
+        let mut first_window = Vec::with_capacity(set.shards.len());
+        let mut num_windows = 0u64;
+        for shard in &set.shards {
+            first_window.push(num_windows);
+            // (seq_len 0 is refused by the loader before a window is counted or read.)
+            num_windows += shard.tokens.saturating_sub(1) / seq_len.max(1) as u64;
+        }
+        ShardWindows {
+            tokens: set.tokens(),
+            files: ShardFiles::new(set, vocab_size),
+            seq_len,
+            first_window,
+            num_windows,
+        }
+    }
+}
+
+impl Windows for ShardWindows {
+    fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    fn count(&self) -> u64 {
+        self.num_windows
+    }
+
+    fn read(&mut self, w: u64, out: &mut Vec<u32>) -> Result<()> {
+        let shard = self.first_window.partition_point(|&f| f <= w) - 1;
+        let start = (w - self.first_window[shard]) * self.seq_len as u64;
+        self.files.read_tokens(shard, start, self.seq_len as u64 + 1, out)
+    }
+
+    fn order(&self, n: u64, seed: u64, epoch: u64) -> EpochOrder {
+        EpochOrder::Keyed(WindowOrder::new(n, seed, epoch))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} shard(s) of {} tokens (a window does not span two shards)",
+            self.first_window.len(),
+            self.tokens
+        )
+    }
+}
+
+/// Batches over the windows of a set of shards.
+pub type ShardLoader = WindowLoader<ShardWindows>;
 
 impl ShardLoader {
     pub fn new(
@@ -45,89 +85,13 @@ impl ShardLoader {
         world: usize,
         seed: u64,
     ) -> Result<ShardLoader> {
-        check_shape(seq_len, global_batch, rank, world)?;
-        let mut first_window = Vec::with_capacity(set.shards.len());
-        let mut num_windows = 0u64;
-        for shard in &set.shards {
-            first_window.push(num_windows);
-            num_windows += shard.tokens.saturating_sub(1) / seq_len as u64;
-        }
-        if num_windows < global_batch as u64 {
-            bail_input!(
-                "corpus too short: {} shard(s) of {} tokens make {num_windows} windows of seq-len + 1 = {} tokens \
-                 (a window does not span two shards), fewer than the global batch of {global_batch}",
-                set.shards.len(),
-                set.tokens(),
-                seq_len + 1
-            );
-        }
-        Ok(ShardLoader {
-            files: ShardFiles::new(set, vocab_size),
-            first_window,
-            num_windows,
-            seq_len,
+        WindowLoader::over(
+            ShardWindows::new(set, vocab_size, seq_len),
             global_batch,
-            local_batch: global_batch / world,
             rank,
+            world,
             seed,
-            order: WindowOrder::new(num_windows, seed, 0),
-            cursor: DataCursor::default(),
-            window: Vec::with_capacity(seq_len + 1),
-        })
-    }
-
-    /// Appends window `w` to `batch` as one row.
-    fn push_window(&mut self, w: u64, batch: &mut Batch) -> Result<()> {
-        let shard = self.first_window.partition_point(|&f| f <= w) - 1;
-        let start = (w - self.first_window[shard]) * self.seq_len as u64;
-        self.window.clear();
-        self.files
-            .read_tokens(shard, start, self.seq_len as u64 + 1, &mut self.window)?;
-        batch
-            .inputs
-            .extend(self.window[..self.seq_len].iter().map(|&t| t as i32));
-        batch.targets.extend(self.window[1..].iter().map(|&t| t as i32));
-        Ok(())
-    }
-}
-
-impl BatchSource for ShardLoader {
-    fn next_batch(&mut self) -> Result<Batch> {
-        let n = self.local_batch * self.seq_len;
-        let mut batch = Batch {
-            inputs: Vec::with_capacity(n),
-            targets: Vec::with_capacity(n),
-        };
-        let start = self.cursor.step_in_epoch * self.global_batch as u64 + (self.rank * self.local_batch) as u64;
-        for i in start..start + self.local_batch as u64 {
-            let w = self.order.at(i);
-            self.push_window(w, &mut batch)?;
-        }
-        let epoch = self.cursor.epoch;
-        self.cursor = self.cursor.after_step(self.steps_per_epoch());
-        if self.cursor.epoch != epoch {
-            self.order = WindowOrder::new(self.num_windows, self.seed, self.cursor.epoch);
-        }
-        Ok(batch)
-    }
-
-    fn cursor(&self) -> DataCursor {
-        self.cursor
-    }
-
-    fn set_cursor(&mut self, c: DataCursor) -> Result<()> {
-        super::check_cursor(c, self.steps_per_epoch())?;
-        self.order = WindowOrder::new(self.num_windows, self.seed, c.epoch);
-        self.cursor = c;
-        Ok(())
-    }
-
-    fn steps_per_epoch(&self) -> u64 {
-        self.num_windows / self.global_batch as u64
-    }
-
-    fn num_windows(&self) -> u64 {
-        self.num_windows
+        )
     }
 }
 
