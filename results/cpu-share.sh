@@ -20,9 +20,8 @@ TRAIN=${TRAIN:-1}
 [ -x "$BIN" ] || cargo build --release -p stage0_serial
 command -v python3 >/dev/null && python3 -c 'import numpy' 2>/dev/null || { echo "cpu-share.sh: needs python3 with numpy" >&2; exit 2; }
 pin() { taskset -c "$CPUS" "$@"; }
-cpu=$(sed -n 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1)
-simd=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo "no AVX-512")
-slug=$(echo "$cpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/^-//; s/-$//')
+# shellcheck source=results/cpu-name.sh
+source results/cpu-name.sh
 siblings=$(cat "/sys/devices/system/cpu/cpu${CPUS%%,*}/topology/thread_siblings_list" 2>/dev/null || echo "?")
 blas=$(python3 -c 'import numpy; c=numpy.show_config(mode="dicts"); print(c["Build Dependencies"]["blas"]["name"])' 2>/dev/null || echo "?")
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT

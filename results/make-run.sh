@@ -16,9 +16,8 @@ command -v cargo >/dev/null || { echo "make-run.sh: needs the Rust toolchain (ru
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 git clone -q --no-hardlinks . "$work/repo"
 commit=$(git -C "$work/repo" rev-parse --short HEAD)
-cpu=$(sed -n 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1)
-simd=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo "no AVX-512")
-slug=$(echo "$cpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/^-//; s/-$//')
+# shellcheck source=results/cpu-name.sh
+source results/cpu-name.sh
 echo "make run in a fresh clone of $commit, CARGO_HOME=$work/cargo-home, cores $CPUS" >&2
 t0=$(date +%s%N)
 (cd "$work/repo" && CARGO_HOME=$work/cargo-home taskset -c "$CPUS" make run) >"$work/log" 2>&1 \
