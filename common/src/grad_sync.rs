@@ -211,6 +211,7 @@ impl GradSync {
         let (be, world) = (g.backend(), comm.size());
         let wire = match (self.wire, wire) {
             (GradComm::Fp32, _) => None,
+            (GradComm::Bf16, _) if world == 1 => None, // no sums
             (GradComm::Bf16, Some(w)) if w.len() >= self.total => Some(w),
             (GradComm::Bf16, _) => {
                 return Err(Error::Device(

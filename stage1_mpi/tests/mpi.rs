@@ -268,6 +268,13 @@ fn bf16_sums_are_the_same_however_cut_and_close_to_f32_sums() {
         assert_ok(&o);
         (loss_table(&out), final_params(&out))
     };
+    // One rank has nothing to sum: the flag changes nothing.
+    let one_rank = |name: &str, flags: &[&str]| {
+        let out = d.join(name);
+        assert_ok(&mpirun(1, &train_args(&data, &out, &[&steps[..], flags].concat()), &[]));
+        final_params(&out)
+    };
+    assert!(one_rank("one-rank-bf16", &["--grad-comm", "bf16"]) == one_rank("one-rank", &[]));
     let (f32_losses, f32_params) = run("fp32", &[]);
     let (losses, params) = run("bf16", &["--grad-comm", "bf16"]);
     for (name, flags) in [
