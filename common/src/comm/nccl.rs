@@ -20,7 +20,7 @@
 use super::mpi::MpiComm;
 use super::{agree, everywhere, Comm, Words};
 use crate::backend::cuda::PeerMemory;
-use crate::backend::{DevPtr, DeviceStream};
+use crate::backend::{bf16, DevPtr, DeviceStream};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaEvent, CudaStream};
 use cudarc::nccl::{result as nccl, sys};
@@ -456,20 +456,21 @@ impl NcclComm {
         }
     }
 
-    /// Queues the sum of `n` floats at `buf` on the communication stream.
+    /// Queues the sum of `n` values at `buf` (f32, or bf16 summed in bf16) on the
+    /// communication stream.
     ///
     /// # Safety
     /// As [`Comm::all_reduce_sum`].
-    unsafe fn queue_all_reduce(&self, buf: DevPtr, n: usize) -> Result<()> {
+    unsafe fn queue_all_reduce(&self, buf: Words, n: usize) -> Result<()> {
         let p = buf.addr() as *mut c_void;
-        // SAFETY: `buf` is device memory of at least `n` floats on this rank's GPU (the
-        // CUDA backend's gradient buffer); in place is allowed by NCCL.
+        // SAFETY: `buf` is device memory of at least `n` values on this rank's GPU (the
+        // CUDA backend's gradient buffer, or its bf16 copy); in place is allowed by NCCL.
         unsafe {
             nccl::all_reduce(
                 p,
                 p,
                 n,
-                sys::ncclDataType_t::ncclFloat32,
+                nccl_type(buf),
                 sys::ncclRedOp_t::ncclSum,
                 self.comm,
                 self.raw_stream(),
@@ -484,17 +485,18 @@ impl NcclComm {
     ///
     /// # Safety
     /// As [`Comm::reduce_scatter_sum`].
-    unsafe fn queue_reduce_scatter(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
+    unsafe fn queue_reduce_scatter(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
         super::check_parts(self, parts)?;
         let comm = self.comm;
-        let base = buf.addr() as *mut f32;
-        let (float, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
+        let (base, size) = (buf.addr() as *mut u8, buf.size());
+        let (float, sum) = (nccl_type(buf), sys::ncclRedOp_t::ncclSum);
         // SAFETY (both arms): `buf` is device memory covering `parts` on this rank's GPU (the
-        // Comm contract); in place is allowed (the own part at its own offset).
+        // Comm contract); in place is allowed (the own part at its own offset). Offsets in
+        // bytes of `size`-byte values.
         match equal_parts(parts) {
             Some(len) => unsafe {
-                let own = base.add(parts[self.rank()].start) as *mut c_void;
-                let run = base.add(parts[0].start) as *const c_void;
+                let own = base.add(parts[self.rank()].start * size) as *mut c_void;
+                let run = base.add(parts[0].start * size) as *const c_void;
                 nccl::reduce_scatter(run, own, len, float, sum, comm, self.raw_stream())
                     .map(|_| ())
                     .map_err(|e| nccl_err("ncclReduceScatter", e))
@@ -503,7 +505,7 @@ impl NcclComm {
             None => grouped(|| {
                 for (root, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
                     unsafe {
-                        let p = base.add(part.start) as *mut c_void;
+                        let p = base.add(part.start * size) as *mut c_void;
                         let stream = self.raw_stream();
                         nccl::reduce(p, p, part.len(), float, sum, root as i32, comm, stream)
                             .map_err(|e| nccl_err("ncclReduce", e))?;
@@ -521,11 +523,7 @@ impl NcclComm {
     /// As [`Comm::all_gather`].
     unsafe fn queue_all_gather(&self, buf: Words, parts: &[Range<usize>]) -> Result<()> {
         super::check_gather_parts(self, parts)?;
-        let (base, size) = (buf.addr() as *mut u8, buf.size());
-        let words = match buf {
-            Words::F32(_) => sys::ncclDataType_t::ncclFloat32,
-            Words::Bf16(_) => sys::ncclDataType_t::ncclBfloat16,
-        };
+        let (base, size, words) = (buf.addr() as *mut u8, buf.size(), nccl_type(buf));
         // SAFETY (both arms): as in `reduce_scatter_sum`; offsets in bytes of `size`-byte values.
         match equal_parts(parts) {
             Some(len) => unsafe {
@@ -547,6 +545,14 @@ impl NcclComm {
             })?,
         }
         Ok(())
+    }
+}
+
+/// NCCL's type of `buf`'s values.
+fn nccl_type(buf: Words) -> sys::ncclDataType_t {
+    match buf {
+        Words::F32(_) => sys::ncclDataType_t::ncclFloat32,
+        Words::Bf16(_) => sys::ncclDataType_t::ncclBfloat16,
     }
 }
 
@@ -578,17 +584,17 @@ impl Comm for NcclComm {
     }
     unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.queue_all_reduce(buf, n)? };
+        unsafe { self.queue_all_reduce(Words::F32(buf), n)? };
         self.wait("waiting for the all-reduce")
     }
     unsafe fn start_all_reduce_sum(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
         self.wait_for(after)?;
         // SAFETY: the caller's contract; the sum is queued after the work that writes `buf`.
-        unsafe { self.queue_all_reduce(buf, n) }
+        unsafe { self.queue_all_reduce(Words::F32(buf), n) }
     }
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.queue_reduce_scatter(buf, parts)? };
+        unsafe { self.queue_reduce_scatter(Words::F32(buf), parts)? };
         self.wait("waiting for the reduce-scatter")
     }
     unsafe fn start_reduce_scatter_sum(
@@ -599,7 +605,22 @@ impl Comm for NcclComm {
     ) -> Result<()> {
         self.wait_for(after)?;
         // SAFETY: as in `start_all_reduce_sum`.
-        unsafe { self.queue_reduce_scatter(buf, parts) }
+        unsafe { self.queue_reduce_scatter(Words::F32(buf), parts) }
+    }
+    unsafe fn start_all_reduce_sum_bf16(&self, buf: DevPtr<bf16>, n: usize, after: Option<DeviceStream>) -> Result<()> {
+        self.wait_for(after)?;
+        // SAFETY: as in `start_all_reduce_sum`, for bf16 values.
+        unsafe { self.queue_all_reduce(Words::Bf16(buf), n) }
+    }
+    unsafe fn start_reduce_scatter_sum_bf16(
+        &self,
+        buf: DevPtr<bf16>,
+        parts: &[Range<usize>],
+        after: Option<DeviceStream>,
+    ) -> Result<()> {
+        self.wait_for(after)?;
+        // SAFETY: as in `start_all_reduce_sum`, for bf16 values.
+        unsafe { self.queue_reduce_scatter(Words::Bf16(buf), parts) }
     }
     fn finish_all_reduces(&self, then: Option<DeviceStream>) -> Result<()> {
         let Some(compute) = then else {
