@@ -148,10 +148,6 @@ impl GradSync {
         self
     }
 
-    /// What the sums carry.
-    pub fn wire(&self) -> GradComm {
-        self.wire
-    }
 
     /// The buckets, in the order backward finishes them (the last block's first).
     pub fn buckets(&self) -> &[Range<usize>] {

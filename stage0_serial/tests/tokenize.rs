@@ -63,19 +63,21 @@ fn shards(dir: &Path) -> Vec<(String, Vec<u32>)> {
         .collect()
 }
 
+/// `tokenize --input DOCS --output-dir OUT EXTRA...`.
+fn tokenize_args<'a>(docs: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let dirs = [
+        "tokenize",
+        "--input",
+        docs.to_str().unwrap(),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ];
+    [&dirs[..], extra].concat()
+}
+
+/// [`tokenize_args`] run, which must succeed; its summary line.
 fn tokenize(docs: &Path, out: &Path, extra: &[&str]) -> String {
-    let args = [
-        &[
-            "tokenize",
-            "--input",
-            docs.to_str().unwrap(),
-            "--output-dir",
-            out.to_str().unwrap(),
-        ],
-        extra,
-    ]
-    .concat();
-    run_ok(&args)
+    run_ok(&tokenize_args(docs, out, extra))
 }
 
 #[test]
@@ -194,14 +196,11 @@ fn a_bad_document_part_way_leaves_no_shard() {
     let (docs, _) = documents(&d);
     std::fs::write(docs.join("zz.txt"), b"fine until \xff").unwrap();
     let out = d.join("corpus");
-    let args = [
-        "tokenize",
-        "--input",
-        docs.to_str().unwrap(),
-        "--output-dir",
-        out.to_str().unwrap(),
-    ];
-    let o = run(&[&args[..], &["--shard-tokens", "100", "--val-tokens", "50"]].concat());
+    let o = run(&tokenize_args(
+        &docs,
+        &out,
+        &["--shard-tokens", "100", "--val-tokens", "50"],
+    ));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
