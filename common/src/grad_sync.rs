@@ -148,7 +148,6 @@ impl GradSync {
         self
     }
 
-
     /// The buckets, in the order backward finishes them (the last block's first).
     pub fn buckets(&self) -> &[Range<usize>] {
         &self.buckets

@@ -43,9 +43,11 @@ pub const STAGE_FLAGS: &[StageFlag] = &[
     ("zero", "the multi-process stages (stage1_mpi, stage3_mpi_cuda)", |s| {
         s.distributed
     }),
-    ("grad_comm", "stage1_mpi (the GPU stages do not sum in bf16 yet)", |s| {
-        s.distributed && !s.gpu
-    }),
+    (
+        "grad_comm",
+        "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",
+        |s| s.distributed,
+    ),
     (
         "comm_timeout",
         "the multi-process stages (stage1_mpi, stage3_mpi_cuda)",

@@ -267,9 +267,9 @@ pub struct SyncArgs {
     /// MPI on CPUs [default: 1 on stage3_mpi_cuda, 0 there with --sync-every; 0 on stage1_mpi].
     #[arg(long, value_name = "STAGE", value_parser = zero_stage)]
     pub zero: Option<u8>,
-    /// stage1_mpi: what the gradient sums carry: fp32, or bf16 (the gradients rounded to
-    /// bf16 and summed in bf16: half the bytes on the wire; back into f32 gradients on each
-    /// rank; not yet on the GPU stages) [default: fp32].
+    /// Multi-process stages: what the gradient sums carry: fp32, or bf16 (the gradients
+    /// rounded to bf16 and summed in bf16: half the bytes on the wire; back into f32
+    /// gradients on each rank) [default: fp32].
     #[arg(long, value_enum, value_name = "TYPE")]
     pub grad_comm: Option<GradComm>,
 }
