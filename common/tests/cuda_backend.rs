@@ -848,6 +848,80 @@ fn attention_matches_cpu_when_peaked() {
     }
 }
 
+/// The mean of (got - want) / want over `want`'s entries: a rounding bias, where random
+/// rounding errors average out.
+fn mean_relative_error(got: &[f32], want: &[f64]) -> f64 {
+    let sum: f64 = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w) / w).sum();
+    sum / want.len() as f64
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_fp32_sums_over_long_rows_are_unbiased() {
+    let _gpu = support::one_at_a_time();
+    // Near-uniform attention over T = 1024 keys (small scores) on values and output gradients
+    // near 1 (a large part shared by all): each output is a running sum over up to 1024 keys,
+    // each dv one over up to 1024 queries. Against an f64 reference, the mean relative error of
+    // those sums is their rounding bias (random rounding averages out over 131K values). fp32
+    // sums rounded to nearest leave ~1e-8; sums kept in the tensor core's accumulator, which cuts
+    // low bits, leave 1e-6 and more, always low: the bias that made fp32 training with flash
+    // attention part from PyTorch's (docs/gpu.md).
+    let (t, c, nh) = (1024, 128, 2);
+    let hs = c / nh;
+    let mut qkv = random(t * 3 * c, 41, 0.1);
+    let near_one = |x: f32| 1.0 + 0.01 * x;
+    for row in qkv.chunks_mut(3 * c) {
+        row[2 * c..].iter_mut().for_each(|v| *v = near_one(*v / 0.1));
+    }
+    let dout: Vec<f32> = random(t * c, 42, 1.0).into_iter().map(near_one).collect();
+    // The f64 reference: out = softmax(q·kᵀ/√hs, causal)·v and dv = Pᵀ·dout, head by head.
+    let (mut out, mut dv) = (vec![0.0f64; t * c], vec![0.0f64; t * c]);
+    for h in 0..nh {
+        let at = |i: usize, part: usize, d: usize| qkv[i * 3 * c + part * c + h * hs + d] as f64;
+        for i in 0..t {
+            let s: Vec<f64> = (0..=i)
+                .map(|j| (0..hs).map(|d| at(i, 0, d) * at(j, 1, d)).sum::<f64>() / (hs as f64).sqrt())
+                .collect();
+            let max = s.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+            let l: f64 = e.iter().sum();
+            for (j, ej) in e.iter().enumerate() {
+                let p = ej / l;
+                for d in 0..hs {
+                    out[i * c + h * hs + d] += p * at(j, 2, d);
+                    dv[j * c + h * hs + d] += p * dout[i * c + h * hs + d] as f64;
+                }
+            }
+        }
+    }
+    let mut line = String::new();
+    for path in [AttentionPath::Gemm, AttentionPath::Flash] {
+        let be = gpu(Precision::Fp32).with_attention(path);
+        let x = upload_act(&be, &qkv);
+        let y = alloc_act(&be, t * c);
+        let saved = be.alloc::<f32>(be.attention_saved_len(1, t, nh)).unwrap();
+        be.attention_forward(act(&be, &y), saved.span(), act(&be, &x), 1, t, c, nh);
+        let dy = upload_act(&be, &dout);
+        let dx = alloc_act(&be, t * 3 * c);
+        let (dxs, dys, xs, ys) = (act(&be, &dx), act(&be, &dy), act(&be, &x), act(&be, &y));
+        be.attention_backward(true, dxs, None, dys, xs, ys, saved.span(), 1, t, c, nh);
+        let got_out = download_act(&be, &y, t * c);
+        let got_dv: Vec<f32> = download_act(&be, &dx, t * 3 * c)
+            .chunks(3 * c)
+            .flat_map(|row| row[2 * c..].to_vec())
+            .collect();
+        let bias = [mean_relative_error(&got_out, &out), mean_relative_error(&got_dv, &dv)];
+        line += &format!(" {path:?}: out {:.1e}, dv {:.1e};", bias[0], bias[1]);
+        for (name, b) in ["out", "dv"].iter().zip(bias) {
+            assert!(
+                b.abs() <= 2e-7,
+                "{path:?} {name}: mean relative error {b:.2e} (a rounding bias);{line}"
+            );
+        }
+    }
+    println!("mean relative errors against f64:{line}");
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_flash_tf32_is_close_to_cpu() {

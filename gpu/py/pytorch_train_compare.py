@@ -245,6 +245,7 @@ def main():
         "torch_s": secs,
         "losses_ours": [r["loss_ours"] for r in rows],
         "losses_torch": [r["loss_torch"] for r in rows],
+        "norms_torch": [r["norm_torch"] for r in rows],
         "ok": not failures,
         "failures": failures,
     }

@@ -590,39 +590,56 @@ def t_generate(rows, a):
 
 
 def t_train_vs_pytorch(rows, a):
-    ours = {r["attention"]: r for r in rows if r.get("kind") == "ours"}
-    cmp_ = [r for r in rows if "max_abs_loss_diff" in r or (r.get("failed") and r.get("label", "").startswith("torch-"))]
-    out = [f"Ours: `{a.train}`, once with GPT2_CUDA_ATTENTION=flash (the default) and once with =gemm (batched cuBLAS "
-           "products and a softmax kernel); the same seed, so the same initial weights and batches. PyTorch "
-           "(gpu/py/pytorch_train_compare.py): the initial weights exported and trained on the dumped batches in "
-           "order, with the same AdamW, schedule and clipping, in fp32 with TF32 off; `hf` is transformers' "
-           "GPT2LMHeadModel, `plain` the GPT-2 of gpu/py/pytorch_gpt2.py. Pass: every step's loss within 1e-3.", "",
-           "| ours | PyTorch model | steps | loss step 0 (ours / PyTorch) | last loss (ours / PyTorch) | max \\|loss diff\\| | at step | grad norms (max rel. diff) | result |",
-           "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- |"]
-    for r in cmp_:
-        if "max_abs_loss_diff" not in r:
-            out.append(f"| {r.get('attention')} | {r.get('label')} | FAILED: {r.get('error', '')} | | | | | | |")
+    ours = {(r["attention"], r["lr"]): r for r in rows if r.get("kind") == "ours"}
+    torch_runs = [r for r in rows if r.get("label", "").startswith("torch-hf-")]
+    out = [f"Ours: `{a.train}` at each learning rate LR, once with GPT2_CUDA_ATTENTION=flash (the default) and once "
+           "with =gemm (batched cuBLAS products and a softmax kernel, strict fp32); the same seed, so the same initial "
+           "weights and batches (checked). PyTorch (gpu/py/pytorch_train_compare.py): the initial weights exported and "
+           "trained on the dumped batches in order, with the same AdamW, schedule and clipping, in fp32 with TF32 off, "
+           "in transformers' GPT2LMHeadModel; one run a learning rate, against both of ours. Figure: the largest "
+           "|loss difference| from PyTorch over the steps. Pass: flash's at most 1.1x GEMM's (whose distance is the "
+           "spread of fp32 training itself), or both below 1e-5, the resolution of an f32 loss near 10.", "",
+           "| lr | loss step 0 (ours / PyTorch) | flash: max \\|loss diff\\| (step) | GEMM: max \\|loss diff\\| (step) | flash / GEMM | grad norms at the worst step, flash / GEMM / PyTorch | result |",
+           "| --- | --- | ---: | ---: | ---: | --- | --- |"]
+    steps = {}
+    for t in torch_runs:
+        lr = t.get("lr")
+        if "losses_torch" not in t:
+            out.append(f"| {lr} | PyTorch FAILED: {t.get('error', '')} | | | | | FAIL |")
             continue
-        f0, l0 = r["loss_first"], r["loss_last"]
-        out.append(f"| {r['attention']} | {r['model']} ({r['torch']}) | {r['steps']} | {f0[0]:.6f} / {f0[1]:.6f} | "
-                   f"{l0[0]:.6f} / {l0[1]:.6f} | {r['max_abs_loss_diff']:.2e} | {r['worst_step']} | "
-                   f"{r['max_rel_norm_diff']:.1e} | {'pass' if r['ok'] else 'FAIL: ' + '; '.join(r['failures'])} |")
-    ref = next((r for r in cmp_ if r.get("model") == "hf" and r.get("attention") == "flash" and "losses_torch" in r), None)
-    fl, ge = ours.get("flash"), ours.get("gemm")
-    if fl and ge:
-        d = [abs(x - y) for x, y in zip(fl["losses"], ge["losses"])]
-        out += ["", f"Ours flash against ours GEMM: largest |loss difference| {max(d):.2e} (step {d.index(max(d))}).", "",
-                "## Every step", "",
-                "| step | ours flash | ours GEMM | PyTorch (hf) | flash - PyTorch | GEMM - PyTorch |",
-                "| ---: | ---: | ---: | ---: | ---: | ---: |"]
-        t = ref["losses_torch"] if ref else [None] * len(fl["losses"])
-        for i, (x, y, z) in enumerate(zip(fl["losses"], ge["losses"], t)):
-            dz = lambda v: "-" if z is None else f"{v - z:+.2e}"  # noqa: E731
-            out.append(f"| {i} | {x:.6f} | {y:.6f} | {fmt(z, '.6f')} | {dz(x)} | {dz(y)} |")
+        fl, ge = ours.get(("flash", lr)), ours.get(("gemm", lr))
+        if not fl or not ge:
+            out.append(f"| {lr} | our runs missing | | | | | FAIL |")
+            continue
+        tl = t["losses_torch"]
+        worst = {}
+        for name, r in (("flash", fl), ("gemm", ge)):
+            d = [abs(x - y) for x, y in zip(r["losses"], tl)]
+            worst[name] = (max(d), d.index(max(d)))
+        ratio_ = worst["flash"][0] / worst["gemm"][0] if worst["gemm"][0] > 0 else float("inf")
+        k = worst["flash"][1]
+        same_len = len(fl["losses"]) == len(tl) == len(ge["losses"])
+        # Below 1e-5 both sit at the resolution of an f32 loss near 10 (step 0 differs by ~1e-6).
+        verdict = "pass" if same_len and ratio_ <= 1.1 else \
+            "pass: both at f32 resolution" if same_len and worst["flash"][0] <= 1e-5 else "FAIL"
+        norms = f"{fl['grad_norms'][k]:.3f} / {ge['grad_norms'][k]:.3f} / {t['norms_torch'][k]:.3f}" if "norms_torch" in t else \
+            f"{fl['grad_norms'][k]:.3f} / {ge['grad_norms'][k]:.3f} / -"
+        out.append(f"| {lr} | {fl['losses'][0]:.6f} / {tl[0]:.6f} | {worst['flash'][0]:.2e} ({worst['flash'][1]}) | "
+                   f"{worst['gemm'][0]:.2e} ({worst['gemm'][1]}) | {ratio_:.2f} | {norms} | {verdict} |")
+        steps[lr] = (fl["losses"], ge["losses"], tl)
+    if steps:
+        lrs = list(steps)
+        out += ["", "## Every step: ours minus PyTorch", "",
+                "| step | " + " | ".join(f"flash, lr {lr} | GEMM, lr {lr}" for lr in lrs) + " |",
+                "| ---: | " + " | ".join("---: | ---:" for _ in lrs) + " |"]
+        n = min(len(v[2]) for v in steps.values())
+        for i in range(n):
+            cells = [f"{steps[lr][0][i] - steps[lr][2][i]:+.2e} | {steps[lr][1][i] - steps[lr][2][i]:+.2e}" for lr in lrs]
+            out.append(f"| {i} | " + " | ".join(cells) + " |")
     if any(r.get("kind") == "eval" for r in rows):
         a.train = a.train2
         out += ["", "## bf16 against fp32: GPT-2 124M, 500 steps", ""] + t_converge(rows, a)
-    return out
+    return out + failed_lines([r for r in rows if r.get("failed") and not r.get("label", "").startswith("torch-hf-")])
 
 
 def t_converge(rows, a):

@@ -22,6 +22,7 @@ mod loss;
 mod matmul;
 mod mlp;
 mod optim;
+mod subnormals;
 
 use super::{
     bf16, contract, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Overwrite, SgdHyper, Span, StepState,
@@ -66,11 +67,25 @@ impl CpuBackend {
         } else {
             threads
         };
+        // Every worker flushes subnormal floats to zero (see `subnormals`): they would run
+        // in microcode on many x86-64 cores. So does this thread, for anything run outside the pool.
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
+            .start_handler(|_| subnormals::flush_subnormals())
             .build()
             .map_err(|e| Error::Device(format!("cannot start {threads} CPU threads: {e}")))?;
+        subnormals::flush_subnormals();
         Ok(CpuBackend { pool, threads })
+    }
+
+    /// Whether every worker thread flushes subnormal floats to zero, each checked by
+    /// arithmetic (a product below f32's smallest normal comes out 0), not by its flags alone.
+    pub fn flushes_subnormals(&self) -> bool {
+        let flushed = || {
+            let tiny = std::hint::black_box(1e-30f32) * std::hint::black_box(1e-10f32);
+            subnormals::flushing_subnormals() && tiny == 0.0
+        };
+        self.pool.broadcast(|_| flushed()).into_iter().all(|f| f)
     }
 
     /// Runs `f` on this backend's thread pool.

@@ -2,8 +2,9 @@
 // mma.sync m16n8k8 TF32: fp32 storage, online softmax, and only the output and one log-sum-exp
 // per row (B,NH,T) kept for backward, which recomputes the probabilities tile by tile.
 // SPLIT 1 feeds fp32 bits to the TF32 units, which drop the low 13 mantissa bits (`tf32`);
-// SPLIT 3 is the 3xTF32 split a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi, error at fp32 rounding
-// level (`fp32`). D is the head size rounded up to 16/32/64/128; columns past HS are zero.
+// SPLIT 3 is the 3xTF32 split a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi, each step's products
+// added to the running sums in fp32 (see `mma`): error at fp32 rounding level (`fp32`).
+// D is the head size rounded up to 16/32/64/128; columns past HS are zero.
 // Backward is deterministic (no atomics): one kernel per key tile for dK and dV, one per query
 // tile for dQ. Log-sum-exps are kept in base 2 (scores pre-multiplied by log2(e)).
 // Shared tiles are double-buffered and filled by cp.async while the previous tile is used.
@@ -49,14 +50,26 @@ struct Frag {
     }
 };
 
-// c (16x8) += a (16x8, row) · b (8x8, col); the small cross terms first.
+// c (16x8) += a (16x8, row) · b (8x8, col). Under SPLIT 3 the three products (the small
+// cross terms first) are summed from zero in the tensor core and added to c by an fp32 add.
+// The tensor core adds its products to the accumulator it is given with the low bits cut off
+// (rounded towards zero), so a running sum kept there (a row of P·V over a thousand keys: 128
+// products of 8) loses a part in ~10^5 of its size, always the same way; in training that bias
+// summed over every position moved layer 0's attention gradients by about 1% and the run away
+// from fp32 GEMM attention's and PyTorch's (docs/gpu.md). The add rounds to nearest, as an
+// fp32 GEMM's accumulation does.
 template <int SPLIT>
 __device__ __forceinline__ void mma(float c[4], const Frag<4, SPLIT>& a, const Frag<2, SPLIT>& b) {
     if (SPLIT == 3) {
-        mma_tf32(c, a.lo, b.hi);
-        mma_tf32(c, a.hi, b.lo);
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_tf32(p, a.lo, b.hi);
+        mma_tf32(p, a.hi, b.lo);
+        mma_tf32(p, a.hi, b.hi);
+#pragma unroll
+        for (int i = 0; i < 4; i++) c[i] += p[i];
+    } else {
+        mma_tf32(c, a.hi, b.hi);
     }
-    mma_tf32(c, a.hi, b.hi);
 }
 
 // Fragment index conventions (lane = 4g + t):
