@@ -14,7 +14,8 @@
 #   - NCCL's all-reduce against message size on the N GPUs (`bench --allreduce`, nccl-tests'
 #     bus-bandwidth convention).
 # N: GPUs (default: every GPU nvidia-smi lists; at least 2). --quick: the default stage 3
-# run and DDP only (with the one-GPU runs). --socket: the stage 3 default, --zero 0 and DDP
+# run and DDP only (with the one-GPU runs). --socket: the stage 3 default, --zero 0, bf16 sums
+# (`--grad-comm bf16`, with and without --overlap) and DDP (also with its bf16_compress_hook)
 # again with NCCL on its socket transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
 # NCCL_IB_DISABLE=1: no NVLink, no shared memory, no InfiniBand), as between hosts over
 # TCP, and the all-reduce sweep over sockets. --per-gpu: each GPU's own speed first (stage 2
@@ -61,11 +62,12 @@ stage3() {  # label transport [flags...]
   gpu_run "$label" 300 gpus="$n" transport="$tr" side=ours flags="$*" -- \
     "${GPU_MPIRUN[@]}" -n "$n" "$s3" "${gpt2[@]}" "$@" || status=1
 }
-ddp() {  # label transport
+ddp() {  # label transport [flags...]
   [ $torch = yes ] || return 0
-  gpu_run "$1" 400 gpus="$n" transport="$2" side=ddp -- \
+  local label=$1 tr=$2; shift 2
+  gpu_run "$label" 400 gpus="$n" transport="$tr" side=ddp flags="$*" -- \
     "${GPU_TORCHRUN[@]}" "$n" "$GPU_PY/pytorch_ddp.py" --precision bf16 --batch 16 --seq-len 1024 --steps "$steps" --warmup 3 \
-    || status=1
+    "$@" || status=1
 }
 allreduce() {  # transport
   gpu_run "allreduce-$1" 180 part=allreduce transport="$1" all_lines=1 -- \
@@ -110,7 +112,10 @@ if [ $socket = yes ]; then
     export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1
     stage3 ours-zero1-socket socket
     stage3 ours-zero0-socket socket --zero 0
+    stage3 ours-zero1-socket-bf16-sums socket --grad-comm bf16
+    stage3 ours-zero1-overlap-socket-bf16-sums socket --grad-comm bf16 --overlap
     ddp ddp-compile-socket socket
+    ddp ddp-compile-socket-bf16-sums socket --bf16-sums
     allreduce socket
     exit $status
   ) || status=1

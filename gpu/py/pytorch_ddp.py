@@ -7,7 +7,10 @@ GPU (the largest over ranks).
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node N pytorch_ddp.py \\
         [--precision bf16|tf32|fp32] [--no-compile] [--model gpt2|gpt2-medium|gpt2-large] \\
-        [--batch 16 --seq-len 1024 --steps 10 --warmup 3]
+        [--batch 16 --seq-len 1024 --steps 10 --warmup 3] [--bf16-sums]
+
+--bf16-sums: the gradients compressed to bf16 for their sums (DDP's communication hook
+`bf16_compress_hook`, PyTorch's counterpart of our `--grad-comm bf16`).
 
 NVLink multicast (NVLS) is off unless NCCL_NVLS_ENABLE is set, as gpu/lib.sh leaves it for
 stage 3: both sides then choose among the same NCCL algorithms.
@@ -35,6 +38,10 @@ def main(args):
     # The same initial weights on every rank (seed 1; DDP also broadcasts rank 0's).
     model, opt = model_and_optimizer(args, dev)
     ddp = DDP(model, device_ids=[local])
+    if args.bf16_sums:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)
     forward = ddp if args.no_compile else torch.compile(ddp)
     b, t = args.batch, args.seq_len
     gen = torch.Generator(device=dev).manual_seed(rank)  # each rank its own batch
@@ -103,4 +110,5 @@ if __name__ == "__main__":
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--bf16-sums", action="store_true", help="DDP's bf16_compress_hook: gradients summed in bf16")
     main(p.parse_args())

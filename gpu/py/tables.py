@@ -449,7 +449,8 @@ def t_scaling(rows, a):
     out = [f"GPT-2 124M, bf16, B=16 per GPU, T=1024, {n} GPUs (global batch {16 * n}); 3 warm-up steps, then the "
            "timed ones. Weak-scaling efficiency: tokens/s per GPU over one GPU's (ours: stage 2's, the mean of its "
            f"{len(ones)} run(s) in this call; DDP: torch.compile's on one GPU). vs DDP: ours over DDP + torch.compile's "
-           "tokens/s on the same GPUs and transport. Sums alone: one step's gradient sums (all-reduce; under ZeRO-1 "
+           "tokens/s on the same GPUs and transport (runs with bf16 sums, `--grad-comm bf16`, over DDP with its "
+           "bf16_compress_hook). Sums alone: one step's gradient sums (all-reduce; under ZeRO-1 "
            "the reduce-scatter and all-gather) timed on their own after the run; hidden: the share of them the step "
            "does not add to the one-GPU step, 1 - (ms/step - one GPU's) / sums alone. Transport `socket`: "
            "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 (NCCL over TCP sockets). Every run of ours but "
@@ -464,7 +465,9 @@ def t_scaling(rows, a):
         side = r.get("side")
         base = torch1 if side == "ddp" else one if side == "ours" else None
         eff = f"{100 * tps / g / base['tokens_per_s']:.1f}%" if base and not (isinstance(base, dict) and base.get("failed")) and g > 1 else ""
-        ddp = by.get("ddp-compile" + ("-socket" if r.get("transport") == "socket" else ""))
+        # bf16 sums against DDP's bf16_compress_hook, f32 sums against plain DDP.
+        ddp = by.get("ddp-compile" + ("-socket" if r.get("transport") == "socket" else "")
+                     + ("-bf16-sums" if r["label"].endswith("-bf16-sums") else ""))
         vs = rx(ratio(r, ddp)) if side == "ours" and ddp else ""
         alone = r.get("sums_alone_ms") or 0.0
         hidden = f"{100 * (1 - (r['ms_per_step'] - one['ms_per_step']) / alone):.0f}%" if one and alone > 0 else ""
