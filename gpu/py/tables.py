@@ -667,6 +667,32 @@ def t_converge(rows, a):
     return out
 
 
+def t_grad_comm(rows, a):
+    runs = {r["run"]: r for r in rows if r.get("kind") == "run"}
+    f, b = runs.get("fp32-sums"), runs.get("bf16-sums")
+    out = [f"`{a.train}`: the same run with the gradients summed in f32 and in bf16 (rounded to bf16, summed in "
+           "bf16, widened back into the f32 gradients), from the same seed on the same batches. Runs (loss.tsv, "
+           "log.txt, env.txt): runs/grad-comm/. Bound: the last validation loss with bf16 sums within 0.5% of the "
+           "f32 sums'.", ""]
+    for name, r in (("fp32-sums", f), ("bf16-sums", b)):
+        if not r or r.get("failed"):
+            return out + [f"{name}: FAILED: {(r or {}).get('error', 'no run')}", "", "FAIL"]
+    out += ["| epoch | train, f32 sums | train, bf16 sums | val, f32 sums | val, bf16 sums | val diff |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    last = None
+    for x, y in zip(f["rows"], b["rows"]):
+        vf, vb = float(x["val_loss"]), float(y["val_loss"])
+        last = (vb - vf) / vf
+        out.append(f"| {float(x['epoch']):.3f} | {float(x['train_loss']):.4f} | {float(y['train_loss']):.4f} | "
+                   f"{vf:.4f} | {vb:.4f} | {100 * last:+.2f}% |")
+    ok = last is not None and abs(last) <= 0.005 and len(f["rows"]) == len(b["rows"])
+    tps = [r.get("steps", 0) / r["train_time_s"] if r.get("train_time_s") else None for r in (f, b)]
+    out += ["", f"Last evaluation: bf16 sums {100 * (last or 0):+.2f}% against f32 sums: {'PASS' if ok else 'FAIL'} (bound 0.5%)."]
+    if all(tps):
+        out.append(f"Steps a second (NCCL's transport as the environment left it): f32 sums {tps[0]:.2f}, bf16 sums {tps[1]:.2f}.")
+    return out
+
+
 def t_docs_run(rows, a):
     c = next((r for r in rows if r.get("kind") == "corpus"), {})
     out = [f"Corpus: {c.get('data')} ({c.get('tokens', 0):,} GPT-2 tokens, sha256 {c.get('sha256')}); {c.get('gpus')} GPUs"
@@ -764,6 +790,7 @@ TABLES = {
     "generate": ("Generation against Hugging Face", t_generate),
     "train-vs-pytorch": ("Training loss per step against PyTorch, fp32", t_train_vs_pytorch),
     "docs-run": ("GPT-2 124M on the docs corpus", t_docs_run),
+    "grad-comm": ("bf16 gradient sums against f32 sums: the loss", t_grad_comm),
     "mlp-gpu": ("The MLP on one GPU against PyTorch", t_mlp_gpu),
 }
 
