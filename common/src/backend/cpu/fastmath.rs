@@ -11,8 +11,11 @@ fn exp_parts(x: f32) -> (f32, f32) {
     // ln 2 split in two so n·ln2 is exact in the first part (Cody–Waite).
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5·2^23 rounds to an integer (to even), which lands in the low mantissa bits.
+    const SHIFTER: f32 = 12_582_912.0;
     let x = x.clamp(-87.3, 88.3);
-    let n = (x * LOG2E).round();
+    let shifted = x * LOG2E + SHIFTER;
+    let n = shifted - SHIFTER;
     let r = x - n * LN2_HI - n * LN2_LO; // |r| ≤ ln2/2
                                          // e^r − 1 by its Taylor series to degree 7, Horner form.
     let mut p = 1.0 / 5040.0;
@@ -22,8 +25,10 @@ fn exp_parts(x: f32) -> (f32, f32) {
     p = p * r + 1.0 / 6.0;
     p = p * r + 0.5;
     p = p * r + 1.0;
-    // 2^n through the exponent bits.
-    (f32::from_bits(((n as i32 + 127) as u32) << 23), p * r)
+    // 2^n through the exponent bits: n is the shifted value's bits less the shifter's
+    // (two's complement), and -126 <= n <= 127 here.
+    let n_bits = shifted.to_bits().wrapping_sub(SHIFTER.to_bits());
+    (f32::from_bits(n_bits.wrapping_add(127) << 23), p * r)
 }
 
 /// e^x for x in about [-87, 88]; smaller x gives about 0 (softmax tails), larger is clamped.

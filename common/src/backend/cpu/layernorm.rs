@@ -15,8 +15,8 @@ pub(super) fn forward(out: &mut [f32], stats: Stats, inp: &[f32], w: &[f32], b: 
         .zip(inp.par_chunks(c))
         .zip(stats.mean.par_iter_mut().zip(stats.rstd.par_iter_mut()))
         .for_each(|((o, x), (mu, rs))| {
-            let m = x.iter().sum::<f32>() / c as f32;
-            let var = x.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / c as f32;
+            let m = lane_sum(c, |i| x[i]) / c as f32;
+            let var = lane_sum(c, |i| (x[i] - m) * (x[i] - m)) / c as f32;
             let s = 1.0 / (var + 1e-5).sqrt();
             for i in 0..c {
                 o[i] = (x[i] - m) * s * w[i] + b[i];
@@ -38,32 +38,54 @@ pub(super) fn backward(g: Grads, dout: &[f32], inp: &[f32], w: &[f32], mean: &[f
     g.dinp.par_chunks_mut(c).enumerate().for_each(|(r, di)| {
         let (x, dy) = (&inp[r * c..][..c], &dout[r * c..][..c]);
         let (m, s) = (mean[r], rstd[r]);
-        let (mut dnorm_mean, mut dnorm_norm_mean) = (0.0f32, 0.0f32);
-        for i in 0..c {
-            let dnorm = w[i] * dy[i];
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * (x[i] - m) * s;
-        }
-        dnorm_mean /= c as f32;
-        dnorm_norm_mean /= c as f32;
+        let dnorm_mean = lane_sum(c, |i| w[i] * dy[i]) / c as f32;
+        let dnorm_norm_mean = lane_sum(c, |i| w[i] * dy[i] * (x[i] - m) * s) / c as f32;
         for i in 0..c {
             let norm = (x[i] - m) * s;
             di[i] += (w[i] * dy[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
     });
-    // Weight and bias gradients: columns are independent; rows summed in order.
-    g.dw.par_chunks_mut(64)
-        .zip(g.db.par_chunks_mut(64))
+    // Weight and bias gradients: columns are independent; rows summed in order, onto what the
+    // gradients held, in registers for a block of COLUMNS.
+    g.dw.par_chunks_mut(COLUMNS)
+        .zip(g.db.par_chunks_mut(COLUMNS))
         .enumerate()
         .for_each(|(j, (dw, db))| {
-            let j0 = j * 64;
+            let j0 = j * COLUMNS;
+            let n = dw.len();
+            let (mut aw, mut ab) = ([0.0f32; COLUMNS], [0.0f32; COLUMNS]);
+            aw[..n].copy_from_slice(dw);
+            ab[..n].copy_from_slice(db);
             for r in 0..bt {
                 let (m, s) = (mean[r], rstd[r]);
-                for i in 0..dw.len() {
-                    let (x, dy) = (inp[r * c + j0 + i], dout[r * c + j0 + i]);
-                    dw[i] += (x - m) * s * dy;
-                    db[i] += dy;
+                let (x, dy) = (&inp[r * c + j0..][..n], &dout[r * c + j0..][..n]);
+                for i in 0..n {
+                    aw[i] += (x[i] - m) * s * dy[i];
+                    ab[i] += dy[i];
                 }
             }
+            dw.copy_from_slice(&aw[..n]);
+            db.copy_from_slice(&ab[..n]);
         });
+}
+
+/// Columns of the weight and bias gradients one task sums.
+const COLUMNS: usize = 64;
+
+/// Σ f(i) for i < n in 8 lanes (lane i mod 8, each in order), the lanes then added pairwise:
+/// vectorises, and the order is fixed.
+#[inline(always)]
+fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let full = n / 8 * 8;
+    for i0 in (0..full).step_by(8) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += f(i0 + l);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in full..n {
+        s += f(i);
+    }
+    s
 }
