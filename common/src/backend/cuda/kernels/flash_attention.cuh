@@ -54,10 +54,10 @@ struct Frag {
 // cross terms first) are summed from zero in the tensor core and added to c by an fp32 add.
 // The tensor core adds its products to the accumulator it is given with the low bits cut off
 // (rounded towards zero), so a running sum kept there (a row of P·V over a thousand keys: 128
-// products of 8) loses a part in ~10^5 of its size, always the same way; in training that bias
-// summed over every position moved layer 0's attention gradients by about 1% and the run away
-// from fp32 GEMM attention's and PyTorch's (docs/gpu.md). The add rounds to nearest, as an
-// fp32 GEMM's accumulation does.
+// products of 8) loses a part in ~10^5 of its size, always the same way; in training that bias,
+// summed over every position, moves layer 0's attention gradients by about 1% and takes the
+// run away from fp32 GEMM attention's and PyTorch's (docs/gpu.md). The add rounds to nearest,
+// as an fp32 GEMM's accumulation does.
 template <int SPLIT>
 __device__ __forceinline__ void mma(float c[4], const Frag<4, SPLIT>& a, const Frag<2, SPLIT>& b) {
     if (SPLIT == 3) {
