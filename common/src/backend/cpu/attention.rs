@@ -2,7 +2,7 @@
 //! probabilities (B,NH,T,T) for the backward pass. Keys and values are transposed to
 //! (hs, T) per task so the inner loops run over contiguous positions (they vectorise).
 
-use super::elementwise::axpy;
+use super::elementwise::{axpy, lane_sum};
 use super::fastmath;
 use rayon::prelude::*;
 
@@ -14,22 +14,11 @@ pub(super) struct Dims {
     pub nh: usize,
 }
 
-/// Dot product with 8 independent accumulators: vectorises, and the order is fixed.
+/// Dot product in 8 lanes ([`lane_sum`]): vectorises, and the order is fixed.
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, ra) = a.split_at(a.len() / 8 * 8);
-    let (cb, rb) = b.split_at(ca.len());
-    for (x, y) in ca.chunks_exact(8).zip(cb.chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
+    let b = &b[..a.len()];
+    lane_sum(a.len(), |i| a[i] * b[i])
 }
 
 /// The (T, hs) rows given by `row` as an (hs, T) matrix.

@@ -20,6 +20,24 @@ pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// Σ f(i) for i < n in 8 lanes (lane i mod 8, each in order), the lanes then added pairwise:
+/// vectorises, and the order is fixed.
+#[inline(always)]
+pub(super) fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let full = n / 8 * 8;
+    for i0 in (0..full).step_by(8) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += f(i0 + l);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in full..n {
+        s += f(i);
+    }
+    s
+}
+
 pub(super) fn zero<T: bytemuck::Pod + Send>(dst: &mut [T]) {
     dst.par_chunks_mut(CHUNK).for_each(|c| c.fill(T::zeroed()));
 }

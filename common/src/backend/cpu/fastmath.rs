@@ -16,8 +16,8 @@ fn exp_parts(x: f32) -> (f32, f32) {
     let x = x.clamp(-87.3, 88.3);
     let shifted = x * LOG2E + SHIFTER;
     let n = shifted - SHIFTER;
-    let r = x - n * LN2_HI - n * LN2_LO; // |r| ≤ ln2/2
-                                         // e^r − 1 by its Taylor series to degree 7, Horner form.
+    // |r| ≤ ln2/2; e^r − 1 by its Taylor series to degree 7, Horner form.
+    let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.0 / 5040.0;
     p = p * r + 1.0 / 720.0;
     p = p * r + 1.0 / 120.0;

@@ -1,5 +1,6 @@
 //! Layer normalisation over rows of width C, and its gradients.
 
+use super::elementwise::lane_sum;
 use rayon::prelude::*;
 
 /// Each row's mean and 1/std, saved by the forward pass for the backward.
@@ -71,21 +72,3 @@ pub(super) fn backward(g: Grads, dout: &[f32], inp: &[f32], w: &[f32], mean: &[f
 
 /// Columns of the weight and bias gradients one task sums.
 const COLUMNS: usize = 64;
-
-/// Σ f(i) for i < n in 8 lanes (lane i mod 8, each in order), the lanes then added pairwise:
-/// vectorises, and the order is fixed.
-#[inline(always)]
-fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let full = n / 8 * 8;
-    for i0 in (0..full).step_by(8) {
-        for (l, a) in acc.iter_mut().enumerate() {
-            *a += f(i0 + l);
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for i in full..n {
-        s += f(i);
-    }
-    s
-}

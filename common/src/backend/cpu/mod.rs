@@ -80,7 +80,8 @@ impl CpuBackend {
 
     /// Whether every worker thread flushes subnormal floats to zero, each checked by
     /// arithmetic (a product below f32's smallest normal comes out 0), not by its flags alone.
-    pub fn flushes_subnormals(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn flushes_subnormals(&self) -> bool {
         let flushed = || {
             let tiny = std::hint::black_box(1e-30f32) * std::hint::black_box(1e-10f32);
             subnormals::flushing_subnormals() && tiny == 0.0

@@ -34,6 +34,7 @@ pub fn flush_subnormals() {
 
 /// Whether the calling thread flushes subnormals (see [`flush_subnormals`]); `true` on targets
 /// where it does nothing.
+#[cfg(test)]
 pub fn flushing_subnormals() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
