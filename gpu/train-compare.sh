@@ -24,7 +24,7 @@
 # (the train column, a window's mean, is shown too: late in the run both memorise this
 # 300K-token corpus and tiny train losses drift apart by more).
 #
-# About 7 min on an H200 (4 more with --converge on one GPU).
+# About 5 min on 2 x H200, --converge included (on the second GPU); 4 more for --converge on one GPU.
 # Writes results/train-vs-pytorch.md (machine header; a row per learning rate: each path's
 # largest |loss difference| from PyTorch and its step, their ratio, pass/FAIL; then every
 # step's differences) and results/train-vs-pytorch.json; with --converge a second section in
