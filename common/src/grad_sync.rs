@@ -29,7 +29,7 @@
 //! f32 weights made whole only when something reads them all (a checkpoint).
 
 use crate::autograd::{Graph, Tensor};
-use crate::backend::{bf16, Backend, DeviceBuffer};
+use crate::backend::{bf16, Backend, DeviceBuffer, DeviceStream};
 use crate::comm::{device_order, even_parts, parts_within, Comm, Words};
 use crate::error::{Error, Result};
 use crate::model::{Gpt2, ParamLayout};
@@ -187,6 +187,87 @@ impl GradSync {
         1.0 / (ranks * micro_batches) as f32
     }
 
+    /// The bf16 buffer the sums carry: `Some` under `--grad-comm bf16` on several ranks (and
+    /// then it must cover the layout), else `None`.
+    fn wire_buffer<'w, B: Backend>(
+        &self,
+        wire: Option<&'w B::Buffer<bf16>>,
+        world: usize,
+    ) -> Result<Option<&'w B::Buffer<bf16>>> {
+        match (self.wire, wire) {
+            (GradComm::Fp32, _) => Ok(None),
+            (GradComm::Bf16, _) if world == 1 => Ok(None), // no sums
+            (GradComm::Bf16, Some(w)) if w.len() >= self.total => Ok(Some(w)),
+            (GradComm::Bf16, _) => Err(Error::Device(
+                "bf16 gradient sums need a bf16 buffer of the layout's size".into(),
+            )),
+        }
+    }
+
+    /// Starts the sum of `range` of the gradients over the ranks: an all-reduce, or under
+    /// ZeRO-1 a reduce-scatter onto the shards' parts of it; with `wire`, of the range rounded
+    /// to bf16 there. Ordered after the backend's queued work on the device (`after`), or the
+    /// host waits for the backend first. Adds the seconds spent in the communicator's call
+    /// to `comm_s`.
+    ///
+    /// # Safety
+    /// `range` lies in the layout, inside `grads` and `wire`, which stay alive and untouched
+    /// until [`Comm::finish_all_reduces`].
+    unsafe fn start_sum<B: Backend>(
+        &self,
+        be: &B,
+        comm: &dyn Comm,
+        range: &Range<usize>,
+        (grads, wire): (&B::Buffer<f32>, Option<&B::Buffer<bf16>>),
+        after: Option<DeviceStream>,
+        comm_s: &mut f64,
+    ) -> Result<()> {
+        if after.is_none() {
+            be.synchronize()?;
+        }
+        let parts = || parts_within(self.shards.parts(), range);
+        let Some(wire) = wire else {
+            let at = grads.ptr().add(range.start);
+            // SAFETY: the caller's contract.
+            return timed(comm_s, || unsafe {
+                match self.shards.sharded() {
+                    true => comm.start_reduce_scatter_sum(at, &parts(), after),
+                    false => comm.start_all_reduce_sum(at, range.len(), after),
+                }
+            });
+        };
+        let (start, n) = (range.start, range.len());
+        be.round_to_bf16(wire.span().slice(start, n), grads.span().slice(start, n), n);
+        if after.is_none() {
+            be.synchronize()?;
+        }
+        let at = wire.ptr().add(start);
+        // SAFETY: the caller's contract, for the range's bf16 copy in `wire`, written (host
+        // wait) or queued on `after` before the sum.
+        timed(comm_s, || unsafe {
+            match self.shards.sharded() {
+                true => comm.start_reduce_scatter_sum_bf16(at, &parts(), after),
+                false => comm.start_all_reduce_sum_bf16(at, n, after),
+            }
+        })
+    }
+
+    /// The bf16 sums in `wire` back into the f32 gradients (this rank's shard under ZeRO-1).
+    fn widen<B: Backend>(&self, be: &B, grads: &B::Buffer<f32>, wire: Option<&B::Buffer<bf16>>) {
+        if let Some(wire) = wire {
+            let r = if self.shards.sharded() {
+                self.shards.own()
+            } else {
+                0..self.total
+            };
+            be.widen_bf16(
+                grads.span().slice(r.start, r.len()),
+                wire.span().slice(r.start, r.len()),
+                r.len(),
+            );
+        }
+    }
+
     /// Back-propagates micro-batch `micro` (of `micro.1`) from `loss` into `grads`; after
     /// the last one, leaves the summed gradients in `grads` on every rank (under ZeRO-1,
     /// the sum of its own shard only: the rest is left unspecified). Under `--grad-comm
@@ -204,16 +285,7 @@ impl GradSync {
         (micro, micro_batches): (usize, usize),
     ) -> Result<f64> {
         let (be, world) = (g.backend(), comm.size());
-        let wire = match (self.wire, wire) {
-            (GradComm::Fp32, _) => None,
-            (GradComm::Bf16, _) if world == 1 => None, // no sums
-            (GradComm::Bf16, Some(w)) if w.len() >= self.total => Some(w),
-            (GradComm::Bf16, _) => {
-                return Err(Error::Device(
-                    "bf16 gradient sums need a bf16 buffer of the layout's size".into(),
-                ))
-            }
-        };
+        let wire = self.wire_buffer::<B>(wire, world)?;
         let seed = self.loss_scale(world, micro_batches);
         if micro + 1 < micro_batches {
             g.backward(loss, seed)?; // ranks meet after the last micro-batch
@@ -225,53 +297,12 @@ impl GradSync {
         // Elsewhere the host waits for the backend before each bucket (a no-op on the CPU).
         let after = device_order(be, comm);
         let sum = |range: &Range<usize>, comm_s: &mut f64| {
-            if after.is_none() {
-                be.synchronize()?;
-            }
-            let parts = || parts_within(self.shards.parts(), range);
-            let Some(wire) = wire else {
-                let at = grads.ptr().add(range.start);
-                // SAFETY: every range lies in the layout, inside `grads` (checked above), which
-                // the caller keeps alive and leaves alone until the sums are finished (on the
-                // host, or for work queued on `after` from then on); the bucket's writes are
-                // done (host wait above) or queued on `after` before it.
-                return timed(comm_s, || unsafe {
-                    match self.shards.sharded() {
-                        true => comm.start_reduce_scatter_sum(at, &parts(), after),
-                        false => comm.start_all_reduce_sum(at, range.len(), after),
-                    }
-                });
-            };
-            let (start, n) = (range.start, range.len());
-            be.round_to_bf16(wire.span().slice(start, n), grads.span().slice(start, n), n);
-            if after.is_none() {
-                be.synchronize()?;
-            }
-            let at = wire.ptr().add(start);
-            // SAFETY: as above, for the bucket's bf16 copy in `wire` (checked to cover the
-            // layout), written (host wait) or queued on `after` before the sum.
-            timed(comm_s, || unsafe {
-                match self.shards.sharded() {
-                    true => comm.start_reduce_scatter_sum_bf16(at, &parts(), after),
-                    false => comm.start_all_reduce_sum_bf16(at, n, after),
-                }
-            })
+            // SAFETY: every range lies in the layout, inside `grads` (checked above) and
+            // `wire` (checked by `wire_buffer`), which the caller keeps alive and leaves alone
+            // until the sums are finished; the bucket's writes are done or ordered before it.
+            unsafe { self.start_sum(be, comm, range, (grads, wire), after, comm_s) }
         };
-        // The bf16 sums back into the f32 gradients (this rank's shard under ZeRO-1).
-        let widen = || {
-            if let Some(wire) = wire {
-                let r = if self.shards.sharded() {
-                    self.shards.own()
-                } else {
-                    0..self.total
-                };
-                be.widen_bf16(
-                    grads.span().slice(r.start, r.len()),
-                    wire.span().slice(r.start, r.len()),
-                    r.len(),
-                );
-            }
-        };
+        let widen = || self.widen(be, grads, wire);
         let mut comm_s = 0.0;
         match self.mode {
             SyncMode::Overlapped { .. } if world > 1 => {
@@ -416,35 +447,53 @@ impl GradSync {
 
 impl GradSync {
     /// Seconds one step's gradient sums take on their own, the host waiting for them (the
-    /// mean of `reps`): the whole buffer's sum (on the gradients), or under ZeRO-1 its
-    /// reduce-scatter and the all-gather of the steps (`GradSync::gathered`), into the same
-    /// buffer, so by the same means (copy engines where the steps use them). Between steps
-    /// every rank holds the same gathered words, so gathering them again changes nothing.
-    /// 0 with one rank or under local SGD. For the benchmark: what a step would add if
-    /// computing hid none of it.
-    pub fn time_sums<B: Backend>(&self, be: &B, comm: &dyn Comm, model: &Gpt2<B>, reps: usize) -> Result<f64> {
+    /// mean of `reps`): the sums as the step makes them (bucket by bucket under
+    /// `--overlap`, in bf16 under `--grad-comm bf16`, its rounding and widening included),
+    /// on the gradients, then under ZeRO-1 the all-gather of the steps
+    /// (`GradSync::gathered`) into the same buffer, so by the same means (copy engines where
+    /// the steps use them). Between steps every rank holds the same gathered words, so
+    /// gathering them again changes nothing. 0 with one rank or under local SGD. For the
+    /// benchmark: what a step would add if computing hid none of it.
+    pub fn time_sums<B: Backend>(
+        &self,
+        be: &B,
+        comm: &dyn Comm,
+        model: &Gpt2<B>,
+        wire: Option<&B::Buffer<bf16>>,
+        reps: usize,
+    ) -> Result<f64> {
         if comm.size() == 1 || matches!(self.mode, SyncMode::LocalSgd { .. }) || reps == 0 {
             return Ok(0.0);
         }
         let grads = &model.grads;
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
+        let wire = self.wire_buffer::<B>(wire, comm.size())?;
         let words = self.gathered(model);
+        let whole = [0..self.total];
+        let ranges: Vec<&Range<usize>> = match self.mode {
+            SyncMode::Overlapped { .. } => self.buckets.iter().chain(&self.outside).collect(),
+            _ => whole.iter().collect(),
+        };
         be.synchronize()?;
-        let mut seconds = 0.0;
+        let started = Instant::now();
+        let mut calls = 0.0;
         for _ in 0..reps {
-            // SAFETY: the whole layout, inside `grads` and the gathered buffer (checked above
-            // and by `gathered`), which nothing else uses between steps; the gather writes
-            // every rank's shard with the values it holds already; each call returns once
-            // its collective is done.
-            timed(&mut seconds, || unsafe {
-                self.sum_whole(comm, grads.ptr())?;
-                match self.shards.sharded() {
-                    true => comm.all_gather(words, self.shards.parts()),
-                    false => Ok(()),
-                }
-            })?;
+            for range in &ranges {
+                // SAFETY: every range lies in the layout, inside `grads` and `wire` (checked
+                // above and by `wire_buffer`), which nothing else uses between steps; the host
+                // waits for the sums below before the next round.
+                unsafe { self.start_sum(be, comm, range, (grads, wire), None, &mut calls)? };
+            }
+            comm.finish_all_reduces(None)?;
+            self.widen(be, grads, wire);
+            if self.shards.sharded() {
+                // SAFETY: the gathered buffer covers every rank's shard (`gathered`), which
+                // the gather writes with the values it holds already.
+                unsafe { comm.all_gather(words, self.shards.parts())? };
+            }
+            be.synchronize()?;
         }
-        Ok(seconds / reps as f64)
+        Ok(started.elapsed().as_secs_f64() / reps as f64)
     }
 
     /// The whole buffer's gradient sum at `grads`, the host waiting for it: the all-reduce,

@@ -450,8 +450,9 @@ def t_scaling(rows, a):
            "timed ones. Weak-scaling efficiency: tokens/s per GPU over one GPU's (ours: stage 2's, the mean of its "
            f"{len(ones)} run(s) in this call; DDP: torch.compile's on one GPU). vs DDP: ours over DDP + torch.compile's "
            "tokens/s on the same GPUs and transport (runs with bf16 sums, `--grad-comm bf16`, over DDP with its "
-           "bf16_compress_hook). Sums alone: one step's gradient sums (all-reduce; under ZeRO-1 "
-           "the reduce-scatter and all-gather) timed on their own after the run; hidden: the share of them the step "
+           "bf16_compress_hook). Sums alone: one step's gradient sums as the step makes them (all-reduce; under "
+           "ZeRO-1 the reduce-scatter and all-gather; bucket by bucket under --overlap, in bf16 under --grad-comm "
+           "bf16) timed on their own after the run; hidden: the share of them the step "
            "does not add to the one-GPU step, 1 - (ms/step - one GPU's) / sums alone. Transport `socket`: "
            "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 (NCCL over TCP sockets). Every run of ours but "
            "`no-graph` (GPT2_CUDA_GRAPH=0) replays each step as one CUDA graph with NCCL's sums inside.", "",

@@ -704,20 +704,21 @@ fn bench_allreduce_reports_bandwidth_by_size() {
 
 #[test]
 fn bench_reports_compute_and_comm_time() {
-    for overlap in [false, true] {
-        let mut args: Vec<String> = "bench --model tiny --vocab 256 --batch 2 --seq-len 16 --steps 3 --warmup 1"
-            .split(' ')
-            .map(str::to_string)
-            .collect();
-        if overlap {
-            args.push("--overlap".into());
-        }
+    // The sums timed alone as the steps make them: whole, bucket by bucket, in bf16, sharded.
+    for flags in ["", "--overlap", "--grad-comm bf16 --zero 1 --overlap --bucket-mb 0.01"] {
+        let line = format!("bench --model tiny --vocab 256 --batch 2 --seq-len 16 --steps 3 --warmup 1 {flags}");
+        let args: Vec<String> = line.split_whitespace().map(str::to_string).collect();
         let o = mpirun(2, &args, &[]);
         assert_ok(&o);
         let last = o.stdout.trim().lines().last().unwrap();
         let v: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
         assert_eq!(v["ranks"], 2, "{last}");
-        for key in ["compute_ms_per_step", "comm_ms_per_step", "tokens_per_s"] {
+        for key in [
+            "compute_ms_per_step",
+            "comm_ms_per_step",
+            "tokens_per_s",
+            "sums_alone_ms",
+        ] {
             assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} missing in {last}");
         }
         // MPI gathers one way: the field says nothing (stage 3's say how NCCL ran them).

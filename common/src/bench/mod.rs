@@ -39,8 +39,9 @@ pub struct BenchReport {
     /// Of `ms_per_step`: time in gradient communication (0 on one process).
     pub comm_ms_per_step: f64,
     pub compute_ms_per_step: f64,
-    /// One step's gradient sums timed alone after the run, the host waiting for them (0 on
-    /// one process): what a step would add were none of it hidden behind computing.
+    /// One step's gradient sums timed alone after the run, as the steps make them (by
+    /// bucket, in bf16, as set), the host waiting for them (0 on one process): what a step
+    /// would add were none of it hidden behind computing.
     pub sums_alone_ms: f64,
     /// How ZeRO-1's all-gathers ran, where the communicator has more than one way (stage 3:
     /// "copy engines" or "thread blocks"); null elsewhere.

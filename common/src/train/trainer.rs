@@ -325,7 +325,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// [`GradSync::time_sums`]); 0 on one rank. Between steps only: it leaves the gradient
     /// buffer unspecified (the next step zeroes it first).
     pub fn time_gradient_sums(&self, reps: usize) -> Result<f64> {
-        self.sync.time_sums(self.be, self.comm, &self.model, reps)
+        self.sync
+            .time_sums(self.be, self.comm, &self.model, self.wire.as_ref(), reps)
     }
 
     /// Each tensor's gradient norm after the last step (its name and √Σg², in buffer order),
