@@ -6,16 +6,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use support::send;
-
-const BIN: &str = env!("CARGO_BIN_EXE_stage0_serial");
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stage0-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use support::{run, run_ok, send, tmpdir, BIN};
 
 /// A small corpus with Shakespeare's layout, long enough for a few epochs of tiny batches.
 fn corpus(dir: &Path) -> PathBuf {
@@ -23,17 +14,6 @@ fn corpus(dir: &Path) -> PathBuf {
     let p = dir.join("corpus.txt");
     std::fs::write(&p, text).unwrap();
     p
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("binary runs")
-}
-
-/// Runs the binary, which must succeed; its stdout.
-fn run_ok(args: &[&str]) -> String {
-    let o = run(args);
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).expect("stdout is UTF-8")
 }
 
 /// `generate --checkpoint ck` with `flags`, which must succeed: its text.

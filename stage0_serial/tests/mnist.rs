@@ -6,18 +6,9 @@
 mod support;
 
 use common::mnist::synthetic;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use support::{send, stopped_after_step};
-
-const BIN: &str = env!("CARGO_BIN_EXE_stage0_serial");
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stage0-mnist-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use support::{send, stopped_after_step, tmpdir, BIN};
 
 /// A training set of 600 and a test set of 200 images of 12 × 12 pixels, in `dir`, with
 /// the file flags that name them (`ext`: "idx" or "gz").

@@ -2,30 +2,14 @@
 //! same bytes for any thread count, `<|endoftext|>` before each document, shards of the size
 //! asked for.
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use common::tokenizer::{Tokenizer, TokenizerKind};
+use support::{run, run_ok, tmpdir};
 
-const BIN: &str = env!("CARGO_BIN_EXE_stage0_serial");
 const END_OF_TEXT: u32 = 50256;
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stage0-tokenize-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("binary runs")
-}
-
-fn run_ok(args: &[&str]) -> String {
-    let o = run(args);
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).expect("stdout is UTF-8")
-}
 
 /// Eight documents of different lengths in `dir/docs` (two in a subdirectory), and their
 /// texts in the order `tokenize` takes them (sorted by path).
