@@ -276,6 +276,12 @@ impl GradSync {
     /// communication that computing did not hide). Overlapped on NCCL, the host does not
     /// wait: this is the time spent queueing the collectives, and the GPU's wait for
     /// them shows in the step's compute time.
+    ///
+    /// `apart`: the graph writes this micro-batch's gradients there (a buffer of the layout's
+    /// size), and they are added into `grads` range by range, each range before its sum
+    /// starts. A micro-batch after the first computes its gradients from zero this way, as a
+    /// rank computes its own, so that adding them is one rounding, as the ranks' sum is: K
+    /// micro-batches on one rank then give what K ranks of one give, bit for bit for K = 2.
     pub fn backward<B: Backend>(
         &self,
         g: &mut Graph<'_, B>,
@@ -283,20 +289,33 @@ impl GradSync {
         comm: &dyn Comm,
         (grads, wire): (&B::Buffer<f32>, Option<&B::Buffer<bf16>>),
         (micro, micro_batches): (usize, usize),
+        apart: Option<&B::Buffer<f32>>,
     ) -> Result<f64> {
         let (be, world) = (g.backend(), comm.size());
         let wire = self.wire_buffer::<B>(wire, world)?;
         let seed = self.loss_scale(world, micro_batches);
+        assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
+        assert!(
+            apart.is_none_or(|a| a.len() >= self.total),
+            "the micro-batch's gradient buffer is smaller than the layout"
+        );
+        let add = |range: &Range<usize>| {
+            if let Some(apart) = apart {
+                let (at, n) = (range.start, range.len());
+                be.accumulate(grads.span().slice(at, n), apart.span().slice(at, n), n);
+            }
+        };
         if micro + 1 < micro_batches {
             g.backward(loss, seed)?; // ranks meet after the last micro-batch
+            add(&(0..self.total));
             return Ok(0.0);
         }
-        assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
         // Overlapped on a device communicator (NCCL): each bucket's sum is ordered after the
         // kernels queued so far on the backend's stream, on the device, with no host wait.
         // Elsewhere the host waits for the backend before each bucket (a no-op on the CPU).
         let after = device_order(be, comm);
         let sum = |range: &Range<usize>, comm_s: &mut f64| {
+            add(range);
             // SAFETY: every range lies in the layout, inside `grads` (checked above) and
             // `wire` (checked by `wire_buffer`), which the caller keeps alive and leaves alone
             // until the sums are finished; the bucket's writes are done or ordered before it.
@@ -330,11 +349,15 @@ impl GradSync {
             }
             SyncMode::Allreduce if world > 1 => {
                 g.backward(loss, seed)?;
+                add(&(0..self.total));
                 be.synchronize()?;
                 // SAFETY: the whole layout, inside `grads` (checked above).
                 timed(&mut comm_s, || unsafe { self.sum_whole(comm, grads.ptr()) })?;
             }
-            _ => g.backward(loss, seed)?,
+            _ => {
+                g.backward(loss, seed)?;
+                add(&(0..self.total));
+            }
         }
         Ok(comm_s)
     }

@@ -279,6 +279,84 @@ fn replay_run(precision: Precision, replay: bool, micro_batches: usize) -> (Vec<
     (losses, params, trainer.replaying())
 }
 
+/// The gradients a trainer leaves after one step on `batch` (b rows) in `micro` micro-batches,
+/// from the seeded initial weights.
+fn step_gradients<B: Backend>(be: &B, batch: &Batch, b: usize, t: usize, micro: usize) -> Vec<f32> {
+    let settings = TrainerSettings {
+        optim: OptimConfig {
+            lr: 1e-3,
+            min_lr_frac: 0.1,
+            warmup_steps: 1,
+            total_steps: 1,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+        },
+        sync: SyncMode::Allreduce,
+        micro_batches: micro,
+        recompute: Recompute::None,
+        zero: false,
+        grad_comm: Default::default(),
+    };
+    let cfg = config("char", ConfigOverrides::default());
+    let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
+    trainer.init_weights(1337).expect("init");
+    trainer.step(batch, b, t, 0).expect("step");
+    trainer.flush().expect("flush");
+    let mut grads = vec![0.0f32; trainer.model.num_params()];
+    be.read(&trainer.model.grads, 0, &mut grads).expect("read");
+    grads
+}
+
+/// Two micro-batches' gradients come out as two ranks' summed do: each half's gradients
+/// computed alone, then added once. A half run alone is seeded with 1 rather than the
+/// micro-batch's 1/2, which doubles its gradients exactly (a power of two), so the sum to
+/// expect is 0.5·g0 + 0.5·g1, rounded once.
+fn micro_batches_sum_as_ranks_do<B: Backend>(be: &B, what: &str) {
+    let (b, t) = (8, 64);
+    let batch = &batches(1, b, t)[0];
+    let n = (b / 2) * t;
+    let half = |i: usize| Batch {
+        inputs: batch.inputs[i * n..][..n].to_vec(),
+        targets: batch.targets[i * n..][..n].to_vec(),
+    };
+    let whole = step_gradients(be, batch, b, t, 2);
+    let (g0, g1) = (
+        step_gradients(be, &half(0), b / 2, t, 1),
+        step_gradients(be, &half(1), b / 2, t, 1),
+    );
+    let differ = (whole.iter().zip(g0.iter().zip(&g1)))
+        .filter(|(w, (x, y))| w.to_bits() != (0.5 * *x + 0.5 * *y).to_bits())
+        .count();
+    assert_eq!(
+        differ,
+        0,
+        "{what}: {differ} of {} gradients are not the halves' sum",
+        whole.len()
+    );
+    eprintln!(
+        "MICRO {what}: {} gradients, each the halves' sum bit for bit",
+        whole.len()
+    );
+}
+
+#[test]
+fn micro_batches_sum_as_ranks_do_on_the_cpu() {
+    micro_batches_sum_as_ranks_do(&cpu(), "cpu");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn micro_batches_sum_as_ranks_do_on_the_gpu() {
+    let _gpu = support::one_at_a_time();
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let be = CudaBackend::new(0, precision).expect("cuda");
+        micro_batches_sum_as_ranks_do(&be, &format!("{precision:?}"));
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn replayed_steps_equal_steps_run_as_queued() {

@@ -154,7 +154,7 @@ impl<'a, B: Backend> MlpTrainer<'a, B> {
             let (_, loss) = self.mlp.forward(&mut g, pixels, rows, Some(labels))?;
             let loss = loss.expect("labels given");
             self.sync
-                .backward(&mut g, loss, comm, (&self.mlp.grads, None), (0, 1))?;
+                .backward(&mut g, loss, comm, (&self.mlp.grads, None), (0, 1), None)?;
             let (slot, at) = self.opt.meter().loss_slot();
             g.copy_into(loss, slot, at, false)?;
         }

@@ -101,7 +101,23 @@ impl<B: Backend> Gpt2<B> {
         t: usize,
         last_only: bool,
     ) -> Result<Forward> {
-        self.build(g, inputs, targets, b, t, last_only, Attend::Full)
+        let grads = (targets.is_some() && !last_only).then_some(&self.grads);
+        self.build(g, inputs, targets, grads, b, t, last_only, Attend::Full)
+    }
+
+    /// A training pass as [`Gpt2::forward`] builds it, whose backward writes the parameter
+    /// gradients into `grads` (the layout's size) instead of the model's own buffer: one
+    /// micro-batch's gradients apart from the others', as a rank computes its own.
+    pub fn forward_into<'a>(
+        &'a self,
+        g: &mut Graph<'a, B>,
+        inputs: &[i32],
+        targets: &[i32],
+        b: usize,
+        t: usize,
+        grads: &'a B::Buffer<f32>,
+    ) -> Result<Forward> {
+        self.build(g, inputs, Some(targets), Some(grads), b, t, false, Attend::Full)
     }
 
     /// Generation with a key/value cache: runs `inputs` (one sequence) as positions `pos..`
@@ -123,7 +139,7 @@ impl<B: Backend> Gpt2<B> {
             )));
         }
         Ok(self
-            .build(g, inputs, None, 1, t, true, Attend::Cached { cache, pos })?
+            .build(g, inputs, None, None, 1, t, true, Attend::Cached { cache, pos })?
             .logits
             .expect("a pass without targets keeps its logits"))
     }
@@ -134,6 +150,7 @@ impl<B: Backend> Gpt2<B> {
         g: &mut Graph<'a, B>,
         inputs: &[i32],
         targets: Option<&[i32]>,
+        grads: Option<&'a B::Buffer<f32>>,
         b: usize,
         t: usize,
         last_only: bool,
@@ -141,7 +158,6 @@ impl<B: Backend> Gpt2<B> {
     ) -> Result<Forward> {
         let cfg = &self.config;
         let vocab = cfg.vocab_size;
-        let grads = (targets.is_some() && !last_only).then_some(&self.grads);
         let lay = &self.layout;
         let copy = self.params_bf16.as_ref();
         let param = |g: &mut Graph<'a, B>, e: &ParamEntry| g.param(&self.params, copy, grads, e.range.clone(), e.shape);

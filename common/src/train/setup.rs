@@ -227,7 +227,10 @@ impl<'a, B: Backend> Run<'a, B> {
             }
         }
 
-        agree(comm, check_fits(be, &config, b / world / micro_batches, t))?;
+        agree(
+            comm,
+            check_fits(be, &config, b / world / micro_batches, t, micro_batches),
+        )?;
         let mut trainer = Trainer::new(
             be,
             comm,
@@ -800,8 +803,9 @@ pub fn check_heads<B: Backend>(be: &B, config: &ModelConfig) -> Result<()> {
 /// Refuses a model and batch that cannot fit before anything is allocated: a head size the
 /// backend's attention cannot run, a tensor beyond the kernels' 32-bit indices, or (a lower
 /// bound of) parameters, gradients, AdamW moments and activations beyond the backend's
-/// memory. `b` is the per-process batch.
-pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize) -> Result<()> {
+/// memory. `b` is a micro-batch's rows on one process, of `micro_batches` a step (above 1:
+/// the gradient buffer a later micro-batch writes apart).
+pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize, micro_batches: usize) -> Result<()> {
     check_heads(be, config)?;
     let saved = be.attention_saved_len(b, t, config.n_head);
     let (largest, activations) = config.activation_values(b, t, saved);
@@ -810,10 +814,12 @@ pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize) 
             "a batch of {b}×{t} is too large for this model: one activation would hold {largest} values (at most 2^31)"
         );
     }
-    // f32 parameters, gradients and moments (+ the bf16 copy), activations in their type.
+    // f32 parameters, gradients and moments (+ the bf16 copy, + a micro-batch's gradients),
+    // activations in their type.
     let act = be.act().bytes() as u128;
     let copy = if act < 4 { act } else { 0 };
-    let bytes = (16 + copy) * config.num_params() as u128 + act * activations;
+    let apart = if micro_batches > 1 { 4 } else { 0 };
+    let bytes = (16 + copy + apart) * config.num_params() as u128 + act * activations;
     if let Some(capacity) = be.memory_capacity_bytes().filter(|&c| bytes > c as u128) {
         let gib = |x: u128| x as f64 / (1u64 << 30) as f64;
         crate::bail_input!(

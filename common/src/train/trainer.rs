@@ -41,6 +41,9 @@ pub struct Trainer<'a, B: Backend> {
     sync: GradSync,
     /// The gradients' bf16 copy that their sums carry (`--grad-comm bf16`, several ranks).
     wire: Option<B::Buffer<bf16>>,
+    /// Where a micro-batch after the first writes its gradients before they are added to
+    /// the others' (`--grad-accum` above 1; see `Trainer::queue_step`).
+    apart: Option<B::Buffer<f32>>,
     micro_batches: usize,
     recompute: Recompute,
     pool: Pool<B>,
@@ -105,6 +108,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
             GradComm::Bf16 if comm.size() > 1 => Some(be.alloc::<bf16>(n)?),
             _ => None,
         };
+        let apart = match settings.micro_batches > 1 {
+            true => Some(be.alloc::<f32>(n)?),
+            false => None,
+        };
         let replay_off = std::env::var("GPT2_CUDA_GRAPH").is_ok_and(|v| v == "0");
         Ok(Trainer {
             be,
@@ -113,6 +120,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             opt,
             sync,
             wire,
+            apart,
             micro_batches: settings.micro_batches.max(1),
             recompute: settings.recompute,
             pool: Pool::default(),
@@ -186,8 +194,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// The training step, queued on the backend:
     ///
-    /// 1. per micro-batch: forward (the loss), then on the first one zero the gradients
-    ///    (all but those the first products write), then backward;
+    /// 1. per micro-batch: forward (the loss), zero the gradients (all but those the first
+    ///    products write), then backward: the first micro-batch's gradients into the model's
+    ///    buffer, each later one's apart and then added to them, so that each micro-batch's
+    ///    gradients are computed as a rank computes its own and K micro-batches on one rank
+    ///    sum as K ranks do (for K = 2 bit for bit);
     /// 2. reduce: the gradients summed over the ranks (under `--overlap`, bucket by bucket
     ///    during backward), the loss averaged over micro-batches and ranks;
     /// 3. clip: the gradient norm and the factor that clips it to `grad_clip`;
@@ -207,17 +218,19 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let mut g = Graph::new(be, &mut self.pool, true)
                 .with_recompute(self.recompute)
                 .with_loss_seed(seed)
-                .with_fresh_gradients(micro == 0);
+                .with_fresh_gradients(true);
             if staged {
                 g = g.with_tokens(&self.tokens);
             }
-            let fwd = self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?;
+            let apart = if micro == 0 { None } else { self.apart.as_ref() };
+            let fwd = match apart {
+                None => self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?,
+                Some(apart) => self.model.forward_into(&mut g, inputs, targets, b / k, t, apart)?,
+            };
             let loss = fwd.loss.expect("targets given");
-            if micro == 0 {
-                g.zero_grads_except_first_products(&self.model.grads)?;
-            }
+            g.zero_grads_except_first_products(apart.unwrap_or(&self.model.grads))?;
             let bufs = (&self.model.grads, self.wire.as_ref());
-            comm_s += self.sync.backward(&mut g, loss, comm, bufs, (micro, k))?;
+            comm_s += self.sync.backward(&mut g, loss, comm, bufs, (micro, k), apart)?;
             let (slot, at) = self.opt.meter.loss_slot();
             g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
         }
