@@ -12,14 +12,16 @@
 #    with a warm-up over 5% of the run, E epochs (default 1), evaluated about 10 times an epoch,
 #    a 64-token sample at each evaluation.
 # 2. Parity, fp32: the first S steps (default 200; 0 leaves this out) of the same set-up on N
-#    GPUs, and on one GPU taking each global batch in N micro-batches (`stage2_cuda
-#    --grad-accum N`), evaluated every 20 steps; passes when every evaluation's train and
-#    validation losses agree within 1e-3. The one-GPU side takes about 0.4 s a micro-batch on
+#    GPUs with `--zero 0`, and on one GPU taking each global batch in N micro-batches
+#    (`stage2_cuda --grad-accum N`), evaluated every 20 steps; passes when every evaluation's
+#    train and validation losses agree within 1e-3. On 2 GPUs the two form the same sums, so
+#    they should agree bit for bit (ZeRO-1 would sum the clipping norm per shard, in another
+#    order: docs/training.md, gradient accumulation). The one-GPU side takes about 0.4 s a micro-batch on
 #    an H200; where it would not fit one sitting, --parity-part 1 stops it halfway (a
 #    checkpoint in the log folder, GPU_LOGS=DIR to choose it) and --parity-part 2, with the
 #    same GPU_LOGS, N and corpus, resumes it to the end (a resumed run is the same run) and
 #    compares.
-# --stage3-flags: more flags for both stage 3 runs (e.g. "--zero 0"; ZeRO-1 is the default).
+# --stage3-flags: more flags for the epoch's stage 3 run (e.g. "--zero 0"; ZeRO-1 is the default).
 #
 # About 2.5 min for the epoch on 4 x H200 and 1-2 min for the parity; the one-GPU side grows
 # with N (about 10 min at N=8).
@@ -96,7 +98,7 @@ else
   train "bf16-${n}gpu" 3600 "${GPU_MPIRUN[@]}" -n "$n" "$s3" train "${common[@]}" "${s3flags[@]}" --batch "$batch" \
     --epochs "$epochs" --eval-every "$every" --warmup "$warmup" --sample-len 64 --precision bf16
   if [ "$parity_steps" -gt 0 ]; then
-    train "fp32-${n}gpu" 1800 "${GPU_MPIRUN[@]}" -n "$n" "$s3" train "${common[@]}" "${s3flags[@]}" "${parity[@]}" \
+    train "fp32-${n}gpu" 1800 "${GPU_MPIRUN[@]}" -n "$n" "$s3" train "${common[@]}" "${parity[@]}" --zero 0 \
       --steps "$parity_steps"
     stop=(); [ "$part" = 1 ] && stop=(--stop-after $((parity_steps / 2)))
     train "$one_gpu" 3600 "$s2" train "${common[@]}" "${parity[@]}" --grad-accum "$n" --steps "$parity_steps" "${stop[@]}"
