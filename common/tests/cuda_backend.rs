@@ -17,7 +17,7 @@ use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
 use common::backend::{
-    bf16, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Overwrite, SgdHyper, Span, StepState,
+    bf16, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Fp8, Overwrite, SgdHyper, Span, StepState,
 };
 
 const FP32_TOL: f32 = 1e-4;
@@ -156,6 +156,86 @@ fn check(test: &str, names: &[&str], gpu: &[Vec<f32>], cpu: &[Vec<f32>], tol: f3
         }
     }
     assert!(bad.is_empty(), "{test}: {}", bad.join(", "));
+}
+
+// ---- FP8 ----------------------------------------------------------------------------
+
+/// `values` quantized by `be` with `scale` into `format`: the bits, and the amax.
+fn quantized<B: Backend>(be: &B, values: &[f32], scale: f32, format: Fp8) -> (B::Buffer<u8>, Vec<u8>, f32) {
+    let n = values.len();
+    let (src, s, amax) = (upload_act(be, values), upload(be, &[scale]), upload(be, &[0.0]));
+    let dst = be.alloc::<u8>(n).expect("alloc");
+    be.quantize_fp8(dst.span(), amax.span(), act(be, &src), s.span(), n, format);
+    let mut bits = vec![0u8; n];
+    be.read(&dst, 0, &mut bits).expect("read");
+    let top = download(be, &amax)[0];
+    (dst, bits, top)
+}
+
+/// An FP8 product on `be`: x (R,K) and y (S,K) quantized there from bf16-exact values, then
+/// out = x·yᵀ·dequant (+ bias). The quantized bits (as floats), both amaxes and the output.
+fn fp8_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], formats: [Fp8; 2], with_bias: bool) -> Vec<Vec<f32>> {
+    let (x, xbits, xmax) = quantized(be, &rnd(Inputs::Bf16, r * k, 31, 600.0), 0.5, formats[0]);
+    let (y, ybits, ymax) = quantized(be, &rnd(Inputs::Bf16, s * k, 32, 3.0), 16.0, formats[1]);
+    let bias = upload_act(be, &rnd(Inputs::Bf16, s, 33, 1.0));
+    let (dequant, out) = (upload(be, &[2.0, 0.0625]), alloc_act(be, r * s));
+    let bias_arg = with_bias.then(|| act(be, &bias));
+    be.matmul_fp8(
+        act(be, &out),
+        x.span(),
+        y.span(),
+        bias_arg,
+        dequant.span(),
+        [r, s, k],
+        formats,
+    );
+    let floats = |b: &[u8]| b.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+    vec![
+        floats(&xbits),
+        floats(&ybits),
+        vec![xmax, ymax],
+        download_act(be, &out, r * s),
+    ]
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp8_matches_cpu() {
+    // The quantization is the CPU's bit for bit (the hardware's conversion is the encoding
+    // `Fp8::encode` implements), amax included; the product's f32 sums differ from the CPU's
+    // only in order, so the output is the CPU's within its bf16 rounding.
+    let _gpu = support::one_at_a_time();
+    let be = gpu(Precision::Bf16);
+    if !be.fp8() {
+        eprintln!(
+            "SKIPPED: {} has no FP8 products (compute capability 8.9 or newer)",
+            be.name()
+        );
+        return;
+    }
+    use Fp8::{E4M3, E5M2};
+    for (shape, formats, bias) in [
+        ([64, 128, 256], [E4M3, E4M3], true),
+        ([256, 2304, 768], [E4M3, E4M3], true),
+        ([48, 32, 16], [E5M2, E4M3], false),
+        ([128, 768, 3072], [E5M2, E4M3], false),
+        ([32, 64, 48], [E4M3, E5M2], true),
+    ] {
+        let want = fp8_case(&cpu(), shape, formats, bias);
+        let got = fp8_case(&be, shape, formats, bias);
+        let what = format!("fp8 {shape:?} {formats:?} bias={bias}");
+        for (i, name) in ["x bits", "y bits", "amax"].iter().enumerate() {
+            assert_eq!(got[i], want[i], "{what}: {name}");
+        }
+        check(&what, &["out"], &got[3..], &want[3..], 2f32.powi(-8));
+    }
+    // A length the vector path does not take (not a multiple of 8).
+    let odd = rnd(Inputs::Bf16, 1001, 34, 100.0);
+    for format in [E4M3, E5M2] {
+        let (_, got, gmax) = quantized(&be, &odd, 4.0, format);
+        let (_, want, wmax) = quantized(&cpu(), &odd, 4.0, format);
+        assert_eq!((got, gmax), (want, wmax), "{format:?}: 1001 values");
+    }
 }
 
 // ---- encoder ------------------------------------------------------------------------

@@ -232,6 +232,59 @@ def kernels(args):
     p.grad = torch.randn(n, device=dev) * 0.01
     opt = torch.optim.AdamW([p], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
     row("adamw", f"{n} params", timed(opt.step, reps=10))
+    del p, opt
+    if args.precision == "bf16":
+        products(dev, timed)
+
+
+# GPT-2 124M's products as `bench --kernels` names them: (forward, backward, C in, C out, bias).
+PRODUCTS = [("qkv_fwd", "qkv_bwd", 768, 2304, True), ("attproj_fwd", "attproj_bwd", 768, 768, True),
+            ("fc_fwd", "fc_bwd", 768, 3072, True), ("fcproj_fwd", "fcproj_bwd", 3072, 768, True),
+            ("lm_head_fwd", "lm_head_bwd", 768, 50304, False)]
+
+
+def products(dev, timed):
+    """The rows of kind "matmul" beside ours: GPT-2 124M's products at 16384 rows and an 8192^3 ceiling, in bf16
+    (F.linear forward; backward the input and the weight gradient) and, where torch._scaled_mm runs (compute
+    capability 8.9 or newer), in FP8: E4M3 by E4M3 forward, E5M2 gradients by E4M3 backward, unit scales, bf16 out."""
+    def row(op, shape, precision, ms, flop):
+        print(json.dumps({"kind": "matmul", "impl": "pytorch", "op": op, "shape": shape, "precision": precision,
+                          "ms": ms, "flop": flop}))
+
+    rand = lambda *shape: torch.rand(*shape, device=dev) * 2 - 1  # noqa: E731
+    r, n = 16384, 8192
+    a, b = rand(n, n).bfloat16(), rand(n, n).bfloat16()
+    row("matmul_peak", f"{n}x{n}x{n}", "bf16", timed(lambda: a @ b), 2 * n**3)
+    for fwd, bwd, c, oc, has_bias in PRODUCTS:
+        x, w, dy = rand(r, c).bfloat16(), rand(oc, c).bfloat16(), rand(r, oc).bfloat16()
+        bias = rand(oc).bfloat16() if has_bias else None
+        shape, flop = f"{r}x{c}x{oc}", 2 * r * c * oc
+        row(fwd, shape, "bf16", timed(lambda: F.linear(x, w, bias)), flop)
+        row(bwd, shape, "bf16", timed(lambda: (dy @ w, dy.t() @ x)), 2 * flop)
+        del x, w, dy
+    if not hasattr(torch, "_scaled_mm") or torch.cuda.get_device_capability() < (8, 9):
+        return
+    e4, e5, one = torch.float8_e4m3fn, torch.float8_e5m2, torch.ones((), device=dev)
+
+    def mm(x, y, bias=None):  # x (R,K) · y (S,K)ᵀ: _scaled_mm takes its second operand column-major
+        return torch._scaled_mm(x, y.t(), scale_a=one, scale_b=one, bias=bias, out_dtype=torch.bfloat16)
+
+    a, b = rand(n, n).to(e4), rand(n, n).to(e4)
+    row("matmul_peak", f"{n}x{n}x{n}", "fp8", timed(lambda: mm(a, b)), 2 * n**3)
+    del a, b
+    for fwd, bwd, c, oc, has_bias in PRODUCTS:
+        x, w = rand(r, c).to(e4), rand(oc, c).to(e4)
+        bias = rand(oc).bfloat16() if has_bias else None
+        shape, flop = f"{r}x{c}x{oc}", 2 * r * c * oc
+        row(fwd, shape, "fp8", timed(lambda: mm(x, w, bias)), flop)
+        dy, wt, dy_t, x_t = rand(r, oc).to(e5), rand(c, oc).to(e4), rand(oc, r).to(e5), rand(c, r).to(e4)
+        row(bwd, shape, "fp8", timed(lambda: (mm(dy, wt), mm(dy_t, x_t))), 2 * flop)
+        del x, w, dy, wt, dy_t, x_t
+    for c in (768, 3072):  # quantize_fp8: the scaled E4M3 copy and the largest magnitude
+        x = (rand(r, c) * 4).bfloat16()
+        ms = timed(lambda: ((x * one).to(e4), x.abs().amax()))
+        print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "quantize_fp8", "shape": f"{r}x{c}",
+                          "precision": "bf16", "ms": ms}))
 
 
 def ceilings():

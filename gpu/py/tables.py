@@ -513,21 +513,30 @@ def t_scaling(rows, a):
 
 def t_kernel_bench(rows, a):
     ceil = next((r for r in rows if r.get("kind") == "ceilings" and not r.get("failed")), None)
-    mm = [r for r in rows if r.get("kind") == "matmul"]
+    mm = [r for r in rows if r.get("kind") == "matmul" and r.get("impl", "ours") == "ours"]
+    theirs = {(r["op"], r["shape"], r["precision"]): r for r in rows
+              if r.get("kind") == "matmul" and r.get("impl") == "pytorch" and not r.get("failed")}
     out = ["Each op alone at B*T = 16384 rows, milliseconds a call (ours: `stage2_cuda bench --kernels`, the median of "
            "5 batches of calls timed between synchronisations; PyTorch: gpu/py/pytorch_gpt2.py --kernels, the median "
            "of 20 calls timed with CUDA events)."]
     if mm:
         out += ["", "## GPT-2 124M's matrix products against the ceiling", "",
-                "The ceiling: an 8192^3 product on the same backend in the same process (`matmul_peak`).", "",
-                "| precision | product | shape | ms | TFLOP/s | of ceiling |", "| --- | --- | --- | ---: | ---: | ---: |"]
+                "The ceiling: an 8192^3 product on the same backend in the same process (`matmul_peak`). fp8: "
+                "`matmul_fp8` (cuBLASLt), E4M3 by E4M3 forward with the bias, and backward the input and weight "
+                "gradients' products, E5M2 gradients by E4M3, operands laid out K-major, bf16 out, the quantizations "
+                "not counted (`quantize_fp8` below). PyTorch: F.linear and its two backward products in bf16, "
+                "torch._scaled_mm in fp8, same shapes and layouts.", "",
+                "| precision | product | shape | ms | TFLOP/s | of ceiling | PyTorch ms | ours vs PyTorch |",
+                "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
         peak = {r["precision"]: r for r in mm if r["op"] == "matmul_peak"}
         for r in mm:
             rate = r["flop"] / r["ms"] / 1e9 if r.get("flop") else None
             pk = peak.get(r["precision"])
             prate = pk["flop"] / pk["ms"] / 1e9 if pk and pk.get("flop") else None
             share = f"{100 * rate / prate:.0f}%" if rate and prate else "-"
-            out.append(f"| {r['precision']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {fmt(rate, '.0f')} | {share} |")
+            pt = theirs.get((r["op"], r["shape"], r["precision"]))
+            out.append(f"| {r['precision']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {fmt(rate, '.0f')} | {share} | "
+                       f"{fmt(pt and pt['ms'], '.3f')} | {rx(pt['ms'] / r['ms'] if pt else None)} |")
     ours = [r for r in rows if r.get("kind") == "kernel" and r.get("impl") == "ours"]
     if ours:
         key = lambda r: (r["impl"], r["op"], r["shape"], r["precision"])  # noqa: E731

@@ -7,7 +7,7 @@
 
 #![allow(clippy::too_many_arguments, clippy::type_complexity)]
 
-use super::{bf16, Act, ActType, DevPtr, Elem, Operands, Span, StepState};
+use super::{bf16, Act, ActType, DevPtr, Elem, Fp8, Operands, Span, StepState};
 use std::ops::Range;
 
 type A = DevPtr<Act>;
@@ -40,6 +40,45 @@ pub fn round_to_bf16(dst: Span<bf16>, src: Span, n: usize) -> (DevPtr<bf16>, F) 
 pub fn widen_bf16(dst: Span, src: Span<bf16>, n: usize) -> (F, DevPtr<bf16>) {
     let mut o = ops("widen_bf16", ActType::F32);
     (o.write("dst", dst, n), o.read("src", src, n))
+}
+
+pub fn quantize_fp8(
+    act: ActType,
+    dst: Span<u8>,
+    amax: Span,
+    src: Span<Act>,
+    scale: Span,
+    n: usize,
+) -> (DevPtr<u8>, F, A, F) {
+    let mut o = ops("quantize_fp8", act);
+    let (dst, amax) = (o.write("dst", dst, n), o.write("amax", amax, 1));
+    (dst, amax, o.read("src", src, n), o.read("scale", scale, 1))
+}
+
+/// Also the shape rules of the tensor cores' FP8 products: no E5M2 by E5M2, every dimension a
+/// multiple of 16.
+pub fn matmul_fp8(
+    act: ActType,
+    out: Span<Act>,
+    x: Span<u8>,
+    y: Span<u8>,
+    bias: Option<Span<Act>>,
+    dequant: Span,
+    [r, s, k]: [usize; 3],
+    formats: [Fp8; 2],
+) -> (A, DevPtr<u8>, DevPtr<u8>, Option<A>, F) {
+    assert!(
+        formats != [Fp8::E5M2; 2],
+        "matmul_fp8: E5M2 by E5M2 has no tensor-core product"
+    );
+    assert!(
+        [r, s, k].iter().all(|d| d.is_multiple_of(16)),
+        "matmul_fp8: R, S, K = {r}, {s}, {k}: each must be a multiple of 16"
+    );
+    let mut o = ops("matmul_fp8", act);
+    let out = o.write("out", out, r * s);
+    let (x, y) = (o.read("x", x, r * k), o.read("y", y, s * k));
+    (out, x, y, o.read_opt("bias", bias, s), o.read("dequant", dequant, 2))
 }
 
 /// `dst += src`; `src` may be `dst` itself.

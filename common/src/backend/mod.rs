@@ -276,6 +276,42 @@ impl Precision {
     }
 }
 
+/// The two 8-bit float formats of the tensor cores from Ada and Hopper on (OCP's FP8):
+/// E4M3 (3 mantissa bits, finite up to 448) for weights and activations, E5M2 (2 bits, up to
+/// 57,344) for gradients. Stored as their bits, one `u8` a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fp8 {
+    E4M3,
+    E5M2,
+}
+
+impl Fp8 {
+    /// The largest finite value.
+    pub fn max(self) -> f32 {
+        match self {
+            Fp8::E4M3 => 448.0,
+            Fp8::E5M2 => 57_344.0,
+        }
+    }
+
+    /// `x` in this format, rounded to nearest even and saturated to ±[`Fp8::max`] (NaN stays
+    /// NaN): the GPU's conversion (`cvt.rn.satfinite`), bit for bit.
+    pub fn encode(self, x: f32) -> u8 {
+        match self {
+            Fp8::E4M3 => float8::F8E4M3::from_f32(x).to_bits(),
+            Fp8::E5M2 => float8::F8E5M2::from_f32(x).to_bits(),
+        }
+    }
+
+    /// The value `bits` holds (exact in f32).
+    pub fn decode(self, bits: u8) -> f32 {
+        match self {
+            Fp8::E4M3 => float8::F8E4M3::from_bits(bits).to_f32(),
+            Fp8::E5M2 => float8::F8E5M2::from_bits(bits).to_f32(),
+        }
+    }
+}
+
 /// Hyper-parameters of AdamW that stay fixed over a run (decoupled weight decay, as in
 /// Loshchilov & Hutter); what changes per step is in [`StepState`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -530,6 +566,36 @@ pub trait Backend {
     /// # Operands
     /// `dst`, `src`: `n` elements each.
     fn widen_bf16(&self, dst: Span, src: Span<bf16>, n: usize);
+    /// Whether this backend runs the FP8 ops ([`Backend::quantize_fp8`],
+    /// [`Backend::matmul_fp8`]): the CPU in f32 (their reference), a GPU with FP8 tensor cores
+    /// (compute capability 8.9 or newer) in bf16 with cuBLASLt.
+    fn fp8(&self) -> bool;
+    /// `dst = fp8(src · scale[0])` in `format` ([`Fp8::encode`]: rounded to nearest even,
+    /// saturated to the format's largest finite value), and `amax[0] = max(amax[0], |src|)`
+    /// over the `n` values, by their bits (NaN above every number), which is the same
+    /// whatever the order of the comparisons. Needs [`Backend::fp8`].
+    /// # Operands
+    /// `dst`, `src`: `n` elements; `amax`, `scale`: 1.
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_fp8(&self, dst: Span<u8>, amax: Span, src: Span<Act>, scale: Span, n: usize, format: Fp8);
+    /// out (R,S) = (x (R,K) · yᵀ) · dequant[0] · dequant[1] + bias, row-major, where x and y
+    /// are FP8 matrices of `formats` (not both E5M2) whose rows hold their K values, and the
+    /// products are summed in f32: GPT-2's forward product with x the input and y the weight
+    /// (OC,C) (`matmul_forward`'s shape), each scaled back by its quantization's reciprocal.
+    /// Needs [`Backend::fp8`]; R, S and K multiples of 16.
+    /// # Operands
+    /// `out`: R·S; `x`: R·K; `y`: S·K; `bias`: S; `dequant`: 2.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_fp8(
+        &self,
+        out: Span<Act>,
+        x: Span<u8>,
+        y: Span<u8>,
+        bias: Option<Span<Act>>,
+        dequant: Span,
+        shape: [usize; 3],
+        formats: [Fp8; 2],
+    );
     /// `dst += src`, elementwise over `n` f32 values.
     /// # Operands
     /// `dst`, `src`: `n` elements each; they may be the same pointer.

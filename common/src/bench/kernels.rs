@@ -13,7 +13,7 @@
 //! against. Every row runs on [`KernelOpts::tokens`] rows (B·T): 16,384 on a GPU, fewer on
 //! the CPU, where the whole bench must stay near a minute on 2 cores (see [`KernelOpts`]).
 
-use crate::backend::{Act, AdamWHyper, Backend, DeviceBuffer, Overwrite, Span, StepState};
+use crate::backend::{Act, ActType, AdamWHyper, Backend, DeviceBuffer, Fp8, Overwrite, Span, StepState};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -116,6 +116,7 @@ struct Arena<'a, B: Backend> {
     rng: RefCell<ChaCha8Rng>,
     held: RefCell<Vec<B::Buffer<f32>>>,
     held_ids: RefCell<Vec<B::Buffer<i32>>>,
+    held_bytes: RefCell<Vec<B::Buffer<u8>>>,
 }
 
 impl<'a, B: Backend> Arena<'a, B> {
@@ -125,6 +126,7 @@ impl<'a, B: Backend> Arena<'a, B> {
             rng: RefCell::new(ChaCha8Rng::seed_from_u64(1)),
             held: RefCell::new(Vec::new()),
             held_ids: RefCell::new(Vec::new()),
+            held_bytes: RefCell::new(Vec::new()),
         }
     }
 
@@ -173,6 +175,21 @@ impl<'a, B: Backend> Arena<'a, B> {
         // SAFETY: as in `act`.
         let span = unsafe { Span::from_raw(buf.ptr(), n) };
         self.held_ids.borrow_mut().push(buf);
+        Ok(span)
+    }
+
+    /// `n` FP8 values of `format`: random activations in [-1, 1) quantized with scale 1.
+    fn fp8(&self, n: usize, format: Fp8) -> Result<Span<'_, u8>> {
+        let (src, scale, amax) = (
+            self.act(n, 1.0)?,
+            self.f32s(1, 0.0, Some(1.0))?,
+            self.f32s(1, 0.0, Some(0.0))?,
+        );
+        let buf = self.be.alloc::<u8>(n.max(1))?;
+        // SAFETY: as in `act`.
+        let span = unsafe { Span::from_raw(buf.ptr(), n) };
+        self.be.quantize_fp8(span, amax, src, scale, n, format);
+        self.held_bytes.borrow_mut().push(buf);
         Ok(span)
     }
 }
@@ -225,6 +242,73 @@ fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>)
         // work.
         let ms = time_ms(be, 10, || {
             be.matmul_backward(Overwrite::ACCUMULATE, dinp, dw, dbias, dout, inp, w, r, c_in, oc)
+        })?;
+        row(bwd, shape, ms, 2.0 * flop);
+    }
+    if be.fp8() && be.act() == ActType::Bf16 {
+        fp8_rows(be, opts, rows)?;
+    }
+    Ok(())
+}
+
+/// The same products in FP8 (`matmul_fp8`, precision "fp8"), on a GPU that has them: the
+/// square ceiling and the forward products in E4M3 (bias in the epilogue, bf16 out), and the
+/// backward's two products of each (the input gradient, K = OC, and the weight gradient,
+/// K = B·T) with E5M2 gradients by E4M3 operands, each operand laid out K-major as FP8 needs
+/// (bf16 out, where training keeps f32 weight gradients); the quantizations not included.
+fn fp8_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) -> Result<()> {
+    let mut row = |op, shape: String, ms, flop: f64| {
+        rows.push(KernelRow {
+            kind: "matmul",
+            implementation: "ours",
+            op,
+            shape,
+            precision: "fp8",
+            ms,
+            flop: Some(flop),
+            bytes: None,
+        })
+    };
+    let (e4, e5) = (Fp8::E4M3, Fp8::E5M2);
+    {
+        let n = opts.square;
+        let m = Arena::new(be);
+        let (x, y, out, dequant) = (
+            m.fp8(n * n, e4)?,
+            m.fp8(n * n, e4)?,
+            m.act(n * n, 1.0)?,
+            m.f32s(2, 0.0, Some(1.0))?,
+        );
+        let ms = time_ms(be, 5, || be.matmul_fp8(out, x, y, None, dequant, [n, n, n], [e4, e4]))?;
+        row("matmul_peak", format!("{n}x{n}x{n}"), ms, 2.0 * (n as f64).powi(3));
+    }
+    let r = opts.tokens;
+    for (fwd, bwd, c_in, oc, has_bias) in GPT2_PRODUCTS {
+        let m = Arena::new(be);
+        let (inp, w, out, dequant) = (
+            m.fp8(r * c_in, e4)?,
+            m.fp8(oc * c_in, e4)?,
+            m.act(r * oc, 1.0)?,
+            m.f32s(2, 0.0, Some(1.0))?,
+        );
+        let bias = if has_bias { Some(m.act(oc, 0.1)?) } else { None };
+        let shape = format!("{r}x{c_in}x{oc}");
+        let flop = 2.0 * (r * c_in * oc) as f64;
+        let ms = time_ms(be, 10, || {
+            be.matmul_fp8(out, inp, w, bias, dequant, [r, oc, c_in], [e4, e4])
+        })?;
+        row(fwd, shape.clone(), ms, flop);
+        // Backward: dinp (R,C) = dout (R,OC) · (wᵀ (C,OC))ᵀ, and dw (OC,C) = doutᵀ (OC,R) · (inpᵀ (C,R))ᵀ.
+        let (dout, wt, dout_t, inp_t) = (
+            m.fp8(r * oc, e5)?,
+            m.fp8(c_in * oc, e4)?,
+            m.fp8(oc * r, e5)?,
+            m.fp8(c_in * r, e4)?,
+        );
+        let (dinp, dw) = (m.act(r * c_in, 1.0)?, m.act(oc * c_in, 1.0)?);
+        let ms = time_ms(be, 10, || {
+            be.matmul_fp8(dinp, dout, wt, None, dequant, [r, c_in, oc], [e5, e4]);
+            be.matmul_fp8(dw, dout_t, inp_t, None, dequant, [oc, c_in, r], [e5, e4]);
         })?;
         row(bwd, shape, ms, 2.0 * flop);
     }
@@ -542,6 +626,24 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             be.adamw(p, g, mm, vv, &[(0..n, true)], state.span(), hp, copy)
         })?;
         row("ours", "adamw", format!("{n} params"), ms, None, Some(bytes));
+    }
+    // FP8 quantization (where the backend has FP8, in bf16): the widths GPT-2's products read.
+    if be.fp8() && be.act() == ActType::Bf16 {
+        for c in [768usize, 3072] {
+            let n = tokens * c;
+            let m = Arena::new(be);
+            let (src, dst) = (m.act(n, 4.0)?, m.fp8(n, Fp8::E4M3)?);
+            let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
+            let ms = time_ms(be, 20, || be.quantize_fp8(dst, amax, src, scale, n, Fp8::E4M3))?;
+            row(
+                "ours",
+                "quantize_fp8",
+                format!("{tokens}x{c}"),
+                ms,
+                None,
+                Some((a + 1.0) * n as f64),
+            );
+        }
     }
     Ok(rows)
 }

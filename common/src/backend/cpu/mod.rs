@@ -17,6 +17,7 @@ mod attention;
 mod elementwise;
 mod encoder;
 mod fastmath;
+mod fp8;
 mod layernorm;
 mod loss;
 mod matmul;
@@ -25,7 +26,7 @@ mod optim;
 mod subnormals;
 
 use super::{
-    bf16, contract, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Overwrite, SgdHyper, Span, StepState,
+    bf16, contract, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Fp8, Overwrite, SgdHyper, Span, StepState,
 };
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -276,6 +277,38 @@ impl Backend for CpuBackend {
         // SAFETY: the contract checked every extent and overlap.
         let (dst, src) = unsafe { (view_mut(dst, n), view(src, n)) };
         dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+    }
+
+    fn fp8(&self) -> bool {
+        true
+    }
+
+    fn quantize_fp8(&self, dst: Span<u8>, amax: Span, src: Span<Act>, scale: Span, n: usize, format: Fp8) {
+        let (dst, amax, src, scale) = contract::quantize_fp8(self.act(), dst, amax, src, scale, n);
+        // SAFETY: the contract checked every extent and overlap.
+        let (dst, amax, src, scale) = unsafe { (view_mut(dst, n), view_mut(amax, 1), view(src, n), view(scale, 1)) };
+        self.run(|| fp8::quantize(dst, &mut amax[0], src, scale[0], format));
+    }
+
+    fn matmul_fp8(
+        &self,
+        out: Span<Act>,
+        x: Span<u8>,
+        y: Span<u8>,
+        bias: Option<Span<Act>>,
+        dequant: Span,
+        shape: [usize; 3],
+        formats: [Fp8; 2],
+    ) {
+        let (out, x, y, bias, dequant) = contract::matmul_fp8(self.act(), out, x, y, bias, dequant, shape, formats);
+        let [r, s, k] = shape;
+        // SAFETY: the contract checked every extent and that `out` overlaps no input.
+        unsafe {
+            let (out, x, y) = (view_mut(out, r * s), view(x, r * k), view(y, s * k));
+            let (bias, dequant) = (bias.map(|b| view(b, s)), view(dequant, 2));
+            let dequant = [dequant[0], dequant[1]];
+            self.run(|| fp8::matmul(out, x, y, bias, dequant, shape, formats, self.threads));
+        }
     }
 
     fn accumulate(&self, dst: Span, src: Span, n: usize) {

@@ -7,7 +7,8 @@
 //! heuristic's algorithm) is made once per epilogue, shape and alignment, then reused, so the
 //! algorithm is fixed. `Fp32` is CUBLAS_COMPUTE_32F (no TF32), `Tf32`
 //! CUBLAS_COMPUTE_32F_FAST_TF32. A, B, D, the bias and the auxiliary matrix have the
-//! activation type (the auxiliary matrix's type is left at its default, D's).
+//! activation type (the auxiliary matrix's type is left at its default, D's), except in the
+//! FP8 products (`matmul_fp8`), whose A and B are FP8 with a scale each, summed in f32.
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::c_void;
@@ -21,12 +22,14 @@ use cudarc::cublaslt::sys::{
 use cudarc::driver::sys::CUstream;
 
 use crate::backend::Precision;
-use crate::backend::{Act, ActType, DevPtr};
+use crate::backend::{Act, ActType, DevPtr, Fp8};
 use crate::error::{Error, Result};
 
 /// What the epilogue does with the product A·B (column-major, as cuBLASLt sees it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Epilogue {
+    /// D = A·B, with A transposed (an FP8 product without a bias).
+    Plain,
     /// D = A·B + bias, with A transposed (the forward products).
     Bias,
     /// D = relu(A·B + bias), with A transposed (the MLP workload's hidden layers).
@@ -40,6 +43,7 @@ enum Epilogue {
 impl Epilogue {
     fn value(self) -> cublasLtEpilogue_t {
         match self {
+            Epilogue::Plain => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
             Epilogue::Bias => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
             Epilogue::ReluBias => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
             Epilogue::GeluAux { bias: true } => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
@@ -68,14 +72,30 @@ impl Epilogue {
     /// costs a kernel pass of its own (GELU), not the forward bias or the MLP workload's ReLU
     /// (a fallback there is seen in `plans`).
     fn says_fallback(self) -> bool {
-        !matches!(self, Epilogue::Bias | Epilogue::ReluBias)
+        !matches!(self, Epilogue::Plain | Epilogue::Bias | Epilogue::ReluBias)
     }
 }
 
-/// Epilogue, shape and operand alignments: what an algorithm choice depends on.
+/// What A and B hold: activations, or FP8 values (`Fp8`: A's format, then B's) each with a
+/// scale that the product is multiplied by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Inputs {
+    Act,
+    Fp8([Fp8; 2]),
+}
+
+fn fp8_type(format: Fp8) -> cudaDataType {
+    match format {
+        Fp8::E4M3 => cudaDataType::CUDA_R_8F_E4M3,
+        Fp8::E5M2 => cudaDataType::CUDA_R_8F_E5M2,
+    }
+}
+
+/// Epilogue, operand types, shape and operand alignments: what an algorithm choice depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     epilogue: Epilogue,
+    inputs: Inputs,
     m: usize,
     n: usize,
     k: usize,
@@ -90,6 +110,8 @@ struct Operands {
     bias: Option<DevPtr<Act>>,
     /// The auxiliary matrix of a GELU epilogue, laid out as D: (m,n), leading dimension m.
     aux: Option<DevPtr<Act>>,
+    /// FP8 inputs: one f32 each, what A and B are multiplied by.
+    scales: Option<[DevPtr; 2]>,
 }
 
 struct Plan {
@@ -192,9 +214,46 @@ impl LtMatmul {
             d: out,
             bias: Some(bias),
             aux: None,
+            scales: None,
         };
         let epilogue = if relu { Epilogue::ReluBias } else { Epilogue::Bias };
-        self.run(stream, epilogue, (oc, bt, c), ops)
+        self.run(stream, epilogue, Inputs::Act, (oc, bt, c), ops)
+    }
+
+    /// out (R,S) = (x (R,K) · yᵀ)·dequant[0]·dequant[1] (+ bias), row-major, with x and y FP8
+    /// matrices of `formats` whose rows hold their K values. Column-major: outᵀ (S,R) =
+    /// op(y) · xᵀ with op = transpose, both operands K-major, the one layout of the tensor
+    /// cores' FP8 products; x's scale is B's, y's A's. False (having queued nothing) when no
+    /// algorithm fits.
+    ///
+    /// # Safety
+    /// `out`: R·S, `x`: R·K, `y`: S·K, `bias`: S, `dequant`: 2 elements of device memory.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul_fp8(
+        &self,
+        stream: CUstream,
+        out: DevPtr<Act>,
+        x: DevPtr<u8>,
+        y: DevPtr<u8>,
+        bias: Option<DevPtr<Act>>,
+        dequant: DevPtr,
+        [r, s, k]: [usize; 3],
+        [fx, fy]: [Fp8; 2],
+    ) -> Result<bool> {
+        let epilogue = if bias.is_some() {
+            Epilogue::Bias
+        } else {
+            Epilogue::Plain
+        };
+        let ops = Operands {
+            a: y.cast(),
+            b: x.cast(),
+            d: out,
+            bias,
+            aux: None,
+            scales: Some([dequant.add(1), dequant]),
+        };
+        self.run(stream, epilogue, Inputs::Fp8([fy, fx]), (s, r, k), ops)
     }
 
     /// The MLP's first product, row-major: pre (BT,OC) = inp (BT,C) · wᵀ + bias and
@@ -223,8 +282,9 @@ impl LtMatmul {
             d: out,
             bias,
             aux: Some(pre),
+            scales: None,
         };
-        self.run(stream, epilogue, (oc, bt, c), ops)
+        self.run(stream, epilogue, Inputs::Act, (oc, bt, c), ops)
     }
 
     /// The MLP's backward product into its hidden layer, row-major: dpre (BT,C) =
@@ -252,8 +312,9 @@ impl LtMatmul {
             d: dpre,
             bias: None,
             aux: Some(pre),
+            scales: None,
         };
-        self.run(stream, Epilogue::DGelu, (c, bt, oc), ops)
+        self.run(stream, Epilogue::DGelu, Inputs::Act, (c, bt, oc), ops)
     }
 
     /// Every plan made so far: its epilogue and (m, n, k), and whether the heuristic found
@@ -277,10 +338,14 @@ impl LtMatmul {
         &self,
         stream: CUstream,
         epilogue: Epilogue,
+        inputs: Inputs,
         (m, n, k): (usize, usize, usize),
         ops: Operands,
     ) -> Result<bool> {
-        if epilogue.has_bias() != ops.bias.is_some() || epilogue.has_aux() != ops.aux.is_some() {
+        if epilogue.has_bias() != ops.bias.is_some()
+            || epilogue.has_aux() != ops.aux.is_some()
+            || matches!(inputs, Inputs::Fp8(_)) != ops.scales.is_some()
+        {
             return Err(Error::Device(format!(
                 "cuBLASLt {epilogue:?}: operands do not fit the epilogue"
             )));
@@ -288,6 +353,7 @@ impl LtMatmul {
         let absent = DevPtr::<Act>::default(); // aligned to 256: what an absent operand reports
         let key = PlanKey {
             epilogue,
+            inputs,
             m,
             n,
             k,
@@ -326,6 +392,10 @@ impl LtMatmul {
             }
             if let Some(aux) = ops.aux {
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux)?;
+            }
+            if let Some([a, b]) = ops.scales {
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a)?;
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b)?;
             }
             lt::matmul(
                 self.handle,
@@ -373,14 +443,18 @@ impl LtMatmul {
             algo: cublasLtMatmulAlgo_t { data: [0; 8] },
         };
         let (m, n, k) = (key.m, key.n, key.k);
+        let (a_t, b_t) = match key.inputs {
+            Inputs::Act => (elem_t, elem_t),
+            Inputs::Fp8([a, b]) => (fp8_type(a), fp8_type(b)),
+        };
         plan.a = if key.epilogue.trans_a() {
             // w (OC,C) row-major is column-major (C, OC) = (k, m), transposed by the op.
-            layout(elem_t, k, m, k)?
+            layout(a_t, k, m, k)?
         } else {
             // w (OC,C) row-major is column-major (m, k), as stored.
-            layout(elem_t, m, k, m)?
+            layout(a_t, m, k, m)?
         };
-        plan.b = layout(elem_t, k, n, k)?;
+        plan.b = layout(b_t, k, n, k)?;
         plan.d = layout(elem_t, m, n, m)?;
         let trans_a: i32 = key.epilogue.trans_a() as i32; // CUBLAS_OP_T or CUBLAS_OP_N
         let trans_b: i32 = 0; // CUBLAS_OP_N
@@ -453,11 +527,11 @@ impl LtMatmul {
 
 use cublasLtMatmulDescAttributes_t as Attr;
 
-/// Sets a pointer attribute (the bias's, the auxiliary matrix's) of `desc` to `p`.
+/// Sets a pointer attribute (the bias's, the auxiliary matrix's, a scale's) of `desc` to `p`.
 ///
 /// # Safety
 /// `desc` is a live descriptor.
-unsafe fn set_pointer(desc: lt_sys::cublasLtMatmulDesc_t, attr: Attr, p: DevPtr<Act>) -> Result<()> {
+unsafe fn set_pointer<T>(desc: lt_sys::cublasLtMatmulDesc_t, attr: Attr, p: DevPtr<T>) -> Result<()> {
     let ptr = p.addr() as *const c_void;
     // SAFETY: a live descriptor; a pointer attribute gets a pointer-sized value.
     unsafe {

@@ -68,6 +68,9 @@ pub struct CudaBackend {
     attention: AttentionPath,
     /// The kernels were built for sm_90a (Hopper), so its warpgroup products (wgmma) exist.
     wgmma: bool,
+    /// FP8 products and conversions run here (`Backend::fp8`): bf16, cuBLASLt and a GPU of
+    /// compute capability 8.9 or newer.
+    fp8: bool,
 }
 
 /// A training step recorded as a CUDA graph (`Backend::begin_recording`), replayed on the
@@ -165,6 +168,7 @@ impl CudaBackend {
         )?;
         let lt = LtMatmul::new(precision, blas_workspace.ptr(), BLAS_WORKSPACE_BYTES)?;
         let reduce_partials = memory.alloc(MAX_REDUCE_BLOCKS)?;
+        let fp8 = (major, minor) >= (8, 9) && precision == Precision::Bf16 && lt.is_some();
         Ok(CudaBackend {
             kernels,
             blas,
@@ -181,6 +185,7 @@ impl CudaBackend {
             precision,
             attention,
             wgmma: arch == "sm_90a",
+            fp8,
         })
     }
 

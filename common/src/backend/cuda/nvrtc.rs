@@ -35,6 +35,7 @@ const KERNEL_FILES: &[(&str, &str)] = &[
     ("adamw.cu", include_str!("kernels/adamw.cu")),
     ("kv_cache.cu", include_str!("kernels/kv_cache.cu")),
     ("mlp.cu", include_str!("kernels/mlp.cu")),
+    ("fp8.cu", include_str!("kernels/fp8.cu")),
 ];
 
 /// Flash attention templates (`flash_forward<D, SPLIT>` and the two backward kernels).

@@ -11,8 +11,8 @@ use super::Recording;
 use super::{args, blocks, mlp_tiled, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
 use crate::backend::contract;
 use crate::backend::{
-    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, FusedMlp, Overwrite, Precision,
-    SgdHyper, Snapshot, Span,
+    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Fp8, FusedMlp, Overwrite,
+    Precision, SgdHyper, Snapshot, Span,
 };
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -465,6 +465,54 @@ impl Backend for CudaBackend {
         let (dst, src) = contract::widen_bf16(dst, src, n);
         // SAFETY: the contract checked every extent and overlap.
         unsafe { self.launch_1d("widen_bf16_kernel", n, args![dst, src, n]) };
+    }
+
+    fn fp8(&self) -> bool {
+        self.fp8
+    }
+
+    fn quantize_fp8(&self, dst: Span<u8>, amax: Span, src: Span<Act>, scale: Span, n: usize, format: Fp8) {
+        assert!(self.fp8, "quantize_fp8: {} has no FP8 (Backend::fp8)", self.name);
+        let (dst, amax, src, scale) = contract::quantize_fp8(self.act(), dst, amax, src, scale, n);
+        // Eight values a thread: a 16-byte load of bf16 and an 8-byte store where aligned.
+        let vec = src.addr() % 16 == 0 && dst.addr() % 8 == 0 && n.is_multiple_of(8);
+        let e5m2 = (format == Fp8::E5M2) as usize;
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            self.launch(
+                "quantize_fp8_kernel",
+                blocks(n.div_ceil(8), THREADS),
+                (THREADS as u32, 1, 1),
+                args![dst, amax, src, scale, n, e5m2, vec as usize],
+            )
+        };
+    }
+
+    fn matmul_fp8(
+        &self,
+        out: Span<Act>,
+        x: Span<u8>,
+        y: Span<u8>,
+        bias: Option<Span<Act>>,
+        dequant: Span,
+        shape: [usize; 3],
+        formats: [Fp8; 2],
+    ) {
+        assert!(self.fp8, "matmul_fp8: {} has no FP8 (Backend::fp8)", self.name);
+        let (out, x, y, bias, dequant) = contract::matmul_fp8(self.act(), out, x, y, bias, dequant, shape, formats);
+        let lt = self.lt.as_ref().expect("an FP8 backend has cuBLASLt");
+        // SAFETY: the contract checked every extent and that `out` overlaps no input.
+        let queued = self
+            .bind()
+            .and_then(|()| unsafe { lt.matmul_fp8(self.stream(), out, x, y, bias, dequant, shape, formats) });
+        match queued {
+            Ok(true) => {}
+            Ok(false) => self.fail(Error::Device(format!(
+                "cuBLASLt has no FP8 algorithm for {shape:?} ({formats:?}, bias {})",
+                bias.is_some()
+            ))),
+            Err(e) => self.fail(e),
+        }
     }
 
     fn accumulate(&self, dst: Span, src: Span, n: usize) {
