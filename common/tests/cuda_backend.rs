@@ -178,14 +178,14 @@ fn fp8_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], formats: [Fp8; 2], with_b
     let (x, xbits, xmax) = quantized(be, &rnd(Inputs::Bf16, r * k, 31, 600.0), 0.5, formats[0]);
     let (y, ybits, ymax) = quantized(be, &rnd(Inputs::Bf16, s * k, 32, 3.0), 16.0, formats[1]);
     let bias = upload_act(be, &rnd(Inputs::Bf16, s, 33, 1.0));
-    let (dequant, out) = (upload(be, &[2.0, 0.0625]), alloc_act(be, r * s));
+    let (dx, dy, out) = (upload(be, &[2.0]), upload(be, &[0.0625]), alloc_act(be, r * s));
     let bias_arg = with_bias.then(|| act(be, &bias));
     be.matmul_fp8(
         act(be, &out),
         x.span(),
         y.span(),
         bias_arg,
-        dequant.span(),
+        [dx.span(), dy.span()],
         [r, s, k],
         formats,
     );

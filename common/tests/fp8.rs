@@ -89,20 +89,15 @@ fn the_product_is_the_sum_of_the_exact_values() {
         let x: Vec<u8> = random(r * k, 5, 3.0).iter().map(|&v| formats[0].encode(v)).collect();
         let y: Vec<u8> = random(s * k, 6, 3.0).iter().map(|&v| formats[1].encode(v)).collect();
         let bias = random(s, 7, 1.0);
-        let dequant = [0.5f32, 3.0];
-        let (xb, yb, bb, db) = (
-            upload(&be, &x),
-            upload(&be, &y),
-            upload(&be, &bias),
-            upload(&be, &dequant),
-        );
+        let (xb, yb, bb) = (upload(&be, &x), upload(&be, &y), upload(&be, &bias));
+        let (dx, dy) = (upload(&be, &[0.5f32]), upload(&be, &[3.0f32]));
         let out = be.alloc::<f32>(r * s).unwrap();
         be.matmul_fp8(
             act(&out),
             xb.span(),
             yb.span(),
             Some(act(&bb)),
-            db.span(),
+            [dx.span(), dy.span()],
             [r, s, k],
             formats,
         );
@@ -139,8 +134,30 @@ fn a_product_off_the_tensor_cores_shapes_is_refused() {
         x.span(),
         y.span(),
         None,
-        d.span(),
+        [d.span(), d.span()],
         [24, 16, 16],
+        [Fp8::E4M3; 2],
+    );
+}
+
+#[test]
+#[should_panic(expected = "16-byte aligned")]
+fn a_scale_off_16_bytes_is_refused() {
+    let be = CpuBackend::new(1).unwrap();
+    let (x, y, out, d) = (
+        upload(&be, &[0u8; 16 * 16]),
+        upload(&be, &[0u8; 16 * 16]),
+        upload(&be, &[0.0f32; 16 * 16]),
+        upload(&be, &[1.0f32; 8]),
+    );
+    let (first, second) = (d.span().slice(0, 1), d.span().slice(1, 1));
+    be.matmul_fp8(
+        act(&out),
+        x.span(),
+        y.span(),
+        None,
+        [first, second],
+        [16, 16, 16],
         [Fp8::E4M3; 2],
     );
 }

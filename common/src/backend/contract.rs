@@ -55,18 +55,18 @@ pub fn quantize_fp8(
     (dst, amax, o.read("src", src, n), o.read("scale", scale, 1))
 }
 
-/// Also the shape rules of the tensor cores' FP8 products: no E5M2 by E5M2, every dimension a
-/// multiple of 16.
+/// Also the rules of the tensor cores' FP8 products: no E5M2 by E5M2, every dimension a
+/// multiple of 16, and each scale at an address that is a multiple of 16 bytes.
 pub fn matmul_fp8(
     act: ActType,
     out: Span<Act>,
     x: Span<u8>,
     y: Span<u8>,
     bias: Option<Span<Act>>,
-    dequant: Span,
+    dequant: [Span; 2],
     [r, s, k]: [usize; 3],
     formats: [Fp8; 2],
-) -> (A, DevPtr<u8>, DevPtr<u8>, Option<A>, F) {
+) -> (A, DevPtr<u8>, DevPtr<u8>, Option<A>, [F; 2]) {
     assert!(
         formats != [Fp8::E5M2; 2],
         "matmul_fp8: E5M2 by E5M2 has no tensor-core product"
@@ -78,7 +78,15 @@ pub fn matmul_fp8(
     let mut o = ops("matmul_fp8", act);
     let out = o.write("out", out, r * s);
     let (x, y) = (o.read("x", x, r * k), o.read("y", y, s * k));
-    (out, x, y, o.read_opt("bias", bias, s), o.read("dequant", dequant, 2))
+    let bias = o.read_opt("bias", bias, s);
+    let dequant = [o.read("dequant[0]", dequant[0], 1), o.read("dequant[1]", dequant[1], 1)];
+    for (i, p) in dequant.iter().enumerate() {
+        assert!(
+            p.addr().is_multiple_of(16),
+            "matmul_fp8: dequant[{i}] is not 16-byte aligned"
+        );
+    }
+    (out, x, y, bias, dequant)
 }
 
 /// `dst += src`; `src` may be `dst` itself.

@@ -578,13 +578,14 @@ pub trait Backend {
     /// `dst`, `src`: `n` elements; `amax`, `scale`: 1.
     #[allow(clippy::too_many_arguments)]
     fn quantize_fp8(&self, dst: Span<u8>, amax: Span, src: Span<Act>, scale: Span, n: usize, format: Fp8);
-    /// out (R,S) = (x (R,K) · yᵀ) · dequant[0] · dequant[1] + bias, row-major, where x and y
-    /// are FP8 matrices of `formats` (not both E5M2) whose rows hold their K values, and the
+    /// out (R,S) = (x (R,K) · yᵀ) · dequant\[0\] · dequant\[1\] + bias, row-major, where x and
+    /// y are FP8 matrices of `formats` (not both E5M2) whose rows hold their K values, and the
     /// products are summed in f32: GPT-2's forward product with x the input and y the weight
     /// (OC,C) (`matmul_forward`'s shape), each scaled back by its quantization's reciprocal.
     /// Needs [`Backend::fp8`]; R, S and K multiples of 16.
     /// # Operands
-    /// `out`: R·S; `x`: R·K; `y`: S·K; `bias`: S; `dequant`: 2.
+    /// `out`: R·S; `x`: R·K; `y`: S·K; `bias`: S; each `dequant`: 1, at an address that is
+    /// a multiple of 16 bytes (cuBLASLt refuses others).
     #[allow(clippy::too_many_arguments)]
     fn matmul_fp8(
         &self,
@@ -592,7 +593,7 @@ pub trait Backend {
         x: Span<u8>,
         y: Span<u8>,
         bias: Option<Span<Act>>,
-        dequant: Span,
+        dequant: [Span; 2],
         shape: [usize; 3],
         formats: [Fp8; 2],
     );

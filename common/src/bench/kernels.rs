@@ -273,24 +273,17 @@ fn fp8_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) ->
     {
         let n = opts.square;
         let m = Arena::new(be);
-        let (x, y, out, dequant) = (
-            m.fp8(n * n, e4)?,
-            m.fp8(n * n, e4)?,
-            m.act(n * n, 1.0)?,
-            m.f32s(2, 0.0, Some(1.0))?,
-        );
+        let (x, y, out) = (m.fp8(n * n, e4)?, m.fp8(n * n, e4)?, m.act(n * n, 1.0)?);
+        let dequant = [m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(1.0))?];
         let ms = time_ms(be, 5, || be.matmul_fp8(out, x, y, None, dequant, [n, n, n], [e4, e4]))?;
         row("matmul_peak", format!("{n}x{n}x{n}"), ms, 2.0 * (n as f64).powi(3));
     }
     let r = opts.tokens;
     for (fwd, bwd, c_in, oc, has_bias) in GPT2_PRODUCTS {
         let m = Arena::new(be);
-        let (inp, w, out, dequant) = (
-            m.fp8(r * c_in, e4)?,
-            m.fp8(oc * c_in, e4)?,
-            m.act(r * oc, 1.0)?,
-            m.f32s(2, 0.0, Some(1.0))?,
-        );
+        let (inp, w, out) = (m.fp8(r * c_in, e4)?, m.fp8(oc * c_in, e4)?, m.act(r * oc, 1.0)?);
+        // Each scale in a buffer of its own: cuBLASLt takes them at 16-byte aligned addresses.
+        let dequant = [m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(1.0))?];
         let bias = if has_bias { Some(m.act(oc, 0.1)?) } else { None };
         let shape = format!("{r}x{c_in}x{oc}");
         let flop = 2.0 * (r * c_in * oc) as f64;

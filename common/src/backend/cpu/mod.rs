@@ -296,7 +296,7 @@ impl Backend for CpuBackend {
         x: Span<u8>,
         y: Span<u8>,
         bias: Option<Span<Act>>,
-        dequant: Span,
+        dequant: [Span; 2],
         shape: [usize; 3],
         formats: [Fp8; 2],
     ) {
@@ -305,8 +305,8 @@ impl Backend for CpuBackend {
         // SAFETY: the contract checked every extent and that `out` overlaps no input.
         unsafe {
             let (out, x, y) = (view_mut(out, r * s), view(x, r * k), view(y, s * k));
-            let (bias, dequant) = (bias.map(|b| view(b, s)), view(dequant, 2));
-            let dequant = [dequant[0], dequant[1]];
+            let bias = bias.map(|b| view(b, s));
+            let dequant = [view(dequant[0], 1)[0], view(dequant[1], 1)[0]];
             self.run(|| fp8::matmul(out, x, y, bias, dequant, shape, formats, self.threads));
         }
     }

@@ -110,7 +110,7 @@ struct Operands {
     bias: Option<DevPtr<Act>>,
     /// The auxiliary matrix of a GELU epilogue, laid out as D: (m,n), leading dimension m.
     aux: Option<DevPtr<Act>>,
-    /// FP8 inputs: one f32 each, what A and B are multiplied by.
+    /// FP8 inputs: one f32 each (16-byte aligned), what A and B are multiplied by.
     scales: Option<[DevPtr; 2]>,
 }
 
@@ -220,14 +220,15 @@ impl LtMatmul {
         self.run(stream, epilogue, Inputs::Act, (oc, bt, c), ops)
     }
 
-    /// out (R,S) = (x (R,K) · yᵀ)·dequant[0]·dequant[1] (+ bias), row-major, with x and y FP8
+    /// out (R,S) = (x (R,K) · yᵀ)·dequant\[0\]·dequant\[1\] (+ bias), row-major, with x and y FP8
     /// matrices of `formats` whose rows hold their K values. Column-major: outᵀ (S,R) =
     /// op(y) · xᵀ with op = transpose, both operands K-major, the one layout of the tensor
     /// cores' FP8 products; x's scale is B's, y's A's. False (having queued nothing) when no
     /// algorithm fits.
     ///
     /// # Safety
-    /// `out`: R·S, `x`: R·K, `y`: S·K, `bias`: S, `dequant`: 2 elements of device memory.
+    /// `out`: R·S, `x`: R·K, `y`: S·K, `bias`: S elements of device memory, and each of
+    /// `dequant` one, 16-byte aligned.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul_fp8(
         &self,
@@ -236,7 +237,7 @@ impl LtMatmul {
         x: DevPtr<u8>,
         y: DevPtr<u8>,
         bias: Option<DevPtr<Act>>,
-        dequant: DevPtr,
+        [dx, dy]: [DevPtr; 2],
         [r, s, k]: [usize; 3],
         [fx, fy]: [Fp8; 2],
     ) -> Result<bool> {
@@ -251,7 +252,7 @@ impl LtMatmul {
             d: out,
             bias,
             aux: None,
-            scales: Some([dequant.add(1), dequant]),
+            scales: Some([dy, dx]),
         };
         self.run(stream, epilogue, Inputs::Fp8([fy, fx]), (s, r, k), ops)
     }

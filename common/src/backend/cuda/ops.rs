@@ -494,7 +494,7 @@ impl Backend for CudaBackend {
         x: Span<u8>,
         y: Span<u8>,
         bias: Option<Span<Act>>,
-        dequant: Span,
+        dequant: [Span; 2],
         shape: [usize; 3],
         formats: [Fp8; 2],
     ) {
