@@ -474,14 +474,16 @@ impl Backend for CudaBackend {
     fn quantize_fp8(&self, dst: Span<u8>, amax: Span, src: Span<Act>, scale: Span, n: usize, format: Fp8) {
         assert!(self.fp8, "quantize_fp8: {} has no FP8 (Backend::fp8)", self.name);
         let (dst, amax, src, scale) = contract::quantize_fp8(self.act(), dst, amax, src, scale, n);
-        // Eight values a thread: a 16-byte load of bf16 and an 8-byte store where aligned.
+        // Eight values a thread a step (a 16-byte load of bf16 and an 8-byte store where
+        // aligned), over a grid of at most MAX_REDUCE_BLOCKS blocks: one amax atomic a block.
         let vec = src.addr() % 16 == 0 && dst.addr() % 8 == 0 && n.is_multiple_of(8);
         let e5m2 = (format == Fp8::E5M2) as usize;
+        let grid = (n.div_ceil(8).div_ceil(THREADS).clamp(1, MAX_REDUCE_BLOCKS) as u32, 1, 1);
         // SAFETY: the contract checked every extent and overlap.
         unsafe {
             self.launch(
                 "quantize_fp8_kernel",
-                blocks(n.div_ceil(8), THREADS),
+                grid,
                 (THREADS as u32, 1, 1),
                 args![dst, amax, src, scale, n, e5m2, vec as usize],
             )
