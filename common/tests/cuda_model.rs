@@ -206,26 +206,31 @@ fn whole_model_gradients_match_cpu_at_step0() {
     gradients_match("hs64", config("char", hs64), 2, 128);
 }
 
-fn train_losses<B: Backend>(be: &B, cfg: ModelConfig, batches: &[Batch], b: usize, t: usize) -> Vec<f32> {
-    let optim = OptimConfig {
-        lr: 1e-3,
-        min_lr_frac: 0.1,
-        warmup_steps: 20,
-        total_steps: batches.len() as u64,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        grad_clip: 1.0,
-    };
-    let settings = TrainerSettings {
-        optim,
+/// The trainer of these tests: AdamW at lr 1e-3 after `warmup` steps of `total` (cosine to a
+/// tenth), clipping at 1, `micro_batches` a step, one rank.
+fn settings(warmup: u64, total: u64, micro_batches: usize) -> TrainerSettings {
+    TrainerSettings {
+        optim: OptimConfig {
+            lr: 1e-3,
+            min_lr_frac: 0.1,
+            warmup_steps: warmup,
+            total_steps: total,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+        },
         sync: SyncMode::Allreduce,
-        micro_batches: 1,
+        micro_batches,
         recompute: Recompute::None,
         zero: false,
         grad_comm: Default::default(),
-    };
+    }
+}
+
+fn train_losses<B: Backend>(be: &B, cfg: ModelConfig, batches: &[Batch], b: usize, t: usize) -> Vec<f32> {
+    let settings = settings(20, batches.len() as u64, 1);
     let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
     trainer.init_weights(1337).expect("init");
     losses(&mut trainer, batches, b, t)
@@ -249,24 +254,7 @@ fn replay_run(precision: Precision, replay: bool, micro_batches: usize) -> (Vec<
     let (b, t) = (8, 64);
     let be = CudaBackend::new(0, precision).expect("cuda");
     let data = batches(12, b, t);
-    let settings = TrainerSettings {
-        optim: OptimConfig {
-            lr: 1e-3,
-            min_lr_frac: 0.1,
-            warmup_steps: 4,
-            total_steps: data.len() as u64,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            grad_clip: 1.0,
-        },
-        sync: SyncMode::Allreduce,
-        micro_batches,
-        recompute: Recompute::None,
-        zero: false,
-        grad_comm: Default::default(),
-    };
+    let settings = settings(4, data.len() as u64, micro_batches);
     let cfg = config("char", ConfigOverrides::default());
     let mut trainer = Trainer::new(&be, &Single, cfg, settings).expect("trainer");
     if !replay {
@@ -282,24 +270,7 @@ fn replay_run(precision: Precision, replay: bool, micro_batches: usize) -> (Vec<
 /// The gradients a trainer leaves after one step on `batch` (b rows) in `micro` micro-batches,
 /// from the seeded initial weights.
 fn step_gradients<B: Backend>(be: &B, batch: &Batch, b: usize, t: usize, micro: usize) -> Vec<f32> {
-    let settings = TrainerSettings {
-        optim: OptimConfig {
-            lr: 1e-3,
-            min_lr_frac: 0.1,
-            warmup_steps: 1,
-            total_steps: 1,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            grad_clip: 1.0,
-        },
-        sync: SyncMode::Allreduce,
-        micro_batches: micro,
-        recompute: Recompute::None,
-        zero: false,
-        grad_comm: Default::default(),
-    };
+    let settings = settings(1, 1, micro);
     let cfg = config("char", ConfigOverrides::default());
     let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
     trainer.init_weights(1337).expect("init");

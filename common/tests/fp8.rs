@@ -4,6 +4,8 @@
 
 use common::backend::cpu::CpuBackend;
 use common::backend::{Act, Backend, DeviceBuffer, Fp8, Span};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
 
 #[test]
 fn the_encoding_rounds_to_nearest_even_and_saturates() {
@@ -37,16 +39,11 @@ fn the_encoding_rounds_to_nearest_even_and_saturates() {
     }
 }
 
+/// `n` values uniform in [-scale, scale), from `seed`.
 fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..n)
-        .map(|_| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            let bits = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
-            scale * (2.0 * bits as f32 / (1u64 << 24) as f32 - 1.0)
-        })
+        .map(|_| scale * (2.0 * (rng.next_u32() >> 8) as f32 / (1u32 << 24) as f32 - 1.0))
         .collect()
 }
 

@@ -194,15 +194,12 @@ impl<'a, B: Backend> Arena<'a, B> {
     }
 }
 
-/// GPT-2 124M's products at `tokens` rows and the square ceiling, `kind` "matmul". Forward:
-/// `matmul_forward` with the bias, as the model calls each (the fc product goes through
-/// `matmul_gelu_forward` in the model, timed below as `matmul_gelu_fwd`); backward:
-/// `matmul_backward`, the input gradient, the weight gradient and the bias gradient (fcproj's
-/// goes through `matmul_backward_dgelu` in the model, `matmul_dgelu_bwd` below). FLOP: the
-/// products' (2·M·K·N forward, twice that backward; the bias's M·N adds are not counted).
-fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) -> Result<()> {
-    let precision = be.precision().name();
-    let mut row = |op, shape: String, ms, flop: f64| {
+/// Adds a product's row of `precision` (kind "matmul", ours): (op, shape, ms, FLOP).
+fn product_row<'r>(
+    rows: &'r mut Vec<KernelRow>,
+    precision: &'static str,
+) -> impl FnMut(&'static str, String, f64, f64) + 'r {
+    move |op, shape, ms, flop| {
         rows.push(KernelRow {
             kind: "matmul",
             implementation: "ours",
@@ -213,7 +210,17 @@ fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>)
             flop: Some(flop),
             bytes: None,
         })
-    };
+    }
+}
+
+/// GPT-2 124M's products at `tokens` rows and the square ceiling, `kind` "matmul". Forward:
+/// `matmul_forward` with the bias, as the model calls each (the fc product goes through
+/// `matmul_gelu_forward` in the model, timed below as `matmul_gelu_fwd`); backward:
+/// `matmul_backward`, the input gradient, the weight gradient and the bias gradient (fcproj's
+/// goes through `matmul_backward_dgelu` in the model, `matmul_dgelu_bwd` below). FLOP: the
+/// products' (2·M·K·N forward, twice that backward; the bias's M·N adds are not counted).
+fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) -> Result<()> {
+    let mut row = product_row(rows, be.precision().name());
     {
         let n = opts.square;
         let m = Arena::new(be);
@@ -245,6 +252,7 @@ fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>)
         })?;
         row(bwd, shape, ms, 2.0 * flop);
     }
+    drop(row); // its borrow of `rows`
     if be.fp8() && be.act() == ActType::Bf16 {
         fp8_rows(be, opts, rows)?;
     }
@@ -257,18 +265,7 @@ fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>)
 /// K = B·T) with E5M2 gradients by E4M3 operands, each operand laid out K-major as FP8 needs
 /// (bf16 out, where training keeps f32 weight gradients); the quantizations not included.
 fn fp8_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) -> Result<()> {
-    let mut row = |op, shape: String, ms, flop: f64| {
-        rows.push(KernelRow {
-            kind: "matmul",
-            implementation: "ours",
-            op,
-            shape,
-            precision: "fp8",
-            ms,
-            flop: Some(flop),
-            bytes: None,
-        })
-    };
+    let mut row = product_row(rows, "fp8");
     let (e4, e5) = (Fp8::E4M3, Fp8::E5M2);
     {
         let n = opts.square;
