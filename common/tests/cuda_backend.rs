@@ -198,12 +198,12 @@ fn fp8_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], formats: [Fp8; 2], with_b
     ]
 }
 
+/// The quantization is the CPU's bit for bit (the hardware's conversion is the encoding
+/// `Fp8::encode` implements), amax included; the product's f32 sums differ from the CPU's only
+/// in order, so the output is the CPU's within its bf16 rounding.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn fp8_matches_cpu() {
-    // The quantization is the CPU's bit for bit (the hardware's conversion is the encoding
-    // `Fp8::encode` implements), amax included; the product's f32 sums differ from the CPU's
-    // only in order, so the output is the CPU's within its bf16 rounding.
     let _gpu = support::one_at_a_time();
     let be = gpu(Precision::Bf16);
     if !be.fp8() {
