@@ -223,12 +223,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 g = g.with_tokens(&self.tokens);
             }
             let apart = if micro == 0 { None } else { self.apart.as_ref() };
-            let fwd = match apart {
-                None => self.model.forward(&mut g, inputs, Some(targets), b / k, t, false)?,
-                Some(apart) => self.model.forward_into(&mut g, inputs, targets, b / k, t, apart)?,
-            };
+            let into = apart.unwrap_or(&self.model.grads);
+            let fwd = self.model.forward_into(&mut g, inputs, targets, b / k, t, into)?;
             let loss = fwd.loss.expect("targets given");
-            g.zero_grads_except_first_products(apart.unwrap_or(&self.model.grads))?;
+            g.zero_grads_except_first_products(into)?;
             let bufs = (&self.model.grads, self.wire.as_ref());
             comm_s += self.sync.backward(&mut g, loss, comm, bufs, (micro, k), apart)?;
             let (slot, at) = self.opt.meter.loss_slot();
