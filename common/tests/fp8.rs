@@ -116,45 +116,36 @@ fn the_product_is_the_sum_of_the_exact_values() {
     }
 }
 
-#[test]
-#[should_panic(expected = "multiple of 16")]
-fn a_product_off_the_tensor_cores_shapes_is_refused() {
+/// An E4M3 product of (R,16)·(16,16)ᵀ on the CPU, its two scales the values at `scales[0]`
+/// and `scales[1]` of one buffer of 8.
+fn product_of(r: usize, scales: [usize; 2]) {
     let be = CpuBackend::new(1).unwrap();
     let (x, y, out, d) = (
-        upload(&be, &[0u8; 24 * 16]),
+        upload(&be, &vec![0u8; r * 16]),
         upload(&be, &[0u8; 16 * 16]),
-        upload(&be, &[0.0f32; 24 * 16]),
-        upload(&be, &[1.0f32; 2]),
+        upload(&be, &vec![0.0f32; r * 16]),
+        upload(&be, &[1.0f32; 8]),
     );
+    let dequant = scales.map(|at| d.span().slice(at, 1));
     be.matmul_fp8(
         act(&out),
         x.span(),
         y.span(),
         None,
-        [d.span(), d.span()],
-        [24, 16, 16],
+        dequant,
+        [r, 16, 16],
         [Fp8::E4M3; 2],
     );
 }
 
 #[test]
+#[should_panic(expected = "multiple of 16")]
+fn a_product_off_the_tensor_cores_shapes_is_refused() {
+    product_of(24, [0, 0]);
+}
+
+#[test]
 #[should_panic(expected = "16-byte aligned")]
 fn a_scale_off_16_bytes_is_refused() {
-    let be = CpuBackend::new(1).unwrap();
-    let (x, y, out, d) = (
-        upload(&be, &[0u8; 16 * 16]),
-        upload(&be, &[0u8; 16 * 16]),
-        upload(&be, &[0.0f32; 16 * 16]),
-        upload(&be, &[1.0f32; 8]),
-    );
-    let (first, second) = (d.span().slice(0, 1), d.span().slice(1, 1));
-    be.matmul_fp8(
-        act(&out),
-        x.span(),
-        y.span(),
-        None,
-        [first, second],
-        [16, 16, 16],
-        [Fp8::E4M3; 2],
-    );
+    product_of(16, [0, 1]);
 }
