@@ -58,6 +58,11 @@ pub struct CheckpointMeta {
     /// written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<crate::data::DataIdentity>,
+    /// `--precision fp8`: the FP8 scale slots and their amax histories
+    /// ([`crate::model::Fp8State::save`]), so that a resumed run scales as the uninterrupted
+    /// one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<Vec<f32>>,
 }
 
 /// The checkpoint's header JSON: the metadata and the tensor list it was written with.

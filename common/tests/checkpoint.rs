@@ -63,6 +63,17 @@ fn meta(config: ModelConfig, step: u64) -> CheckpointMeta {
             tail_xxh64: "0xfedcba9876543210".into(),
             shards: None,
         }),
+        // FP8 scales and amax histories: f32s that JSON must carry exactly.
+        fp8: Some(vec![
+            1.0 / 3.0,
+            f32::MIN_POSITIVE,
+            448.0,
+            57_344.0,
+            1e-30,
+            0.0,
+            2.0f32.powi(-20),
+            0.1,
+        ]),
     }
 }
 

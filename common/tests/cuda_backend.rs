@@ -17,7 +17,7 @@ use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
 use common::backend::{
-    bf16, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Fp8, Overwrite, SgdHyper, Span, StepState,
+    bf16, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Fp8, Fp8Slot, Overwrite, SgdHyper, Span, StepState,
 };
 
 const FP32_TOL: f32 = 1e-4;
@@ -236,6 +236,98 @@ fn fp8_matches_cpu() {
         let (_, want, wmax) = quantized(&cpu(), &odd, 4.0, format);
         assert_eq!((got, gmax), (want, wmax), "{format:?}: 1001 values");
     }
+    // Into the transpose (a weight's copy for the input gradient), whole and partial tiles.
+    for [rows, cols] in [[768, 2304], [200, 40]] {
+        let values = rnd(Inputs::Bf16, rows * cols, 35, 0.3);
+        for format in [E4M3, E5M2] {
+            let got = quantized_transposed(&be, &values, [rows, cols], 256.0, format);
+            let want = quantized_transposed(&cpu(), &values, [rows, cols], 256.0, format);
+            assert_eq!(got, want, "{format:?}: transposed {rows}x{cols}");
+        }
+    }
+    // The weight half of a product's backward: matmul_backward's dw and dbias, bit for bit.
+    for overwrite in [false, true] {
+        let (whole, half) = weight_backward_case(&be, [256, 128, 384], overwrite);
+        assert!(whole == half, "matmul_weight_backward, overwrite {overwrite}");
+    }
+    // Delayed scaling's step: the CPU's bits.
+    let (slots, history) = rescale_case(&be);
+    assert_eq!((slots, history), rescale_case(&cpu()), "fp8_rescale");
+}
+
+/// dw and dbias from `matmul_backward`, then from `matmul_weight_backward`, on the same
+/// operands and starting values.
+fn weight_backward_case<B: Backend>(be: &B, [bt, c, oc]: [usize; 3], overwrite: bool) -> (Vec<f32>, Vec<f32>) {
+    let q = Inputs::Bf16;
+    let (inp, w, dout) = (
+        upload_act(be, &rnd(q, bt * c, 41, 1.0)),
+        upload_act(be, &rnd(q, oc * c, 42, 1.0)),
+        upload_act(be, &rnd(q, bt * oc, 43, 1.0)),
+    );
+    let start = (rnd(q, oc * c, 44, 1.0), rnd(q, oc, 45, 1.0));
+    let run = |weight_only: bool| {
+        let (dw, dbias, dinp) = (upload(be, &start.0), upload(be, &start.1), alloc_act(be, bt * c));
+        if weight_only {
+            be.matmul_weight_backward(
+                overwrite,
+                dw.span(),
+                Some(dbias.span()),
+                act(be, &dout),
+                act(be, &inp),
+                bt,
+                c,
+                oc,
+            );
+        } else {
+            let how = Overwrite {
+                dinp: true,
+                dw: overwrite,
+            };
+            let (dinp, dout, inp, w) = (act(be, &dinp), act(be, &dout), act(be, &inp), act(be, &w));
+            be.matmul_backward(how, dinp, dw.span(), Some(dbias.span()), dout, inp, w, bt, c, oc);
+        }
+        [download(be, &dw), download(be, &dbias)].concat()
+    };
+    (run(false), run(true))
+}
+
+/// `values` (rows,cols) quantized into the transpose at `scale`: the bits and the amax.
+fn quantized_transposed<B: Backend>(
+    be: &B,
+    values: &[f32],
+    shape: [usize; 2],
+    scale: f32,
+    format: Fp8,
+) -> (Vec<u8>, f32) {
+    let n = values.len();
+    let (src, s, amax) = (upload_act(be, values), upload(be, &[scale]), upload(be, &[0.0]));
+    let dst = be.alloc::<u8>(n).expect("alloc");
+    be.quantize_fp8_transposed(dst.span(), amax.span(), act(be, &src), s.span(), shape, format);
+    let mut bits = vec![0u8; n];
+    be.read(&dst, 0, &mut bits).expect("read");
+    (bits, download(be, &amax)[0])
+}
+
+/// Three rounds of `fp8_rescale` over slots with amax values of every kind (none, tiny, huge,
+/// NaN, a power of two exactly at the format's headroom): the slots and histories after.
+fn rescale_case<B: Backend>(be: &B) -> (Vec<u32>, Vec<u32>) {
+    let amaxes = [0.0, 3.0, 1e-38, 3e38, f32::NAN, 448.0, 0.5, 1e-3, f32::INFINITY];
+    let (n, len) = (amaxes.len(), 4);
+    let mut fresh: Vec<f32> = (0..n)
+        .flat_map(|i| Fp8Slot::fresh(if i % 2 == 0 { Fp8::E4M3 } else { Fp8::E5M2 }))
+        .collect();
+    let (slots, history) = (upload(be, &fresh), upload(be, &vec![0.0; n * len]));
+    for round in 0..3 {
+        let mut host = download(be, &slots);
+        for (i, a) in amaxes.iter().enumerate() {
+            host[i * Fp8Slot::WORDS + Fp8Slot::AMAX] = a * (round + 1) as f32;
+        }
+        be.write(&slots, 0, &host).expect("write");
+        be.fp8_rescale(slots.span(), history.span(), n, len);
+    }
+    fresh = download(be, &slots);
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect();
+    (bits(fresh), bits(download(be, &history)))
 }
 
 // ---- encoder ------------------------------------------------------------------------

@@ -226,6 +226,7 @@ fn settings(warmup: u64, total: u64, micro_batches: usize) -> TrainerSettings {
         recompute: Recompute::None,
         zero: false,
         grad_comm: Default::default(),
+        fp8: false,
     }
 }
 
@@ -251,12 +252,17 @@ fn losses<B: Backend>(trainer: &mut Trainer<'_, B>, batches: &[Batch], b: usize,
 /// Losses and final parameters of `steps` steps of the char model on the GPU, the steps
 /// replayed from a CUDA graph or run as queued.
 fn replay_run(precision: Precision, replay: bool, micro_batches: usize) -> (Vec<f32>, Vec<f32>, bool) {
-    let (b, t) = (8, 64);
     let be = CudaBackend::new(0, precision).expect("cuda");
+    char_run(&be, replay, settings(4, 12, micro_batches))
+}
+
+/// 12 steps of the char model (B=8, T=64) on `be` under `settings`: the losses, the final
+/// parameters, and whether the steps were replayed.
+fn char_run<B: Backend>(be: &B, replay: bool, settings: TrainerSettings) -> (Vec<f32>, Vec<f32>, bool) {
+    let (b, t) = (8, 64);
     let data = batches(12, b, t);
-    let settings = settings(4, data.len() as u64, micro_batches);
     let cfg = config("char", ConfigOverrides::default());
-    let mut trainer = Trainer::new(&be, &Single, cfg, settings).expect("trainer");
+    let mut trainer = Trainer::new(be, &Single, cfg, settings).expect("trainer");
     if !replay {
         trainer = trainer.run_as_queued();
     }
@@ -350,6 +356,42 @@ fn replayed_steps_equal_steps_run_as_queued() {
             loss[11]
         );
     }
+}
+
+/// `--precision fp8` on the GPU: the CPU's FP8 run (its reference, in f32) and the GPU's bf16
+/// run within 2% a step; replayed as queued bit for bit, and again the same.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp8_training_follows_bf16_and_repeats() {
+    let _gpu = support::one_at_a_time();
+    let be = CudaBackend::new(0, Precision::Bf16).expect("cuda");
+    if !be.fp8() {
+        eprintln!("SKIPPED: {} has no FP8 products", be.name());
+        return;
+    }
+    let fp8 = TrainerSettings {
+        fp8: true,
+        ..settings(4, 12, 1)
+    };
+    let (loss, params, replayed) = char_run(&be, true, fp8);
+    let (queued, queued_params, _) = char_run(&be, false, fp8);
+    let (again, again_params, _) = char_run(&be, true, fp8);
+    assert!(replayed, "the FP8 run replays");
+    assert_eq!(loss, queued, "FP8: replayed and queued losses");
+    assert!(params == queued_params, "FP8: replayed and queued parameters");
+    assert_eq!(loss, again, "FP8: a second run's losses");
+    assert!(params == again_params, "FP8: a second run's parameters");
+    let (bf16, _, _) = char_run(&be, true, settings(4, 12, 1));
+    let (cpu_fp8, _, _) = char_run(&cpu(), false, fp8);
+    assert_ne!(loss, bf16, "the FP8 run must differ from bf16 somewhere");
+    for (step, ((f, b), c)) in loss.iter().zip(&bf16).zip(&cpu_fp8).enumerate() {
+        assert!((f - b).abs() <= 0.02 * b, "step {step}: fp8 {f} vs bf16 {b}");
+        assert!((f - c).abs() <= 0.02 * c, "step {step}: gpu fp8 {f} vs cpu fp8 {c}");
+    }
+    eprintln!(
+        "FP8 12 steps: last loss {:.4} (bf16 {:.4}, cpu fp8 {:.4})",
+        loss[11], bf16[11], cpu_fp8[11]
+    );
 }
 
 #[test]

@@ -347,6 +347,7 @@ fn micro_meta() -> CheckpointMeta {
         train: serde_json::json!({"lr": 6e-4, "batch": 4, "seq_len": 4, "name": "fuzz"}),
         progress: serde_json::json!({"rows": 2}),
         data: None,
+        fp8: None,
     }
 }
 

@@ -2,8 +2,9 @@
 //! inputs' gradients, activation gradients recycled as soon as they are consumed.
 
 use super::{Graph, Kind, Node, Op, Tensor};
-use crate::backend::{Act, Backend, DeviceBuffer, Overwrite, Span};
+use crate::backend::{Act, Backend, DeviceBuffer, Fp8, Fp8Slot, Overwrite, Span};
 use crate::error::{Error, Result};
+use crate::model::Fp8Site;
 use std::collections::HashSet;
 use std::ops::Range;
 
@@ -288,7 +289,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                 // `order` is `token_order` of them.
                 unsafe { be.encoder_backward(dwte, dwpe, dout(), tokens, order, b, t, c) };
             }
-            Op::Matmul { inp, w, bias } => {
+            Op::Matmul { inp, w, bias, fp8 } => {
                 let [_, ic] = self.shape(inp);
                 let ((dinp, dinp_first), (dw, dw_first)) = (self.act_grad_or_first(inp)?, self.param_grad_or_first(w)?);
                 let dbias = self.output_bias_grad(node.out, bias)?;
@@ -299,7 +300,13 @@ impl<'a, B: Backend> Graph<'a, B> {
                     dinp: dinp_first,
                     dw: dw_first,
                 };
-                be.matmul_backward(overwrite, dinp, dw, dbias, dout(), x, self.span(w), r, ic, c);
+                match fp8 {
+                    None => be.matmul_backward(overwrite, dinp, dw, dbias, dout(), x, self.span(w), r, ic, c),
+                    Some(site) => {
+                        self.input_grad_fp8(site, dinp, dinp_first, dout(), [r, ic, c])?;
+                        be.matmul_weight_backward(dw_first, dw, dbias, dout(), x, r, ic, c);
+                    }
+                }
             }
             Op::LayerNorm { inp, w, b, mean, rstd } => {
                 let (dinp, dw, db) = (self.act_grad(inp)?, self.param_grad(w)?, self.param_grad(b)?);
@@ -497,6 +504,45 @@ impl<'a, B: Backend> Graph<'a, B> {
     }
 }
 
+impl<'a, B: Backend> Graph<'a, B> {
+    /// An FP8 product's input gradient, `dinp (R,C) (+)= dout (R,OC) · w`: the output gradient
+    /// quantized to E5M2 at its slot's scale (recording its amax), times the weight's
+    /// transposed E4M3 copy. Written where `first`, else computed apart and added.
+    fn input_grad_fp8(
+        &mut self,
+        site: Fp8Site<'a>,
+        dinp: Span<'a, Act>,
+        first: bool,
+        dout: Span<'a, Act>,
+        [r, c, oc]: [usize; 3],
+    ) -> Result<()> {
+        let (be, word) = (self.be, Fp8Site::word);
+        let dq = self.fp8_scratch(r * oc)?;
+        be.quantize_fp8(
+            dq,
+            word(site.grad, Fp8Slot::AMAX),
+            dout,
+            word(site.grad, Fp8Slot::SCALE),
+            r * oc,
+            Fp8::E5M2,
+        );
+        let dequant = [
+            word(site.grad, Fp8Slot::DEQUANT),
+            word(site.weight_slot, Fp8Slot::DEQUANT),
+        ];
+        let formats = [Fp8::E5M2, Fp8::E4M3];
+        if first {
+            be.matmul_fp8(dinp, dq, site.weight_t, None, dequant, [r, c, oc], formats);
+        } else {
+            let words = self.alloc_words(self.act().words(r * c))?;
+            let apart = self.as_act(words, r * c);
+            be.matmul_fp8(apart, dq, site.weight_t, None, dequant, [r, c, oc], formats);
+            be.accumulate_act(dinp, apart, r * c);
+        }
+        Ok(())
+    }
+}
+
 /// The bias added to `op`'s output, where it is a product's (`Op::Matmul`, `Op::Mlp`'s second):
 /// its gradient is the column sums of the output's gradient.
 fn output_bias(op: &Op) -> Option<Tensor> {
@@ -542,7 +588,7 @@ fn read_by_others(tape: &[Node], x: Tensor, node: &Node) -> bool {
         !std::ptr::eq(other, node)
             && match other.op {
                 Op::Encoder { wte, wpe, .. } => x == wte || x == wpe,
-                Op::Matmul { inp, w, bias } => x == inp || x == w || bias == Some(x),
+                Op::Matmul { inp, w, bias, .. } => x == inp || x == w || bias == Some(x),
                 Op::LayerNorm { inp, w, b, .. } => x == inp || x == w || x == b,
                 Op::Attention { qkv, .. } => x == qkv,
                 Op::Gelu { inp } | Op::Relu { inp } => x == inp,

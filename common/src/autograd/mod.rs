@@ -27,8 +27,11 @@ mod pool;
 pub use kv_cache::KvCache;
 pub use pool::Pool;
 
-use crate::backend::{bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer, Overwrite, Span};
+use crate::backend::{
+    bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer, Fp8, Fp8Slot, Overwrite, Span,
+};
 use crate::error::{Error, Result};
+use crate::model::Fp8Site;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -120,6 +123,8 @@ enum Op<'a> {
         inp: Tensor,
         w: Tensor,
         bias: Option<Tensor>,
+        /// Products in FP8 ([`Graph::matmul_fp8`]): the weight's copies and the scale slots.
+        fp8: Option<Fp8Site<'a>>,
     },
     LayerNorm {
         inp: Tensor,
@@ -222,6 +227,8 @@ pub struct Graph<'a, B: Backend> {
     recompute: Recompute,
     /// The recompute scratch buffers by size in words, with the value each holds now.
     scratch: HashMap<usize, (Span<'a>, Option<Tensor>)>,
+    /// FP8 operands' scratch by size in bytes ([`Graph::matmul_fp8`]).
+    fp8_scratch: HashMap<usize, Span<'a, u8>>,
     /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
     staged: Option<&'a TokenStage<B>>,
     /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
@@ -330,6 +337,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             record,
             recompute: Recompute::None,
             scratch: HashMap::new(),
+            fp8_scratch: HashMap::new(),
             staged: None,
             loss_seed: None,
             first_writes: HashMap::new(),
@@ -697,6 +705,11 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(out)
     }
 
+    /// Whether this graph records a tape for backward (a training pass).
+    pub fn records(&self) -> bool {
+        self.record
+    }
+
     /// inp (R, C) · wᵀ (C, OC) + bias → (R, OC).
     pub fn matmul(&mut self, inp: Tensor, w: Tensor, bias: Option<Tensor>) -> Result<Tensor> {
         let ([r, c], [oc, wc]) = (self.shape(inp), self.shape(w));
@@ -704,11 +717,80 @@ impl<'a, B: Backend> Graph<'a, B> {
         if let Some(b) = bias {
             assert_eq!(self.shape(b), [1, oc], "matmul: bias must be (1, OC)");
         }
-        let out = self.output([r, oc], Op::Matmul { inp, w, bias })?;
+        let out = self.output(
+            [r, oc],
+            Op::Matmul {
+                inp,
+                w,
+                bias,
+                fp8: None,
+            },
+        )?;
         let bias = bias.map(|b| self.span(b));
         let x = self.data(inp);
         self.be.matmul_forward(self.span(out), x, self.span(w), bias, r, c, oc);
         Ok(out)
+    }
+
+    /// [`Graph::matmul`] with the product in FP8 (`--precision fp8`): the input quantized to
+    /// E4M3 at its slot's scale (recording its amax), times the weight's E4M3 copy, both
+    /// scaled back in the product. Backward: the output gradient in E5M2 times the weight's
+    /// transposed copy gives the input gradient; the weight gradient is the plain product's.
+    /// Training graphs only (R a multiple of 16).
+    pub fn matmul_fp8(&mut self, inp: Tensor, w: Tensor, bias: Option<Tensor>, site: Fp8Site<'a>) -> Result<Tensor> {
+        let ([r, c], [oc, wc]) = (self.shape(inp), self.shape(w));
+        assert_eq!(c, wc, "matmul_fp8: inner dimensions differ");
+        assert!(self.record, "matmul_fp8 is for training graphs");
+        if let Some(b) = bias {
+            assert_eq!(self.shape(b), [1, oc], "matmul_fp8: bias must be (1, OC)");
+        }
+        let out = self.output(
+            [r, oc],
+            Op::Matmul {
+                inp,
+                w,
+                bias,
+                fp8: Some(site),
+            },
+        )?;
+        let bias = bias.map(|b| self.span(b));
+        let x = self.data(inp);
+        let xq = self.fp8_scratch(r * c)?;
+        let word = Fp8Site::word;
+        let be = self.be;
+        be.quantize_fp8(
+            xq,
+            word(site.input, Fp8Slot::AMAX),
+            x,
+            word(site.input, Fp8Slot::SCALE),
+            r * c,
+            Fp8::E4M3,
+        );
+        let dequant = [
+            word(site.input, Fp8Slot::DEQUANT),
+            word(site.weight_slot, Fp8Slot::DEQUANT),
+        ];
+        be.matmul_fp8(
+            self.span(out),
+            xq,
+            site.weight,
+            bias,
+            dequant,
+            [r, oc, c],
+            [Fp8::E4M3; 2],
+        );
+        Ok(out)
+    }
+
+    /// `n` bytes of FP8 scratch, shared by every FP8 operand of that size: each is read by the
+    /// one product right after its quantization, in stream order.
+    fn fp8_scratch(&mut self, n: usize) -> Result<Span<'a, u8>> {
+        if let Some(&scratch) = self.fp8_scratch.get(&n) {
+            return Ok(scratch);
+        }
+        let scratch = self.alloc_words(n.div_ceil(4))?.words_as_bytes().slice(0, n);
+        self.fp8_scratch.insert(n, scratch);
+        Ok(scratch)
     }
 
     pub fn layernorm(&mut self, inp: Tensor, w: Tensor, b: Tensor) -> Result<Tensor> {

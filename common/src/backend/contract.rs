@@ -7,7 +7,7 @@
 
 #![allow(clippy::too_many_arguments, clippy::type_complexity)]
 
-use super::{bf16, Act, ActType, DevPtr, Elem, Fp8, Operands, Span, StepState};
+use super::{bf16, Act, ActType, DevPtr, Elem, Fp8, Fp8Slot, Operands, Span, StepState};
 use std::ops::Range;
 
 type A = DevPtr<Act>;
@@ -53,6 +53,28 @@ pub fn quantize_fp8(
     let mut o = ops("quantize_fp8", act);
     let (dst, amax) = (o.write("dst", dst, n), o.write("amax", amax, 1));
     (dst, amax, o.read("src", src, n), o.read("scale", scale, 1))
+}
+
+pub fn quantize_fp8_transposed(
+    act: ActType,
+    dst: Span<u8>,
+    amax: Span,
+    src: Span<Act>,
+    scale: Span,
+    [rows, cols]: [usize; 2],
+) -> (DevPtr<u8>, F, A, F) {
+    let mut o = ops("quantize_fp8_transposed", act);
+    let n = rows * cols;
+    let (dst, amax) = (o.write("dst", dst, n), o.write("amax", amax, 1));
+    (dst, amax, o.read("src", src, n), o.read("scale", scale, 1))
+}
+
+pub fn fp8_rescale(slots: Span, history: Span, n: usize, len: usize) -> (F, F) {
+    let mut o = ops("fp8_rescale", ActType::F32);
+    (
+        o.write("slots", slots, n * Fp8Slot::WORDS),
+        o.write("history", history, n * len),
+    )
 }
 
 /// Also the rules of the tensor cores' FP8 products: no E5M2 by E5M2, every dimension a
@@ -170,6 +192,22 @@ pub fn matmul_forward(
         o.read("w", w, oc * c),
         o.read_opt("bias", bias, oc),
     )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_weight_backward(
+    act: ActType,
+    dw: Span,
+    dbias: Option<Span>,
+    dout: Span<Act>,
+    inp: Span<Act>,
+    bt: usize,
+    c: usize,
+    oc: usize,
+) -> (F, Option<F>, A, A) {
+    let mut o = ops("matmul_weight_backward", act);
+    let (dw, dbias) = (o.write("dw", dw, oc * c), o.write_opt("dbias", dbias, oc));
+    (dw, dbias, o.read("dout", dout, bt * oc), o.read("inp", inp, bt * c))
 }
 
 pub fn matmul_backward(

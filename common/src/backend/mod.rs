@@ -312,6 +312,49 @@ impl Fp8 {
     }
 }
 
+/// One FP8 tensor's scale slot, `Fp8Slot::WORDS` f32 words at a 16-byte aligned address (what
+/// cuBLASLt asks of a scale): `[dequant, scale, amax, max]`. `scale` multiplies the values
+/// before they are rounded to FP8 ([`Backend::quantize_fp8`]), `dequant` = 1/scale scales the
+/// product back ([`Backend::matmul_fp8`]), `amax` collects the largest magnitude the tensor
+/// had since the last [`Backend::fp8_rescale`], and `max` is its format's [`Fp8::max`].
+pub struct Fp8Slot;
+
+impl Fp8Slot {
+    pub const DEQUANT: usize = 0;
+    pub const SCALE: usize = 1;
+    pub const AMAX: usize = 2;
+    pub const MAX: usize = 3;
+    /// A slot's words.
+    pub const WORDS: usize = 4;
+
+    /// A fresh slot: scale 1, no amax yet.
+    pub fn fresh(format: Fp8) -> [f32; 4] {
+        [1.0, 1.0, 0.0, format.max()]
+    }
+}
+
+/// Delayed scaling, on one slot ([`Fp8Slot`]) and its amax history (newest first): a finite
+/// `amax` is pushed onto the history (the oldest falls off; a non-finite one, from a step the
+/// optimiser skips, is not), `amax` is cleared, and where the history's largest value `m` is
+/// above 0 the scale becomes the power of two 2^e with e = ⌊log₂(max / m)⌋ (clamped to ±126),
+/// so that m · scale lands in [max/2, max] and `dequant` = 2^-e is exact. The GPU's kernel
+/// (`fp8_rescale_kernel`) computes the same bits.
+pub fn fp8_rescale_slot(slot: &mut [f32], history: &mut [f32]) {
+    let amax = slot[Fp8Slot::AMAX];
+    if amax.is_finite() && !history.is_empty() {
+        history.rotate_right(1);
+        history[0] = amax;
+    }
+    slot[Fp8Slot::AMAX] = 0.0;
+    let top = history.iter().fold(0.0f32, |m, &h| m.max(h));
+    if top > 0.0 {
+        let ratio = slot[Fp8Slot::MAX] / top;
+        let e = (((ratio.to_bits() >> 23) & 0xff) as i32 - 127).clamp(-126, 126);
+        slot[Fp8Slot::SCALE] = f32::from_bits(((e + 127) as u32) << 23);
+        slot[Fp8Slot::DEQUANT] = f32::from_bits(((127 - e) as u32) << 23);
+    }
+}
+
 /// Hyper-parameters of AdamW that stay fixed over a run (decoupled weight decay, as in
 /// Loshchilov & Hutter); what changes per step is in [`StepState`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -597,6 +640,26 @@ pub trait Backend {
         shape: [usize; 3],
         formats: [Fp8; 2],
     );
+    /// [`Backend::quantize_fp8`] into the transpose: `dst (cols,rows) = fp8(src (rows,cols)ᵀ ·
+    /// scale[0])`, with `amax` as there. A weight's FP8 copy for the input gradient's product
+    /// (FP8 products read both operands with their K values contiguous). Needs [`Backend::fp8`].
+    /// # Operands
+    /// `dst`, `src`: rows·cols elements; `amax`, `scale`: 1.
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_fp8_transposed(
+        &self,
+        dst: Span<u8>,
+        amax: Span,
+        src: Span<Act>,
+        scale: Span,
+        shape: [usize; 2],
+        format: Fp8,
+    );
+    /// Delayed scaling's step over `n` FP8 scale slots ([`Fp8Slot`]: `Fp8Slot::WORDS` f32s each),
+    /// each with a history of `len` amax values: [`fp8_rescale_slot`] on every slot.
+    /// # Operands
+    /// `slots`: n·Fp8Slot::WORDS; `history`: n·len.
+    fn fp8_rescale(&self, slots: Span, history: Span, n: usize, len: usize);
     /// `dst += src`, elementwise over `n` f32 values.
     /// # Operands
     /// `dst`, `src`: `n` elements each; they may be the same pointer.
@@ -689,6 +752,23 @@ pub trait Backend {
         dout: Span<Act>,
         inp: Span<Act>,
         w: Span<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    );
+    /// `matmul_backward` without the input gradient: `dw (OC,C) += doutᵀ · inp` (WRITTEN with
+    /// `overwrite_dw`) and `dbias (OC) += Σ_rows dout`. The FP8 products compute the input
+    /// gradient themselves.
+    /// # Operands
+    /// As `matmul_backward`, without `dinp` and `w`.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_weight_backward(
+        &self,
+        overwrite_dw: bool,
+        dw: Span,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        inp: Span<Act>,
         bt: usize,
         c: usize,
         oc: usize,

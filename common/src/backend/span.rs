@@ -87,6 +87,12 @@ impl<'a> Span<'a, f32> {
         unsafe { Span::from_raw_act(self.ptr.cast(), n, act) }
     }
 
+    /// The bytes these words hold, as `u8` values (FP8 data in pooled memory).
+    pub fn words_as_bytes(self) -> Span<'a, u8> {
+        // SAFETY: 4·len bytes lie inside this span's live memory.
+        unsafe { Span::from_raw(self.ptr.cast(), 4 * self.len) }
+    }
+
     /// All the activations of type `act` that these words hold.
     pub fn words_as_all(self, act: ActType) -> Span<'a, Act> {
         self.words_as(act, self.len * 4 / act.bytes())

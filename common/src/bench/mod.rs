@@ -105,6 +105,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         recompute: args.recompute,
         zero: args.sync.zero(),
         grad_comm: args.sync.grad_comm(),
+        fp8: args.device.fp8(),
     };
     let mut trainer = Trainer::new(be, comm, config, settings)?;
     trainer.init_weights(1)?;

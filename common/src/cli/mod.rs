@@ -33,6 +33,9 @@ pub enum PrecisionFlag {
     Tf32,
     /// bf16 activations and weight copy, fp32 master weights, moments and accumulation.
     Bf16,
+    /// bf16, with the transformer blocks' matrix products in FP8 (E4M3 inputs and weights,
+    /// E5M2 gradients, delayed per-tensor scales). Hopper GPUs only.
+    Fp8,
 }
 
 impl From<PrecisionFlag> for Precision {
@@ -40,7 +43,7 @@ impl From<PrecisionFlag> for Precision {
         match flag {
             PrecisionFlag::Fp32 => Precision::Fp32,
             PrecisionFlag::Tf32 => Precision::Tf32,
-            PrecisionFlag::Bf16 => Precision::Bf16,
+            PrecisionFlag::Bf16 | PrecisionFlag::Fp8 => Precision::Bf16,
         }
     }
 }
@@ -227,9 +230,9 @@ pub struct DeviceArgs {
     /// cores / its ranks].
     #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
-    /// GPU stages: storage and arithmetic: fp32, tf32 (fp32 storage, TF32 matrix products) or
+    /// GPU stages: storage and arithmetic: fp32, tf32 (fp32 storage, TF32 matrix products),
     /// bf16 (mixed precision: bf16 activations, fp32 master weights, gradients and moments)
-    /// [default: bf16].
+    /// or fp8 (bf16 with the transformer blocks' products in FP8; Hopper only) [default: bf16].
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionFlag>,
 }
@@ -242,6 +245,19 @@ impl DeviceArgs {
 
     pub fn precision(&self) -> Precision {
         self.precision.unwrap_or(PrecisionFlag::Bf16).into()
+    }
+
+    /// `--precision fp8`: the blocks' products in FP8 on the bf16 backend.
+    pub fn fp8(&self) -> bool {
+        self.precision == Some(PrecisionFlag::Fp8)
+    }
+
+    /// The precision's name, as runs record it.
+    pub fn precision_name(&self) -> &'static str {
+        match self.fp8() {
+            true => "fp8",
+            false => self.precision().name(),
+        }
     }
 }
 

@@ -124,6 +124,7 @@ pub fn import_checkpoint(dir: &Path) -> Result<Checkpoint> {
         train: serde_json::json!({ IMPORTED_FROM: dir.display().to_string() }),
         progress: serde_json::json!({}),
         data: None,
+        fp8: None,
     };
     Ok(Checkpoint {
         meta,

@@ -2,6 +2,7 @@
 //! initialisation, and the forward pass written as autograd ops. Backward is the tape's.
 //! Which tensors exist, their shapes and initialisation come from the parameter table.
 
+use super::fp8::Fp8State;
 use super::params::{Init, Param, ParamEntry};
 use super::{ModelConfig, ParamLayout};
 use crate::autograd::{Graph, KvCache, Tensor};
@@ -20,6 +21,10 @@ pub struct Gpt2<B: Backend> {
     /// Under a bf16 backend, `params` rounded to bf16: what the forward pass reads. The
     /// optimiser writes it with each update; [`Gpt2::refresh_copy`] after any other change.
     pub params_bf16: Option<B::Buffer<bf16>>,
+    /// `--precision fp8`: the blocks' products in FP8, with their weights' FP8 copies and
+    /// scales ([`Gpt2::enable_fp8`]); training passes only, evaluation and generation read
+    /// the bf16 copy.
+    pub fp8: Option<Fp8State<B>>,
 }
 
 /// What a forward pass returns.
@@ -49,7 +54,30 @@ impl<B: Backend> Gpt2<B> {
             params,
             grads,
             params_bf16,
+            fp8: None,
         })
+    }
+
+    /// Training passes from now on run the blocks' products in FP8 ([`super::fp8`]), with
+    /// fresh scales ([`Gpt2::calibrate_fp8`] once the weights are in). Refused in one line
+    /// where the backend or the model's widths cannot.
+    pub fn enable_fp8(&mut self, be: &B) -> Result<()> {
+        self.fp8 = Some(Fp8State::new(be, &self.layout, self.config.n_layer)?);
+        Ok(())
+    }
+
+    /// A run's start under FP8: the weights' scales from the weights themselves.
+    pub fn calibrate_fp8(&self, be: &B) {
+        if let Some(fp8) = &self.fp8 {
+            fp8.calibrate(be, &self.params, self.params_bf16.as_ref());
+        }
+    }
+
+    /// After an update: the FP8 copies of the new weights (when the products run in FP8).
+    pub fn quantize_fp8_weights(&self, be: &B) {
+        if let Some(fp8) = &self.fp8 {
+            fp8.quantize_weights(be, &self.params, self.params_bf16.as_ref());
+        }
     }
 
     /// Every parameter from `host` (the layout's order), and the bf16 copy with them: the one
@@ -62,7 +90,9 @@ impl<B: Backend> Gpt2<B> {
     /// Rounds the master weights into the bf16 copy (when there is one): after the
     /// parameters were written other than by the optimiser (initialised, loaded, averaged).
     pub fn refresh_copy(&self, be: &B) -> Result<()> {
-        crate::backend::refresh_bf16_copy(be, &self.params, self.params_bf16.as_ref(), self.layout.total)
+        crate::backend::refresh_bf16_copy(be, &self.params, self.params_bf16.as_ref(), self.layout.total)?;
+        self.quantize_fp8_weights(be);
+        Ok(())
     }
 
     pub fn num_params(&self) -> usize {
@@ -162,6 +192,16 @@ impl<B: Backend> Gpt2<B> {
         let copy = self.params_bf16.as_ref();
         let param = |g: &mut Graph<'a, B>, e: &ParamEntry| g.param(&self.params, copy, grads, e.range.clone(), e.shape);
         let block = |g: &mut Graph<'a, B>, l: usize, p: Param| param(g, lay.block(l, p));
+        // Block l's product with weight p (and its bias): in FP8 in a training pass under
+        // --precision fp8.
+        let fp8 = self.fp8.as_ref().filter(|_| g.records());
+        let product = |g: &mut Graph<'a, B>, x: Tensor, l: usize, (p, pb): (Param, Param)| -> Result<Tensor> {
+            let (w, bias) = (block(g, l, p)?, block(g, l, pb)?);
+            match fp8 {
+                Some(fp8) => g.matmul_fp8(x, w, Some(bias), fp8.site(l, p)),
+                None => g.matmul(x, w, Some(bias)),
+            }
+        };
         // Token ids index the real vocabulary only (the padding rows of wte are never used).
         crate::autograd::check_ids("token id", inputs, vocab)?;
         // Generation: where the new positions start, in device memory for the kernels that
@@ -181,8 +221,7 @@ impl<B: Backend> Gpt2<B> {
         let mut h = g.layernorm(x, w, bias)?;
         for l in 0..cfg.n_layer {
             // attention sub-block: x = x + proj(attn(ln1(x))), with ln2(x) in the same op
-            let (w, bias) = (block(g, l, Param::QkvW)?, block(g, l, Param::QkvB)?);
-            let qkv = g.matmul(h, w, Some(bias))?; // (BT, 3C)
+            let qkv = product(g, h, l, (Param::QkvW, Param::QkvB))?; // (BT, 3C)
             let a = match attend {
                 Attend::Full => g.attention(qkv, b, t, cfg.n_head)?, // (BT, C)
                 Attend::Cached { cache, .. } => {
@@ -190,16 +229,25 @@ impl<B: Backend> Gpt2<B> {
                     g.attention_cached(qkv, cache, l, first, cfg.n_head)?
                 }
             };
-            let (w, bias) = (block(g, l, Param::AttProjW)?, block(g, l, Param::AttProjB)?);
-            let proj = g.matmul(a, w, Some(bias))?;
+            let proj = product(g, a, l, (Param::AttProjW, Param::AttProjB))?;
             let (w, bias) = (block(g, l, Param::Ln2W)?, block(g, l, Param::Ln2B)?);
             (x, h) = g.add_layernorm(x, proj, w, bias)?;
             g.release(proj); // summed into x; no backward reads it
                              // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x)))), with the next block's ln1(x)
                              // (or, after the last block, the final layernorm) in the same op
-            let (w_fc, b_fc) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
-            let (w_proj, b_proj) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
-            let proj = g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))?; // through (BT, 4C)
+            let proj = match fp8 {
+                // FP8: the two products and GELU between them as three ops.
+                Some(_) => {
+                    let pre = product(g, h, l, (Param::FcW, Param::FcB))?; // (BT, 4C)
+                    let act = g.gelu(pre)?;
+                    product(g, act, l, (Param::FcProjW, Param::FcProjB))?
+                }
+                None => {
+                    let (w_fc, b_fc) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
+                    let (w_proj, b_proj) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
+                    g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))? // through (BT, 4C)
+                }
+            };
             let (w, bias) = if l + 1 < cfg.n_layer {
                 g.mark(l + 1);
                 (block(g, l + 1, Param::Ln1W)?, block(g, l + 1, Param::Ln1B)?)

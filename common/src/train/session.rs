@@ -164,7 +164,7 @@ impl<'a> Session<'a> {
         let saved = match (&self.log, arrays) {
             (Some(_), Some([p, m, v])) => {
                 let path = self.args.out.join("init.ckpt");
-                let meta = run.checkpoint_meta(run.start_step, &LogState::default());
+                let meta = run.checkpoint_meta(run.start_step, &LogState::default())?;
                 crate::checkpoint::save(&path, &meta, &p, &m, &v).map(|()| Some(path))
             }
             _ => Ok(None),
@@ -327,7 +327,7 @@ impl<'a> Session<'a> {
                 window: self.window,
                 bad_in_a_row: self.bad_in_a_row,
             };
-            let meta = run.checkpoint_meta(done, &log_state);
+            let meta = run.checkpoint_meta(done, &log_state)?;
             let kept = match &state {
                 HostState::Snapshot(s) if !self.snapshot_said => Some(s.bytes()),
                 _ => None,

@@ -204,11 +204,15 @@ impl<'a, B: Backend> Run<'a, B> {
             ));
             return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
         }
+        let precision = match args.device.fp8() {
+            true => "fp8",
+            false => be.precision().name(),
+        };
         let settings = serde_json::json!({
             "batch": b, "seq_len": t, "lr": optim.lr, "warmup": optim.warmup_steps, "min_lr_frac": optim.min_lr_frac,
             "weight_decay": optim.weight_decay, "grad_clip": optim.grad_clip, "total_steps": total_steps,
             "val_fraction": val_fraction, "eval_every": eval_every, "world": world,
-            "sync_every": args.sync.sync_every, "grad_accum": micro_batches, "precision": be.precision().name(),
+            "sync_every": args.sync.sync_every, "grad_accum": micro_batches, "precision": precision,
             "zero": args.sync.zero(),
         });
         if let Some(meta) = resumed.as_ref() {
@@ -217,12 +221,11 @@ impl<'a, B: Backend> Run<'a, B> {
         // Master weights and moments are fp32 in every precision, so a checkpoint resumes
         // under any other; say so when it does.
         let saved_precision = saved_setting::<String>(resumed.as_ref(), "precision")?;
-        if let Some(saved) = saved_precision.filter(|p| p != be.precision().name()) {
+        if let Some(saved) = saved_precision.filter(|p| p != precision) {
             if comm.is_root() {
                 eprintln!(
-                    "note: this checkpoint was trained in {saved} and resumes in {} (its weights and \
-                     moments are fp32, so nothing is lost; the losses will differ by the precisions' rounding)",
-                    be.precision().name()
+                    "note: this checkpoint was trained in {saved} and resumes in {precision} (its weights and \
+                     moments are fp32, so nothing is lost; the losses will differ by the precisions' rounding)"
                 );
             }
         }
@@ -242,6 +245,7 @@ impl<'a, B: Backend> Run<'a, B> {
                 recompute: args.recompute,
                 zero: args.sync.zero(),
                 grad_comm: args.sync.grad_comm(),
+                fp8: args.device.fp8(),
             },
         )?;
         let (mut start_step, mut log_state) = (0, LogState::default());
@@ -328,9 +332,9 @@ impl<'a, B: Backend> Run<'a, B> {
 
     /// The checkpoint's metadata after `steps_done` steps, the loader where it is now and
     /// the log as `log` says.
-    pub fn checkpoint_meta(&self, steps_done: u64, log: &LogState) -> CheckpointMeta {
+    pub fn checkpoint_meta(&self, steps_done: u64, log: &LogState) -> Result<CheckpointMeta> {
         let cursor = self.loader.cursor();
-        CheckpointMeta {
+        Ok(CheckpointMeta {
             config: self.config,
             tokenizer: self.tok.kind().name().to_string(),
             step: steps_done,
@@ -341,7 +345,8 @@ impl<'a, B: Backend> Run<'a, B> {
             train: self.settings.clone(),
             progress: serde_json::to_value(log).expect("plain data serialises"),
             data: Some(self.corpus.clone()),
-        }
+            fp8: self.trainer.fp8_state()?,
+        })
     }
 
     /// The run's first line: backend, tokenizer, model, schedule and the optimiser state each

@@ -31,6 +31,8 @@ pub struct TrainerSettings {
     pub zero: bool,
     /// What the gradient sums carry.
     pub grad_comm: GradComm,
+    /// `--precision fp8`: the blocks' products in FP8 ([`crate::model::fp8`]).
+    pub fp8: bool,
 }
 
 pub struct Trainer<'a, B: Backend> {
@@ -98,7 +100,16 @@ fn replayable<B: Backend>(be: &B, comm: &dyn Comm, sync: SyncMode) -> bool {
 
 impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
-        let model = Gpt2::new(be, config)?;
+        let mut model = Gpt2::new(be, config)?;
+        if settings.fp8 {
+            if comm.size() > 1 {
+                return Err(Error::Input(
+                    "--precision fp8 runs on one GPU (stage2_cuda) for now: its scales are not yet agreed across ranks"
+                        .into(),
+                ));
+            }
+            model.enable_fp8(be)?;
+        }
         let shards = Shards::new(model.layout.total, comm, settings.zero);
         let (n, segments) = (model.layout.total, model.layout.decay_segments());
         let opt = AdamW::sharded(be, n, segments, settings.optim, shards.own(), shards.sharded())?;
@@ -144,6 +155,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             broadcast_f32(self.comm, &mut host)?;
             self.model.set_params(self.be, &host)?;
         }
+        self.model.calibrate_fp8(self.be);
         Ok(())
     }
 
@@ -233,7 +245,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
             g.copy_into(loss, slot, at, micro > 0)?; // the micro-batches' losses, summed
         }
         self.opt.finish_gradients(be, &self.model.grads, 1.0 / k as f32, comm)?;
+        if let Some(fp8) = &self.model.fp8 {
+            fp8.rescale(be); // the step's amax values into the FP8 scales
+        }
         comm_s += self.update(step)?;
+        self.model.quantize_fp8_weights(be);
         Ok(comm_s)
     }
 
@@ -454,9 +470,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// that wrote the checkpoint.
     pub fn restore(&mut self, ckpt: Option<Checkpoint>) -> Result<()> {
         let n = self.model.num_params();
-        let (mut p, mut m, mut v) = match ckpt {
-            Some(c) => (c.params, c.m, c.v),
-            None => (vec![0.0; n], vec![0.0; n], vec![0.0; n]),
+        let (mut p, mut m, mut v, fp8) = match ckpt {
+            Some(c) => (c.params, c.m, c.v, c.meta.fp8),
+            None => (vec![0.0; n], vec![0.0; n], vec![0.0; n], None),
         };
         let own = self.opt.shard();
         for (host, dst, part) in [
@@ -475,7 +491,24 @@ impl<'a, B: Backend> Trainer<'a, B> {
             }
             self.be.write(dst, 0, &host[part])?;
         }
-        self.model.refresh_copy(self.be)
+        self.model.refresh_copy(self.be)?;
+        // FP8 scales (one rank: see Trainer::new): the checkpoint's, or, from a checkpoint
+        // without them (another precision's, imported weights), calibrated afresh.
+        match (&self.model.fp8, fp8) {
+            (Some(state), Some(saved)) => {
+                state.restore(self.be, &saved, &self.model.params, self.model.params_bf16.as_ref())
+            }
+            (Some(_), None) => {
+                self.model.calibrate_fp8(self.be);
+                Ok(())
+            }
+            (None, _) => Ok(()),
+        }
+    }
+
+    /// The FP8 scales and their histories, for a checkpoint (`None` unless `--precision fp8`).
+    pub fn fp8_state(&self) -> Result<Option<Vec<f32>>> {
+        self.model.fp8.as_ref().map(|f| f.save(self.be)).transpose()
     }
 
     /// Text continuing `prompt`, in printable form ([`crate::text::printable`]: control bytes

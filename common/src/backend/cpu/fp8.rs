@@ -18,6 +18,24 @@ pub(super) fn quantize(dst: &mut [u8], amax: &mut f32, src: &[f32], scale: f32, 
     *amax = f32::from_bits(amax.to_bits().max(top));
 }
 
+/// `dst (cols,rows) = fp8(src (rows,cols)ᵀ · scale)`, and `amax` as [`quantize`]'s.
+pub(super) fn quantize_transposed(
+    dst: &mut [u8],
+    amax: &mut f32,
+    src: &[f32],
+    scale: f32,
+    [rows, cols]: [usize; 2],
+    format: Fp8,
+) {
+    dst.par_chunks_mut(rows).enumerate().for_each(|(j, column)| {
+        for (i, d) in column.iter_mut().enumerate() {
+            *d = format.encode(src[i * cols + j] * scale);
+        }
+    });
+    let top = src.par_iter().map(|x| x.abs().to_bits()).max().unwrap_or(0);
+    *amax = f32::from_bits(amax.to_bits().max(top));
+}
+
 /// out (R,S) = (x (R,K) · yᵀ) · dequant[0] · dequant[1] + bias.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matmul(

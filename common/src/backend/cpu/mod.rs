@@ -26,7 +26,8 @@ mod optim;
 mod subnormals;
 
 use super::{
-    bf16, contract, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Fp8, Overwrite, SgdHyper, Span, StepState,
+    bf16, contract, Act, AdamWHyper, Backend, DevPtr, DeviceBuffer, Elem, Fp8, Fp8Slot, Overwrite, SgdHyper, Span,
+    StepState,
 };
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -311,6 +312,32 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn quantize_fp8_transposed(
+        &self,
+        dst: Span<u8>,
+        amax: Span,
+        src: Span<Act>,
+        scale: Span,
+        shape: [usize; 2],
+        format: Fp8,
+    ) {
+        let (dst, amax, src, scale) = contract::quantize_fp8_transposed(self.act(), dst, amax, src, scale, shape);
+        let n = shape[0] * shape[1];
+        // SAFETY: the contract checked every extent and overlap.
+        let (dst, amax, src, scale) = unsafe { (view_mut(dst, n), view_mut(amax, 1), view(src, n), view(scale, 1)) };
+        self.run(|| fp8::quantize_transposed(dst, &mut amax[0], src, scale[0], shape, format));
+    }
+
+    fn fp8_rescale(&self, slots: Span, history: Span, n: usize, len: usize) {
+        let (slots, history) = contract::fp8_rescale(slots, history, n, len);
+        // SAFETY: the contract checked every extent and overlap.
+        let (slots, history) = unsafe { (view_mut(slots, n * Fp8Slot::WORDS), view_mut(history, n * len)) };
+        let histories = history.chunks_mut(len.max(1));
+        for (slot, history) in slots.chunks_mut(Fp8Slot::WORDS).zip(histories) {
+            crate::backend::fp8_rescale_slot(slot, &mut history[..len]);
+        }
+    }
+
     fn accumulate(&self, dst: Span, src: Span, n: usize) {
         let (dst, src) = contract::accumulate(dst, src, n);
         // SAFETY: the contract checked every extent, and that `src` is `dst` or apart from it.
@@ -436,6 +463,35 @@ impl Backend for CpuBackend {
                     elementwise::zero(&mut *grads.dw);
                 }
                 matmul::backward(grads, dout, inp, w, c, oc, self.threads)
+            });
+        }
+    }
+
+    fn matmul_weight_backward(
+        &self,
+        overwrite_dw: bool,
+        dw: Span,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let (dw, dbias, dout, inp) = contract::matmul_weight_backward(self.act(), dw, dbias, dout, inp, bt, c, oc);
+        // SAFETY: the contract checked every extent and that no gradient overlaps another operand.
+        unsafe {
+            let (dw, dbias) = (view_mut(dw, oc * c), dbias.map(|p| view_mut(p, oc)));
+            let (dout, inp) = (view(dout, bt * oc), view(inp, bt * c));
+            self.run(|| {
+                // As matmul_backward: a written gradient is zeroed and then added to.
+                if overwrite_dw {
+                    elementwise::zero(&mut *dw);
+                }
+                matmul::weight_grad(dw, dout, inp, c, oc, self.threads);
+                if let Some(dbias) = dbias {
+                    matmul::bias_backward(dbias, dout, oc);
+                }
             });
         }
     }

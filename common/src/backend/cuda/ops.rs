@@ -10,6 +10,9 @@ use super::Arg;
 use super::Recording;
 use super::{args, blocks, mlp_tiled, AttentionPath, CudaBackend, CudaBuffer, MAX_REDUCE_BLOCKS, THREADS};
 use crate::backend::contract;
+
+/// Rows a block of `quantize_fp8_transposed_kernel` covers (kernels/fp8.cu's FP8_T_ROWS).
+const FP8_T_ROWS: usize = 128;
 use crate::backend::{
     bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Fp8, FusedMlp, Overwrite,
     Precision, SgdHyper, Snapshot, Span,
@@ -490,6 +493,42 @@ impl Backend for CudaBackend {
         };
     }
 
+    fn quantize_fp8_transposed(
+        &self,
+        dst: Span<u8>,
+        amax: Span,
+        src: Span<Act>,
+        scale: Span,
+        shape: [usize; 2],
+        format: Fp8,
+    ) {
+        assert!(
+            self.fp8,
+            "quantize_fp8_transposed: {} has no FP8 (Backend::fp8)",
+            self.name
+        );
+        let (dst, amax, src, scale) = contract::quantize_fp8_transposed(self.act(), dst, amax, src, scale, shape);
+        let [rows, cols] = shape;
+        let e5m2 = (format == Fp8::E5M2) as usize;
+        // A block: 32 columns by FP8_T_ROWS rows through a 32 x 32 tile, one amax atomic.
+        let grid = (cols.div_ceil(32) as u32, rows.div_ceil(FP8_T_ROWS) as u32, 1);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe {
+            self.launch(
+                "quantize_fp8_transposed_kernel",
+                grid,
+                (32, 8, 1),
+                args![dst, amax, src, scale, rows, cols, e5m2],
+            )
+        };
+    }
+
+    fn fp8_rescale(&self, slots: Span, history: Span, n: usize, len: usize) {
+        let (slots, history) = contract::fp8_rescale(slots, history, n, len);
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch_1d("fp8_rescale_kernel", n, args![slots, history, n, len]) };
+    }
+
     fn matmul_fp8(
         &self,
         out: Span<Act>,
@@ -773,6 +812,23 @@ impl Backend for CudaBackend {
         let dw_beta = if overwrite.dw { 0.0 } else { 1.0 };
         // SAFETY: the contract checked every extent and overlap.
         unsafe { self.matmul_backward_with(Some((dinp, beta)), (dw, dw_beta), dbias, dout, inp, w, bt, c, oc) };
+    }
+
+    fn matmul_weight_backward(
+        &self,
+        overwrite_dw: bool,
+        dw: Span,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        inp: Span<Act>,
+        bt: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        let (dw, dbias, dout, inp) = contract::matmul_weight_backward(self.act(), dw, dbias, dout, inp, bt, c, oc);
+        let dw_beta = if overwrite_dw { 0.0 } else { 1.0 };
+        // SAFETY: the contract checked every extent and overlap; without dinp, `w` is not read.
+        unsafe { self.matmul_backward_with(None, (dw, dw_beta), dbias, dout, inp, DevPtr::default(), bt, c, oc) };
     }
 
     fn bias_backward(&self, dbias: Span, dout: Span<Act>, bt: usize, oc: usize) {

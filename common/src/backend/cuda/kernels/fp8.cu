@@ -58,3 +58,73 @@ extern "C" __global__ void quantize_fp8_kernel(unsigned char* dst, float* amax, 
         if (lane == 0 && top != 0) atomicMax(reinterpret_cast<unsigned*>(amax), top);
     }
 }
+
+// The block's largest of each thread's `top`, then one atomic into amax (blockDim.x a warp).
+__device__ __forceinline__ void block_amax(float* amax, unsigned top, unsigned* warp_top) {
+    top = __reduce_max_sync(FULL_MASK, top);
+    int lane = threadIdx.x, warp = threadIdx.y;
+    if (lane == 0) warp_top[warp] = top;
+    __syncthreads();
+    if (warp == 0) {
+        top = lane < (int)blockDim.y ? warp_top[lane] : 0;
+        top = __reduce_max_sync(FULL_MASK, top);
+        if (lane == 0 && top != 0) atomicMax(reinterpret_cast<unsigned*>(amax), top);
+    }
+}
+
+#define FP8_T_ROWS 128
+
+// dst (cols, rows) = fp8(src (rows, cols)^T * scale[0]); amax as quantize_fp8_kernel's. A
+// block of 32 x 8 threads covers 32 columns and FP8_T_ROWS rows, 32 x 32 through shared memory
+// at a time: loads along src's rows, stores along dst's.
+extern "C" __global__ void quantize_fp8_transposed_kernel(unsigned char* dst, float* amax, const act_t* src,
+                                                          const float* scale, int rows, int cols, int e5m2) {
+    __shared__ float tile[32][33];
+    __shared__ unsigned warp_top[8];
+    float s = scale[0];
+    unsigned top = 0;
+    int c0 = blockIdx.x * 32;
+    for (int r0 = blockIdx.y * FP8_T_ROWS; r0 < min(rows, (int)(blockIdx.y + 1) * FP8_T_ROWS); r0 += 32) {
+        for (int i = threadIdx.y; i < 32; i += 8) {
+            int r = r0 + i, c = c0 + threadIdx.x;
+            float x = 0.0f;
+            if (r < rows && c < cols) {
+                x = to_f(src[(long long)r * cols + c]);
+                top = max(top, __float_as_uint(fabsf(x)));
+            }
+            tile[i][threadIdx.x] = x;
+        }
+        __syncthreads();
+        for (int i = threadIdx.y; i < 32; i += 8) {
+            int c = c0 + i, r = r0 + threadIdx.x;
+            if (r < rows && c < cols)
+                dst[(long long)c * rows + r] = (unsigned char)(fp8x2(tile[threadIdx.x][i] * s, 0.0f, e5m2) & 0xff);
+        }
+        __syncthreads();
+    }
+    block_amax(amax, top, warp_top);
+}
+
+// Delayed scaling's step, one thread a slot [dequant, scale, amax, max] with its history of
+// `len` amax values (newest first): fp8_rescale_slot in backend/mod.rs, bit for bit.
+extern "C" __global__ void fp8_rescale_kernel(float* slots, float* history, int n, int len) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float* slot = slots + 4 * (long long)i;
+    float* h = history + (long long)i * len;
+    float a = slot[2];
+    if (isfinite(a) && len > 0) {
+        for (int k = len - 1; k > 0; k--) h[k] = h[k - 1];
+        h[0] = a;
+    }
+    slot[2] = 0.0f;
+    float top = 0.0f;
+    for (int k = 0; k < len; k++) top = fmaxf(top, h[k]);
+    if (top > 0.0f) {
+        float ratio = slot[3] / top;
+        int e = (int)((__float_as_uint(ratio) >> 23) & 0xff) - 127;
+        e = max(-126, min(126, e));
+        slot[1] = __uint_as_float((unsigned)(e + 127) << 23);
+        slot[0] = __uint_as_float((unsigned)(127 - e) << 23);
+    }
+}
