@@ -13,7 +13,7 @@
 # run and the table says so). --filter TEXT passes TEXT to every executable (only tests whose
 # names contain it).
 # Determinism: the Makefile's SHORT_FLAGS run (the char model, 100 steps) twice with the same
-# seed in fp32, tf32 and bf16 on stage 2, and in fp32 and bf16 on stage 3 with 2 GPUs where
+# seed in fp32, tf32, bf16 and fp8 on stage 2, and in fp32 and bf16 on stage 3 with 2 GPUs where
 # there are 2; the two loss.tsv (epoch, train loss, val loss, bad steps) and the two final
 # checkpoints' arrays (parameters and AdamW moments) must be equal, bit for bit.
 #
@@ -79,7 +79,7 @@ if [ $det = yes ]; then
     done
     python3 "$GPU_PY/tables.py" determinism "$d-1" "$d-2" "$stage" "$p" >>"$GPU_ROWS" || status=1
   }
-  for p in fp32 tf32 bf16; do pair stage2 "$p" "$s2"; done
+  for p in fp32 tf32 bf16 fp8; do pair stage2 "$p" "$s2"; done
   if [ "$n" -ge 2 ]; then
     s3=$(gpu_bin stage3_mpi_cuda)
     for p in fp32 bf16; do pair stage3-2gpu "$p" "${GPU_MPIRUN[@]}" -n 2 "$s3"; done

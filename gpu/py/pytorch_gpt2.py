@@ -2,7 +2,7 @@
 tanh, tied wte, vocabulary padded to 50304, AdamW with betas (0.9, 0.95), eps 1e-8, weight decay 0.1
 on matrices and embeddings, global grad-norm clip 1.0), trained on random tokens; prints one JSON line.
 
-    python3 pytorch_gpt2.py --precision fp32|tf32|bf16 [--compile] [--model gpt2|gpt2-medium|gpt2-large]
+    python3 pytorch_gpt2.py --precision fp32|tf32|bf16 [--compile] [--fp8] [--model gpt2|gpt2-medium|gpt2-large]
                             [--batch 16 --seq-len 1024 --steps 10 --warmup 3]
     python3 pytorch_gpt2.py --ceilings      # copy bandwidth and 8192^3 matmul rates, one JSON line
     python3 pytorch_gpt2.py --kernels --precision bf16   # each op alone, one JSON line per op
@@ -86,6 +86,11 @@ def model_and_optimizer(args, dev):
     torch.manual_seed(1)
     layers, heads, width = MODELS[args.model]
     model = GPT2(layers, heads, width, max(1024, args.seq_len)).to(dev)
+    if getattr(args, "fp8", False):
+        # torchao's FP8 training: the blocks' Linear layers (ours: the same four products).
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn.startswith("blocks."))
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -143,7 +148,8 @@ def bench(args):
     print(
         json.dumps(
             {
-                "impl": "pytorch-compile" if args.compile else "pytorch-eager",
+                "impl": ("pytorch-compile" if args.compile else "pytorch-eager") + ("-torchao-fp8" if args.fp8 else ""),
+                "torchao": torchao_version() if args.fp8 else None,
                 "model": args.model,
                 "torch": torch.__version__,
                 "device": name,
@@ -161,6 +167,12 @@ def bench(args):
             }
         )
     )
+
+
+def torchao_version():
+    import torchao
+
+    return torchao.__version__
 
 
 def median_ms(f, reps, warmup):
@@ -318,6 +330,7 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--ceilings", action="store_true")
+    p.add_argument("--fp8", action="store_true", help="torchao's convert_to_float8_training on the blocks (bf16 only)")
     p.add_argument("--kernels", action="store_true", help="time each op alone (as `stage2_cuda bench --kernels`)")
     a = p.parse_args()
     ceilings() if a.ceilings else kernels(a) if a.kernels else bench(a)

@@ -790,6 +790,72 @@ def t_mlp_gpu(rows, a):
     return out + failed_lines([r for r in rows if not r["label"].startswith("sweep-torch-compile")] if rows else [])
 
 
+def t_fp8(rows, a):
+    out = []
+    speed = [r for r in rows if r.get("kind") == "speed"]
+    base = next((r for r in rows if r.get("kind") == "baselines"), {})
+    verdicts = []
+    if speed:
+        out += ["Speed: `stage2_cuda bench` (random tokens; forward, backward, clipping, AdamW; T=1024) in bf16 and "
+                "fp8, in turns with PyTorch's torch.compile bf16" + (" and torchao's `convert_to_float8_training` on "
+                "the blocks + torch.compile" if base.get("torchao") == "yes" else
+                " (torchao did not import here: no PyTorch FP8 baseline ran)") + ". Peak memory: each allocator's "
+                "high-water mark (ours: our device allocator's; PyTorch's `max_memory_allocated()`).", "",
+                "| model, B | run | tokens/s | vs our bf16 | vs torch.compile bf16 | vs torchao fp8 | peak MiB | memory vs our bf16 |",
+                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        targets = {"gpt2": 1.1, "gpt2-large": 1.3}
+        for model in dict.fromkeys(r["model"] for r in speed):
+            rs = [r for r in speed if r["model"] == model]
+            pick = lambda side, p: next((r for r in rs if r["side"] == side and r["precision"] == p
+                                         and not r.get("failed")), None)
+            ours16, tc16, ao8 = pick("ours", "bf16"), pick("torch", "bf16"), pick("torch", "fp8")
+            for r in rs:
+                name = {"ours": "ours", "torch": "torch.compile"}[r["side"]] + " " + r["precision"]
+                if r["side"] == "torch" and r["precision"] == "fp8":
+                    name = "torchao fp8 + torch.compile"
+                if r.get("failed"):
+                    out.append(f"| {model}, {r['batch']} | {name} | FAILED | | | | | |")
+                    continue
+                mine = r["side"] == "ours"
+                out.append(f"| {model}, {r['batch']} | {name} | {r['tokens_per_s']:,.0f} | "
+                           f"{rx(ratio(r, ours16), 3) if mine and r is not ours16 else ''} | "
+                           f"{rx(ratio(r, tc16), 3) if mine else ''} | {rx(ratio(r, ao8), 3) if mine and ao8 else ''} | "
+                           f"{r['peak_device_mb']:,.0f} | "
+                           f"{rx(ratio(r, ours16, 'peak_device_mb'), 3) if mine and r is not ours16 else ''} |")
+            ours8 = pick("ours", "fp8")
+            if ours8 and ours16 and model in targets:
+                x, mem = ratio(ours8, ours16), ratio(ours8, ours16, "peak_device_mb")
+                verdicts.append(f"- {model}: fp8 {x:.3f}x our bf16 (target {targets[model]}x): "
+                                f"{'PASS' if x >= targets[model] else 'FAIL'}; memory {mem:.3f}x bf16's: "
+                                f"{'PASS' if mem <= 1.0 else 'FAIL'}")
+        out += [""] + verdicts + [""]
+    runs = {r["run"]: r for r in rows if r.get("kind") == "run"}
+    if runs:
+        f, b = runs.get("fp8"), runs.get("bf16")
+        out += [f"Loss: `{a.train}`, the same run in bf16 and in fp8 from the same seed on the same batches "
+                "(evaluation reads the bf16 weight copy in both). Runs (loss.tsv, log.txt, env.txt): runs/fp8/. "
+                "Bounds: fp8's validation loss within 2% of bf16's at every evaluation, within 1% at the last.", ""]
+        for name, r in (("bf16", b), ("fp8", f)):
+            if not r or r.get("failed"):
+                return out + [f"{name}: FAILED: {(r or {}).get('error', 'no run')}", "", "FAIL"]
+        out += ["| step | train, bf16 | train, fp8 | val, bf16 | val, fp8 | val diff |",
+                "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        worst, last = 0.0, None
+        for x, y in zip(b["rows"], f["rows"]):
+            vb, vf = float(x["val_loss"]), float(y["val_loss"])
+            last = (vf - vb) / vb
+            worst = max(worst, abs(last))
+            out.append(f"| {x.get('step', '')} | {float(x['train_loss']):.4f} | {float(y['train_loss']):.4f} | "
+                       f"{vb:.4f} | {vf:.4f} | {100 * last:+.2f}% |")
+        ok = last is not None and len(b["rows"]) == len(f["rows"])
+        tps = [r.get("steps", 0) / r["train_time_s"] if r.get("train_time_s") else None for r in (b, f)]
+        out += ["", f"- every evaluation: worst {100 * worst:.2f}% (bound 2%): {'PASS' if ok and worst <= 0.02 else 'FAIL'}",
+                f"- last evaluation: {100 * (last or 0):+.2f}% (bound 1%): {'PASS' if ok and abs(last) <= 0.01 else 'FAIL'}"]
+        if all(tps):
+            out.append(f"- steps a second over the whole run (evaluations included): bf16 {tps[0]:.2f}, fp8 {tps[1]:.2f}")
+    return out
+
+
 TABLES = {
     "gpu-check": ("GPU tests and determinism", t_gpu_check),
     "gpu-bench": ("Training speed on one GPU against PyTorch", t_gpu_bench),
@@ -801,6 +867,7 @@ TABLES = {
     "train-vs-pytorch": ("Training loss per step against PyTorch, fp32", t_train_vs_pytorch),
     "docs-run": ("GPT-2 124M on the docs corpus", t_docs_run),
     "grad-comm": ("bf16 gradient sums against f32 sums: the loss", t_grad_comm),
+    "fp8": ("FP8 training against bf16 on one GPU", t_fp8),
     "mlp-gpu": ("The MLP on one GPU against PyTorch", t_mlp_gpu),
 }
 
