@@ -245,6 +245,17 @@ fn fp8_matches_cpu() {
             assert_eq!(got, want, "{format:?}: transposed {rows}x{cols}");
         }
     }
+    // Through GELU and gelu' (the epilogues of cuBLASLt on the GPU, the two ops on the CPU).
+    for shape in [[256, 3072, 768], [128, 768, 3072]] {
+        let (want, got) = (fp8_gelu_case(&cpu(), shape), fp8_gelu_case(&be, shape));
+        check(
+            &format!("fp8 gelu {shape:?}"),
+            &["pre", "out", "dpre"],
+            &got,
+            &want,
+            2f32.powi(-7),
+        );
+    }
     // The weight half of a product's backward: matmul_backward's dw and dbias, bit for bit.
     for overwrite in [false, true] {
         let (whole, half) = weight_backward_case(&be, [256, 128, 384], overwrite);
@@ -253,6 +264,44 @@ fn fp8_matches_cpu() {
     // Delayed scaling's step: the CPU's bits.
     let (slots, history) = rescale_case(&be);
     assert_eq!((slots, history), rescale_case(&cpu()), "fp8_rescale");
+}
+
+/// `matmul_fp8_gelu` (pre and out) and `matmul_fp8_dgelu` (dpre, from that pre) on `be`, the
+/// operands quantized there from bf16-exact values.
+fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3]) -> Vec<Vec<f32>> {
+    let (x, _, _) = quantized(be, &rnd(Inputs::Bf16, r * k, 51, 2.0), 64.0, Fp8::E4M3);
+    let (y, _, _) = quantized(be, &rnd(Inputs::Bf16, s * k, 52, 0.05), 2048.0, Fp8::E4M3);
+    let (g, _, _) = quantized(be, &rnd(Inputs::Bf16, r * k, 53, 1e-3), 65536.0, Fp8::E5M2);
+    let (yt, _, _) = quantized(be, &rnd(Inputs::Bf16, s * k, 54, 0.05), 2048.0, Fp8::E4M3);
+    let bias = upload_act(be, &rnd(Inputs::Bf16, s, 55, 0.5));
+    let scales = [
+        upload(be, &[1.0 / 64.0]),
+        upload(be, &[1.0 / 2048.0]),
+        upload(be, &[1.0 / 65536.0]),
+    ];
+    let (pre, out, dpre) = (alloc_act(be, r * s), alloc_act(be, r * s), alloc_act(be, r * s));
+    let dq = [scales[0].span(), scales[1].span()];
+    be.matmul_fp8_gelu(
+        act(be, &pre),
+        act(be, &out),
+        x.span(),
+        y.span(),
+        Some(act(be, &bias)),
+        dq,
+        [r, s, k],
+    );
+    let dq = [scales[2].span(), scales[1].span()];
+    let formats = [Fp8::E5M2, Fp8::E4M3];
+    be.matmul_fp8_dgelu(
+        act(be, &dpre),
+        g.span(),
+        yt.span(),
+        act(be, &pre),
+        dq,
+        [r, s, k],
+        formats,
+    );
+    [pre, out, dpre].iter().map(|b| download_act(be, b, r * s)).collect()
 }
 
 /// dw and dbias from `matmul_backward`, then from `matmul_weight_backward`, on the same

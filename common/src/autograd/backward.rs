@@ -335,6 +335,43 @@ impl<'a, B: Backend> Graph<'a, B> {
                 act,
                 w_proj,
                 b_proj,
+                fp8: Some([fc, proj]),
+            } => {
+                let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
+                // FP8: d(pre) = gelu'(pre) ⊙ (dout · w_proj) from the E5M2 gradient and the
+                // weight's transposed copy, then each weight gradient as bf16's.
+                let dq = self.quantize_grad(proj, dout(), r * c)?;
+                let dpre = self.act_grad_overwritten(pre)?;
+                let p = self.span(pre);
+                be.matmul_fp8_dgelu(dpre, dq, proj.weight_t, p, proj.grad_dequant(), [r, h, c], GRAD_FORMATS);
+                let ((dw, dw_first), dbias) = (
+                    self.param_grad_or_first(w_proj)?,
+                    self.output_bias_grad(node.out, b_proj)?,
+                );
+                let a = self.data(act);
+                be.matmul_weight_backward(dw_first, dw, dbias, dout(), a, r, h, c);
+                let ((dw, dw_first), dpre_bias) = (
+                    self.param_grad_or_first(w_fc)?,
+                    b_fc.map(|b| self.param_grad(b)).transpose()?,
+                );
+                let x = self.data(inp);
+                be.matmul_weight_backward(dw_first, dw, dpre_bias, dpre, x, r, ic, h);
+                let (dinp, dinp_first) = self.act_grad_or_first(inp)?;
+                self.input_grad_fp8(fc, dinp, dinp_first, dpre, [r, ic, h])?;
+                if let Some(buf) = self.grads.remove(&pre.0) {
+                    self.pool.give(buf);
+                    self.values[pre.0].grad = None;
+                }
+            }
+            Op::Mlp {
+                inp,
+                w_fc,
+                b_fc,
+                pre,
+                act,
+                w_proj,
+                b_proj,
+                fp8: None,
             } => {
                 let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
                 // The second product back to the hidden layer, through GELU, into pre's
@@ -516,21 +553,9 @@ impl<'a, B: Backend> Graph<'a, B> {
         dout: Span<'a, Act>,
         [r, c, oc]: [usize; 3],
     ) -> Result<()> {
-        let (be, word) = (self.be, Fp8Site::word);
-        let dq = self.fp8_scratch(r * oc)?;
-        be.quantize_fp8(
-            dq,
-            word(site.grad, Fp8Slot::AMAX),
-            dout,
-            word(site.grad, Fp8Slot::SCALE),
-            r * oc,
-            Fp8::E5M2,
-        );
-        let dequant = [
-            word(site.grad, Fp8Slot::DEQUANT),
-            word(site.weight_slot, Fp8Slot::DEQUANT),
-        ];
-        let formats = [Fp8::E5M2, Fp8::E4M3];
+        let be = self.be;
+        let dq = self.quantize_grad(site, dout, r * oc)?;
+        let (dequant, formats) = (site.grad_dequant(), GRAD_FORMATS);
         if first {
             be.matmul_fp8(dinp, dq, site.weight_t, None, dequant, [r, c, oc], formats);
         } else {
@@ -541,7 +566,20 @@ impl<'a, B: Backend> Graph<'a, B> {
         }
         Ok(())
     }
+
+    /// An FP8 product's output gradient `dout` (n values) in E5M2 at its site's scale, its amax
+    /// recorded: in the scratch of its size.
+    fn quantize_grad(&mut self, site: Fp8Site<'a>, dout: Span<'a, Act>, n: usize) -> Result<Span<'a, u8>> {
+        let q = self.fp8_scratch(n)?;
+        let word = Fp8Site::word;
+        let (amax, scale) = (word(site.grad, Fp8Slot::AMAX), word(site.grad, Fp8Slot::SCALE));
+        self.be.quantize_fp8(q, amax, dout, scale, n, Fp8::E5M2);
+        Ok(q)
+    }
 }
+
+/// The input gradient's FP8 product: the E5M2 output gradient by the E4M3 transposed weight.
+const GRAD_FORMATS: [Fp8; 2] = [Fp8::E5M2, Fp8::E4M3];
 
 /// The bias added to `op`'s output, where it is a product's (`Op::Matmul`, `Op::Mlp`'s second):
 /// its gradient is the column sums of the output's gradient.

@@ -155,6 +155,8 @@ enum Op<'a> {
         act: Tensor,
         w_proj: Tensor,
         b_proj: Option<Tensor>,
+        /// Products in FP8 ([`Graph::mlp_fp8`]): the first's site, then the second's.
+        fp8: Option<[Fp8Site<'a>; 2]>,
     },
     Relu {
         inp: Tensor,
@@ -755,29 +757,16 @@ impl<'a, B: Backend> Graph<'a, B> {
         )?;
         let bias = bias.map(|b| self.span(b));
         let x = self.data(inp);
-        let xq = self.fp8_scratch(r * c)?;
-        let word = Fp8Site::word;
-        let be = self.be;
-        be.quantize_fp8(
-            xq,
-            word(site.input, Fp8Slot::AMAX),
-            x,
-            word(site.input, Fp8Slot::SCALE),
-            r * c,
-            Fp8::E4M3,
-        );
-        let dequant = [
-            word(site.input, Fp8Slot::DEQUANT),
-            word(site.weight_slot, Fp8Slot::DEQUANT),
-        ];
-        be.matmul_fp8(
+        let xq = self.quantize_input(site, x, r * c)?;
+        let formats = [Fp8::E4M3; 2];
+        self.be.matmul_fp8(
             self.span(out),
             xq,
             site.weight,
             bias,
-            dequant,
+            site.dequant(),
             [r, oc, c],
-            [Fp8::E4M3; 2],
+            formats,
         );
         Ok(out)
     }
@@ -882,6 +871,30 @@ impl<'a, B: Backend> Graph<'a, B> {
         w_proj: Tensor,
         b_proj: Option<Tensor>,
     ) -> Result<Tensor> {
+        self.mlp_op(inp, [w_fc, w_proj], [b_fc, b_proj], None)
+    }
+
+    /// [`Graph::mlp`] with both products in FP8 (as [`Graph::matmul_fp8`]'s, `sites` the
+    /// first's and the second's), GELU in the first's epilogue and gelu' in the epilogue of
+    /// the input gradient's product where the backend fuses them. Training graphs only.
+    pub fn mlp_fp8(
+        &mut self,
+        inp: Tensor,
+        [w_fc, w_proj]: [Tensor; 2],
+        [b_fc, b_proj]: [Option<Tensor>; 2],
+        sites: [Fp8Site<'a>; 2],
+    ) -> Result<Tensor> {
+        assert!(self.record, "mlp_fp8 is for training graphs");
+        self.mlp_op(inp, [w_fc, w_proj], [b_fc, b_proj], Some(sites))
+    }
+
+    fn mlp_op(
+        &mut self,
+        inp: Tensor,
+        [w_fc, w_proj]: [Tensor; 2],
+        [b_fc, b_proj]: [Option<Tensor>; 2],
+        fp8: Option<[Fp8Site<'a>; 2]>,
+    ) -> Result<Tensor> {
         let ([r, c], [h, fc_c], [oc, proj_h]) = (self.shape(inp), self.shape(w_fc), self.shape(w_proj));
         assert_eq!(c, fc_c, "mlp: the first product's inner dimensions differ");
         assert_eq!(h, proj_h, "mlp: the second product's inner dimensions differ");
@@ -907,15 +920,49 @@ impl<'a, B: Backend> Graph<'a, B> {
             act,
             w_proj,
             b_proj,
+            fp8,
         };
         let out = self.output([r, oc], op)?;
         let (b_fc, b_proj) = (b_fc.map(|b| self.span(b)), b_proj.map(|b| self.span(b)));
         let x = self.data(inp);
         let (pre, act) = (self.span(pre), self.span(act));
-        self.be.matmul_gelu_forward(pre, act, x, self.span(w_fc), b_fc, r, c, h);
+        let Some([fc, proj]) = fp8 else {
+            self.be.matmul_gelu_forward(pre, act, x, self.span(w_fc), b_fc, r, c, h);
+            self.be
+                .matmul_forward(self.span(out), act, self.span(w_proj), b_proj, r, h, oc);
+            return Ok(out);
+        };
+        let xq = self.quantize_input(fc, x, r * c)?;
         self.be
-            .matmul_forward(self.span(out), act, self.span(w_proj), b_proj, r, h, oc);
+            .matmul_fp8_gelu(pre, act, xq, fc.weight, b_fc, fc.dequant(), [r, h, c]);
+        let aq = self.quantize_input(proj, act, r * h)?;
+        let formats = [Fp8::E4M3; 2];
+        self.be.matmul_fp8(
+            self.span(out),
+            aq,
+            proj.weight,
+            b_proj,
+            proj.dequant(),
+            [r, oc, h],
+            formats,
+        );
         Ok(out)
+    }
+
+    /// An FP8 product's input `x` (n values) in E4M3 at its site's scale, its amax recorded:
+    /// in the scratch of its size.
+    fn quantize_input(&mut self, site: Fp8Site<'a>, x: Span<'a, Act>, n: usize) -> Result<Span<'a, u8>> {
+        let q = self.fp8_scratch(n)?;
+        let word = Fp8Site::word;
+        self.be.quantize_fp8(
+            q,
+            word(site.input, Fp8Slot::AMAX),
+            x,
+            word(site.input, Fp8Slot::SCALE),
+            n,
+            Fp8::E4M3,
+        );
+        Ok(q)
     }
 
     /// max(x, 0), elementwise (the MLP workload's activation).

@@ -86,29 +86,78 @@ pub fn matmul_fp8(
     y: Span<u8>,
     bias: Option<Span<Act>>,
     dequant: [Span; 2],
-    [r, s, k]: [usize; 3],
+    shape: [usize; 3],
     formats: [Fp8; 2],
 ) -> (A, DevPtr<u8>, DevPtr<u8>, Option<A>, [F; 2]) {
+    let mut o = ops("matmul_fp8", act);
+    let out = o.write("out", out, shape[0] * shape[1]);
+    let (x, y, bias, dequant) = fp8_inputs(&mut o, x, y, bias, dequant, shape, formats);
+    (out, x, y, bias, dequant)
+}
+
+/// [`matmul_fp8`]'s with GELU: `pre` and `out` written, apart.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_fp8_gelu(
+    act: ActType,
+    pre: Span<Act>,
+    out: Span<Act>,
+    x: Span<u8>,
+    y: Span<u8>,
+    bias: Option<Span<Act>>,
+    dequant: [Span; 2],
+    shape: [usize; 3],
+) -> ([A; 2], DevPtr<u8>, DevPtr<u8>, Option<A>, [F; 2]) {
+    let mut o = ops("matmul_fp8_gelu", act);
+    let n = shape[0] * shape[1];
+    let outs = [o.write("pre", pre, n), o.write("out", out, n)];
+    let (x, y, bias, dequant) = fp8_inputs(&mut o, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
+    (outs, x, y, bias, dequant)
+}
+
+/// [`matmul_fp8`]'s through gelu': `dpre` written, `pre` read.
+pub fn matmul_fp8_dgelu(
+    act: ActType,
+    dpre: Span<Act>,
+    x: Span<u8>,
+    y: Span<u8>,
+    pre: Span<Act>,
+    dequant: [Span; 2],
+    shape: [usize; 3],
+    formats: [Fp8; 2],
+) -> (A, DevPtr<u8>, DevPtr<u8>, A, [F; 2]) {
+    let mut o = ops("matmul_fp8_dgelu", act);
+    let n = shape[0] * shape[1];
+    let dpre = o.write("dpre", dpre, n);
+    let pre = o.read("pre", pre, n);
+    let (x, y, _, dequant) = fp8_inputs(&mut o, x, y, None, dequant, shape, formats);
+    (dpre, x, y, pre, dequant)
+}
+
+fn fp8_inputs(
+    o: &mut Operands,
+    x: Span<u8>,
+    y: Span<u8>,
+    bias: Option<Span<Act>>,
+    dequant: [Span; 2],
+    [r, s, k]: [usize; 3],
+    formats: [Fp8; 2],
+) -> (DevPtr<u8>, DevPtr<u8>, Option<A>, [F; 2]) {
+    let op = o.name();
     assert!(
         formats != [Fp8::E5M2; 2],
-        "matmul_fp8: E5M2 by E5M2 has no tensor-core product"
+        "{op}: E5M2 by E5M2 has no tensor-core product"
     );
     assert!(
         [r, s, k].iter().all(|d| d.is_multiple_of(16)),
-        "matmul_fp8: R, S, K = {r}, {s}, {k}: each must be a multiple of 16"
+        "{op}: R, S, K = {r}, {s}, {k}: each must be a multiple of 16"
     );
-    let mut o = ops("matmul_fp8", act);
-    let out = o.write("out", out, r * s);
     let (x, y) = (o.read("x", x, r * k), o.read("y", y, s * k));
     let bias = o.read_opt("bias", bias, s);
     let dequant = [o.read("dequant[0]", dequant[0], 1), o.read("dequant[1]", dequant[1], 1)];
     for (i, p) in dequant.iter().enumerate() {
-        assert!(
-            p.addr().is_multiple_of(16),
-            "matmul_fp8: dequant[{i}] is not 16-byte aligned"
-        );
+        assert!(p.addr().is_multiple_of(16), "{op}: dequant[{i}] is not 16-byte aligned");
     }
-    (out, x, y, bias, dequant)
+    (x, y, bias, dequant)
 }
 
 /// `dst += src`; `src` may be `dst` itself.

@@ -640,6 +640,45 @@ pub trait Backend {
         shape: [usize; 3],
         formats: [Fp8; 2],
     );
+    /// [`Backend::matmul_fp8`] through GELU, the MLP's first product in FP8: `pre = x · yᵀ ·
+    /// dequant + bias` and `out = gelu(pre)`, both written. By default the two ops; the CUDA
+    /// backend fuses GELU into the product's epilogue where cuBLASLt has one.
+    /// # Operands
+    /// As `matmul_fp8` (E4M3 both), with `pre`, `out`: R·S each, distinct.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_fp8_gelu(
+        &self,
+        pre: Span<Act>,
+        out: Span<Act>,
+        x: Span<u8>,
+        y: Span<u8>,
+        bias: Option<Span<Act>>,
+        dequant: [Span; 2],
+        shape: [usize; 3],
+    ) {
+        self.matmul_fp8(pre, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
+        self.gelu_forward(out, pre, shape[0] * shape[1]);
+    }
+    /// [`Backend::matmul_fp8`] into the MLP's hidden layer through gelu': `dpre = gelu'(pre) ⊙
+    /// (x · yᵀ · dequant)`, written (x the output gradient, y the second weight's transposed
+    /// copy). By default the two ops; the CUDA backend fuses gelu' into the epilogue where
+    /// cuBLASLt has one.
+    /// # Operands
+    /// As `matmul_fp8` without a bias, with `dpre`, `pre`: R·S each, distinct.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_fp8_dgelu(
+        &self,
+        dpre: Span<Act>,
+        x: Span<u8>,
+        y: Span<u8>,
+        pre: Span<Act>,
+        dequant: [Span; 2],
+        shape: [usize; 3],
+        formats: [Fp8; 2],
+    ) {
+        self.matmul_fp8(dpre, x, y, None, dequant, shape, formats);
+        self.gelu_backward_in_place(dpre, pre, shape[0] * shape[1]);
+    }
     /// [`Backend::quantize_fp8`] into the transpose: `dst (cols,rows) = fp8(src (rows,cols)ᵀ ·
     /// scale[0])`, with `amax` as there. A weight's FP8 copy for the input gradient's product
     /// (FP8 products read both operands with their K values contiguous). Needs [`Backend::fp8`].

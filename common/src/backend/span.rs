@@ -196,6 +196,11 @@ pub struct Operands {
 }
 
 impl Operands {
+    /// The op's name, for its messages.
+    pub fn name(&self) -> &'static str {
+        self.op
+    }
+
     pub fn new(op: &'static str, act: ActType) -> Self {
         Operands {
             op,

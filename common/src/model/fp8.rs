@@ -52,6 +52,22 @@ impl<'a> Fp8Site<'a> {
     pub fn word(slot: Span<'a>, at: usize) -> Span<'a> {
         slot.slice(at, 1)
     }
+
+    /// What the forward product is scaled back by: the input's dequant, the weight's.
+    pub fn dequant(&self) -> [Span<'a>; 2] {
+        [
+            Self::word(self.input, Fp8Slot::DEQUANT),
+            Self::word(self.weight_slot, Fp8Slot::DEQUANT),
+        ]
+    }
+
+    /// What the input gradient's product is scaled back by: the gradient's, the weight's.
+    pub fn grad_dequant(&self) -> [Span<'a>; 2] {
+        [
+            Self::word(self.grad, Fp8Slot::DEQUANT),
+            Self::word(self.weight_slot, Fp8Slot::DEQUANT),
+        ]
+    }
 }
 
 /// One weight that has FP8 copies: where it is among the parameters, where its copies are.

@@ -235,18 +235,14 @@ impl<B: Backend> Gpt2<B> {
             g.release(proj); // summed into x; no backward reads it
                              // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x)))), with the next block's ln1(x)
                              // (or, after the last block, the final layernorm) in the same op
+            let (w_fc, b_fc) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
+            let (w_proj, b_proj) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
             let proj = match fp8 {
-                // FP8: the two products and GELU between them as three ops.
-                Some(_) => {
-                    let pre = product(g, h, l, (Param::FcW, Param::FcB))?; // (BT, 4C)
-                    let act = g.gelu(pre)?;
-                    product(g, act, l, (Param::FcProjW, Param::FcProjB))?
+                Some(fp8) => {
+                    let sites = [fp8.site(l, Param::FcW), fp8.site(l, Param::FcProjW)];
+                    g.mlp_fp8(h, [w_fc, w_proj], [Some(b_fc), Some(b_proj)], sites)?
                 }
-                None => {
-                    let (w_fc, b_fc) = (block(g, l, Param::FcW)?, block(g, l, Param::FcB)?);
-                    let (w_proj, b_proj) = (block(g, l, Param::FcProjW)?, block(g, l, Param::FcProjB)?);
-                    g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))? // through (BT, 4C)
-                }
+                None => g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))?, // through (BT, 4C)
             };
             let (w, bias) = if l + 1 < cfg.n_layer {
                 g.mark(l + 1);

@@ -36,7 +36,8 @@ enum Epilogue {
     ReluBias,
     /// aux = A·B (+ bias), D = gelu(aux), with A transposed (the MLP's first product).
     GeluAux { bias: bool },
-    /// D = gelu'(aux) ⊙ A·B, A as stored (the MLP's backward product into its hidden layer).
+    /// D = gelu'(aux) ⊙ A·B, A as stored (the MLP's backward product into its hidden layer),
+    /// or transposed where A and B are FP8.
     DGelu,
 }
 
@@ -257,6 +258,64 @@ impl LtMatmul {
         self.run(stream, epilogue, Inputs::Fp8([fy, fx]), (s, r, k), ops)
     }
 
+    /// [`LtMatmul::matmul_fp8`] through GELU: pre (R,S) = x·yᵀ·dequant (+ bias), out =
+    /// gelu(pre), in one GEMM (GELU_AUX_BIAS, or GELU_AUX without a bias), x and y E4M3. False
+    /// (having queued nothing) when the epilogue cannot run here; the caller falls back.
+    ///
+    /// # Safety
+    /// As `matmul_fp8`, with `pre` and `out` R·S elements each.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul_fp8_gelu(
+        &self,
+        stream: CUstream,
+        pre: DevPtr<Act>,
+        out: DevPtr<Act>,
+        x: DevPtr<u8>,
+        y: DevPtr<u8>,
+        bias: Option<DevPtr<Act>>,
+        [dx, dy]: [DevPtr; 2],
+        [r, s, k]: [usize; 3],
+    ) -> Result<bool> {
+        let ops = Operands {
+            a: y.cast(),
+            b: x.cast(),
+            d: out,
+            bias,
+            aux: Some(pre),
+            scales: Some([dy, dx]),
+        };
+        let epilogue = Epilogue::GeluAux { bias: bias.is_some() };
+        self.run(stream, epilogue, Inputs::Fp8([Fp8::E4M3; 2]), (s, r, k), ops)
+    }
+
+    /// [`LtMatmul::matmul_fp8`] through gelu' (DGELU): dpre (R,S) = gelu'(pre) ⊙ (x·yᵀ·dequant),
+    /// pre laid out as dpre. False (having queued nothing) when the epilogue cannot run here.
+    ///
+    /// # Safety
+    /// As `matmul_fp8` without a bias, with `dpre` and `pre` R·S elements each.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul_fp8_dgelu(
+        &self,
+        stream: CUstream,
+        dpre: DevPtr<Act>,
+        x: DevPtr<u8>,
+        y: DevPtr<u8>,
+        pre: DevPtr<Act>,
+        [dx, dy]: [DevPtr; 2],
+        [r, s, k]: [usize; 3],
+        [fx, fy]: [Fp8; 2],
+    ) -> Result<bool> {
+        let ops = Operands {
+            a: y.cast(),
+            b: x.cast(),
+            d: dpre,
+            bias: None,
+            aux: Some(pre),
+            scales: Some([dy, dx]),
+        };
+        self.run(stream, Epilogue::DGelu, Inputs::Fp8([fy, fx]), (s, r, k), ops)
+    }
+
     /// The MLP's first product, row-major: pre (BT,OC) = inp (BT,C) · wᵀ + bias and
     /// out = gelu(pre), in one GEMM (GELU_AUX_BIAS, or GELU_AUX without a bias). False (having
     /// queued nothing) when the epilogue cannot run here; the caller falls back.
@@ -448,7 +507,9 @@ impl LtMatmul {
             Inputs::Act => (elem_t, elem_t),
             Inputs::Fp8([a, b]) => (fp8_type(a), fp8_type(b)),
         };
-        plan.a = if key.epilogue.trans_a() {
+        // FP8 products take A transposed whatever the epilogue: both operands K-major.
+        let trans_a = key.epilogue.trans_a() || matches!(key.inputs, Inputs::Fp8(_));
+        plan.a = if trans_a {
             // w (OC,C) row-major is column-major (C, OC) = (k, m), transposed by the op.
             layout(a_t, k, m, k)?
         } else {
@@ -457,7 +518,7 @@ impl LtMatmul {
         };
         plan.b = layout(b_t, k, n, k)?;
         plan.d = layout(elem_t, m, n, m)?;
-        let trans_a: i32 = key.epilogue.trans_a() as i32; // CUBLAS_OP_T or CUBLAS_OP_N
+        let trans_a: i32 = trans_a as i32; // CUBLAS_OP_T or CUBLAS_OP_N
         let trans_b: i32 = 0; // CUBLAS_OP_N
         let epilogue = key.epilogue.value();
         let aux_ld = m as i64;
