@@ -875,8 +875,8 @@ impl<'a, B: Backend> Graph<'a, B> {
     }
 
     /// [`Graph::mlp`] with both products in FP8 (as [`Graph::matmul_fp8`]'s, `sites` the
-    /// first's and the second's), GELU in the first's epilogue and gelu' in the epilogue of
-    /// the input gradient's product where the backend fuses them. Training graphs only.
+    /// first's and the second's), GELU in the first's epilogue where the backend fuses it
+    /// ([`Backend::matmul_fp8_gelu`]). Training graphs only.
     pub fn mlp_fp8(
         &mut self,
         inp: Tensor,

@@ -36,8 +36,7 @@ enum Epilogue {
     ReluBias,
     /// aux = A·B (+ bias), D = gelu(aux), with A transposed (the MLP's first product).
     GeluAux { bias: bool },
-    /// D = gelu'(aux) ⊙ A·B, A as stored (the MLP's backward product into its hidden layer),
-    /// or transposed where A and B are FP8.
+    /// D = gelu'(aux) ⊙ A·B, A as stored (the MLP's backward product into its hidden layer).
     DGelu,
 }
 
@@ -286,34 +285,6 @@ impl LtMatmul {
         };
         let epilogue = Epilogue::GeluAux { bias: bias.is_some() };
         self.run(stream, epilogue, Inputs::Fp8([Fp8::E4M3; 2]), (s, r, k), ops)
-    }
-
-    /// [`LtMatmul::matmul_fp8`] through gelu' (DGELU): dpre (R,S) = gelu'(pre) ⊙ (x·yᵀ·dequant),
-    /// pre laid out as dpre. False (having queued nothing) when the epilogue cannot run here.
-    ///
-    /// # Safety
-    /// As `matmul_fp8` without a bias, with `dpre` and `pre` R·S elements each.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn matmul_fp8_dgelu(
-        &self,
-        stream: CUstream,
-        dpre: DevPtr<Act>,
-        x: DevPtr<u8>,
-        y: DevPtr<u8>,
-        pre: DevPtr<Act>,
-        [dx, dy]: [DevPtr; 2],
-        [r, s, k]: [usize; 3],
-        [fx, fy]: [Fp8; 2],
-    ) -> Result<bool> {
-        let ops = Operands {
-            a: y.cast(),
-            b: x.cast(),
-            d: dpre,
-            bias: None,
-            aux: Some(pre),
-            scales: Some([dy, dx]),
-        };
-        self.run(stream, Epilogue::DGelu, Inputs::Fp8([fy, fx]), (s, r, k), ops)
     }
 
     /// The MLP's first product, row-major: pre (BT,OC) = inp (BT,C) · wᵀ + bias and

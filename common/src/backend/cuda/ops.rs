@@ -12,7 +12,7 @@ use super::{args, blocks, mlp_tiled, AttentionPath, CudaBackend, CudaBuffer, MAX
 use crate::backend::contract;
 
 /// Rows a block of `quantize_fp8_transposed_kernel` covers (kernels/fp8.cu's FP8_T_ROWS).
-const FP8_T_ROWS: usize = 128;
+const FP8_T_ROWS: usize = 32;
 use crate::backend::{
     bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Fp8, FusedMlp, Overwrite,
     Precision, SgdHyper, Snapshot, Span,
@@ -515,30 +515,6 @@ impl Backend for CudaBackend {
         let (pre, out, x, y, bias, dequant) = spans;
         self.matmul_fp8(pre, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
         self.gelu_forward(out, pre, shape[0] * shape[1]);
-    }
-
-    fn matmul_fp8_dgelu(
-        &self,
-        dpre: Span<Act>,
-        x: Span<u8>,
-        y: Span<u8>,
-        pre: Span<Act>,
-        dequant: [Span; 2],
-        shape: [usize; 3],
-        formats: [Fp8; 2],
-    ) {
-        assert!(self.fp8, "matmul_fp8_dgelu: {} has no FP8 (Backend::fp8)", self.name);
-        let (dpre_, x_, y_, pre_, dq) =
-            contract::matmul_fp8_dgelu(self.act(), dpre, x, y, pre, dequant, shape, formats);
-        let lt = self.lt.as_ref().expect("an FP8 backend has cuBLASLt");
-        // SAFETY: the contract checked every extent and overlap.
-        if self
-            .fused_epilogue(|| unsafe { lt.matmul_fp8_dgelu(self.stream(), dpre_, x_, y_, pre_, dq, shape, formats) })
-        {
-            return;
-        } // else the epilogue cannot run here: the product, then gelu' in its own kernel
-        self.matmul_fp8(dpre, x, y, None, dequant, shape, formats);
-        self.gelu_backward_in_place(dpre, pre, shape[0] * shape[1]);
     }
 
     fn quantize_fp8_transposed(

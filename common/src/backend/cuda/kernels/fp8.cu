@@ -72,11 +72,12 @@ __device__ __forceinline__ void block_amax(float* amax, unsigned top, unsigned* 
     }
 }
 
-#define FP8_T_ROWS 128
+#define FP8_T_ROWS 32
 
 // dst (cols, rows) = fp8(src (rows, cols)^T * scale[0]); amax as quantize_fp8_kernel's. A
-// block of 32 x 8 threads covers 32 columns and FP8_T_ROWS rows, 32 x 32 through shared memory
-// at a time: loads along src's rows, stores along dst's.
+// block of 32 x 8 threads covers 32 columns and FP8_T_ROWS rows (one 32 x 32 tile: blocks
+// enough to fill the GPU at a weight's size), 32 x 32 through shared memory at a time: loads
+// along src's rows, stores along dst's.
 extern "C" __global__ void quantize_fp8_transposed_kernel(unsigned char* dst, float* amax, const act_t* src,
                                                           const float* scale, int rows, int cols, int e5m2) {
     __shared__ float tile[32][33];
