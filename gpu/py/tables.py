@@ -838,14 +838,14 @@ def t_fp8(rows, a):
         for name, r in (("bf16", b), ("fp8", f)):
             if not r or r.get("failed"):
                 return out + [f"{name}: FAILED: {(r or {}).get('error', 'no run')}", "", "FAIL"]
-        out += ["| step | train, bf16 | train, fp8 | val, bf16 | val, fp8 | val diff |",
+        out += ["| epoch | train, bf16 | train, fp8 | val, bf16 | val, fp8 | val diff |",
                 "| ---: | ---: | ---: | ---: | ---: | ---: |"]
         worst, last = 0.0, None
         for x, y in zip(b["rows"], f["rows"]):
             vb, vf = float(x["val_loss"]), float(y["val_loss"])
             last = (vf - vb) / vb
             worst = max(worst, abs(last))
-            out.append(f"| {x.get('step', '')} | {float(x['train_loss']):.4f} | {float(y['train_loss']):.4f} | "
+            out.append(f"| {float(x['epoch']):.3f} | {float(x['train_loss']):.4f} | {float(y['train_loss']):.4f} | "
                        f"{vb:.4f} | {vf:.4f} | {100 * last:+.2f}% |")
         ok = last is not None and len(b["rows"]) == len(f["rows"])
         tps = [r.get("steps", 0) / r["train_time_s"] if r.get("train_time_s") else None for r in (b, f)]
