@@ -292,6 +292,14 @@ def products(dev, timed):
         dy, wt, dy_t, x_t = rand(r, oc).to(e5), rand(c, oc).to(e4), rand(oc, r).to(e5), rand(c, r).to(e4)
         row(bwd, shape, "fp8", timed(lambda: (mm(dy, wt), mm(dy_t, x_t))), 2 * flop)
         del x, w, dy, wt, dy_t, x_t
+    x, w, bias = rand(r, 768).to(e4), rand(3072, 768).to(e4), rand(3072).bfloat16()
+    row("fc_gelu_fwd", f"{r}x768x3072", "fp8", timed(lambda: F.gelu(mm(x, w, bias), approximate="tanh")), 2 * r * 768 * 3072)
+    del x, w, bias
+    for rows, cols in ((2304, 768), (3072, 768), (768, 3072)):  # quantize_fp8_transposed: a weight's copy
+        x = (rand(rows, cols) * 0.1).bfloat16()
+        ms = timed(lambda: ((x * one).to(e4).t().contiguous(), x.abs().amax()))
+        print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "quantize_fp8_transposed",
+                          "shape": f"{rows}x{cols}", "precision": "bf16", "ms": ms}))
     for c in (768, 3072):  # quantize_fp8: the scaled E4M3 copy and the largest magnitude
         x = (rand(r, c) * 4).bfloat16()
         ms = timed(lambda: ((x * one).to(e4), x.abs().amax()))

@@ -302,6 +302,23 @@ fn fp8_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) ->
         })?;
         row(bwd, shape, ms, 2.0 * flop);
     }
+    {
+        // The MLP's first product through GELU in its epilogue (pre and gelu(pre) written).
+        let (c_in, oc) = (768, 4 * 768);
+        let m = Arena::new(be);
+        let (inp, w, bias) = (m.fp8(r * c_in, e4)?, m.fp8(oc * c_in, e4)?, Some(m.act(oc, 0.1)?));
+        let (pre, out) = (m.act(r * oc, 1.0)?, m.act(r * oc, 1.0)?);
+        let dequant = [m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(1.0))?];
+        let ms = time_ms(be, 10, || {
+            be.matmul_fp8_gelu(pre, out, inp, w, bias, dequant, [r, oc, c_in])
+        })?;
+        row(
+            "fc_gelu_fwd",
+            format!("{r}x{c_in}x{oc}"),
+            ms,
+            2.0 * (r * c_in * oc) as f64,
+        );
+    }
     Ok(())
 }
 
@@ -629,6 +646,24 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
                 "ours",
                 "quantize_fp8",
                 format!("{tokens}x{c}"),
+                ms,
+                None,
+                Some((a + 1.0) * n as f64),
+            );
+        }
+        // Into the transpose: a weight's copy for the input gradient's product.
+        for [rows_, cols] in [[2304usize, 768], [3072, 768], [768, 3072]] {
+            let n = rows_ * cols;
+            let m = Arena::new(be);
+            let (src, dst) = (m.act(n, 0.1)?, m.fp8(n, Fp8::E4M3)?);
+            let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
+            let ms = time_ms(be, 20, || {
+                be.quantize_fp8_transposed(dst, amax, src, scale, [rows_, cols], Fp8::E4M3)
+            })?;
+            row(
+                "ours",
+                "quantize_fp8_transposed",
+                format!("{rows_}x{cols}"),
                 ms,
                 None,
                 Some((a + 1.0) * n as f64),
