@@ -282,3 +282,45 @@ fn fp8_refuses_widths_its_products_cannot_take() {
     );
     assert!(!text.contains('\n'), "one line: {text}");
 }
+
+/// A communicator of two ranks that is never called: what `Trainer::new` sees on stage 3.
+struct TwoRanks;
+
+impl common::comm::Comm for TwoRanks {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        2
+    }
+    unsafe fn all_reduce_sum(&self, _: common::backend::DevPtr, _: usize) -> common::error::Result<()> {
+        unreachable!("refused before any sum")
+    }
+    unsafe fn reduce_scatter_sum(
+        &self,
+        _: common::backend::DevPtr,
+        _: &[std::ops::Range<usize>],
+    ) -> common::error::Result<()> {
+        unreachable!("refused before any sum")
+    }
+    unsafe fn all_gather(&self, _: common::comm::Words, _: &[std::ops::Range<usize>]) -> common::error::Result<()> {
+        unreachable!("refused before any gather")
+    }
+    fn all_reduce_sum_host(&self, _: &mut [f32]) -> common::error::Result<()> {
+        unreachable!("refused before any sum")
+    }
+    fn broadcast_bytes(&self, _: &mut Vec<u8>) -> common::error::Result<()> {
+        unreachable!("refused before any broadcast")
+    }
+}
+
+#[test]
+fn fp8_refuses_several_ranks_in_one_line() {
+    let be = CpuBackend::new(1).unwrap();
+    let e = Trainer::new(&be, &TwoRanks, tiny(), settings(true, 1))
+        .err()
+        .expect("refused");
+    let text = e.to_string();
+    assert!(text.contains("--precision fp8 runs on one GPU"), "{text}");
+    assert!(!text.contains('\n'), "one line: {text}");
+}

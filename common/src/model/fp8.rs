@@ -95,7 +95,7 @@ impl<B: Backend> Fp8State<B> {
     pub fn new(be: &B, layout: &ParamLayout, n_layer: usize) -> Result<Self> {
         if !be.fp8() {
             return Err(Error::Input(format!(
-                "--precision fp8 needs FP8 tensor cores (an H100 or H200, compute capability 9.0); {} has none",
+                "--precision fp8 needs FP8 tensor cores (compute capability 8.9 or newer: an H100 or H200); {} has none",
                 be.name()
             )));
         }
