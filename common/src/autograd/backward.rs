@@ -335,45 +335,36 @@ impl<'a, B: Backend> Graph<'a, B> {
                 act,
                 w_proj,
                 b_proj,
-                fp8: Some([fc, proj]),
+                fp8,
             } => {
                 let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
-                // FP8: d(pre) = gelu'(pre) ⊙ (dout · w_proj) from the E5M2 gradient and the
-                // weight's transposed copy, then each weight gradient as bf16's.
-                let dq = self.quantize_grad(proj, dout(), r * c)?;
-                let dpre = self.act_grad_overwritten(pre)?;
-                let p = self.span(pre);
-                be.matmul_fp8_dgelu(dpre, dq, proj.weight_t, p, proj.grad_dequant(), [r, h, c], GRAD_FORMATS);
-                let ((dw, dw_first), dbias) = (
-                    self.param_grad_or_first(w_proj)?,
-                    self.output_bias_grad(node.out, b_proj)?,
-                );
-                let a = self.data(act);
-                be.matmul_weight_backward(dw_first, dw, dbias, dout(), a, r, h, c);
-                let ((dw, dw_first), dpre_bias) = (
-                    self.param_grad_or_first(w_fc)?,
-                    b_fc.map(|b| self.param_grad(b)).transpose()?,
-                );
-                let x = self.data(inp);
-                be.matmul_weight_backward(dw_first, dw, dpre_bias, dpre, x, r, ic, h);
-                let (dinp, dinp_first) = self.act_grad_or_first(inp)?;
-                self.input_grad_fp8(fc, dinp, dinp_first, dpre, [r, ic, h])?;
-                if let Some(buf) = self.grads.remove(&pre.0) {
-                    self.pool.give(buf);
-                    self.values[pre.0].grad = None;
+                if let Some([fc, proj]) = fp8 {
+                    // FP8: d(pre) = gelu'(pre) ⊙ (dout · w_proj) from the E5M2 gradient and the
+                    // weight's transposed copy, then each weight gradient as bf16's.
+                    let dq = self.quantize_grad(proj, dout(), r * c)?;
+                    let dpre = self.act_grad_overwritten(pre)?;
+                    let p = self.span(pre);
+                    be.matmul_fp8_dgelu(dpre, dq, proj.weight_t, p, proj.grad_dequant(), [r, h, c], GRAD_FORMATS);
+                    let ((dw, dw_first), dbias) = (
+                        self.param_grad_or_first(w_proj)?,
+                        self.output_bias_grad(node.out, b_proj)?,
+                    );
+                    let a = self.data(act);
+                    be.matmul_weight_backward(dw_first, dw, dbias, dout(), a, r, h, c);
+                    let ((dw, dw_first), dpre_bias) = (
+                        self.param_grad_or_first(w_fc)?,
+                        b_fc.map(|b| self.param_grad(b)).transpose()?,
+                    );
+                    let x = self.data(inp);
+                    be.matmul_weight_backward(dw_first, dw, dpre_bias, dpre, x, r, ic, h);
+                    let (dinp, dinp_first) = self.act_grad_or_first(inp)?;
+                    self.input_grad_fp8(fc, dinp, dinp_first, dpre, [r, ic, h])?;
+                    if let Some(buf) = self.grads.remove(&pre.0) {
+                        self.pool.give(buf);
+                        self.values[pre.0].grad = None;
+                    }
+                    return Ok(());
                 }
-            }
-            Op::Mlp {
-                inp,
-                w_fc,
-                b_fc,
-                pre,
-                act,
-                w_proj,
-                b_proj,
-                fp8: None,
-            } => {
-                let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
                 // The second product back to the hidden layer, through GELU, into pre's
                 // gradient, which lives for this op only: d(pre) = gelu'(pre) ⊙ (dout · w_proj).
                 let ((dw, dw_first), dbias) = (

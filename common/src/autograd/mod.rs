@@ -714,24 +714,7 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     /// inp (R, C) · wᵀ (C, OC) + bias → (R, OC).
     pub fn matmul(&mut self, inp: Tensor, w: Tensor, bias: Option<Tensor>) -> Result<Tensor> {
-        let ([r, c], [oc, wc]) = (self.shape(inp), self.shape(w));
-        assert_eq!(c, wc, "matmul: inner dimensions differ");
-        if let Some(b) = bias {
-            assert_eq!(self.shape(b), [1, oc], "matmul: bias must be (1, OC)");
-        }
-        let out = self.output(
-            [r, oc],
-            Op::Matmul {
-                inp,
-                w,
-                bias,
-                fp8: None,
-            },
-        )?;
-        let bias = bias.map(|b| self.span(b));
-        let x = self.data(inp);
-        self.be.matmul_forward(self.span(out), x, self.span(w), bias, r, c, oc);
-        Ok(out)
+        self.product(inp, w, bias, None)
     }
 
     /// [`Graph::matmul`] with the product in FP8 (`--precision fp8`): the input quantized to
@@ -740,34 +723,28 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// transposed copy gives the input gradient; the weight gradient is the plain product's.
     /// Training graphs only (R a multiple of 16).
     pub fn matmul_fp8(&mut self, inp: Tensor, w: Tensor, bias: Option<Tensor>, site: Fp8Site<'a>) -> Result<Tensor> {
-        let ([r, c], [oc, wc]) = (self.shape(inp), self.shape(w));
-        assert_eq!(c, wc, "matmul_fp8: inner dimensions differ");
         assert!(self.record, "matmul_fp8 is for training graphs");
+        self.product(inp, w, bias, Some(site))
+    }
+
+    fn product(&mut self, inp: Tensor, w: Tensor, bias: Option<Tensor>, fp8: Option<Fp8Site<'a>>) -> Result<Tensor> {
+        let ([r, c], [oc, wc]) = (self.shape(inp), self.shape(w));
+        assert_eq!(c, wc, "matmul: inner dimensions differ");
         if let Some(b) = bias {
-            assert_eq!(self.shape(b), [1, oc], "matmul_fp8: bias must be (1, OC)");
+            assert_eq!(self.shape(b), [1, oc], "matmul: bias must be (1, OC)");
         }
-        let out = self.output(
-            [r, oc],
-            Op::Matmul {
-                inp,
-                w,
-                bias,
-                fp8: Some(site),
-            },
-        )?;
+        let out = self.output([r, oc], Op::Matmul { inp, w, bias, fp8 })?;
         let bias = bias.map(|b| self.span(b));
         let x = self.data(inp);
-        let xq = self.quantize_input(site, x, r * c)?;
-        let formats = [Fp8::E4M3; 2];
-        self.be.matmul_fp8(
-            self.span(out),
-            xq,
-            site.weight,
-            bias,
-            site.dequant(),
-            [r, oc, c],
-            formats,
-        );
+        match fp8 {
+            None => self.be.matmul_forward(self.span(out), x, self.span(w), bias, r, c, oc),
+            Some(site) => {
+                let xq = self.quantize_input(site, x, r * c)?;
+                let (dequant, formats) = (site.dequant(), [Fp8::E4M3; 2]);
+                self.be
+                    .matmul_fp8(self.span(out), xq, site.weight, bias, dequant, [r, oc, c], formats);
+            }
+        }
         Ok(out)
     }
 
