@@ -103,10 +103,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let mut model = Gpt2::new(be, config)?;
         if settings.fp8 {
             if comm.size() > 1 {
-                return Err(Error::Input(
+                let e = Error::Input(
                     "--precision fp8 runs on one GPU (stage2_cuda) for now: its scales are not yet agreed across ranks"
                         .into(),
-                ));
+                );
+                return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
             }
             model.enable_fp8(be)?;
         }

@@ -332,9 +332,8 @@ impl Backend for CpuBackend {
         let (slots, history) = contract::fp8_rescale(slots, history, n, len);
         // SAFETY: the contract checked every extent and overlap.
         let (slots, history) = unsafe { (view_mut(slots, n * Fp8Slot::WORDS), view_mut(history, n * len)) };
-        let histories = history.chunks_mut(len.max(1));
-        for (slot, history) in slots.chunks_mut(Fp8Slot::WORDS).zip(histories) {
-            crate::backend::fp8_rescale_slot(slot, &mut history[..len]);
+        for (i, slot) in slots.chunks_mut(Fp8Slot::WORDS).enumerate() {
+            crate::backend::fp8_rescale_slot(slot, &mut history[i * len..][..len]);
         }
     }
 
