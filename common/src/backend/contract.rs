@@ -114,25 +114,6 @@ pub fn matmul_fp8_gelu(
     (outs, x, y, bias, dequant)
 }
 
-/// [`matmul_fp8`]'s through gelu': `dpre` written, `pre` read.
-pub fn matmul_fp8_dgelu(
-    act: ActType,
-    dpre: Span<Act>,
-    x: Span<u8>,
-    y: Span<u8>,
-    pre: Span<Act>,
-    dequant: [Span; 2],
-    shape: [usize; 3],
-    formats: [Fp8; 2],
-) -> (A, DevPtr<u8>, DevPtr<u8>, A, [F; 2]) {
-    let mut o = ops("matmul_fp8_dgelu", act);
-    let n = shape[0] * shape[1];
-    let dpre = o.write("dpre", dpre, n);
-    let pre = o.read("pre", pre, n);
-    let (x, y, _, dequant) = fp8_inputs(&mut o, x, y, None, dequant, shape, formats);
-    (dpre, x, y, pre, dequant)
-}
-
 fn fp8_inputs(
     o: &mut Operands,
     x: Span<u8>,

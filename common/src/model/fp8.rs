@@ -143,7 +143,11 @@ impl<B: Backend> Fp8State<B> {
     /// Block `l`'s product with weight `p` (one of [`PRODUCTS`]).
     pub fn site(&self, l: usize, p: Param) -> Fp8Site<'_> {
         let k = PRODUCTS.iter().position(|&q| q == p).expect("an FP8 product's weight");
-        let i = l * PRODUCTS.len() + k;
+        self.site_at(l * PRODUCTS.len() + k)
+    }
+
+    /// The `i`th site, in `weights`' order (block by block, [`PRODUCTS`] in each).
+    fn site_at(&self, i: usize) -> Fp8Site<'_> {
         let w = &self.weights[i];
         let n = w.params.len();
         let slot = |j: usize| {
@@ -164,7 +168,7 @@ impl<B: Backend> Fp8State<B> {
     /// record.
     pub fn quantize_weights(&self, be: &B, params: &B::Buffer<f32>, copy: Option<&B::Buffer<bf16>>) {
         for (i, w) in self.weights.iter().enumerate() {
-            let site = self.site(i / PRODUCTS.len(), PRODUCTS[i % PRODUCTS.len()]);
+            let site = self.site_at(i);
             let src = weight_values(be, params, copy, w.params.clone());
             let (amax, scale) = (
                 Fp8Site::word(site.weight_slot, Fp8Slot::AMAX),
