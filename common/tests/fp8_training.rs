@@ -1,19 +1,24 @@
 //! FP8 training (`--precision fp8`) on the CPU backend, the reference of the GPU's: delayed
 //! scaling's step, the transposed quantization, and whole runs of the tiny model: they learn
-//! as fp32 does, repeat bit for bit, and resume exactly with the scales the checkpoint carries.
+//! as fp32 does, repeat bit for bit, and resume exactly with the scales the checkpoint carries;
+//! on two ranks (threads) the scales agree, and the run is one rank's two micro-batches.
 
 use common::autograd::Recompute;
 use common::backend::cpu::CpuBackend;
 use common::backend::{fp8_rescale_slot, Backend, DeviceBuffer, Fp8, Fp8Slot};
+use common::backend::{DevPtr, DeviceStream};
 use common::checkpoint::{Checkpoint, CheckpointMeta};
-use common::comm::Single;
+use common::comm::{Comm, Single, Words};
 use common::data::Batch;
+use common::error::Result;
 use common::grad_sync::SyncMode;
 use common::model::{ConfigOverrides, ModelConfig};
 use common::optim::OptimConfig;
 use common::train::{Trainer, TrainerSettings};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
+use std::ops::Range;
+use std::sync::{Arc, Barrier, Mutex};
 
 #[test]
 fn rescaling_pushes_the_amax_and_takes_a_power_of_two_below_the_headroom() {
@@ -283,44 +288,178 @@ fn fp8_refuses_widths_its_products_cannot_take() {
     assert!(!text.contains('\n'), "one line: {text}");
 }
 
-/// A communicator of two ranks that is never called: what `Trainer::new` sees on stage 3.
-struct TwoRanks;
+/// Ranks as threads of this process: each collective posts every rank's bytes on a shared
+/// board, and each rank reduces them in rank order (on two ranks a sum is one addition, as
+/// MPI's and NCCL's are). What a CPU backend's `DevPtr` addresses is host memory.
+struct ThreadRank {
+    rank: usize,
+    size: usize,
+    board: Arc<(Barrier, Mutex<Vec<Vec<u8>>>)>,
+}
 
-impl common::comm::Comm for TwoRanks {
-    fn rank(&self) -> usize {
-        0
+impl ThreadRank {
+    fn world(size: usize) -> Vec<ThreadRank> {
+        let board = Arc::new((Barrier::new(size), Mutex::new(vec![Vec::new(); size])));
+        (0..size)
+            .map(|rank| ThreadRank {
+                rank,
+                size,
+                board: board.clone(),
+            })
+            .collect()
     }
-    fn size(&self) -> usize {
-        2
+
+    /// Every rank's `mine`, in rank order.
+    fn exchange(&self, mine: &[u8]) -> Vec<Vec<u8>> {
+        let (barrier, posted) = &*self.board;
+        posted.lock().unwrap()[self.rank] = mine.to_vec();
+        barrier.wait();
+        let all = posted.lock().unwrap().clone();
+        barrier.wait(); // nobody posts again before everyone has read
+        all
     }
-    unsafe fn all_reduce_sum(&self, _: common::backend::DevPtr, _: usize) -> common::error::Result<()> {
-        unreachable!("refused before any sum")
-    }
-    unsafe fn reduce_scatter_sum(
-        &self,
-        _: common::backend::DevPtr,
-        _: &[std::ops::Range<usize>],
-    ) -> common::error::Result<()> {
-        unreachable!("refused before any sum")
-    }
-    unsafe fn all_gather(&self, _: common::comm::Words, _: &[std::ops::Range<usize>]) -> common::error::Result<()> {
-        unreachable!("refused before any gather")
-    }
-    fn all_reduce_sum_host(&self, _: &mut [f32]) -> common::error::Result<()> {
-        unreachable!("refused before any sum")
-    }
-    fn broadcast_bytes(&self, _: &mut Vec<u8>) -> common::error::Result<()> {
-        unreachable!("refused before any broadcast")
+
+    /// The `n` 32-bit words at `buf` replaced by `fold` over the ranks' words, in rank order.
+    unsafe fn reduce(&self, buf: DevPtr, n: usize, fold: impl Fn(u32, u32) -> u32) {
+        let words = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut u32, n) };
+        let all = self.exchange(bytemuck::cast_slice(words));
+        for (i, w) in words.iter_mut().enumerate() {
+            let word = |r: usize| u32::from_le_bytes(all[r][4 * i..4 * i + 4].try_into().unwrap());
+            *w = (1..self.size).fold(word(0), |acc, r| fold(acc, word(r)));
+        }
     }
 }
 
+impl Comm for ThreadRank {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    unsafe fn all_reduce_sum(&self, buf: DevPtr, n: usize) -> Result<()> {
+        let add = |a: u32, b: u32| (f32::from_bits(a) + f32::from_bits(b)).to_bits();
+        unsafe { self.reduce(buf, n, add) };
+        Ok(())
+    }
+    unsafe fn start_all_reduce_max_bits(&self, buf: DevPtr, n: usize, _: Option<DeviceStream>) -> Result<()> {
+        unsafe { self.reduce(buf, n, u32::max) };
+        Ok(())
+    }
+    unsafe fn reduce_scatter_sum(&self, _: DevPtr, _: &[Range<usize>]) -> Result<()> {
+        unreachable!("no ZeRO-1 here")
+    }
+    unsafe fn all_gather(&self, _: Words, _: &[Range<usize>]) -> Result<()> {
+        unreachable!("no ZeRO-1 here")
+    }
+    fn all_reduce_sum_host(&self, v: &mut [f32]) -> Result<()> {
+        unsafe { self.all_reduce_sum(DevPtr::from_addr(v.as_mut_ptr() as u64), v.len()) }
+    }
+    fn broadcast_bytes(&self, data: &mut Vec<u8>) -> Result<()> {
+        *data = self.exchange(data).swap_remove(0);
+        Ok(())
+    }
+}
+
+/// Rank `rank`'s rows of each batch, of `ranks` equal shares.
+fn shard(data: &[Batch], rank: usize, ranks: usize) -> Vec<Batch> {
+    let n = B / ranks * T;
+    let rows = |v: &[i32]| v[rank * n..][..n].to_vec();
+    data.iter()
+        .map(|b| Batch {
+            inputs: rows(&b.inputs),
+            targets: rows(&b.targets),
+        })
+        .collect()
+}
+
+/// Two ranks' run of `data` from step `first` (resumed from `ckpt` on rank 0 when given):
+/// per rank its losses, final weights and FP8 state.
+type RankRun = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+fn two_ranks(data: &[Batch], first: u64, total: u64, ckpt: Option<&Checkpoint>) -> Vec<RankRun> {
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = ThreadRank::world(2)
+            .into_iter()
+            .map(|comm| {
+                let mine = shard(data, comm.rank, 2);
+                s.spawn(move || {
+                    let be = CpuBackend::new(1).unwrap();
+                    let mut trainer = Trainer::new(&be, &comm, tiny(), settings(true, total)).unwrap();
+                    match ckpt {
+                        Some(c) if first > 0 => {
+                            let on_root = (comm.rank == 0).then(|| Checkpoint {
+                                meta: c.meta.clone(),
+                                params: c.params.clone(),
+                                m: c.m.clone(),
+                                v: c.v.clone(),
+                            });
+                            trainer.restore(on_root).unwrap()
+                        }
+                        _ => trainer.init_weights(7).unwrap(),
+                    }
+                    let mut losses = Vec::new();
+                    for (i, batch) in mine.iter().enumerate() {
+                        let report = trainer.step(batch, B / 2, T, first + i as u64).unwrap();
+                        losses.extend(report.finished.iter().map(|(_, st)| st.loss));
+                    }
+                    (losses, params(&be, &trainer), trainer.fp8_state().unwrap().unwrap())
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 #[test]
-fn fp8_refuses_several_ranks_in_one_line() {
+fn fp8_on_two_ranks_agrees_equals_two_micro_batches_and_resumes_exactly() {
+    let data = batches(6);
+    let runs = two_ranks(&data, 0, 6, None);
+    assert!(runs[0] == runs[1], "both ranks: the same losses, weights and scales");
+    // Each amax the largest over the ranks is the amax of the whole batch, so two ranks are
+    // one rank's two micro-batches, bit for bit.
     let be = CpuBackend::new(1).unwrap();
-    let e = Trainer::new(&be, &TwoRanks, tiny(), settings(true, 1))
-        .err()
-        .expect("refused");
-    let text = e.to_string();
-    assert!(text.contains("--precision fp8 runs on one GPU"), "{text}");
-    assert!(!text.contains('\n'), "one line: {text}");
+    let mut one = Trainer::new(
+        &be,
+        &Single,
+        tiny(),
+        TrainerSettings {
+            micro_batches: 2,
+            ..settings(true, 6)
+        },
+    )
+    .unwrap();
+    one.init_weights(7).unwrap();
+    let losses = run(&mut one, &data, 0);
+    assert_eq!(runs[0].0, losses, "two ranks = two micro-batches");
+    assert!(runs[0].1 == params(&be, &one), "and the same weights");
+    assert!(runs[0].2 == one.fp8_state().unwrap().unwrap(), "and the same scales");
+
+    // Cut after 3 steps: rank 0's checkpoint (its scales are every rank's) resumes both.
+    let mut first = Trainer::new(
+        &be,
+        &Single,
+        tiny(),
+        TrainerSettings {
+            micro_batches: 2,
+            ..settings(true, 6)
+        },
+    )
+    .unwrap();
+    first.init_weights(7).unwrap();
+    run(&mut first, &data[..3], 0);
+    let [p, m, v] = first
+        .state_on_root([Vec::new(), Vec::new(), Vec::new()])
+        .unwrap()
+        .unwrap();
+    let ckpt = Checkpoint {
+        meta: meta(&first, 3),
+        params: p,
+        m,
+        v,
+    };
+    let resumed = two_ranks(&data[3..], 3, 6, Some(&ckpt));
+    assert_eq!(resumed[0].0, runs[0].0[3..], "resumed on two ranks: the same losses");
+    assert!(resumed[0].1 == runs[0].1 && resumed[1].1 == runs[1].1, "and weights");
+    assert!(resumed[1].2 == runs[1].2, "and scales, on rank 1 too");
 }

@@ -184,6 +184,41 @@ fn two_gpus_reproduce_one_gpu() {
     }
 }
 
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn fp8_on_two_gpus_is_one_gpus_two_micro_batches() {
+    let d = tmpdir("fp8");
+    let data = corpus(&d);
+    let flags = |out: &Path| tiny_train(&data, out, "fp8", &["--steps", "30", "--eval-every", "10"]);
+    // The ranks agree on each amax (the largest over them: the whole batch's), so two GPUs
+    // scale as one GPU taking each batch in two halves does, and sum as it does.
+    let accum = d.join("accum");
+    let mut args = flags(&accum);
+    args.extend(["--grad-accum".to_string(), "2".to_string()]);
+    let o = Command::new(sibling("stage2_cuda")).args(&args).output().unwrap();
+    assert!(o.status.success(), "stage2 fp8: {}", String::from_utf8_lossy(&o.stderr));
+    let (whole, sharded) = (d.join("zero0"), d.join("zero1"));
+    for (out, zero) in [(&whole, "0"), (&sharded, "1")] {
+        let mut args = flags(out);
+        args.extend(["--zero".to_string(), zero.to_string()]);
+        let o = mpirun(2, &args);
+        assert!(
+            o.status.success(),
+            "stage3 fp8 --zero {zero}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(
+        table_without_times(&whole),
+        table_without_times(&accum),
+        "stage3 fp8 --zero 0 vs stage2 fp8 --grad-accum 2, bit for bit"
+    );
+    // ZeRO-1 sums the clipping norm per shard: close, not the same bits.
+    for (a, b) in table(&accum).iter().zip(&table(&sharded)) {
+        assert!((a[2] - b[2]).abs() <= LOSS_TOL, "stage3 fp8 --zero 1: {a:?} vs {b:?}");
+    }
+}
+
 /// `loss.tsv` without the two time columns.
 fn table_without_times(dir: &Path) -> Vec<String> {
     first_columns(dir, 4)

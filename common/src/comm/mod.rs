@@ -111,6 +111,22 @@ pub trait Comm {
     ) -> Result<()> {
         Err(no_bf16_sums())
     }
+    /// Starts taking, for each of the `n` f32 values at `buf`, the largest over all ranks, in
+    /// place, comparing their bits as 32-bit integers; ordered after `after` as
+    /// [`Comm::start_all_reduce_sum`] is, and waited for by [`Comm::finish_all_reduces`]. The
+    /// values must have their sign bit clear (non-negative, or a NaN without sign): then that
+    /// is the largest value, a NaN above infinity, and every rank ends with the same bits
+    /// whatever the order (FP8's amax values, agreed before the scales are derived from them).
+    /// Default: refused, for a communicator without it.
+    ///
+    /// # Safety
+    /// As [`Comm::start_all_reduce_sum`].
+    unsafe fn start_all_reduce_max_bits(&self, _buf: DevPtr, _n: usize, _after: Option<DeviceStream>) -> Result<()> {
+        Err(Error::Device(format!(
+            "{}: this communicator has no max reduction",
+            self.describe()
+        )))
+    }
     /// Rank r's `parts[r]` of `buf` replaces that part on every rank, in place (ZeRO-1's
     /// all-gather of the updated weights: f32, or their bf16 copy). `parts` as in
     /// [`Comm::reduce_scatter_sum`], counted in `buf`'s values, except that gaps may lie
@@ -211,6 +227,9 @@ impl Comm for Single {
     }
     fn broadcast_bytes(&self, _data: &mut Vec<u8>) -> Result<()> {
         Ok(())
+    }
+    unsafe fn start_all_reduce_max_bits(&self, _buf: DevPtr, _n: usize, after: Option<DeviceStream>) -> Result<()> {
+        host_ordered(self, after)
     }
 }
 

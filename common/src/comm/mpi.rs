@@ -414,6 +414,13 @@ impl Comm for MpiComm {
         unsafe { self.start_sum(buf.addr() as *mut f32, n, (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM)) }
     }
 
+    unsafe fn start_all_reduce_max_bits(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+        super::host_ordered(self, after)?;
+        // SAFETY: as in `start_all_reduce_sum`, for `n` words taken as 32-bit integers (signed:
+        // MPICH 4.0 compares unsigned ones as signed too; the sign bits are clear).
+        unsafe { self.start_sum(buf.addr() as *mut i32, n, (ffi::RSMPI_INT32_T, ffi::RSMPI_MAX)) }
+    }
+
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         let counts = part_counts(self, parts)?;
         let mut own = vec![0.0f32; parts[self.rank].len()];

@@ -592,6 +592,25 @@ impl Comm for NcclComm {
         // SAFETY: the caller's contract; the sum is queued after the work that writes `buf`.
         unsafe { self.queue_all_reduce(Words::F32(buf), n) }
     }
+    unsafe fn start_all_reduce_max_bits(&self, buf: DevPtr, n: usize, after: Option<DeviceStream>) -> Result<()> {
+        self.wait_for(after)?;
+        let p = buf.addr() as *mut c_void;
+        // SAFETY: the caller's contract (`n` words of device memory on this rank's GPU,
+        // written by the work queued on `after` before this call); in place is allowed.
+        unsafe {
+            nccl::all_reduce(
+                p,
+                p,
+                n,
+                sys::ncclDataType_t::ncclInt32,
+                sys::ncclRedOp_t::ncclMax,
+                self.comm,
+                self.raw_stream(),
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_err("ncclAllReduce (max)", e))
+    }
     unsafe fn reduce_scatter_sum(&self, buf: DevPtr, parts: &[Range<usize>]) -> Result<()> {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.queue_reduce_scatter(Words::F32(buf), parts)? };

@@ -13,7 +13,8 @@
 //!    amax) and multiplies it with the weight's copy;
 //! 2. backward: each product quantizes its output gradient (E5M2) and multiplies it with the
 //!    transposed copy into the input gradient; the weight gradient is bf16's;
-//! 3. [`Fp8State::rescale`]: every slot's amax onto its history, a new scale from it;
+//! 3. on several ranks, [`Fp8State::agree`]: each amax the largest over the ranks; then
+//!    [`Fp8State::rescale`]: every slot's amax onto its history, a new scale from it;
 //! 4. after the update, [`Fp8State::quantize_weights`]: the copies from the new weights.
 //!
 //! The slots and histories are the training state a checkpoint carries ([`Fp8State::save`]),
@@ -22,6 +23,7 @@
 use super::params::Param;
 use super::ParamLayout;
 use crate::backend::{bf16, Act, ActType, Backend, DeviceBuffer, Fp8, Fp8Slot, Span};
+use crate::comm::{device_order, Comm};
 use crate::error::{Error, Result};
 use std::ops::Range;
 
@@ -105,10 +107,11 @@ impl<B: Backend> Fp8State<B> {
             for p in PRODUCTS {
                 let e = layout.block(l, p);
                 if e.shape.iter().any(|d| !d.is_multiple_of(16)) {
-                    return Err(Error::Input(format!(
+                    let e = Error::Input(format!(
                         "--precision fp8: {} is {:?}, and FP8 products need widths that are multiples of 16",
                         e.name, e.shape
-                    )));
+                    ));
+                    return Err(e.on_every_rank()); // the same model everywhere
                 }
                 weights.push(Weight {
                     params: e.range.clone(),
@@ -183,6 +186,25 @@ impl<B: Backend> Fp8State<B> {
     /// step's backward, before the update.
     pub fn rescale(&self, be: &B) {
         be.fp8_rescale(self.slots.span(), self.history.span(), self.slot_count(), HISTORY_LEN);
+    }
+
+    /// Several ranks, before [`Fp8State::rescale`]: each slot's amax becomes the largest over
+    /// the ranks (the amax of the whole step's batch), so that every rank derives the same
+    /// scales and rank 0's, which a checkpoint keeps, are every rank's. A slot's other words
+    /// are the same on every rank already and stay so (the largest of equal bits).
+    pub fn agree(&self, be: &B, comm: &dyn Comm) -> Result<()> {
+        if comm.size() == 1 {
+            return Ok(());
+        }
+        let (slots, n) = (self.slots.ptr(), self.slots.len());
+        let after = device_order(be, comm);
+        if after.is_none() {
+            be.synchronize()?; // the host reduces what the backend wrote
+        }
+        // SAFETY: the slots hold `n` words, written only by the work queued so far; what
+        // reads them next (the rescale) is queued after the collective is waited for.
+        unsafe { comm.start_all_reduce_max_bits(slots, n, after)? };
+        comm.finish_all_reduces(after)
     }
 
     /// A fresh run's start: the weights' scales from their own amax (the inputs' and

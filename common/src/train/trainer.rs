@@ -102,13 +102,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(be: &'a B, comm: &'a dyn Comm, config: ModelConfig, settings: TrainerSettings) -> Result<Self> {
         let mut model = Gpt2::new(be, config)?;
         if settings.fp8 {
-            if comm.size() > 1 {
-                let e = Error::Input(
-                    "--precision fp8 runs on one GPU (stage2_cuda) for now: its scales are not yet agreed across ranks"
-                        .into(),
-                );
-                return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
-            }
             model.enable_fp8(be)?;
         }
         let shards = Shards::new(model.layout.total, comm, settings.zero);
@@ -247,6 +240,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         }
         self.opt.finish_gradients(be, &self.model.grads, 1.0 / k as f32, comm)?;
         if let Some(fp8) = &self.model.fp8 {
+            fp8.agree(be, comm)?; // each amax the largest over the ranks
             fp8.rescale(be); // the step's amax values into the FP8 scales
         }
         comm_s += self.update(step)?;
@@ -493,11 +487,18 @@ impl<'a, B: Backend> Trainer<'a, B> {
             self.be.write(dst, 0, &host[part])?;
         }
         self.model.refresh_copy(self.be)?;
-        // FP8 scales (one rank: see Trainer::new): the checkpoint's, or, from a checkpoint
-        // without them (another precision's, imported weights), calibrated afresh.
-        match (&self.model.fp8, fp8) {
+        // FP8 scales: rank 0's checkpoint's on every rank (empty: it has none) or, from a
+        // checkpoint without them (another precision's, imported weights), calibrated afresh.
+        let mut fp8 = fp8.unwrap_or_default();
+        broadcast_f32(self.comm, &mut fp8)?;
+        match (&self.model.fp8, (!fp8.is_empty()).then_some(fp8)) {
             (Some(state), Some(saved)) => {
-                state.restore(self.be, &saved, &self.model.params, self.model.params_bf16.as_ref())
+                let params = (&self.model.params, self.model.params_bf16.as_ref());
+                match state.restore(self.be, &saved, params.0, params.1) {
+                    // Every rank holds rank 0's values: a count that does not fit fails on all.
+                    Err(e @ Error::Input(_)) => Err(e.on_every_rank()),
+                    done => done,
+                }
             }
             (Some(_), None) => {
                 self.model.calibrate_fp8(self.be);

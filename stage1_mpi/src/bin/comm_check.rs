@@ -2,7 +2,8 @@
 //! collectives) on host memory, blocking and started-then-finished, with even, uneven and
 //! empty parts, checked exactly against sums worked out here (small multiples of 1/4, which
 //! f32 adds without rounding); and the all-gather of bf16 values (the weights' copy under
-//! ZeRO-1 in bf16), every bit pattern kept. Prints one line per rank; exits 1 on a mismatch.
+//! ZeRO-1 in bf16), every bit pattern kept; and the largest of 32-bit words (FP8's amax
+//! agreement). Prints one line per rank; exits 1 on a mismatch.
 //! Run by stage1_mpi's tests.
 
 use common::backend::{bf16, DevPtr};
@@ -91,6 +92,28 @@ fn gather_bf16(comm: &MpiComm, parts: &[Range<usize>]) -> Result<(), String> {
     Ok(())
 }
 
+/// The largest of each value over the ranks, by its bits (FP8's amax agreement): rank `r`'s
+/// word at `i` is `bits(r, i)` without its top bit, shifted into the high half with `r`
+/// below, so that every rank holds a different word, the largest is known, and infinity's
+/// and NaNs' bits are among them.
+fn max_bits(comm: &MpiComm) -> Result<(), String> {
+    let word = |r: usize, i: usize| (((bits(r, i) & 0x7fff) as u32) << 16) | r as u32;
+    let mut buf: Vec<u32> = (0..777).map(|i| word(comm.rank(), i)).collect();
+    // SAFETY: `buf` holds the 777 words, untouched until the calls return.
+    unsafe {
+        comm.start_all_reduce_max_bits(DevPtr::from_addr(buf.as_mut_ptr() as u64), buf.len(), None)
+            .and_then(|()| comm.finish_all_reduces(None))
+    }
+    .map_err(|e| e.to_string())?;
+    for (i, &got) in buf.iter().enumerate() {
+        let want = (0..comm.size()).map(|r| word(r, i)).max().unwrap();
+        if got != want {
+            return Err(format!("max of words: [{i}] = {got:#010x} not {want:#010x}"));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let comm = match MpiComm::init() {
         Ok(comm) => comm,
@@ -117,8 +140,13 @@ fn main() -> ExitCode {
             }
         }
     }
+    if let Err(e) = max_bits(&comm) {
+        eprintln!("comm_check ({}): {e}", comm.describe());
+        comm.abort(1);
+        return ExitCode::FAILURE;
+    }
     println!(
-        "comm_check: rank {} of {world}: reduce-scatter and all-gather (f32, bf16) exact",
+        "comm_check: rank {} of {world}: reduce-scatter, all-gather (f32, bf16) and max of words exact",
         comm.rank()
     );
     ExitCode::SUCCESS
