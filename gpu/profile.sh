@@ -4,8 +4,10 @@
 #
 #   gpu/profile.sh [--precision P]... [--no-ncu] [--no-torch] [--timeline N]
 #
-# ncu (Nsight Compute; skipped with a note where it is not installed): one `stage2_cuda bench`
-# step of GPT-2 124M, B=16, T=1024 in each precision P (default bf16), every kernel's duration
+# ncu (Nsight Compute; skipped with a note where it is not installed): the one measured step of
+# `stage2_cuda bench` (after two warm-up steps, so the replayed one, and no start-up work: bench
+# marks it with cuProfilerStart/Stop) of GPT-2 124M, B=16, T=1024 in each precision P (default
+# bf16), every kernel's duration
 # (gpu__time_duration, clocks left as found). ncu serialises the kernels, so their sum has no
 # launch gaps and no overlap: set it beside the bench's ms/step to see the gaps. Grouped into
 # attention, matrix products, optimizer and other, as for PyTorch below.
@@ -53,14 +55,14 @@ md=$out/README.md
   echo
 } >"$md"
 status=0
-step=(bench --model gpt2 --batch 16 --seq-len 1024 --steps 1 --warmup 0)
+step=(bench --model gpt2 --batch 16 --seq-len 1024 --steps 1 --warmup 2)
 
 if [ $ncu_on = yes ]; then
   ncu=$(command -v ncu || find /opt/nvidia/nsight-compute /usr/local/cuda/bin -maxdepth 2 -name ncu -type f 2>/dev/null | head -1 || true)
   if [ -x "${ncu:-}" ]; then
     for p in "${precisions[@]}"; do
       gpu_say "ncu: one step, $p"
-      if timeout -k 20 600 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+      if timeout -k 20 600 "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
           "$s2" "${step[@]}" --precision "$p" >"$out/ncu-$p.csv" 2>"$GPU_LOGS/ncu-$p.log"; then
         { echo "## Ours, $p: one step's kernels (Nsight Compute)"; echo
           python3 "$GPU_PY/tables.py" ncu "$out/ncu-$p.csv" "$p"; echo; } >>"$md"

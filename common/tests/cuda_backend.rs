@@ -17,7 +17,8 @@ use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
 use common::backend::{
-    bf16, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Fp8, Fp8Slot, Overwrite, SgdHyper, Span, StepState,
+    bf16, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Fp8, Fp8Out, Fp8Slot, Overwrite, SgdHyper, Span,
+    StepState,
 };
 
 const FP32_TOL: f32 = 1e-4;
@@ -236,8 +237,9 @@ fn fp8_matches_cpu() {
         let (_, want, wmax) = quantized(&cpu(), &odd, 4.0, format);
         assert_eq!((got, gmax), (want, wmax), "{format:?}: 1001 values");
     }
-    // Into the transpose (a weight's copy for the input gradient), whole and partial tiles.
-    for [rows, cols] in [[768, 2304], [200, 40]] {
+    // Into the transpose (a weight's copy for the input gradient): whole and partial tiles of
+    // the 64 x 64 kernel, and a shape it does not take (not multiples of 8).
+    for [rows, cols] in [[768, 2304], [200, 40], [36, 20]] {
         let values = rnd(Inputs::Bf16, rows * cols, 35, 0.3);
         for format in [E4M3, E5M2] {
             let got = quantized_transposed(&be, &values, [rows, cols], 256.0, format);
@@ -254,6 +256,22 @@ fn fp8_matches_cpu() {
             &got,
             &want,
             2f32.powi(-7),
+        );
+    }
+    // gelu' with its E5M2 copy in one pass: the two ops' bits, on the GPU.
+    for n in [128 * 3072, 1000] {
+        let fused = gelu_quantize_case(&be, n, true);
+        assert!(
+            fused == gelu_quantize_case(&be, n, false),
+            "gelu_backward_quantize, {n} values"
+        );
+    }
+    // The layernorm that writes the next product's FP8 input: the two ops' bits, on the GPU.
+    for shape in [[256, 768], [40, 20], [24, 18]] {
+        let fused = add_layernorm_quantize_case(&be, shape, true);
+        assert!(
+            fused == add_layernorm_quantize_case(&be, shape, false),
+            "add_layernorm_forward_quantize {shape:?}"
         );
     }
     // The weight half of a product's backward: matmul_backward's dw and dbias, bit for bit.
@@ -292,6 +310,17 @@ fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3]) -> Vec<Vec<f32>> {
     );
     let dq = [scales[2].span(), scales[1].span()];
     let formats = [Fp8::E5M2, Fp8::E4M3];
+    let (q, qscale, qmax) = (
+        be.alloc::<u8>(r * s).expect("alloc"),
+        upload(be, &[4096.0]),
+        upload(be, &[0.0]),
+    );
+    let copy = Fp8Out {
+        dst: q.span(),
+        amax: qmax.span(),
+        scale: qscale.span(),
+        format: Fp8::E5M2,
+    };
     be.matmul_fp8_dgelu(
         act(be, &dpre),
         g.span(),
@@ -300,8 +329,91 @@ fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3]) -> Vec<Vec<f32>> {
         dq,
         [r, s, k],
         formats,
+        copy,
     );
+    // dpre's FP8 copy is the quantization of dpre as written.
+    let (_, bits, top) = quantized(be, &download_act(be, &dpre, r * s), 4096.0, Fp8::E5M2);
+    let mut got = vec![0u8; r * s];
+    be.read(&q, 0, &mut got).expect("read");
+    assert!(got == bits, "matmul_fp8_dgelu {:?}: dpre's FP8 copy", [r, s, k]);
+    assert_eq!(download(be, &qmax)[0].to_bits(), top.to_bits(), "and its amax");
     [pre, out, dpre].iter().map(|b| download_act(be, b, r * s)).collect()
+}
+
+/// `gelu_backward_quantize` on `be` (`fused`), or its two ops there: d's bits, the FP8 copy's,
+/// the amax's.
+fn gelu_quantize_case<B: Backend>(be: &B, n: usize, fused: bool) -> Vec<Vec<u32>> {
+    let (d, pre) = (
+        upload_act(be, &rnd(Inputs::Bf16, n, 71, 1e-2)),
+        upload_act(be, &rnd(Inputs::Bf16, n, 72, 3.0)),
+    );
+    let (dst, scale, amax) = (
+        be.alloc::<u8>(n).expect("alloc"),
+        upload(be, &[8192.0]),
+        upload(be, &[0.0]),
+    );
+    let copy = Fp8Out {
+        dst: dst.span(),
+        amax: amax.span(),
+        scale: scale.span(),
+        format: Fp8::E5M2,
+    };
+    if fused {
+        be.gelu_backward_quantize(act(be, &d), act(be, &pre), copy, n);
+    } else {
+        be.gelu_backward_in_place(act(be, &d), act(be, &pre), n);
+        be.quantize_fp8(dst.span(), amax.span(), act(be, &d), scale.span(), n, Fp8::E5M2);
+    }
+    let mut bytes = vec![0u8; n];
+    be.read(&dst, 0, &mut bytes).expect("read");
+    vec![
+        download_act(be, &d, n).iter().map(|x| x.to_bits()).collect(),
+        bytes.iter().map(|&v| v as u32).collect(),
+        vec![download(be, &amax)[0].to_bits()],
+    ]
+}
+
+/// `add_layernorm_forward_quantize` on `be` (`fused`), or its two ops there: every output's
+/// bits (sum, out, mean, rstd, the FP8 copy, its amax).
+fn add_layernorm_quantize_case<B: Backend>(be: &B, [r, c]: [usize; 2], fused: bool) -> Vec<Vec<u32>> {
+    let q = Inputs::Bf16;
+    let (a, b) = (
+        upload_act(be, &rnd(q, r * c, 61, 2.0)),
+        upload_act(be, &rnd(q, r * c, 62, 2.0)),
+    );
+    let (w, bias) = (upload_act(be, &rnd(q, c, 63, 1.0)), upload_act(be, &rnd(q, c, 64, 0.5)));
+    let (sum, out) = (alloc_act(be, r * c), alloc_act(be, r * c));
+    let (mean, rstd) = (upload(be, &vec![0.0; r]), upload(be, &vec![0.0; r]));
+    let (dst, scale, amax) = (
+        be.alloc::<u8>(r * c).expect("alloc"),
+        upload(be, &[32.0]),
+        upload(be, &[0.0]),
+    );
+    let copy = Fp8Out {
+        dst: dst.span(),
+        amax: amax.span(),
+        scale: scale.span(),
+        format: Fp8::E4M3,
+    };
+    let (s, o, x, y) = (act(be, &sum), act(be, &out), act(be, &a), act(be, &b));
+    let (w, bias) = (act(be, &w), act(be, &bias));
+    if fused {
+        be.add_layernorm_forward_quantize([s, o], mean.span(), rstd.span(), [x, y], w, bias, [r, c], copy);
+    } else {
+        be.add_layernorm_forward(s, o, mean.span(), rstd.span(), x, y, w, bias, r, c);
+        be.quantize_fp8(dst.span(), amax.span(), o, scale.span(), r * c, Fp8::E4M3);
+    }
+    let mut bytes = vec![0u8; r * c];
+    be.read(&dst, 0, &mut bytes).expect("read");
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    vec![
+        bits(download_act(be, &sum, r * c)),
+        bits(download_act(be, &out, r * c)),
+        bits(download(be, &mean)),
+        bits(download(be, &rstd)),
+        bytes.iter().map(|&v| v as u32).collect(),
+        bits(download(be, &amax)),
+    ]
 }
 
 /// dw and dbias from `matmul_backward`, then from `matmul_weight_backward`, on the same

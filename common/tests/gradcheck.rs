@@ -983,7 +983,7 @@ fn residual_net(be: &CpuBackend, params: &CpuBuffer<f32>, grads: Option<&CpuBuff
     }
     let fused = |g: &mut Graph<'_, CpuBackend>, x, y, w, bias| match form {
         ResidualForm::Op | ResidualForm::OpRecompute | ResidualForm::OpReleased => {
-            g.add_layernorm(x, y, w, bias).unwrap()
+            g.add_layernorm(x, y, w, bias, None).unwrap()
         }
         ResidualForm::Composed => {
             let sum = g.add(x, y).unwrap();

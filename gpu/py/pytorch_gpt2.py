@@ -300,6 +300,20 @@ def products(dev, timed):
         ms = timed(lambda: ((x * one).to(e4).t().contiguous(), x.abs().amax()))
         print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "quantize_fp8_transposed",
                           "shape": f"{rows}x{cols}", "precision": "bf16", "ms": ms}))
+    x, y, w, b = rand(r, 768).bfloat16(), rand(r, 768).bfloat16(), rand(768).bfloat16(), rand(768).bfloat16()
+
+    def add_ln_quantize():  # add_layernorm_fwd_quantize: the residual sum, its layernorm and that in E4M3
+        s = x + y
+        o = F.layer_norm(s, (768,), w, b)
+        return s, (o * one).to(e4), o.abs().amax()
+    print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "add_layernorm_fwd_quantize", "shape": f"{r}x768",
+                      "precision": "bf16", "ms": timed(add_ln_quantize)}))
+    del x, y, w, b
+    g, x = rand(r, 3072).bfloat16(), (rand(r, 3072) * 2).bfloat16()  # gelu_backward_quantize: d(pre) and its E5M2 copy
+    ms = timed(lambda: (lambda d: ((d * one).to(e5), d.abs().amax()))(torch.ops.aten.gelu_backward(g, x, approximate="tanh")))
+    print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "gelu_backward_quantize", "shape": f"{r}x3072",
+                      "precision": "bf16", "ms": ms}))
+    del g, x
     for c in (768, 3072):  # quantize_fp8: the scaled E4M3 copy and the largest magnitude
         x = (rand(r, c) * 4).bfloat16()
         ms = timed(lambda: ((x * one).to(e4), x.abs().amax()))

@@ -2,7 +2,7 @@
 //! inputs' gradients, activation gradients recycled as soon as they are consumed.
 
 use super::{Graph, Kind, Node, Op, Tensor};
-use crate::backend::{Act, Backend, DeviceBuffer, Fp8, Fp8Slot, Overwrite, Span};
+use crate::backend::{Act, Backend, DeviceBuffer, Fp8, Fp8Out, Fp8Slot, Overwrite, Span};
 use crate::error::{Error, Result};
 use crate::model::Fp8Site;
 use std::collections::HashSet;
@@ -303,7 +303,8 @@ impl<'a, B: Backend> Graph<'a, B> {
                 match fp8 {
                     None => be.matmul_backward(overwrite, dinp, dw, dbias, dout(), x, self.span(w), r, ic, c),
                     Some(site) => {
-                        self.input_grad_fp8(site, dinp, dinp_first, dout(), [r, ic, c])?;
+                        let dq = self.quantize_grad(site, dout(), r * c)?;
+                        self.input_grad_fp8(site, dinp, dinp_first, dq, [r, ic, c])?;
                         be.matmul_weight_backward(dw_first, dw, dbias, dout(), x, r, ic, c);
                     }
                 }
@@ -343,8 +344,9 @@ impl<'a, B: Backend> Graph<'a, B> {
                     // weight's transposed copy, then each weight gradient as bf16's.
                     let dq = self.quantize_grad(proj, dout(), r * c)?;
                     let dpre = self.act_grad_overwritten(pre)?;
-                    let p = self.span(pre);
-                    be.matmul_fp8_dgelu(dpre, dq, proj.weight_t, p, proj.grad_dequant(), [r, h, c], GRAD_FORMATS);
+                    let (p, dpre_q) = (self.span(pre), self.grad_fp8_out(fc, r * h)?);
+                    let dequant = proj.grad_dequant();
+                    be.matmul_fp8_dgelu(dpre, dq, proj.weight_t, p, dequant, [r, h, c], GRAD_FORMATS, dpre_q);
                     let ((dw, dw_first), dbias) = (
                         self.param_grad_or_first(w_proj)?,
                         self.output_bias_grad(node.out, b_proj)?,
@@ -358,7 +360,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                     let x = self.data(inp);
                     be.matmul_weight_backward(dw_first, dw, dpre_bias, dpre, x, r, ic, h);
                     let (dinp, dinp_first) = self.act_grad_or_first(inp)?;
-                    self.input_grad_fp8(fc, dinp, dinp_first, dpre, [r, ic, h])?;
+                    self.input_grad_fp8(fc, dinp, dinp_first, dpre_q.dst, [r, ic, h])?;
                     if let Some(buf) = self.grads.remove(&pre.0) {
                         self.pool.give(buf);
                         self.values[pre.0].grad = None;
@@ -533,19 +535,18 @@ impl<'a, B: Backend> Graph<'a, B> {
 }
 
 impl<'a, B: Backend> Graph<'a, B> {
-    /// An FP8 product's input gradient, `dinp (R,C) (+)= dout (R,OC) · w`: the output gradient
-    /// quantized to E5M2 at its slot's scale (recording its amax), times the weight's
-    /// transposed E4M3 copy. Written where `first`, else computed apart and added.
+    /// An FP8 product's input gradient, `dinp (R,C) (+)= dout (R,OC) · w`, from the output
+    /// gradient in E5M2 (`dq`, at the site's gradient scale) times the weight's transposed
+    /// E4M3 copy. Written where `first`, else computed apart and added.
     fn input_grad_fp8(
         &mut self,
         site: Fp8Site<'a>,
         dinp: Span<'a, Act>,
         first: bool,
-        dout: Span<'a, Act>,
+        dq: Span<'a, u8>,
         [r, c, oc]: [usize; 3],
     ) -> Result<()> {
         let be = self.be;
-        let dq = self.quantize_grad(site, dout, r * oc)?;
         let (dequant, formats) = (site.grad_dequant(), GRAD_FORMATS);
         if first {
             be.matmul_fp8(dinp, dq, site.weight_t, None, dequant, [r, c, oc], formats);
@@ -558,14 +559,23 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(())
     }
 
-    /// An FP8 product's output gradient `dout` (n values) in E5M2 at its site's scale, its amax
-    /// recorded: in the scratch of its size.
-    fn quantize_grad(&mut self, site: Fp8Site<'a>, dout: Span<'a, Act>, n: usize) -> Result<Span<'a, u8>> {
-        let q = self.fp8_scratch(n)?;
+    /// Where an FP8 product's output gradient (n values) goes in E5M2, at its site's scale,
+    /// its amax recorded: the scratch of its size.
+    fn grad_fp8_out(&mut self, site: Fp8Site<'a>, n: usize) -> Result<Fp8Out<'a>> {
         let word = Fp8Site::word;
-        let (amax, scale) = (word(site.grad, Fp8Slot::AMAX), word(site.grad, Fp8Slot::SCALE));
-        self.be.quantize_fp8(q, amax, dout, scale, n, Fp8::E5M2);
-        Ok(q)
+        Ok(Fp8Out {
+            dst: self.fp8_scratch(n)?,
+            amax: word(site.grad, Fp8Slot::AMAX),
+            scale: word(site.grad, Fp8Slot::SCALE),
+            format: Fp8::E5M2,
+        })
+    }
+
+    /// An FP8 product's output gradient `dout` (n values) quantized ([`Graph::grad_fp8_out`]).
+    fn quantize_grad(&mut self, site: Fp8Site<'a>, dout: Span<'a, Act>, n: usize) -> Result<Span<'a, u8>> {
+        let q = self.grad_fp8_out(site, n)?;
+        self.be.quantize_fp8(q.dst, q.amax, dout, q.scale, n, q.format);
+        Ok(q.dst)
     }
 }
 

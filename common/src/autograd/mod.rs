@@ -28,7 +28,7 @@ pub use kv_cache::KvCache;
 pub use pool::Pool;
 
 use crate::backend::{
-    bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer, Fp8, Fp8Slot, Overwrite, Span,
+    bf16, check_range, token_order, Act, ActType, Backend, DevPtr, DeviceBuffer, Fp8, Fp8Out, Fp8Slot, Overwrite, Span,
 };
 use crate::error::{Error, Result};
 use crate::model::Fp8Site;
@@ -231,6 +231,10 @@ pub struct Graph<'a, B: Backend> {
     scratch: HashMap<usize, (Span<'a>, Option<Tensor>)>,
     /// FP8 operands' scratch by size in bytes ([`Graph::matmul_fp8`]).
     fp8_scratch: HashMap<usize, Span<'a, u8>>,
+    /// Tensors whose op also wrote their FP8 copy for the product that reads them next (in
+    /// the scratch of its size, until another operand takes it), with the slot it was scaled
+    /// by ([`Graph::add_layernorm`]).
+    fp8_copies: HashMap<usize, (Span<'a, u8>, DevPtr)>,
     /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
     staged: Option<&'a TokenStage<B>>,
     /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
@@ -340,6 +344,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             recompute: Recompute::None,
             scratch: HashMap::new(),
             fp8_scratch: HashMap::new(),
+            fp8_copies: HashMap::new(),
             staged: None,
             loss_seed: None,
             first_writes: HashMap::new(),
@@ -739,7 +744,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         match fp8 {
             None => self.be.matmul_forward(self.span(out), x, self.span(w), bias, r, c, oc),
             Some(site) => {
-                let xq = self.quantize_input(site, x, r * c)?;
+                let xq = self.quantize_input(site, inp, r * c)?;
                 let (dequant, formats) = (site.dequant(), [Fp8::E4M3; 2]);
                 self.be
                     .matmul_fp8(self.span(out), xq, site.weight, bias, dequant, [r, oc, c], formats);
@@ -751,6 +756,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// `n` bytes of FP8 scratch, shared by every FP8 operand of that size: each is read by the
     /// one product right after its quantization, in stream order.
     fn fp8_scratch(&mut self, n: usize) -> Result<Span<'a, u8>> {
+        self.fp8_copies.retain(|_, (copy, _)| copy.len() != n); // overwritten from now on
         if let Some(&scratch) = self.fp8_scratch.get(&n) {
             return Ok(scratch);
         }
@@ -902,6 +908,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         let out = self.output([r, oc], op)?;
         let (b_fc, b_proj) = (b_fc.map(|b| self.span(b)), b_proj.map(|b| self.span(b)));
         let x = self.data(inp);
+        let op_act = act;
         let (pre, act) = (self.span(pre), self.span(act));
         let Some([fc, proj]) = fp8 else {
             self.be.matmul_gelu_forward(pre, act, x, self.span(w_fc), b_fc, r, c, h);
@@ -909,10 +916,10 @@ impl<'a, B: Backend> Graph<'a, B> {
                 .matmul_forward(self.span(out), act, self.span(w_proj), b_proj, r, h, oc);
             return Ok(out);
         };
-        let xq = self.quantize_input(fc, x, r * c)?;
+        let xq = self.quantize_input(fc, inp, r * c)?;
         self.be
             .matmul_fp8_gelu(pre, act, xq, fc.weight, b_fc, fc.dequant(), [r, h, c]);
-        let aq = self.quantize_input(proj, act, r * h)?;
+        let aq = self.quantize_input(proj, op_act, r * h)?;
         let formats = [Fp8::E4M3; 2];
         self.be.matmul_fp8(
             self.span(out),
@@ -926,20 +933,30 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(out)
     }
 
-    /// An FP8 product's input `x` (n values) in E4M3 at its site's scale, its amax recorded:
-    /// in the scratch of its size.
-    fn quantize_input(&mut self, site: Fp8Site<'a>, x: Span<'a, Act>, n: usize) -> Result<Span<'a, u8>> {
-        let q = self.fp8_scratch(n)?;
+    /// An FP8 product's input `inp` (n values) in E4M3 at its site's scale, its amax recorded:
+    /// the copy its op wrote ([`Graph::add_layernorm`]), else quantized now into the scratch
+    /// of its size.
+    fn quantize_input(&mut self, site: Fp8Site<'a>, inp: Tensor, n: usize) -> Result<Span<'a, u8>> {
+        match self.fp8_copies.remove(&inp.0) {
+            Some((copy, slot)) if slot == site.input.ptr() => return Ok(copy),
+            _ => {}
+        }
+        let q = self.input_fp8_out(site, n)?;
+        let x = self.data(inp);
+        self.be.quantize_fp8(q.dst, q.amax, x, q.scale, n, q.format);
+        Ok(q.dst)
+    }
+
+    /// Where an FP8 product's input (n values) goes in E4M3, at its site's scale, its amax
+    /// recorded: the scratch of its size.
+    fn input_fp8_out(&mut self, site: Fp8Site<'a>, n: usize) -> Result<Fp8Out<'a>> {
         let word = Fp8Site::word;
-        self.be.quantize_fp8(
-            q,
-            word(site.input, Fp8Slot::AMAX),
-            x,
-            word(site.input, Fp8Slot::SCALE),
-            n,
-            Fp8::E4M3,
-        );
-        Ok(q)
+        Ok(Fp8Out {
+            dst: self.fp8_scratch(n)?,
+            amax: word(site.input, Fp8Slot::AMAX),
+            scale: word(site.input, Fp8Slot::SCALE),
+            format: Fp8::E4M3,
+        })
     }
 
     /// max(x, 0), elementwise (the MLP workload's activation).
@@ -972,8 +989,18 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// both in one pass over `a` and `b` ([`Backend::add_layernorm_forward`]), and in backward
     /// the layernorm's input gradient goes into the residual stream's in the pass that
     /// computes it. Under `--recompute`, `normed` is not kept: backward computes it again from
-    /// `sum` with `layernorm_forward`.
-    pub fn add_layernorm(&mut self, a: Tensor, b: Tensor, w: Tensor, bias: Tensor) -> Result<(Tensor, Tensor)> {
+    /// `sum` with `layernorm_forward`. With `fp8` (the site of the FP8 product that reads
+    /// `normed` next, in a training graph), the op also writes `normed`'s E4M3 copy at that
+    /// site's input scale ([`Backend::add_layernorm_forward_quantize`]), which that product
+    /// reads instead of quantizing.
+    pub fn add_layernorm(
+        &mut self,
+        a: Tensor,
+        b: Tensor,
+        w: Tensor,
+        bias: Tensor,
+        fp8: Option<Fp8Site<'a>>,
+    ) -> Result<(Tensor, Tensor)> {
         let shape @ [r, c] = self.shape(a);
         assert_eq!(shape, self.shape(b), "add_layernorm: shapes differ");
         assert!(
@@ -1011,7 +1038,15 @@ impl<'a, B: Backend> Graph<'a, B> {
         };
         let (x, y) = (self.data(a), self.data(b));
         let (s, n, w, bias) = (self.span(sum), self.span(normed), self.span(w), self.span(bias));
-        self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c);
+        match fp8 {
+            None => self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c),
+            Some(site) => {
+                let q = self.input_fp8_out(site, r * c)?;
+                let be = self.be;
+                be.add_layernorm_forward_quantize([s, n], mean, rstd, [x, y], w, bias, [r, c], q);
+                self.fp8_copies.insert(normed.0, (q.dst, site.input.ptr()));
+            }
+        }
         Ok((sum, normed))
     }
 

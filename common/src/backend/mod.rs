@@ -333,6 +333,17 @@ impl Fp8Slot {
     }
 }
 
+/// An FP8 copy that an op writes of its output, for an FP8 product to read: `dst` the output's
+/// values (as stored) times `scale[0]` in `format`, their largest magnitude recorded in `amax`,
+/// as [`Backend::quantize_fp8`] would from the output.
+#[derive(Clone, Copy, Debug)]
+pub struct Fp8Out<'a> {
+    pub dst: Span<'a, u8>,
+    pub amax: Span<'a>,
+    pub scale: Span<'a>,
+    pub format: Fp8,
+}
+
 /// Delayed scaling, on one slot ([`Fp8Slot`]) and its amax history (newest first): a finite
 /// `amax` is pushed onto the history (the oldest falls off; a non-finite one, from a step the
 /// optimiser skips, is not), `amax` is cleared, and where the history's largest value `m` is
@@ -472,6 +483,12 @@ pub trait Backend {
 
     /// Wait until all queued work is done (a no-op on the CPU).
     fn synchronize(&self) -> Result<()>;
+    /// Starts (`true`) or stops the range of work a profiler that waits for one records (CUDA:
+    /// cuProfilerStart/Stop, for `ncu --profile-from-start off`); `bench` marks its measured
+    /// steps with it. A no-op elsewhere.
+    fn profile_range(&self, _on: bool) -> Result<()> {
+        Ok(())
+    }
     /// The stream all this backend's work is queued on, for a device communicator to order
     /// collectives against; `None` where work runs as it is queued (the CPU).
     fn device_stream(&self) -> Option<DeviceStream> {
@@ -661,10 +678,13 @@ pub trait Backend {
     }
     /// [`Backend::matmul_fp8`] into the MLP's hidden layer through gelu': `dpre = gelu'(pre) ⊙
     /// (x · yᵀ · dequant)`, written (x the output gradient, y the second weight's transposed
-    /// copy): the two ops. (cuBLASLt's DGELU epilogue on FP8 inputs runs as a separate pass,
-    /// 3.5x slower than our gelu' kernel on an H200, so the CUDA backend does not use it.)
+    /// copy), and its FP8 copy `quantized` (the first product's output gradient, for its input
+    /// gradient's product): the product, then [`Backend::gelu_backward_quantize`]. (cuBLASLt's
+    /// DGELU epilogue on FP8 inputs runs as a separate pass, 3.5x slower than our gelu' kernel
+    /// on an H200, so the CUDA backend does not use it.)
     /// # Operands
-    /// As `matmul_fp8` without a bias, with `dpre`, `pre`: R·S each, distinct.
+    /// As `matmul_fp8` without a bias, with `dpre`, `pre`: R·S each, distinct; `quantized` as
+    /// in `gelu_backward_quantize`.
     #[allow(clippy::too_many_arguments)]
     fn matmul_fp8_dgelu(
         &self,
@@ -675,9 +695,20 @@ pub trait Backend {
         dequant: [Span; 2],
         shape: [usize; 3],
         formats: [Fp8; 2],
+        quantized: Fp8Out,
     ) {
         self.matmul_fp8(dpre, x, y, None, dequant, shape, formats);
-        self.gelu_backward_in_place(dpre, pre, shape[0] * shape[1]);
+        self.gelu_backward_quantize(dpre, pre, quantized, shape[0] * shape[1]);
+    }
+    /// [`Backend::gelu_backward_in_place`], then `d` quantized into `quantized` as
+    /// [`Backend::quantize_fp8`] does: by default the two ops; the CUDA backend runs them as
+    /// one pass (the same bits). Needs [`Backend::fp8`].
+    /// # Operands
+    /// `d`, `inp`, `quantized.dst`: `n` elements each; `quantized.amax`, `.scale`: 1.
+    fn gelu_backward_quantize(&self, d: Span<Act>, inp: Span<Act>, quantized: Fp8Out, n: usize) {
+        self.gelu_backward_in_place(d, inp, n);
+        let q = quantized;
+        self.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);
     }
     /// [`Backend::quantize_fp8`] into the transpose: `dst (cols,rows) = fp8(src (rows,cols)ᵀ ·
     /// scale[0])`, with `amax` as there. A weight's FP8 copy for the input gradient's product
@@ -874,6 +905,27 @@ pub trait Backend {
     ) {
         self.add(sum, a, b, bt * c);
         self.layernorm_forward(out, mean, rstd, sum, w, bias, bt, c);
+    }
+    /// [`Backend::add_layernorm_forward`], and `out`'s FP8 copy `quantized` (the next FP8
+    /// product's input) as [`Backend::quantize_fp8`] makes it: by default the two ops; the
+    /// CUDA backend writes the copy in the same pass (the same bits). Needs [`Backend::fp8`].
+    /// # Operands
+    /// As `add_layernorm_forward`; `quantized.dst`: BT·C, `.amax`, `.scale`: 1.
+    #[allow(clippy::too_many_arguments)]
+    fn add_layernorm_forward_quantize(
+        &self,
+        [sum, out]: [Span<Act>; 2],
+        mean: Span,
+        rstd: Span,
+        [a, b]: [Span<Act>; 2],
+        w: Span<Act>,
+        bias: Span<Act>,
+        [bt, c]: [usize; 2],
+        quantized: Fp8Out,
+    ) {
+        self.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, bt, c);
+        let q = quantized;
+        self.quantize_fp8(q.dst, q.amax, out, q.scale, bt * c, q.format);
     }
     /// Backward of `add_layernorm_forward` down to the residual stream: `dsum +=
     /// layernorm_backward(dout)` in place, after which `dsum` holds the whole gradient of the

@@ -13,7 +13,7 @@
 //! against. Every row runs on [`KernelOpts::tokens`] rows (B·T): 16,384 on a GPU, fewer on
 //! the CPU, where the whole bench must stay near a minute on 2 cores (see [`KernelOpts`]).
 
-use crate::backend::{Act, ActType, AdamWHyper, Backend, DeviceBuffer, Fp8, Overwrite, Span, StepState};
+use crate::backend::{Act, ActType, AdamWHyper, Backend, DeviceBuffer, Fp8, Fp8Out, Overwrite, Span, StepState};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -650,6 +650,55 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
                 None,
                 Some((a + 1.0) * n as f64),
             );
+        }
+        // The residual add and layernorm that also write the next product's E4M3 input,
+        // against the two kernels. Floor: add_layernorm_fwd's and the copy's byte.
+        {
+            let (r, c) = (tokens, 768usize);
+            let n = r * c;
+            let m = Arena::new(be);
+            let (x, y, sum, out) = (m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?);
+            let (w, b, dst) = (m.act(c, 1.0)?, m.act(c, 1.0)?, m.fp8(n, Fp8::E4M3)?);
+            let (mean, rstd) = (m.f32s(r, 1.0, None)?, m.f32s(r, 1.0, None)?);
+            let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
+            let copy = Fp8Out {
+                dst,
+                amax,
+                scale,
+                format: Fp8::E4M3,
+            };
+            let (shape, bytes) = (format!("{r}x{c}"), Some((4.0 * a + 1.0) * n as f64 + 8.0 * r as f64));
+            let fused = time_ms(be, 20, || {
+                be.add_layernorm_forward_quantize([sum, out], mean, rstd, [x, y], w, b, [r, c], copy)
+            })?;
+            row("ours", "add_layernorm_fwd_quantize", shape.clone(), fused, None, bytes);
+            let apart = time_ms(be, 20, || {
+                be.add_layernorm_forward(sum, out, mean, rstd, x, y, w, b, r, c);
+                be.quantize_fp8(dst, amax, out, scale, n, Fp8::E4M3);
+            })?;
+            row("ours-unfused", "add_layernorm_fwd_quantize", shape, apart, None, bytes);
+        }
+        // gelu' with its E5M2 copy (the MLP's d(pre)), against the two kernels. d changes over
+        // the calls (gelu' applied again), not the work.
+        {
+            let n = tokens * 3072;
+            let m = Arena::new(be);
+            let (d, pre, dst) = (m.act(n, 1.0)?, m.act(n, 2.0)?, m.fp8(n, Fp8::E5M2)?);
+            let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
+            let copy = Fp8Out {
+                dst,
+                amax,
+                scale,
+                format: Fp8::E5M2,
+            };
+            let (shape, bytes) = (format!("{tokens}x3072"), Some((3.0 * a + 1.0) * n as f64));
+            let fused = time_ms(be, 20, || be.gelu_backward_quantize(d, pre, copy, n))?;
+            row("ours", "gelu_backward_quantize", shape.clone(), fused, None, bytes);
+            let apart = time_ms(be, 20, || {
+                be.gelu_backward_in_place(d, pre, n);
+                be.quantize_fp8(dst, amax, d, scale, n, Fp8::E5M2);
+            })?;
+            row("ours-unfused", "gelu_backward_quantize", shape, apart, None, bytes);
         }
         // Into the transpose: a weight's copy for the input gradient's product.
         for [rows_, cols] in [[2304usize, 768], [3072, 768], [768, 3072]] {

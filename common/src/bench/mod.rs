@@ -126,6 +126,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         bar.inc(1);
     }
     be.synchronize()?;
+    be.profile_range(true)?; // the measured steps, for a profiler that waits for them
     let (mut comm_s, mut loss) = (0.0, 0.0);
     let started = Instant::now();
     for step in args.warmup..args.warmup + args.steps {
@@ -136,6 +137,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
     }
     be.synchronize()?;
     let secs = started.elapsed().as_secs_f64();
+    be.profile_range(false)?;
     loss = trainer.flush()?.last().map_or(loss, |(_, s)| s.loss);
     let sums_alone_s = trainer.time_gradient_sums(5)?;
     bar.finish_and_clear();

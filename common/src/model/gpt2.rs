@@ -231,7 +231,8 @@ impl<B: Backend> Gpt2<B> {
             };
             let proj = product(g, a, l, (Param::AttProjW, Param::AttProjB))?;
             let (w, bias) = (block(g, l, Param::Ln2W)?, block(g, l, Param::Ln2B)?);
-            (x, h) = g.add_layernorm(x, proj, w, bias)?;
+            // Under FP8 the layernorm writes the MLP's FP8 input too.
+            (x, h) = g.add_layernorm(x, proj, w, bias, fp8.map(|f| f.site(l, Param::FcW)))?;
             g.release(proj); // summed into x; no backward reads it
                              // MLP sub-block: x = x + fcproj(gelu(fc(ln2(x)))), with the next block's ln1(x)
                              // (or, after the last block, the final layernorm) in the same op
@@ -244,13 +245,14 @@ impl<B: Backend> Gpt2<B> {
                 }
                 None => g.mlp(h, w_fc, Some(b_fc), w_proj, Some(b_proj))?, // through (BT, 4C)
             };
-            let (w, bias) = if l + 1 < cfg.n_layer {
+            let (w, bias, next) = if l + 1 < cfg.n_layer {
                 g.mark(l + 1);
-                (block(g, l + 1, Param::Ln1W)?, block(g, l + 1, Param::Ln1B)?)
+                let next = fp8.map(|f| f.site(l + 1, Param::QkvW)); // qkv's FP8 input too
+                (block(g, l + 1, Param::Ln1W)?, block(g, l + 1, Param::Ln1B)?, next)
             } else {
-                (param(g, lay.get(Param::LnfW))?, param(g, lay.get(Param::LnfB))?)
+                (param(g, lay.get(Param::LnfW))?, param(g, lay.get(Param::LnfB))?, None)
             };
-            (x, h) = g.add_layernorm(x, proj, w, bias)?;
+            (x, h) = g.add_layernorm(x, proj, w, bias, next)?;
             g.release(proj);
         }
         if last_only {

@@ -14,8 +14,8 @@ use crate::backend::contract;
 /// Rows a block of `quantize_fp8_transposed_kernel` covers (kernels/fp8.cu's FP8_T_ROWS).
 const FP8_T_ROWS: usize = 32;
 use crate::backend::{
-    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Fp8, FusedMlp, Overwrite,
-    Precision, SgdHyper, Snapshot, Span,
+    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Fp8, Fp8Out, FusedMlp,
+    Overwrite, Precision, SgdHyper, Snapshot, Span,
 };
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -534,17 +534,22 @@ impl Backend for CudaBackend {
         let (dst, amax, src, scale) = contract::quantize_fp8_transposed(self.act(), dst, amax, src, scale, shape);
         let [rows, cols] = shape;
         let e5m2 = (format == Fp8::E5M2) as usize;
-        // A block: 32 columns by FP8_T_ROWS rows through a 32 x 32 tile, one amax atomic.
-        let grid = (cols.div_ceil(32) as u32, rows.div_ceil(FP8_T_ROWS) as u32, 1);
-        // SAFETY: the contract checked every extent and overlap.
-        unsafe {
-            self.launch(
+        // 64 x 64 tiles with 16-byte loads and 8-byte stores where the shape and alignment
+        // allow (every weight of an FP8 model), else 32 columns by FP8_T_ROWS rows through a
+        // 32 x 32 tile, a value at a time; one amax atomic a block either way.
+        let vec = rows.is_multiple_of(8) && cols.is_multiple_of(8) && src.addr() % 16 == 0 && dst.addr() % 8 == 0;
+        let (kernel, grid) = match vec {
+            true => (
+                "quantize_fp8_transposed_vec_kernel",
+                (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1),
+            ),
+            false => (
                 "quantize_fp8_transposed_kernel",
-                grid,
-                (32, 8, 1),
-                args![dst, amax, src, scale, rows, cols, e5m2],
-            )
+                (cols.div_ceil(32) as u32, rows.div_ceil(FP8_T_ROWS) as u32, 1),
+            ),
         };
+        // SAFETY: the contract checked every extent and overlap.
+        unsafe { self.launch(kernel, grid, (32, 8, 1), args![dst, amax, src, scale, rows, cols, e5m2]) };
     }
 
     fn fp8_rescale(&self, slots: Span, history: Span, n: usize, len: usize) {
@@ -614,6 +619,18 @@ impl Backend for CudaBackend {
         let dst = contract::scale(dst, n);
         // SAFETY: the contract checked that `dst` holds `n` elements.
         unsafe { self.launch_1d("scale_kernel", n, args![dst, n, s]) };
+    }
+
+    fn profile_range(&self, on: bool) -> Result<()> {
+        self.bind()?;
+        // SAFETY: this backend's context is current on this thread (bound above).
+        let r = unsafe {
+            match on {
+                true => driver_sys::cuProfilerStart(),
+                false => driver_sys::cuProfilerStop(),
+            }
+        };
+        r.result().map_err(|e| device_err("marking the profiled range", e))
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -1004,6 +1021,46 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn add_layernorm_forward_quantize(
+        &self,
+        [sum, out]: [Span<Act>; 2],
+        mean: Span,
+        rstd: Span,
+        [a, b]: [Span<Act>; 2],
+        w: Span<Act>,
+        bias: Span<Act>,
+        [bt, c]: [usize; 2],
+        quantized: Fp8Out,
+    ) {
+        let q = quantized;
+        let (sum_, out_, mean_, rstd_, a_, b_, w_, bias_) =
+            contract::add_layernorm_forward(self.act(), sum, out, mean, rstd, a, b, w, bias, bt, c);
+        // One kernel where add_layernorm_forward's is one and the copy takes 4-byte stores.
+        let one = vec4_rows(c, &[sum_, out_, a_, b_, w_, bias_], self.act()) && q.dst.ptr().addr().is_multiple_of(4);
+        if !(one && self.act() == ActType::Bf16) {
+            self.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, bt, c);
+            return self.quantize_fp8(q.dst, q.amax, out, q.scale, bt * c, q.format);
+        }
+        assert!(
+            self.fp8,
+            "add_layernorm_forward_quantize: {} has no FP8 (Backend::fp8)",
+            self.name
+        );
+        let (dst, amax, _, scale) = contract::quantize_fp8(self.act(), q.dst, q.amax, out, q.scale, bt * c);
+        let e5m2 = (q.format == Fp8::E5M2) as usize;
+        let grid = blocks(bt, ROWS_PER_BLOCK);
+        let args = args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, amax, scale, bt, c, e5m2];
+        // SAFETY: the contracts checked every extent and overlap.
+        unsafe {
+            self.launch(
+                "add_layernorm_forward_quantize_kernel",
+                grid,
+                (THREADS as u32, 1, 1),
+                args,
+            )
+        };
+    }
+
     fn add_layernorm_backward(
         &self,
         dsum: Span<Act>,
@@ -1187,6 +1244,37 @@ impl Backend for CudaBackend {
                 self.launch_1d("gelu_backward_in_place_kernel", n, args![d, inp, n]);
             }
         }
+    }
+
+    fn gelu_backward_quantize(&self, d: Span<Act>, inp: Span<Act>, quantized: Fp8Out, n: usize) {
+        let q = quantized;
+        // One pass where eight values a thread line up (every FP8 model's hidden layer), else
+        // the two kernels.
+        let aligned = [d.ptr().addr(), inp.ptr().addr()].iter().all(|a| a % 16 == 0);
+        let vec = n.is_multiple_of(8) && aligned && q.dst.ptr().addr().is_multiple_of(8);
+        if !(vec && self.act() == ActType::Bf16) {
+            self.gelu_backward_in_place(d, inp, n);
+            return self.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);
+        }
+        assert!(
+            self.fp8,
+            "gelu_backward_quantize: {} has no FP8 (Backend::fp8)",
+            self.name
+        );
+        let (d_, inp_) = contract::gelu_backward_in_place(self.act(), d, inp, n);
+        let (dst, amax, _, scale) = contract::quantize_fp8(self.act(), q.dst, q.amax, d, q.scale, n);
+        let e5m2 = (q.format == Fp8::E5M2) as usize;
+        let grid = (n.div_ceil(8).div_ceil(THREADS).clamp(1, MAX_REDUCE_BLOCKS) as u32, 1, 1);
+        // SAFETY: the contracts checked every extent and overlap (d is read and written by
+        // the same thread, as the in-place kernel does).
+        unsafe {
+            self.launch(
+                "gelu_backward_quantize_kernel",
+                grid,
+                (THREADS as u32, 1, 1),
+                args![d_, inp_, dst, amax, scale, n, e5m2],
+            )
+        };
     }
 
     unsafe fn crossentropy_forward(

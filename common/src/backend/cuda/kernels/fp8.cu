@@ -1,21 +1,7 @@
-// FP8 quantization (E4M3, E5M2): values scaled, rounded to nearest even and saturated to the
-// format's largest finite value by the hardware's conversion (Ada and Hopper on: sm_89+), and
-// their largest magnitude, the statistic a delayed scale is made from.
-
-// Two floats as two FP8 values, `lo` in the low byte (the lower address).
-__device__ __forceinline__ unsigned short fp8x2(float lo, float hi, int e5m2) {
-    unsigned short r = 0;
-#if __CUDA_ARCH__ >= 890
-    if (e5m2) {
-        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    }
-#else
-    __trap();  // the Rust side runs FP8 only where the GPU has it (Backend::fp8)
-#endif
-    return r;
-}
+// FP8 quantization (E4M3, E5M2; fp8x2 and amax_atomic in the prelude): values scaled, rounded
+// to nearest even and saturated to the format's largest finite value by the hardware's
+// conversion (Ada and Hopper on: sm_89+), and their largest magnitude, the statistic a delayed
+// scale is made from.
 
 // dst[i] = fp8(src[i] * scale[0]); amax[0] = max(amax[0], |src[i]|), compared as bits (the
 // order of non-negative floats, NaN above all), so the result does not depend on the order
@@ -32,13 +18,7 @@ extern "C" __global__ void quantize_fp8_kernel(unsigned char* dst, float* amax, 
         if (vec) {
             float v[8];
             load8(src + i, v);
-            unsigned w[2] = {0, 0};
-#pragma unroll
-            for (int k = 0; k < 8; k += 2) {
-                top = max(top, max(__float_as_uint(fabsf(v[k])), __float_as_uint(fabsf(v[k + 1]))));
-                w[k / 4] |= (unsigned)fp8x2(v[k] * s, v[k + 1] * s, e5m2) << (16 * ((k / 2) % 2));
-            }
-            *reinterpret_cast<uint2*>(dst + i) = make_uint2(w[0], w[1]);
+            *reinterpret_cast<uint2*>(dst + i) = fp8x8(v, s, e5m2, top);
         } else {
             for (long long j = i; j < i + 8 && j < n; j++) {
                 float x = to_f(src[j]);
@@ -47,29 +27,7 @@ extern "C" __global__ void quantize_fp8_kernel(unsigned char* dst, float* amax, 
             }
         }
     }
-    // The block's largest, then one atomic.
-    top = __reduce_max_sync(FULL_MASK, top);
-    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    if (lane == 0) warp_top[warp] = top;
-    __syncthreads();
-    if (warp == 0) {
-        top = lane < (int)(blockDim.x / WARP_SIZE) ? warp_top[lane] : 0;
-        top = __reduce_max_sync(FULL_MASK, top);
-        if (lane == 0 && top != 0) atomicMax(reinterpret_cast<unsigned*>(amax), top);
-    }
-}
-
-// The block's largest of each thread's `top`, then one atomic into amax (blockDim.x a warp).
-__device__ __forceinline__ void block_amax(float* amax, unsigned top, unsigned* warp_top) {
-    top = __reduce_max_sync(FULL_MASK, top);
-    int lane = threadIdx.x, warp = threadIdx.y;
-    if (lane == 0) warp_top[warp] = top;
-    __syncthreads();
-    if (warp == 0) {
-        top = lane < (int)blockDim.y ? warp_top[lane] : 0;
-        top = __reduce_max_sync(FULL_MASK, top);
-        if (lane == 0 && top != 0) atomicMax(reinterpret_cast<unsigned*>(amax), top);
-    }
+    amax_atomic(amax, top, warp_top);
 }
 
 #define FP8_T_ROWS 32
@@ -103,7 +61,44 @@ extern "C" __global__ void quantize_fp8_transposed_kernel(unsigned char* dst, fl
         }
         __syncthreads();
     }
-    block_amax(amax, top, warp_top);
+    amax_atomic(amax, top, warp_top);
+}
+
+// quantize_fp8_transposed_kernel where rows and cols are multiples of 8, src is 16-byte aligned
+// and dst 8-byte aligned (every weight of an FP8 model): a block of 32 x 8 threads takes a
+// 64 x 64 tile, loading 8 values (16 bytes) a thread along src's rows and storing 8 bytes a
+// thread along dst's rows, through a tile of FP8 bytes in shared memory (rows 68 bytes apart:
+// the column reads of the stores meet at most 2 to a bank).
+extern "C" __global__ void quantize_fp8_transposed_vec_kernel(unsigned char* dst, float* amax, const act_t* src,
+                                                              const float* scale, int rows, int cols, int e5m2) {
+    __shared__ unsigned tile[64][17];  // 64 rows of 64 FP8 values, 4 bytes of padding each
+    __shared__ unsigned warp_top[8];
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(tile);
+    float s = scale[0];
+    unsigned top = 0;
+    int r0 = blockIdx.y * 64, c0 = blockIdx.x * 64, t = threadIdx.y * 32 + threadIdx.x;
+    for (int k = t; k < 512; k += 256) {
+        int i = k / 8, j = (k % 8) * 8;  // the tile's row, its first column
+        uint2 w = make_uint2(0, 0);
+        if (r0 + i < rows && c0 + j < cols) {
+            float v[8];
+            load8(src + (long long)(r0 + i) * cols + c0 + j, v);
+            w = fp8x8(v, s, e5m2, top);
+        }
+        tile[i][j / 4] = w.x;
+        tile[i][j / 4 + 1] = w.y;
+    }
+    __syncthreads();
+    for (int k = t; k < 512; k += 256) {
+        int j = k / 8, i = (k % 8) * 8;  // the tile's column (a row of dst), its first row
+        if (c0 + j < cols && r0 + i < rows) {
+            unsigned w[2] = {0, 0};
+#pragma unroll
+            for (int q = 0; q < 8; q++) w[q / 4] |= (unsigned)bytes[(i + q) * 68 + j] << (8 * (q % 4));
+            *reinterpret_cast<uint2*>(dst + (long long)(c0 + j) * rows + r0 + i) = make_uint2(w[0], w[1]);
+        }
+    }
+    amax_atomic(amax, top, warp_top);
 }
 
 // Delayed scaling's step, one thread a slot [dequant, scale, amax, max] with its history of

@@ -41,6 +41,28 @@ extern "C" __global__ void gelu_backward_in_place_vec4_kernel(act_t* d, const ac
                                   gelu_grad(x.w) * g.w));
 }
 
+// gelu_backward_in_place then quantize_fp8 of its result, in one pass (FP8's d(pre)): d =
+// gelu'(inp) * d rounded to act_t, and dst = fp8(d * scale[0]) of the rounded values, with
+// amax as quantize_fp8_kernel's: the two kernels' bits. Eight values a step of a grid-stride
+// loop; n a multiple of 8, d and inp aligned to 8 elements, dst to 8 bytes.
+extern "C" __global__ void gelu_backward_quantize_kernel(act_t* d, const act_t* inp, unsigned char* dst, float* amax,
+                                                         const float* scale, int n, int e5m2) {
+    __shared__ unsigned warp_top[32];
+    float s = scale[0];
+    unsigned top = 0;
+    long long stride = 8LL * gridDim.x * blockDim.x;
+    for (long long i = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += stride) {
+        float x[8], g[8];
+        load8(inp + i, x);
+        load8(d + i, g);
+#pragma unroll
+        for (int k = 0; k < 8; k++) g[k] = to_f(from_f(gelu_grad(x[k]) * g[k]));
+        store8(d + i, g);
+        *reinterpret_cast<uint2*>(dst + i) = fp8x8(g, s, e5m2, top);
+    }
+    amax_atomic(amax, top, warp_top);
+}
+
 extern "C" __global__ void gelu_backward_in_place_kernel(act_t* d, const act_t* inp, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) d[i] = from_f(gelu_grad(to_f(inp[i])) * to_f(d[i]));

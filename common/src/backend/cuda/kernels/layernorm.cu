@@ -66,8 +66,12 @@ extern "C" __global__ void layernorm_backward_dinp_kernel(act_t* dinp, act_t* co
 // One row of layernorm_forward_vec4_kernel, for `lane` of the row's warp: shared with
 // add_layernorm_forward_vec4_kernel, so that the fused op's statistics and output are these,
 // bit for bit (`--recompute` computes its output again with layernorm_forward).
+// With `q` (FP8 training), the row's output also goes there in FP8, as quantize_fp8_kernel
+// writes it from the rounded output (times `qs`; `top` takes the magnitudes' largest).
 __device__ __forceinline__ void layernorm_row_vec4(act_t* o, float* mean, float* rstd, const act_t* x,
-                                                   const act_t* w, const act_t* b, int lane, int C) {
+                                                   const act_t* w, const act_t* b, int lane, int C,
+                                                   unsigned char* q = nullptr, float qs = 1.0f, int e5m2 = 0,
+                                                   unsigned* top = nullptr) {
     float sum = 0.0f;
     for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
         float4 v = load4(x + c);
@@ -87,8 +91,16 @@ __device__ __forceinline__ void layernorm_row_vec4(act_t* o, float* mean, float*
     }
     for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
         float4 v = load4(x + c), wv = load4(w + c), bv = load4(b + c);
-        store4(o + c, make_float4((v.x - m) * s * wv.x + bv.x, (v.y - m) * s * wv.y + bv.y,
-                                  (v.z - m) * s * wv.z + bv.z, (v.w - m) * s * wv.w + bv.w));
+        float4 y = make_float4((v.x - m) * s * wv.x + bv.x, (v.y - m) * s * wv.y + bv.y,
+                               (v.z - m) * s * wv.z + bv.z, (v.w - m) * s * wv.w + bv.w);
+        store4(o + c, y);
+        if (q) {
+            float r[4] = {to_f(from_f(y.x)), to_f(from_f(y.y)), to_f(from_f(y.z)), to_f(from_f(y.w))};
+#pragma unroll
+            for (int k = 0; k < 4; k++) *top = max(*top, __float_as_uint(fabsf(r[k])));
+            *reinterpret_cast<unsigned*>(q + c) =
+                (unsigned)fp8x2(r[0] * qs, r[1] * qs, e5m2) | ((unsigned)fp8x2(r[2] * qs, r[3] * qs, e5m2) << 16);
+        }
     }
 }
 
@@ -108,19 +120,42 @@ extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean
 // writes, from L2), where `add` then `layernorm_forward` read the sum back from memory in a
 // second kernel.
 // C a multiple of 4, rows aligned to 4 elements; one warp per row.
-extern "C" __global__ void add_layernorm_forward_vec4_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
-                                                             const act_t* a, const act_t* b, const act_t* w,
-                                                             const act_t* bias, int N, int C) {
+// One row of it (`q` and after: layernorm_row_vec4's).
+__device__ __forceinline__ void add_layernorm_row_vec4(act_t* sum, act_t* out, float* mean, float* rstd,
+                                                       const act_t* a, const act_t* b, const act_t* w,
+                                                       const act_t* bias, int row, int C,
+                                                       unsigned char* q = nullptr, float qs = 1.0f, int e5m2 = 0,
+                                                       unsigned* top = nullptr) {
     int lane = threadIdx.x % WARP_SIZE;
-    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    if (row >= N) return;
     size_t off = (size_t)row * C;
     act_t* s = sum + off;
     for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
         float4 x = load4(a + off + c), y = load4(b + off + c);
         store4(s + c, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
     }
-    layernorm_row_vec4(out + off, mean + row, rstd + row, s, w, bias, lane, C);
+    layernorm_row_vec4(out + off, mean + row, rstd + row, s, w, bias, lane, C, q ? q + off : q, qs, e5m2, top);
+}
+
+extern "C" __global__ void add_layernorm_forward_vec4_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
+                                                             const act_t* a, const act_t* b, const act_t* w,
+                                                             const act_t* bias, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row < N) add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C);
+}
+
+// add_layernorm_forward_vec4_kernel, and its output's FP8 copy for the next FP8 product:
+// dst = fp8(out * scale[0]) of out as rounded, amax as quantize_fp8_kernel's (one atomic a
+// block). dst aligned to 4 bytes.
+extern "C" __global__ void add_layernorm_forward_quantize_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
+                                                                 const act_t* a, const act_t* b, const act_t* w,
+                                                                 const act_t* bias, unsigned char* dst, float* amax,
+                                                                 const float* scale, int N, int C, int e5m2) {
+    __shared__ unsigned warp_top[32];
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    unsigned top = 0;
+    // Every thread reaches the block's amax below.
+    if (row < N) add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C, dst, scale[0], e5m2, &top);
+    amax_atomic(amax, top, warp_top);
 }
 
 extern "C" __global__ void layernorm_backward_dinp_vec4_kernel(act_t* dinp, act_t* copy, const act_t* dout,

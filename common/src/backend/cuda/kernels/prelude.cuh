@@ -144,6 +144,50 @@ __device__ __forceinline__ void store4(bf16_t* p, float4 v) {
     *reinterpret_cast<uint2*>(p) = u;
 }
 
+// ---- FP8 ---------------------------------------------------------------------------------
+// Two floats as two FP8 values, `lo` in the low byte (the lower address).
+__device__ __forceinline__ unsigned short fp8x2(float lo, float hi, int e5m2) {
+    unsigned short r = 0;
+#if __CUDA_ARCH__ >= 890
+    if (e5m2) {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    }
+#else
+    __trap();  // the Rust side runs FP8 only where the GPU has it (Backend::fp8)
+#endif
+    return r;
+}
+
+// The largest of each thread's `top` (an |x|'s bits: the order of non-negative floats, NaN above
+// all) over the block (of whole warps), then one atomicMax of it into amax, so that the result
+// does not depend on the order the atomics land in. `warp_top`: shared, a word per warp.
+__device__ __forceinline__ void amax_atomic(float* amax, unsigned top, unsigned* warp_top) {
+    top = __reduce_max_sync(FULL_MASK, top);
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
+    int lane = t % WARP_SIZE, warp = t / WARP_SIZE;
+    if (lane == 0) warp_top[warp] = top;
+    __syncthreads();
+    if (warp == 0) {
+        top = lane < (int)(blockDim.x * blockDim.y / WARP_SIZE) ? warp_top[lane] : 0;
+        top = __reduce_max_sync(FULL_MASK, top);
+        if (lane == 0 && top != 0) atomicMax(reinterpret_cast<unsigned*>(amax), top);
+    }
+}
+
+// Eight values as eight FP8 bytes (v[0] in the lowest), each times `s`; `top` takes their
+// magnitudes' largest (as amax_atomic compares them).
+__device__ __forceinline__ uint2 fp8x8(const float (&v)[8], float s, int e5m2, unsigned& top) {
+    unsigned w[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) {
+        top = max(top, max(__float_as_uint(fabsf(v[k])), __float_as_uint(fabsf(v[k + 1]))));
+        w[k / 4] |= (unsigned)fp8x2(v[k] * s, v[k + 1] * s, e5m2) << (16 * ((k / 2) % 2));
+    }
+    return make_uint2(w[0], w[1]);
+}
+
 // ---- the optimiser's per-step scalars ----------------------------------------------------
 // The layout of `StepState` in backend/mod.rs (adamw.cu's updates and mlp.cu's step read it).
 struct StepState {
