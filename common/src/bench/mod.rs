@@ -96,7 +96,7 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
         eps: 1e-8,
         grad_clip: 1.0,
     };
-    agree(comm, check_fits(be, &config, b, t, 1))?;
+    agree(comm, check_fits(be, &config, (b, t), 1, args.device.fp8()))?;
     let sync = args.sync.mode();
     let settings = TrainerSettings {
         optim,

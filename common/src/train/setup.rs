@@ -232,7 +232,13 @@ impl<'a, B: Backend> Run<'a, B> {
 
         agree(
             comm,
-            check_fits(be, &config, b / world / micro_batches, t, micro_batches),
+            check_fits(
+                be,
+                &config,
+                (b / world / micro_batches, t),
+                micro_batches,
+                args.device.fp8(),
+            ),
         )?;
         let mut trainer = Trainer::new(
             be,
@@ -807,10 +813,17 @@ pub fn check_heads<B: Backend>(be: &B, config: &ModelConfig) -> Result<()> {
 
 /// Refuses a model and batch that cannot fit before anything is allocated: a head size the
 /// backend's attention cannot run, a tensor beyond the kernels' 32-bit indices, or (a lower
-/// bound of) parameters, gradients, AdamW moments and activations beyond the backend's
-/// memory. `b` is a micro-batch's rows on one process, of `micro_batches` a step (above 1:
-/// the gradient buffer a later micro-batch writes apart).
-pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize, micro_batches: usize) -> Result<()> {
+/// bound of) parameters, gradients, AdamW moments, activations and, under `fp8`, the block
+/// weights' FP8 copies beyond the backend's memory. `b` is a micro-batch's rows on one
+/// process, of `micro_batches` a step (above 1: the gradient buffer a later micro-batch
+/// writes apart).
+pub fn check_fits<B: Backend>(
+    be: &B,
+    config: &ModelConfig,
+    (b, t): (usize, usize),
+    micro_batches: usize,
+    fp8: bool,
+) -> Result<()> {
     check_heads(be, config)?;
     let saved = be.attention_saved_len(b, t, config.n_head);
     let (largest, activations) = config.activation_values(b, t, saved);
@@ -824,7 +837,13 @@ pub fn check_fits<B: Backend>(be: &B, config: &ModelConfig, b: usize, t: usize, 
     let act = be.act().bytes() as u128;
     let copy = if act < 4 { act } else { 0 };
     let apart = if micro_batches > 1 { 4 } else { 0 };
-    let bytes = (16 + copy + apart) * config.num_params() as u128 + act * activations;
+    // --precision fp8: two FP8 copies of each block weight (the products' 12·C² a block).
+    let fp8_copies = if fp8 {
+        2 * 12 * (config.n_layer * config.n_embd * config.n_embd) as u128
+    } else {
+        0
+    };
+    let bytes = (16 + copy + apart) * config.num_params() as u128 + act * activations + fp8_copies;
     if let Some(capacity) = be.memory_capacity_bytes().filter(|&c| bytes > c as u128) {
         let gib = |x: u128| x as f64 / (1u64 << 30) as f64;
         crate::bail_input!(

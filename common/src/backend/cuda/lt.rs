@@ -246,14 +246,7 @@ impl LtMatmul {
         } else {
             Epilogue::Plain
         };
-        let ops = Operands {
-            a: y.cast(),
-            b: x.cast(),
-            d: out,
-            bias,
-            aux: None,
-            scales: Some([dy, dx]),
-        };
+        let ops = fp8_operands(out, None, [x, y], bias, [dx, dy]);
         self.run(stream, epilogue, Inputs::Fp8([fy, fx]), (s, r, k), ops)
     }
 
@@ -275,14 +268,7 @@ impl LtMatmul {
         [dx, dy]: [DevPtr; 2],
         [r, s, k]: [usize; 3],
     ) -> Result<bool> {
-        let ops = Operands {
-            a: y.cast(),
-            b: x.cast(),
-            d: out,
-            bias,
-            aux: Some(pre),
-            scales: Some([dy, dx]),
-        };
+        let ops = fp8_operands(out, Some(pre), [x, y], bias, [dx, dy]);
         let epilogue = Epilogue::GeluAux { bias: bias.is_some() };
         self.run(stream, epilogue, Inputs::Fp8([Fp8::E4M3; 2]), (s, r, k), ops)
     }
@@ -585,5 +571,25 @@ impl Drop for LtMatmul {
         }
         // SAFETY: created in `new`, destroyed once, after its plans.
         let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// An FP8 product's operands, row-major out (R,S) = x (R,K) · yᵀ as cuBLASLt's column-major
+/// outᵀ = op(y) · xᵀ: y is A, x is B, and so are their scales; `aux` the GELU epilogue's
+/// pre-activation.
+fn fp8_operands(
+    out: DevPtr<Act>,
+    aux: Option<DevPtr<Act>>,
+    [x, y]: [DevPtr<u8>; 2],
+    bias: Option<DevPtr<Act>>,
+    [dx, dy]: [DevPtr; 2],
+) -> Operands {
+    Operands {
+        a: y.cast(),
+        b: x.cast(),
+        d: out,
+        bias,
+        aux,
+        scales: Some([dy, dx]),
     }
 }
