@@ -245,6 +245,10 @@ fn fp8_matches_cpu() {
             let got = quantized_transposed(&be, &values, [rows, cols], 256.0, format);
             let want = quantized_transposed(&cpu(), &values, [rows, cols], 256.0, format);
             assert_eq!(got, want, "{format:?}: transposed {rows}x{cols}");
+            // Both copies at once (a weight's): the plain one and the transpose, one amax.
+            let both = quantized_both(&be, &values, [rows, cols], 256.0, format);
+            assert!(both == quantized_both(&cpu(), &values, [rows, cols], 256.0, format));
+            assert!(both.1 == want.0 && both.2 == want.1, "{format:?}: both {rows}x{cols}");
         }
     }
     // Through GELU and gelu' (the epilogues of cuBLASLt on the GPU, the two ops on the CPU).
@@ -467,6 +471,32 @@ fn quantized_transposed<B: Backend>(
     let mut bits = vec![0u8; n];
     be.read(&dst, 0, &mut bits).expect("read");
     (bits, download(be, &amax)[0])
+}
+
+/// `values` (rows,cols) quantized into both copies at `scale`: the plain bits, the transposed
+/// bits and the amax.
+fn quantized_both<B: Backend>(
+    be: &B,
+    values: &[f32],
+    shape: [usize; 2],
+    scale: f32,
+    format: Fp8,
+) -> (Vec<u8>, Vec<u8>, f32) {
+    let n = values.len();
+    let (src, s, amax) = (upload_act(be, values), upload(be, &[scale]), upload(be, &[0.0]));
+    let (plain, t) = (be.alloc::<u8>(n).expect("alloc"), be.alloc::<u8>(n).expect("alloc"));
+    be.quantize_fp8_both(
+        [plain.span(), t.span()],
+        amax.span(),
+        act(be, &src),
+        s.span(),
+        shape,
+        format,
+    );
+    let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+    be.read(&plain, 0, &mut a).expect("read");
+    be.read(&t, 0, &mut b).expect("read");
+    (a, b, download(be, &amax)[0])
 }
 
 /// Three rounds of `fp8_rescale` over slots with amax values of every kind (none, tiny, huge,

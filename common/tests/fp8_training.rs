@@ -419,34 +419,23 @@ fn fp8_on_two_ranks_agrees_equals_two_micro_batches_and_resumes_exactly() {
     // Each amax the largest over the ranks is the amax of the whole batch, so two ranks are
     // one rank's two micro-batches, bit for bit.
     let be = CpuBackend::new(1).unwrap();
-    let mut one = Trainer::new(
-        &be,
-        &Single,
-        tiny(),
-        TrainerSettings {
+    let two_micro_batches = || {
+        let settings = TrainerSettings {
             micro_batches: 2,
             ..settings(true, 6)
-        },
-    )
-    .unwrap();
-    one.init_weights(7).unwrap();
+        };
+        let mut trainer = Trainer::new(&be, &Single, tiny(), settings).unwrap();
+        trainer.init_weights(7).unwrap();
+        trainer
+    };
+    let mut one = two_micro_batches();
     let losses = run(&mut one, &data, 0);
     assert_eq!(runs[0].0, losses, "two ranks = two micro-batches");
     assert!(runs[0].1 == params(&be, &one), "and the same weights");
     assert!(runs[0].2 == one.fp8_state().unwrap().unwrap(), "and the same scales");
 
     // Cut after 3 steps: rank 0's checkpoint (its scales are every rank's) resumes both.
-    let mut first = Trainer::new(
-        &be,
-        &Single,
-        tiny(),
-        TrainerSettings {
-            micro_batches: 2,
-            ..settings(true, 6)
-        },
-    )
-    .unwrap();
-    first.init_weights(7).unwrap();
+    let mut first = two_micro_batches();
     run(&mut first, &data[..3], 0);
     let [p, m, v] = first
         .state_on_root([Vec::new(), Vec::new(), Vec::new()])

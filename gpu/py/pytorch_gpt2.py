@@ -300,6 +300,9 @@ def products(dev, timed):
         ms = timed(lambda: ((x * one).to(e4).t().contiguous(), x.abs().amax()))
         print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "quantize_fp8_transposed",
                           "shape": f"{rows}x{cols}", "precision": "bf16", "ms": ms}))
+        ms = timed(lambda: (lambda q: (q, q.t().contiguous(), x.abs().amax()))((x * one).to(e4)))  # quantize_fp8_both
+        print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "quantize_fp8_both",
+                          "shape": f"{rows}x{cols}", "precision": "bf16", "ms": ms}))
     x, y, w, b = rand(r, 768).bfloat16(), rand(r, 768).bfloat16(), rand(768).bfloat16(), rand(768).bfloat16()
 
     def add_ln_quantize():  # add_layernorm_fwd_quantize: the residual sum, its layernorm and that in E4M3

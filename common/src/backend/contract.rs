@@ -55,6 +55,21 @@ pub fn quantize_fp8(
     (dst, amax, o.read("src", src, n), o.read("scale", scale, 1))
 }
 
+pub fn quantize_fp8_both(
+    act: ActType,
+    [plain, transposed]: [Span<u8>; 2],
+    amax: Span,
+    src: Span<Act>,
+    scale: Span,
+    [rows, cols]: [usize; 2],
+) -> ([DevPtr<u8>; 2], F, A, F) {
+    let mut o = ops("quantize_fp8_both", act);
+    let n = rows * cols;
+    let dst = [o.write("plain", plain, n), o.write("transposed", transposed, n)];
+    let amax = o.write("amax", amax, 1);
+    (dst, amax, o.read("src", src, n), o.read("scale", scale, 1))
+}
+
 pub fn quantize_fp8_transposed(
     act: ActType,
     dst: Span<u8>,

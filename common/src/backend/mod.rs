@@ -725,6 +725,24 @@ pub trait Backend {
         shape: [usize; 2],
         format: Fp8,
     );
+    /// A weight's two FP8 copies at once: `plain` as [`Backend::quantize_fp8`] writes it and
+    /// `transposed` as [`Backend::quantize_fp8_transposed`] does, the amax recorded once (the
+    /// same values). By default the two ops; the CUDA backend reads the weight once for both.
+    /// # Operands
+    /// `plain`, `transposed`, `src`: rows·cols elements, distinct; `amax`, `scale`: 1.
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_fp8_both(
+        &self,
+        [plain, transposed]: [Span<u8>; 2],
+        amax: Span,
+        src: Span<Act>,
+        scale: Span,
+        shape: [usize; 2],
+        format: Fp8,
+    ) {
+        self.quantize_fp8(plain, amax, src, scale, shape[0] * shape[1], format);
+        self.quantize_fp8_transposed(transposed, amax, src, scale, shape, format);
+    }
     /// Delayed scaling's step over `n` FP8 scale slots ([`Fp8Slot`]: `Fp8Slot::WORDS` f32s each),
     /// each with a history of `len` amax values: [`fp8_rescale_slot`] on every slot.
     /// # Operands

@@ -717,6 +717,32 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
                 None,
                 Some((a + 1.0) * n as f64),
             );
+            // Both of a weight's copies from one read, against the two kernels.
+            let plain = m.fp8(n, Fp8::E4M3)?;
+            let (shape, bytes) = ([rows_, cols], Some((a + 2.0) * n as f64));
+            let both = time_ms(be, 20, || {
+                be.quantize_fp8_both([plain, dst], amax, src, scale, shape, Fp8::E4M3)
+            })?;
+            row(
+                "ours",
+                "quantize_fp8_both",
+                format!("{rows_}x{cols}"),
+                both,
+                None,
+                bytes,
+            );
+            let apart = time_ms(be, 20, || {
+                be.quantize_fp8(plain, amax, src, scale, n, Fp8::E4M3);
+                be.quantize_fp8_transposed(dst, amax, src, scale, shape, Fp8::E4M3);
+            })?;
+            row(
+                "ours-unfused",
+                "quantize_fp8_both",
+                format!("{rows_}x{cols}"),
+                apart,
+                None,
+                bytes,
+            );
         }
     }
     Ok(rows)

@@ -177,8 +177,7 @@ impl<B: Backend> Fp8State<B> {
                 Fp8Site::word(site.weight_slot, Fp8Slot::AMAX),
                 Fp8Site::word(site.weight_slot, Fp8Slot::SCALE),
             );
-            be.quantize_fp8(site.weight, amax, src, scale, w.params.len(), Fp8::E4M3);
-            be.quantize_fp8_transposed(site.weight_t, amax, src, scale, w.shape, Fp8::E4M3);
+            be.quantize_fp8_both([site.weight, site.weight_t], amax, src, scale, w.shape, Fp8::E4M3);
         }
     }
 

@@ -250,6 +250,16 @@ impl CudaBackend {
         self.launch(name, blocks(n, THREADS), (THREADS as u32, 1, 1), args);
     }
 
+    /// Queues an FP8 quantizing kernel over `n` values: eight a thread a step of a grid-stride
+    /// loop, over at most MAX_REDUCE_BLOCKS blocks of THREADS (one amax atomic a block).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    unsafe fn launch_quantize(&self, name: &str, n: usize, args: &[Arg]) {
+        let grid = (n.div_ceil(8).div_ceil(THREADS).clamp(1, MAX_REDUCE_BLOCKS) as u32, 1, 1);
+        self.launch(name, grid, (THREADS as u32, 1, 1), args);
+    }
+
     /// Queues kernel `name` on the stream; a failure is latched for `synchronize`.
     /// Integer arguments must fit an `int`.
     ///

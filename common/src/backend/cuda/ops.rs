@@ -293,6 +293,38 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// `quantize_fp8_transposed_vec_kernel`: `src` (rows, cols) into `dst` transposed and, where
+    /// `plain` is not null, as stored there too; 64 x 64 tiles (see [`transposed_in_tiles`]).
+    ///
+    /// # Safety
+    /// Every pointer covers rows·cols elements (amax, scale: one), as the op's contract checks.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn quantize_transposed_tiles(
+        &self,
+        dst: DevPtr<u8>,
+        plain: DevPtr<u8>,
+        amax: DevPtr,
+        src: DevPtr<Act>,
+        scale: DevPtr,
+        [rows, cols]: [usize; 2],
+        e5m2: usize,
+    ) {
+        let grid = (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1);
+        let args = args![dst, plain, amax, src, scale, rows, cols, e5m2];
+        unsafe { self.launch("quantize_fp8_transposed_vec_kernel", grid, (32, 8, 1), args) };
+    }
+}
+
+/// Whether the 64 x 64 kernel takes a (rows, cols) quantization into the transpose: both
+/// multiples of 8, `src` 16-byte aligned and every copy 8-byte (every weight of an FP8 model).
+fn transposed_in_tiles([rows, cols]: [usize; 2], src: DevPtr<Act>, copies: &[DevPtr<u8>]) -> bool {
+    rows.is_multiple_of(8)
+        && cols.is_multiple_of(8)
+        && src.addr().is_multiple_of(16)
+        && copies.iter().all(|c| c.addr().is_multiple_of(8))
+}
+
+impl CudaBackend {
     /// `dinp (BT,C) = beta · dinp + dout (BT,OC) · w (OC,C)`: the input-gradient product
     /// (beta 1 accumulates, 0 overwrites).
     ///
@@ -477,20 +509,12 @@ impl Backend for CudaBackend {
     fn quantize_fp8(&self, dst: Span<u8>, amax: Span, src: Span<Act>, scale: Span, n: usize, format: Fp8) {
         assert!(self.fp8, "quantize_fp8: {} has no FP8 (Backend::fp8)", self.name);
         let (dst, amax, src, scale) = contract::quantize_fp8(self.act(), dst, amax, src, scale, n);
-        // Eight values a thread a step (a 16-byte load of bf16 and an 8-byte store where
-        // aligned), over a grid of at most MAX_REDUCE_BLOCKS blocks: one amax atomic a block.
+        // A 16-byte load of bf16 and an 8-byte store a step where aligned.
         let vec = src.addr() % 16 == 0 && dst.addr() % 8 == 0 && n.is_multiple_of(8);
         let e5m2 = (format == Fp8::E5M2) as usize;
-        let grid = (n.div_ceil(8).div_ceil(THREADS).clamp(1, MAX_REDUCE_BLOCKS) as u32, 1, 1);
+        let args = args![dst, amax, src, scale, n, e5m2, vec as usize];
         // SAFETY: the contract checked every extent and overlap.
-        unsafe {
-            self.launch(
-                "quantize_fp8_kernel",
-                grid,
-                (THREADS as u32, 1, 1),
-                args![dst, amax, src, scale, n, e5m2, vec as usize],
-            )
-        };
+        unsafe { self.launch_quantize("quantize_fp8_kernel", n, args) };
     }
 
     fn matmul_fp8_gelu(
@@ -534,22 +558,38 @@ impl Backend for CudaBackend {
         let (dst, amax, src, scale) = contract::quantize_fp8_transposed(self.act(), dst, amax, src, scale, shape);
         let [rows, cols] = shape;
         let e5m2 = (format == Fp8::E5M2) as usize;
-        // 64 x 64 tiles with 16-byte loads and 8-byte stores where the shape and alignment
-        // allow (every weight of an FP8 model), else 32 columns by FP8_T_ROWS rows through a
-        // 32 x 32 tile, a value at a time; one amax atomic a block either way.
-        let vec = rows.is_multiple_of(8) && cols.is_multiple_of(8) && src.addr() % 16 == 0 && dst.addr() % 8 == 0;
-        let (kernel, grid) = match vec {
-            true => (
-                "quantize_fp8_transposed_vec_kernel",
-                (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1),
-            ),
-            false => (
-                "quantize_fp8_transposed_kernel",
-                (cols.div_ceil(32) as u32, rows.div_ceil(FP8_T_ROWS) as u32, 1),
-            ),
-        };
+        // SAFETY (both arms): the contract checked every extent and overlap.
+        if transposed_in_tiles(shape, src, &[dst]) {
+            let plain = DevPtr::<u8>::default(); // none
+            unsafe { self.quantize_transposed_tiles(dst, plain, amax, src, scale, shape, e5m2) };
+        } else {
+            // 32 columns by FP8_T_ROWS rows through a 32 x 32 tile, a value at a time.
+            let grid = (cols.div_ceil(32) as u32, rows.div_ceil(FP8_T_ROWS) as u32, 1);
+            let args = args![dst, amax, src, scale, rows, cols, e5m2];
+            unsafe { self.launch("quantize_fp8_transposed_kernel", grid, (32, 8, 1), args) };
+        }
+    }
+
+    fn quantize_fp8_both(
+        &self,
+        copies: [Span<u8>; 2],
+        amax: Span,
+        src: Span<Act>,
+        scale: Span,
+        shape: [usize; 2],
+        format: Fp8,
+    ) {
+        assert!(self.fp8, "quantize_fp8_both: {} has no FP8 (Backend::fp8)", self.name);
+        let ([plain, dst], amax_, src_, scale_) =
+            contract::quantize_fp8_both(self.act(), copies, amax, src, scale, shape);
+        if !transposed_in_tiles(shape, src_, &[plain, dst]) {
+            let [plain, transposed] = copies;
+            self.quantize_fp8(plain, amax, src, scale, shape[0] * shape[1], format);
+            return self.quantize_fp8_transposed(transposed, amax, src, scale, shape, format);
+        }
+        let e5m2 = (format == Fp8::E5M2) as usize;
         // SAFETY: the contract checked every extent and overlap.
-        unsafe { self.launch(kernel, grid, (32, 8, 1), args![dst, amax, src, scale, rows, cols, e5m2]) };
+        unsafe { self.quantize_transposed_tiles(dst, plain, amax_, src_, scale_, shape, e5m2) };
     }
 
     fn fp8_rescale(&self, slots: Span, history: Span, n: usize, len: usize) {
@@ -1264,17 +1304,10 @@ impl Backend for CudaBackend {
         let (d_, inp_) = contract::gelu_backward_in_place(self.act(), d, inp, n);
         let (dst, amax, _, scale) = contract::quantize_fp8(self.act(), q.dst, q.amax, d, q.scale, n);
         let e5m2 = (q.format == Fp8::E5M2) as usize;
-        let grid = (n.div_ceil(8).div_ceil(THREADS).clamp(1, MAX_REDUCE_BLOCKS) as u32, 1, 1);
+        let args = args![d_, inp_, dst, amax, scale, n, e5m2];
         // SAFETY: the contracts checked every extent and overlap (d is read and written by
         // the same thread, as the in-place kernel does).
-        unsafe {
-            self.launch(
-                "gelu_backward_quantize_kernel",
-                grid,
-                (THREADS as u32, 1, 1),
-                args![d_, inp_, dst, amax, scale, n, e5m2],
-            )
-        };
+        unsafe { self.launch_quantize("gelu_backward_quantize_kernel", n, args) };
     }
 
     unsafe fn crossentropy_forward(

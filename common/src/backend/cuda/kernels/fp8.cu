@@ -68,9 +68,11 @@ extern "C" __global__ void quantize_fp8_transposed_kernel(unsigned char* dst, fl
 // and dst 8-byte aligned (every weight of an FP8 model): a block of 32 x 8 threads takes a
 // 64 x 64 tile, loading 8 values (16 bytes) a thread along src's rows and storing 8 bytes a
 // thread along dst's rows, through a tile of FP8 bytes in shared memory (rows 68 bytes apart:
-// the column reads of the stores meet at most 2 to a bank).
-extern "C" __global__ void quantize_fp8_transposed_vec_kernel(unsigned char* dst, float* amax, const act_t* src,
-                                                              const float* scale, int rows, int cols, int e5m2) {
+// the column reads of the stores meet at most 2 to a bank). Where `plain` is not null, the
+// values also go there as stored (quantize_fp8_kernel's copy, 8-byte aligned), from the loads.
+extern "C" __global__ void quantize_fp8_transposed_vec_kernel(unsigned char* dst, unsigned char* plain, float* amax,
+                                                              const act_t* src, const float* scale, int rows,
+                                                              int cols, int e5m2) {
     __shared__ unsigned tile[64][17];  // 64 rows of 64 FP8 values, 4 bytes of padding each
     __shared__ unsigned warp_top[8];
     unsigned char* bytes = reinterpret_cast<unsigned char*>(tile);
@@ -81,9 +83,11 @@ extern "C" __global__ void quantize_fp8_transposed_vec_kernel(unsigned char* dst
         int i = k / 8, j = (k % 8) * 8;  // the tile's row, its first column
         uint2 w = make_uint2(0, 0);
         if (r0 + i < rows && c0 + j < cols) {
+            long long at = (long long)(r0 + i) * cols + c0 + j;
             float v[8];
-            load8(src + (long long)(r0 + i) * cols + c0 + j, v);
+            load8(src + at, v);
             w = fp8x8(v, s, e5m2, top);
+            if (plain) *reinterpret_cast<uint2*>(plain + at) = w;
         }
         tile[i][j / 4] = w.x;
         tile[i][j / 4 + 1] = w.y;
