@@ -2,7 +2,7 @@
 //! inputs' gradients, activation gradients recycled as soon as they are consumed.
 
 use super::{Graph, Kind, Node, Op, Tensor};
-use crate::backend::{Act, Backend, DeviceBuffer, Fp8, Fp8Out, Fp8Slot, Overwrite, Span};
+use crate::backend::{Act, Backend, DeviceBuffer, Fp8, Fp8Out, Overwrite, Span};
 use crate::error::{Error, Result};
 use crate::model::Fp8Site;
 use std::collections::HashSet;
@@ -562,13 +562,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// Where an FP8 product's output gradient (n values) goes in E5M2, at its site's scale,
     /// its amax recorded: the scratch of its size.
     fn grad_fp8_out(&mut self, site: Fp8Site<'a>, n: usize) -> Result<Fp8Out<'a>> {
-        let word = Fp8Site::word;
-        Ok(Fp8Out {
-            dst: self.fp8_scratch(n)?,
-            amax: word(site.grad, Fp8Slot::AMAX),
-            scale: word(site.grad, Fp8Slot::SCALE),
-            format: Fp8::E5M2,
-        })
+        self.fp8_out(site.grad, Fp8::E5M2, n)
     }
 
     /// An FP8 product's output gradient `dout` (n values) quantized ([`Graph::grad_fp8_out`]).

@@ -908,7 +908,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         let out = self.output([r, oc], op)?;
         let (b_fc, b_proj) = (b_fc.map(|b| self.span(b)), b_proj.map(|b| self.span(b)));
         let x = self.data(inp);
-        let op_act = act;
+        let hidden = act; // the tensor, whose FP8 copy the second product reads
         let (pre, act) = (self.span(pre), self.span(act));
         let Some([fc, proj]) = fp8 else {
             self.be.matmul_gelu_forward(pre, act, x, self.span(w_fc), b_fc, r, c, h);
@@ -919,7 +919,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         let xq = self.quantize_input(fc, inp, r * c)?;
         self.be
             .matmul_fp8_gelu(pre, act, xq, fc.weight, b_fc, fc.dequant(), [r, h, c]);
-        let aq = self.quantize_input(proj, op_act, r * h)?;
+        let aq = self.quantize_input(proj, hidden, r * h)?;
         let formats = [Fp8::E4M3; 2];
         self.be.matmul_fp8(
             self.span(out),
@@ -950,12 +950,18 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// Where an FP8 product's input (n values) goes in E4M3, at its site's scale, its amax
     /// recorded: the scratch of its size.
     fn input_fp8_out(&mut self, site: Fp8Site<'a>, n: usize) -> Result<Fp8Out<'a>> {
+        self.fp8_out(site.input, Fp8::E4M3, n)
+    }
+
+    /// `n` values in `format` at `slot`'s scale, their amax recorded there: the scratch of
+    /// that size.
+    pub(super) fn fp8_out(&mut self, slot: Span<'a>, format: Fp8, n: usize) -> Result<Fp8Out<'a>> {
         let word = Fp8Site::word;
         Ok(Fp8Out {
             dst: self.fp8_scratch(n)?,
-            amax: word(site.input, Fp8Slot::AMAX),
-            scale: word(site.input, Fp8Slot::SCALE),
-            format: Fp8::E4M3,
+            amax: word(slot, Fp8Slot::AMAX),
+            scale: word(slot, Fp8Slot::SCALE),
+            format,
         })
     }
 
