@@ -30,6 +30,23 @@ pub struct OptimConfig {
 }
 
 impl OptimConfig {
+    /// GPT-2's AdamW at peak rate `lr`: betas 0.9 and 0.95, eps 1e-8, weight decay 0.1, the
+    /// gradient norm clipped at 1, `warmup_steps` of linear warmup, then a cosine to a tenth of
+    /// `lr` at `total_steps` (the train command's defaults but for the rate and the schedule).
+    pub fn gpt2(lr: f32, warmup_steps: u64, total_steps: u64) -> Self {
+        OptimConfig {
+            lr,
+            min_lr_frac: 0.1,
+            warmup_steps,
+            total_steps,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+        }
+    }
+
     /// Learning rate for 0-based `step`: linear warmup to `lr`, then cosine to the floor.
     pub fn lr_at(&self, step: u64) -> f32 {
         if step < self.warmup_steps {

@@ -210,17 +210,7 @@ fn whole_model_gradients_match_cpu_at_step0() {
 /// tenth), clipping at 1, `micro_batches` a step, one rank.
 fn settings(warmup: u64, total: u64, micro_batches: usize) -> TrainerSettings {
     TrainerSettings {
-        optim: OptimConfig {
-            lr: 1e-3,
-            min_lr_frac: 0.1,
-            warmup_steps: warmup,
-            total_steps: total,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            grad_clip: 1.0,
-        },
+        optim: OptimConfig::gpt2(1e-3, warmup, total),
         sync: SyncMode::Allreduce,
         micro_batches,
         recompute: Recompute::None,

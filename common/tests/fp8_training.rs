@@ -121,17 +121,7 @@ fn tiny() -> ModelConfig {
 
 fn settings(fp8: bool, total: u64) -> TrainerSettings {
     TrainerSettings {
-        optim: OptimConfig {
-            lr: 3e-3,
-            min_lr_frac: 0.1,
-            warmup_steps: 2,
-            total_steps: total,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            grad_clip: 1.0,
-        },
+        optim: OptimConfig::gpt2(3e-3, 2, total),
         sync: SyncMode::Allreduce,
         micro_batches: 1,
         recompute: Recompute::None,

@@ -86,15 +86,8 @@ pub fn bench<B: Backend>(be: &B, comm: &dyn Comm, args: &BenchArgs, is_gpu: bool
     let (b, t, world) = (args.batch, args.seq_len, comm.size());
     let config = agree(comm, bench_model(args))?;
     let optim = OptimConfig {
-        lr: 1e-4,
-        min_lr_frac: 1.0,
-        warmup_steps: 0,
-        total_steps: args.warmup + args.steps,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        grad_clip: 1.0,
+        min_lr_frac: 1.0, // a constant rate
+        ..OptimConfig::gpt2(1e-4, 0, args.warmup + args.steps)
     };
     agree(comm, check_fits(be, &config, (b, t), 1, args.device.fp8()))?;
     let sync = args.sync.mode();
