@@ -1450,11 +1450,15 @@ impl Backend for CudaBackend {
         for piece in segments.chunks(DECAY_SEGMENTS) {
             let (start, end) = (piece[0].0.start, piece[piece.len() - 1].0.end);
             let copy = copy.map(|c| c.add(start)).unwrap_or_default();
+            let (params, grads, m, v) = (params.add(start), grads.add(start), m.add(start), v.add(start));
+            // Four values a thread, in 16-byte accesses where every buffer is aligned to them.
+            let vec = [params.addr(), grads.addr(), m.addr(), v.addr()].iter().all(|a| a % 16 == 0)
+                && copy.addr() % 8 == 0;
             let args = args![
-                params.add(start),
-                grads.add(start),
-                m.add(start),
-                v.add(start),
+                params,
+                grads,
+                m,
+                v,
                 end - start,
                 state,
                 hp.beta1,
@@ -1462,10 +1466,11 @@ impl Backend for CudaBackend {
                 hp.eps,
                 hp.weight_decay,
                 copy,
+                vec as usize,
                 decay_table(piece, start)
             ];
             // SAFETY: the contract checked every extent (the segments' whole) and overlap.
-            unsafe { self.launch_1d("adamw_kernel", end - start, args) };
+            unsafe { self.launch_1d("adamw_kernel", (end - start).div_ceil(4), args) };
         }
     }
 

@@ -40,29 +40,54 @@ __device__ __forceinline__ bool decays(const DecaySegments& s, unsigned i) {
     return (s.decay[lo / 32] >> (lo % 32)) & 1u;
 }
 
-// One pass over the whole parameter buffer: g = grads · clip; m, v moments; decoupled weight
-// decay (Loshchilov & Hutter) where the segment decays, with the learning rate and bias
-// corrections of the step's state; nothing when the step is skipped. With `copy` (not null),
-// the updated parameter is also written there rounded to bf16: the weight copy a bf16 forward
-// pass reads, in the same pass over memory.
-extern "C" __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int n,
-                                        const StepState* s, float beta1, float beta2, float eps,
-                                        float weight_decay, bf16_t* copy,
-                                        const __grid_constant__ DecaySegments segments) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n || s->apply == 0.0f) return;
-    float wd = decays(segments, (unsigned)i) ? weight_decay : 0.0f;
-    float g = grads[i] * s->clip;
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
+// One parameter's AdamW update: g = grad · clip; m, v moments; decoupled weight decay
+// (Loshchilov & Hutter) at rate `wd`, with the learning rate and bias corrections of the step's
+// state.
+__device__ __forceinline__ void adamw_update(float& p, float& mi, float& vi, float grad, float wd, const StepState* s,
+                                             float beta1, float beta2, float eps) {
+    float g = grad * s->clip;
+    mi = beta1 * mi + (1.0f - beta1) * g;
+    vi = beta2 * vi + (1.0f - beta2) * g * g;
     float m_hat = mi / s->bias1;
     float v_hat = vi / s->bias2;
-    float p = params[i];
     p -= s->lr * (m_hat / (sqrtf(v_hat) + eps) + wd * p);
-    params[i] = p;
-    if (copy) copy[i] = to_bf16(p);
+}
+
+// One pass over the whole parameter buffer, four parameters a thread (with `vec`, 16-byte loads
+// and stores: the buffers aligned to 4 values; else, and for the last n mod 4, one at a time);
+// nothing when the step is skipped. Weight decay where the parameter's segment decays. With
+// `copy` (not null), the updated parameter is also written there rounded to bf16: the weight
+// copy a bf16 forward pass reads, in the same pass over memory.
+extern "C" __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int n,
+                                        const StepState* s, float beta1, float beta2, float eps,
+                                        float weight_decay, bf16_t* copy, int vec,
+                                        const __grid_constant__ DecaySegments segments) {
+    int i = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n || s->apply == 0.0f) return;
+    if (!vec || i + 4 > n) {
+        for (int end = min(i + 4, n); i < end; i++) {
+            float p = params[i], mi = m[i], vi = v[i];
+            adamw_update(p, mi, vi, grads[i], decays(segments, (unsigned)i) ? weight_decay : 0.0f, s, beta1, beta2, eps);
+            m[i] = mi;
+            v[i] = vi;
+            params[i] = p;
+            if (copy) copy[i] = to_bf16(p);
+        }
+        return;
+    }
+    float4 p4 = load4(params + i), g4 = load4(grads + i), m4 = load4(m + i), v4 = load4(v + i);
+    float p[4] = {p4.x, p4.y, p4.z, p4.w}, g[4] = {g4.x, g4.y, g4.z, g4.w};
+    float mi[4] = {m4.x, m4.y, m4.z, m4.w}, vi[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float wd = decays(segments, (unsigned)(i + k)) ? weight_decay : 0.0f;
+        adamw_update(p[k], mi[k], vi[k], g[k], wd, s, beta1, beta2, eps);
+    }
+    store4(m + i, make_float4(mi[0], mi[1], mi[2], mi[3]));
+    store4(v + i, make_float4(vi[0], vi[1], vi[2], vi[3]));
+    float4 out = make_float4(p[0], p[1], p[2], p[3]);
+    store4(params + i, out);
+    if (copy) store4(copy + i, out);
 }
 
 // SGD with momentum (PyTorch's form): g = grads · clip + weight_decay · p, v = momentum · v + g,
