@@ -12,6 +12,11 @@ training step). For the last STEPS steps (default 5), the median of:
   nccl alone    NCCL kernels running while no other kernel runs (communication not hidden)
   nccl beside   NCCL kernels running beside other kernels (hidden, but sharing the GPU)
   idle          no kernel at all (launch gaps, waits between streams)
+  idle before library kernels / before ours
+                the idle time split by what runs after the gap: a cuBLAS or NCCL kernel,
+                or one of ours (the NVRTC kernels, launched with programmatic dependent launch
+                on Hopper) or a copy or memset
+  gaps          the number of idle gaps in the step
 and each NCCL kernel of the last step: its name, where in the step it starts and how long it
 runs. Prints one JSON line (for the record) after a readable table.
 """
@@ -53,6 +58,24 @@ def clip(intervals, lo, hi):
     return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
 
 
+def is_library(name):
+    """A cuBLAS/cuBLASLt or NCCL kernel (launched by the library, not by our launcher)."""
+    low = name.lower()
+    return any(k in low for k in ("nvjet", "xmma", "cublas", "cutlass", "gemm", "splitkreduce", "nccl"))
+
+
+def gaps_before(inside, lo, hi):
+    """The idle gaps of a step: (length, name of what starts after it), kernels in start order."""
+    out, covered = [], lo
+    for s, e, _, n in sorted(inside):
+        if s > covered:
+            out.append((s - covered, n))
+        covered = max(covered, e)
+    if hi > covered:
+        out.append((hi - covered, "(end of step)"))
+    return out
+
+
 def short(name):
     """A kernel's name without C++ mangling noise: the part from "nccl" on, 70 characters."""
     at = name.lower().find("nccl")
@@ -82,6 +105,7 @@ def main():
         nccl = union((s, e) for s, e, _, n in inside if is_nccl(n))
         beside = length(intersect(compute, nccl))
         busy = length(union([tuple(x) for x in compute + nccl]))
+        gaps = gaps_before(inside, lo, hi)
         per_step.append(
             dict(
                 step=ms(hi - lo),
@@ -90,13 +114,16 @@ def main():
                 nccl_alone=ms(length(nccl) - beside),
                 nccl_beside=ms(beside),
                 idle=ms(hi - lo - busy),
+                idle_before_library=ms(sum(g for g, n in gaps if is_library(n))),
+                idle_before_ours=ms(sum(g for g, n in gaps if not is_library(n))),
+                gaps=len(gaps),
             )
         )
         last = [(ms(s - lo), ms(e - s), stream, n) for s, e, stream, n in inside if is_nccl(n)]
     med = {k: statistics.median(p[k] for p in per_step) for k in per_step[0]}
     print(f"{label}: median of {len(per_step)} steps (ms)")
     for k, v in med.items():
-        print(f"  {k:<12} {v:8.3f}")
+        print(f"  {k:<20} {v:8.3f}")
     if last:
         print(f"  NCCL kernels of the last step (start in the step, ms; duration, ms; stream):")
         for at, dur, stream, name in last:
