@@ -17,8 +17,10 @@
 # (gpu/py/timeline_inject.c, compiled here with gcc against the CUDA toolkit's CUPTI; kernels
 # inside CUDA graphs one by one), for stage 2 on one GPU and stage 3 on N GPUs (ZeRO-1, the
 # default, and --zero 0), read by gpu/py/timeline.py: per step the time computing, in NCCL
-# kernels alone (communication not hidden) and beside other kernels, and idle; and each NCCL
-# kernel of the last step. Needs CUDA_HOME (default /usr/local/cuda) with extras/CUPTI.
+# kernels alone (communication not hidden) and beside other kernels, and idle (split by what
+# follows each gap: a cuBLAS or NCCL kernel, or one of ours); and each NCCL kernel of the last
+# step. Set beside ncu's table, it tells gaps between kernels from kernels that run longer
+# inside the step than alone. Needs CUDA_HOME (default /usr/local/cuda) with extras/CUPTI.
 #
 # About 1 min per part on an H100.
 # Writes results/runs/profile/ (replaced): README.md (machine header and every table),
