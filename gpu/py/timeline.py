@@ -14,8 +14,7 @@ training step). For the last STEPS steps (default 5), the median of:
   idle          no kernel at all (launch gaps, waits between streams)
   idle before library kernels / before ours
                 the idle time split by what runs after the gap: a cuBLAS or NCCL kernel,
-                or one of ours (the NVRTC kernels, launched with programmatic dependent launch
-                on Hopper) or a copy or memset
+                or one of ours (the NVRTC kernels), a copy or a memset
   gaps          the number of idle gaps in the step
 and each NCCL kernel of the last step: its name, where in the step it starts and how long it
 runs. Prints one JSON line (for the record) after a readable table.
