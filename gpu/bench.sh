@@ -18,14 +18,15 @@
 #                           `--recompute layernorm`, torch.compile, and with BIN_B=DIR build B's
 #                           stage2_cuda as it runs by default; rounds (default 1) in turns.
 #                           Writes results/gpu-memory.md.  ~5 min a round.
-#   BIN_B=DIR gpu/bench.sh --ab [--gpus N]
+#   BIN_B=DIR gpu/bench.sh --ab [--gpus N] [--precision P]...
 #                           build A (the binaries gpu/lib.sh finds) against build B (the
-#                           binaries in DIR), 124M bf16, in alternating rounds (default 5; the
-#                           order flips every round): stage 2 on one GPU, and where the host has
-#                           2 or more GPUs stage 3 on N (default 2) with its weak scaling (N-GPU
-#                           tokens/s over N x the same build's one-GPU tokens/s in the same
-#                           round). Prints each round and the median B/A (and A/B) last.
-#                           COMMIT_B names build B in the table (else DIR).  ~4 min.
+#                           binaries in DIR), 124M in each precision P (default bf16; fp32,
+#                           tf32, bf16, fp8), in alternating rounds (default 5; the order flips
+#                           every round): stage 2 on one GPU, and where the host has 2 or more
+#                           GPUs stage 3 on N (default 2) with its weak scaling (N-GPU tokens/s
+#                           over N x the same build's one-GPU tokens/s in the same round).
+#                           Prints each round and the median B/A (and A/B) last.
+#                           COMMIT_B names build B in the table (else DIR).  ~4 min a precision.
 # Options: --rounds N, --steps N (timed steps a run; default 10, 20 with --ab), --no-torch
 # (ours only; also where PyTorch is not installed), -h/--help.
 #
@@ -40,11 +41,12 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 args=("$@")
-mode=full rounds='' steps='' torch=yes ngpus=2
+mode=full rounds='' steps='' torch=yes ngpus=2 precisions=()
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) mode=quick ;;
     --ab) mode=ab ;;
+    --precision) precisions+=("$2"); shift ;;
     --memory) mode=memory ;;
     --rounds) rounds=$2; shift ;;
     --steps) steps=$2; shift ;;
@@ -56,6 +58,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 gpu_setup "${args[@]}"
+[ ${#precisions[@]} -eq 0 ] || [ "$mode" = ab ] || gpu_die "--precision is for --ab (the other modes measure their own)"
+for p in "${precisions[@]}"; do
+  case $p in fp32|tf32|bf16|fp8) ;; *) gpu_die "--precision $p: expected fp32, tf32, bf16 or fp8" ;; esac
+done
+[ ${#precisions[@]} -gt 0 ] || precisions=(bf16)
 [ "$mode" = ab ] && rounds=${rounds:-5} steps=${steps:-20}
 [ "$mode" = memory ] && rounds=${rounds:-1}
 rounds=${rounds:-2} steps=${steps:-10}
@@ -96,16 +103,18 @@ if [ "$mode" = ab ]; then
   else
     gpu_say "stage 2 only: stage 3 on $ngpus GPUs needs that many (nvidia-smi lists $n)"
   fi
-  one() {  # build round
-    local dir=$a_dir; [ "$1" = B ] && dir=$b_dir
-    # shellcheck disable=SC2046
-    gpu_run "$1-1gpu-r$2" 300 build="$1" round="$2" gpus=1 precision=bf16 -- \
-      "$dir/stage2_cuda" bench $(shape "${g124[@]}" bf16) || status=1
-    if [ $multi = yes ]; then
+  one() {  # build round: each precision
+    local dir=$a_dir p; [ "$1" = B ] && dir=$b_dir
+    for p in "${precisions[@]}"; do
       # shellcheck disable=SC2046
-      gpu_run "$1-${ngpus}gpu-r$2" 300 build="$1" round="$2" gpus="$ngpus" precision=bf16 -- \
-        "${GPU_MPIRUN[@]}" -n "$ngpus" "$dir/stage3_mpi_cuda" bench $(shape "${g124[@]}" bf16) || status=1
-    fi
+      gpu_run "$1-1gpu-$p-r$2" 300 build="$1" round="$2" gpus=1 precision="$p" -- \
+        "$dir/stage2_cuda" bench $(shape "${g124[@]}" "$p") || status=1
+      if [ $multi = yes ]; then
+        # shellcheck disable=SC2046
+        gpu_run "$1-${ngpus}gpu-$p-r$2" 300 build="$1" round="$2" gpus="$ngpus" precision="$p" -- \
+          "${GPU_MPIRUN[@]}" -n "$ngpus" "$dir/stage3_mpi_cuda" bench $(shape "${g124[@]}" "$p") || status=1
+      fi
+    done
   }
   for r in $(seq "$rounds"); do
     if [ $((r % 2)) = 1 ]; then one A "$r"; one B "$r"; else one B "$r"; one A "$r"; fi

@@ -397,45 +397,53 @@ def t_gpu_memory(rows, a):
     return out
 
 
+# The precisions in the order the tables list them.
+PRECISION_ORDER = ["fp32", "tf32", "bf16", "fp8"]
+
+
 def t_gpu_bench_ab(rows, a):
+    precisions = sorted({r["precision"] for r in rows if "precision" in r}, key=PRECISION_ORDER.index)
     out = [f"Build A: {a.a}. Build B: {a.b}.", "",
-           "GPT-2 124M, bf16, B=16 per GPU, T=1024 (`bench`), A and B alternating (A first in odd rounds, B first in "
-           "even ones). B/A: B's tokens/s over A's in the same round (above 1: B faster). Weak scaling: the N-GPU "
-           "run's tokens/s over N x the same build's one-GPU tokens/s in the same round.", "",
+           f"GPT-2 124M in {', '.join(precisions)}, B=16 per GPU, T=1024 (`bench`), A and B alternating (A first in "
+           "odd rounds, B first in even ones). B/A: B's tokens/s over A's in the same round (above 1: B faster). Weak "
+           "scaling: the N-GPU run's tokens/s over N x the same build's one-GPU tokens/s in the same round.", "",
            "| round | run | A tokens/s | B tokens/s | B/A | A weak scaling | B weak scaling |",
            "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     by = {r["label"]: r for r in rows}
     rounds = sorted({r["round"] for r in rows if "round" in r})
     kinds = sorted({r["gpus"] for r in rows if "gpus" in r})
+    run_name = lambda g, p: f"{'stage 2, 1 GPU' if g == 1 else f'stage 3, {g} GPUs'}, {p}"
     ratios = collections.defaultdict(list)
     for k in rounds:
-        for g in kinds:
-            ra, rb = by.get(f"A-{g}gpu-r{k}"), by.get(f"B-{g}gpu-r{k}")
-            q = ratio(rb, ra)
-            ratios[f"{g} GPU"].append(q)
-            eff = ["", ""]
-            if g > 1:
-                for i, (x, one) in enumerate(((ra, by.get(f"A-1gpu-r{k}")), (rb, by.get(f"B-1gpu-r{k}")))):
-                    e = ratio(x, one)
-                    if e is not None:
-                        e /= g
-                        ratios[f"weak scaling {'AB'[i]}"].append(e)
-                        eff[i] = f"{100 * e:.1f}%"
-            ta = "FAILED" if not ra or ra.get("failed") else f"{ra['tokens_per_s']:,.0f}"
-            tb = "FAILED" if not rb or rb.get("failed") else f"{rb['tokens_per_s']:,.0f}"
-            out.append(f"| {k} | {'stage 2, 1 GPU' if g == 1 else f'stage 3, {g} GPUs'} | {ta} | {tb} | "
-                       f"{rx(q, 4)} | {eff[0]} | {eff[1]} |")
+        for p in precisions:
+            for g in kinds:
+                ra, rb = by.get(f"A-{g}gpu-{p}-r{k}"), by.get(f"B-{g}gpu-{p}-r{k}")
+                q = ratio(rb, ra)
+                ratios[(g, p)].append(q)
+                eff = ["", ""]
+                if g > 1:
+                    for i, (x, one) in enumerate(((ra, by.get(f"A-1gpu-{p}-r{k}")), (rb, by.get(f"B-1gpu-{p}-r{k}")))):
+                        e = ratio(x, one)
+                        if e is not None:
+                            e /= g
+                            ratios[("weak", p, "AB"[i])].append(e)
+                            eff[i] = f"{100 * e:.1f}%"
+                ta = "FAILED" if not ra or ra.get("failed") else f"{ra['tokens_per_s']:,.0f}"
+                tb = "FAILED" if not rb or rb.get("failed") else f"{rb['tokens_per_s']:,.0f}"
+                out.append(f"| {k} | {run_name(g, p)} | {ta} | {tb} | {rx(q, 4)} | {eff[0]} | {eff[1]} |")
     out += ["", "## Summary", ""]
-    for g in kinds:
-        xs = [x for x in ratios[f"{g} GPU"] if x is not None]
-        if xs:
-            m = statistics.median(xs)
-            out.append(f"- {'stage 2, 1 GPU' if g == 1 else f'stage 3, {g} GPUs'}: B/A median {m:.4f}x "
-                       f"(min {min(xs):.4f}x, max {max(xs):.4f}x, {len(xs)} rounds); A/B median {1 / m:.4f}x")
-    wa, wb = ratios.get("weak scaling A", []), ratios.get("weak scaling B", [])
-    if wa and wb:
-        ma, mb = statistics.median(wa), statistics.median(wb)
-        out.append(f"- weak scaling: A median {100 * ma:.1f}%, B median {100 * mb:.1f}%; B/A {mb / ma:.4f}x, A/B {ma / mb:.4f}x")
+    for p in precisions:
+        for g in kinds:
+            xs = [x for x in ratios[(g, p)] if x is not None]
+            if xs:
+                m = statistics.median(xs)
+                out.append(f"- {run_name(g, p)}: B/A median {m:.4f}x (min {min(xs):.4f}x, max {max(xs):.4f}x, "
+                           f"{len(xs)} rounds); A/B median {1 / m:.4f}x")
+        wa, wb = ratios.get(("weak", p, "A"), []), ratios.get(("weak", p, "B"), [])
+        if wa and wb:
+            ma, mb = statistics.median(wa), statistics.median(wb)
+            out.append(f"- weak scaling, {p}: A median {100 * ma:.1f}%, B median {100 * mb:.1f}%; B/A {mb / ma:.4f}x, "
+                       f"A/B {ma / mb:.4f}x")
     return out + failed_lines(rows)
 
 
