@@ -1452,8 +1452,8 @@ impl Backend for CudaBackend {
             let copy = copy.map(|c| c.add(start)).unwrap_or_default();
             let (params, grads, m, v) = (params.add(start), grads.add(start), m.add(start), v.add(start));
             // Four values a thread, in 16-byte accesses where every buffer is aligned to them.
-            let vec = [params.addr(), grads.addr(), m.addr(), v.addr()].iter().all(|a| a % 16 == 0)
-                && copy.addr() % 8 == 0;
+            let vec =
+                [params, grads, m, v].iter().all(|p| p.addr().is_multiple_of(16)) && copy.addr().is_multiple_of(8);
             let args = args![
                 params,
                 grads,
