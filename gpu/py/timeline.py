@@ -57,10 +57,15 @@ def clip(intervals, lo, hi):
     return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
 
 
+def is_nccl(name):
+    """One of NCCL's kernels (C++ names, mangled)."""
+    return "nccl" in name.lower()
+
+
 def is_library(name):
     """A cuBLAS/cuBLASLt or NCCL kernel (launched by the library, not by our launcher)."""
     low = name.lower()
-    return any(k in low for k in ("nvjet", "xmma", "cublas", "cutlass", "gemm", "splitkreduce", "nccl"))
+    return is_nccl(name) or any(k in low for k in ("nvjet", "xmma", "cublas", "cutlass", "gemm", "splitkreduce"))
 
 
 def gaps_before(inside, lo, hi):
@@ -95,7 +100,6 @@ def main():
     if len(starts) < 2:
         sys.exit(f"{path}: fewer than two encoder_forward launches: no whole step to measure")
     bounds = list(zip(starts, starts[1:]))[-steps:]
-    is_nccl = lambda name: "nccl" in name.lower()  # NCCL's kernels (C++ names, mangled)
     ms = lambda ns: ns / 1e6
     per_step, last = [], None
     for lo, hi in bounds:
