@@ -341,12 +341,14 @@ impl<'a, B: Backend> Graph<'a, B> {
                 let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
                 if let Some([fc, proj]) = fp8 {
                     // FP8: d(pre) = gelu'(pre) ⊙ (dout · w_proj) from the E5M2 gradient and the
-                    // weight's transposed copy, then each weight gradient as bf16's.
+                    // weight's transposed copy, act = gelu(pre) rebuilt in the same pass (the
+                    // forward kept it only in FP8), then each weight gradient as bf16's.
                     let dq = self.quantize_grad(proj, dout(), r * c)?;
                     let dpre = self.act_grad_overwritten(pre)?;
                     let (p, dpre_q) = (self.span(pre), self.grad_fp8_out(fc, r * h)?);
                     let dequant = proj.grad_dequant();
-                    be.matmul_fp8_dgelu(dpre, dq, proj.weight_t, p, dequant, [r, h, c], GRAD_FORMATS, dpre_q);
+                    let rebuilt = Some(self.scratch_written(act));
+                    be.matmul_fp8_dgelu(dpre, dq, proj.weight_t, p, dequant, [r, h, c], GRAD_FORMATS, dpre_q, rebuilt);
                     let ((dw, dw_first), dbias) = (
                         self.param_grad_or_first(w_proj)?,
                         self.output_bias_grad(node.out, b_proj)?,

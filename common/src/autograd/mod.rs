@@ -590,16 +590,47 @@ impl<'a, B: Backend> Graph<'a, B> {
         if !wanted {
             return self.activation(shape);
         }
+        let out = self.activation_unkept(shape, rebuild)?;
+        self.scratch_written(out); // by its producer, next
+        Ok(out)
+    }
+
+    /// A value the graph does not keep, whatever `--recompute` says: its data is the shared
+    /// scratch of its size, which it does not hold yet (the scratch keeps its holder until
+    /// something writes the value there: [`Graph::scratch_written`], or [`Graph::data`]).
+    fn activation_unkept(&mut self, shape: [usize; 2], rebuild: Rebuild<'a>) -> Result<Tensor> {
         let n = shape[0] * shape[1];
         let words = self.act().words(n);
         let scratch = match self.scratch.get(&words) {
             Some(&(scratch, _)) => scratch,
-            None => self.alloc_words(words)?,
+            None => {
+                let scratch = self.alloc_words(words)?;
+                self.scratch.insert(words, (scratch, None));
+                scratch
+            }
         };
         let out = self.push(self.as_act(scratch, n), shape, None, Kind::Activation);
         self.values[out.0].rebuild = Some(rebuild);
-        self.scratch.insert(words, (scratch, Some(out)));
         Ok(out)
+    }
+
+    /// Recomputed value `x` is being written into its scratch (which then holds it): its data.
+    fn scratch_written(&mut self, x: Tensor) -> Span<'a, Act> {
+        self.scratch_holder(x, Some(x));
+        self.span(x)
+    }
+
+    /// Recomputed value `x`'s scratch has been written with what may be no value's data: it
+    /// holds none now (the next read of a value there computes it again).
+    fn scratch_clobbered(&mut self, x: Tensor) {
+        self.scratch_holder(x, None);
+    }
+
+    fn scratch_holder(&mut self, x: Tensor, holder: Option<Tensor>) {
+        let [r, c] = self.shape(x);
+        let words = self.act().words(r * c);
+        let (scratch, _) = self.scratch[&words];
+        self.scratch.insert(words, (scratch, holder));
     }
 
     /// `op`'s output: a new activation, recorded on the tape.
@@ -889,8 +920,13 @@ impl<'a, B: Backend> Graph<'a, B> {
         }
         let pre = self.activation([r, h])?;
         // A recomputed input of the hidden layer's size would share act's scratch: keep act then.
+        // FP8 keeps act only as the second product's E4M3 input: backward rebuilds it from pre
+        // where the weight gradient reads it.
         let words = |n: usize| self.act().words(n);
-        let act = if self.values[inp.0].rebuild.is_some() && words(r * c) == words(r * h) {
+        let act = if fp8.is_some() {
+            assert_ne!(h, c, "mlp_fp8: the FP8 copies of the input and the hidden layer share scratch by size");
+            self.activation_unkept([r, h], Rebuild::Gelu { inp: pre })?
+        } else if self.values[inp.0].rebuild.is_some() && words(r * c) == words(r * h) {
             self.activation([r, h])?
         } else {
             self.activation_recomputed([r, h], Rebuild::Gelu { inp: pre })?
@@ -917,13 +953,14 @@ impl<'a, B: Backend> Graph<'a, B> {
             return Ok(out);
         };
         let xq = self.quantize_input(fc, inp, r * c)?;
+        let aq = self.input_fp8_out(proj, r * h)?;
         self.be
-            .matmul_fp8_gelu(pre, act, xq, fc.weight, b_fc, fc.dequant(), [r, h, c]);
-        let aq = self.quantize_input(proj, hidden, r * h)?;
+            .matmul_fp8_gelu(pre, act, aq, xq, fc.weight, b_fc, fc.dequant(), [r, h, c]);
+        self.scratch_clobbered(hidden); // act's scratch, which the backend may have used
         let formats = [Fp8::E4M3; 2];
         self.be.matmul_fp8(
             self.span(out),
-            aq,
+            aq.dst,
             proj.weight,
             b_proj,
             proj.dequant(),

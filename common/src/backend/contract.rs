@@ -7,7 +7,7 @@
 
 #![allow(clippy::too_many_arguments, clippy::type_complexity)]
 
-use super::{bf16, Act, ActType, DevPtr, Elem, Fp8, Fp8Slot, Operands, Span, StepState};
+use super::{bf16, Act, ActType, DevPtr, Elem, Fp8, Fp8Out, Fp8Slot, Operands, Span, StepState};
 use std::ops::Range;
 
 type A = DevPtr<Act>;
@@ -110,23 +110,26 @@ pub fn matmul_fp8(
     (out, x, y, bias, dequant)
 }
 
-/// [`matmul_fp8`]'s with GELU: `pre` and `out` written, apart.
+/// [`matmul_fp8`]'s with GELU: `pre`, `scratch` and the FP8 copy `out` written, apart.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_fp8_gelu(
     act: ActType,
     pre: Span<Act>,
-    out: Span<Act>,
+    scratch: Span<Act>,
+    out: Fp8Out,
     x: Span<u8>,
     y: Span<u8>,
     bias: Option<Span<Act>>,
     dequant: [Span; 2],
     shape: [usize; 3],
-) -> ([A; 2], DevPtr<u8>, DevPtr<u8>, Option<A>, [F; 2]) {
+) -> ([A; 2], [DevPtr<u8>; 3], Option<A>, [F; 2], [F; 2]) {
     let mut o = ops("matmul_fp8_gelu", act);
     let n = shape[0] * shape[1];
-    let outs = [o.write("pre", pre, n), o.write("out", out, n)];
+    let outs = [o.write("pre", pre, n), o.write("scratch", scratch, n)];
+    let (dst, amax) = (o.write("out.dst", out.dst, n), o.write("out.amax", out.amax, 1));
+    let scale = o.read("out.scale", out.scale, 1);
     let (x, y, bias, dequant) = fp8_inputs(&mut o, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
-    (outs, x, y, bias, dequant)
+    (outs, [dst, x, y], bias, dequant, [scale, amax])
 }
 
 fn fp8_inputs(

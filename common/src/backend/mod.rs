@@ -658,33 +658,43 @@ pub trait Backend {
         formats: [Fp8; 2],
     );
     /// [`Backend::matmul_fp8`] through GELU, the MLP's first product in FP8: `pre = x · yᵀ ·
-    /// dequant + bias` and `out = gelu(pre)`, both written. By default the two ops; the CUDA
-    /// backend fuses GELU into the product's epilogue where cuBLASLt has one.
+    /// dequant + bias` written, and `gelu(pre)` only as its FP8 copy `out` (E4M3, the second
+    /// product's input; the bf16 activation is not kept: the backward rebuilds it, see
+    /// [`Backend::gelu_backward_quantize`]). By default the product, then GELU into `scratch`
+    /// and its quantization; the CUDA backend fuses GELU and the quantization into the product's
+    /// epilogue where cuBLASLt has one (GELU then taken of the product in f32, before `pre` is
+    /// rounded), leaving `scratch` alone.
     /// # Operands
-    /// As `matmul_fp8` (E4M3 both), with `pre`, `out`: R·S each, distinct.
+    /// As `matmul_fp8` (E4M3 both), with `pre`, `scratch`: R·S each, distinct; `out` as in
+    /// `quantize_fp8` (R·S values).
     #[allow(clippy::too_many_arguments)]
     fn matmul_fp8_gelu(
         &self,
         pre: Span<Act>,
-        out: Span<Act>,
+        scratch: Span<Act>,
+        out: Fp8Out,
         x: Span<u8>,
         y: Span<u8>,
         bias: Option<Span<Act>>,
         dequant: [Span; 2],
         shape: [usize; 3],
     ) {
+        let n = shape[0] * shape[1];
         self.matmul_fp8(pre, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
-        self.gelu_forward(out, pre, shape[0] * shape[1]);
+        self.gelu_forward(scratch, pre, n);
+        self.quantize_fp8(out.dst, out.amax, scratch, out.scale, n, out.format);
     }
     /// [`Backend::matmul_fp8`] into the MLP's hidden layer through gelu': `dpre = gelu'(pre) ⊙
     /// (x · yᵀ · dequant)`, written (x the output gradient, y the second weight's transposed
     /// copy), and its FP8 copy `quantized` (the first product's output gradient, for its input
-    /// gradient's product): the product, then [`Backend::gelu_backward_quantize`]. (cuBLASLt's
-    /// DGELU epilogue on FP8 inputs runs as a separate pass, 3.5x slower than our gelu' kernel
-    /// on an H200, so the CUDA backend does not use it.)
+    /// gradient's product); with `act`, also gelu(pre) written there (the hidden activation,
+    /// which the FP8 forward keeps only in FP8, for the second weight's gradient): the product,
+    /// then [`Backend::gelu_backward_quantize`]. (cuBLASLt's DGELU epilogue on FP8 inputs runs
+    /// as a separate pass, 3.5x slower than our gelu' kernel on an H200, so the CUDA backend does
+    /// not use it.)
     /// # Operands
-    /// As `matmul_fp8` without a bias, with `dpre`, `pre`: R·S each, distinct; `quantized` as
-    /// in `gelu_backward_quantize`.
+    /// As `matmul_fp8` without a bias, with `dpre`, `pre`: R·S each, distinct; `quantized` and
+    /// `act` as in `gelu_backward_quantize`.
     #[allow(clippy::too_many_arguments)]
     fn matmul_fp8_dgelu(
         &self,
@@ -696,16 +706,22 @@ pub trait Backend {
         shape: [usize; 3],
         formats: [Fp8; 2],
         quantized: Fp8Out,
+        act: Option<Span<Act>>,
     ) {
         self.matmul_fp8(dpre, x, y, None, dequant, shape, formats);
-        self.gelu_backward_quantize(dpre, pre, quantized, shape[0] * shape[1]);
+        self.gelu_backward_quantize(dpre, pre, quantized, act, shape[0] * shape[1]);
     }
     /// [`Backend::gelu_backward_in_place`], then `d` quantized into `quantized` as
-    /// [`Backend::quantize_fp8`] does: by default the two ops; the CUDA backend runs them as
-    /// one pass (the same bits). Needs [`Backend::fp8`].
+    /// [`Backend::quantize_fp8`] does, and with `act` [`Backend::gelu_forward`] of `inp` there:
+    /// by default the separate ops; the CUDA backend runs them as one pass (the same bits).
+    /// Needs [`Backend::fp8`].
     /// # Operands
-    /// `d`, `inp`, `quantized.dst`: `n` elements each; `quantized.amax`, `.scale`: 1.
-    fn gelu_backward_quantize(&self, d: Span<Act>, inp: Span<Act>, quantized: Fp8Out, n: usize) {
+    /// `d`, `inp`, `quantized.dst`, `act`: `n` elements each, `act` apart from the others;
+    /// `quantized.amax`, `.scale`: 1.
+    fn gelu_backward_quantize(&self, d: Span<Act>, inp: Span<Act>, quantized: Fp8Out, act: Option<Span<Act>>, n: usize) {
+        if let Some(act) = act {
+            self.gelu_forward(act, inp, n);
+        }
         self.gelu_backward_in_place(d, inp, n);
         let q = quantized;
         self.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);

@@ -96,6 +96,8 @@ fn fp8_type(format: Fp8) -> cudaDataType {
 struct PlanKey {
     epilogue: Epilogue,
     inputs: Inputs,
+    /// D in FP8 (scaled, its amax taken), else in the activation type.
+    output: Option<Fp8>,
     m: usize,
     n: usize,
     k: usize,
@@ -112,6 +114,9 @@ struct Operands {
     aux: Option<DevPtr<Act>>,
     /// FP8 inputs: one f32 each (16-byte aligned), what A and B are multiplied by.
     scales: Option<[DevPtr; 2]>,
+    /// FP8 output: its format, then D's scale (read) and its amax (set, not raised), one f32
+    /// each, 16-byte aligned.
+    output: Option<(Fp8, [DevPtr; 2])>,
 }
 
 struct Plan {
@@ -119,6 +124,8 @@ struct Plan {
     a: lt_sys::cublasLtMatrixLayout_t,
     b: lt_sys::cublasLtMatrixLayout_t,
     d: lt_sys::cublasLtMatrixLayout_t,
+    /// C's layout where it differs from D's (an FP8 D: C in the activation type).
+    c: lt_sys::cublasLtMatrixLayout_t,
     algo: cublasLtMatmulAlgo_t,
 }
 
@@ -129,7 +136,7 @@ impl Drop for Plan {
     fn drop(&mut self) {
         // SAFETY: created in `make_plan` (or still null), destroyed once.
         unsafe {
-            for layout in [self.a, self.b, self.d] {
+            for layout in [self.a, self.b, self.d, self.c] {
                 if !layout.is_null() {
                     let _ = lt::destroy_matrix_layout(layout);
                 }
@@ -215,6 +222,7 @@ impl LtMatmul {
             bias: Some(bias),
             aux: None,
             scales: None,
+            output: None,
         };
         let epilogue = if relu { Epilogue::ReluBias } else { Epilogue::Bias };
         self.run(stream, epilogue, Inputs::Act, (oc, bt, c), ops)
@@ -250,25 +258,30 @@ impl LtMatmul {
         self.run(stream, epilogue, Inputs::Fp8([fy, fx]), (s, r, k), ops)
     }
 
-    /// [`LtMatmul::matmul_fp8`] through GELU: pre (R,S) = x·yᵀ·dequant (+ bias), out =
-    /// gelu(pre), in one GEMM (GELU_AUX_BIAS, or GELU_AUX without a bias), x and y E4M3. False
-    /// (having queued nothing) when the epilogue cannot run here; the caller falls back.
+    /// [`LtMatmul::matmul_fp8`] through GELU: pre (R,S) = x·yᵀ·dequant (+ bias), and gelu(pre)
+    /// only as its FP8 copy `out` (E4M3, scaled by `out_scale[0]`, the amax of gelu(pre) set
+    /// into `out_scale[1]`), in one GEMM (GELU_AUX_BIAS, or GELU_AUX without a bias), x and y
+    /// E4M3. False (having queued nothing) when the epilogue cannot run here; the caller falls
+    /// back.
     ///
     /// # Safety
-    /// As `matmul_fp8`, with `pre` and `out` R·S elements each.
+    /// As `matmul_fp8`, with `pre` R·S elements and `out` R·S bytes; `out_scale` two f32, each
+    /// 16-byte aligned.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul_fp8_gelu(
         &self,
         stream: CUstream,
         pre: DevPtr<Act>,
-        out: DevPtr<Act>,
+        out: DevPtr<u8>,
+        out_scale: [DevPtr; 2],
         x: DevPtr<u8>,
         y: DevPtr<u8>,
         bias: Option<DevPtr<Act>>,
         [dx, dy]: [DevPtr; 2],
         [r, s, k]: [usize; 3],
     ) -> Result<bool> {
-        let ops = fp8_operands(out, Some(pre), [x, y], bias, [dx, dy]);
+        let mut ops = fp8_operands(out.cast(), Some(pre), [x, y], bias, [dx, dy]);
+        ops.output = Some((Fp8::E4M3, out_scale));
         let epilogue = Epilogue::GeluAux { bias: bias.is_some() };
         self.run(stream, epilogue, Inputs::Fp8([Fp8::E4M3; 2]), (s, r, k), ops)
     }
@@ -300,6 +313,7 @@ impl LtMatmul {
             bias,
             aux: Some(pre),
             scales: None,
+            output: None,
         };
         self.run(stream, epilogue, Inputs::Act, (oc, bt, c), ops)
     }
@@ -330,6 +344,7 @@ impl LtMatmul {
             bias: None,
             aux: Some(pre),
             scales: None,
+            output: None,
         };
         self.run(stream, Epilogue::DGelu, Inputs::Act, (c, bt, oc), ops)
     }
@@ -362,6 +377,7 @@ impl LtMatmul {
         if epilogue.has_bias() != ops.bias.is_some()
             || epilogue.has_aux() != ops.aux.is_some()
             || matches!(inputs, Inputs::Fp8(_)) != ops.scales.is_some()
+            || (ops.output.is_some() && ops.scales.is_none())
         {
             return Err(Error::Device(format!(
                 "cuBLASLt {epilogue:?}: operands do not fit the epilogue"
@@ -371,6 +387,7 @@ impl LtMatmul {
         let key = PlanKey {
             epilogue,
             inputs,
+            output: ops.output.map(|(format, _)| format),
             m,
             n,
             k,
@@ -414,6 +431,16 @@ impl LtMatmul {
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a)?;
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b)?;
             }
+            if let Some((_, [scale, amax])) = ops.output {
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, scale)?;
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax)?;
+            }
+            // C is not read (beta = 0). Beside an FP8 D it has the activation type: the
+            // auxiliary matrix, of that type and D's shape, stands for it.
+            let (c, c_layout) = match (ops.output, ops.aux) {
+                (Some(_), Some(aux)) => (aux, plan.c),
+                _ => (ops.d, plan.d),
+            };
             lt::matmul(
                 self.handle,
                 plan.desc,
@@ -423,8 +450,8 @@ impl LtMatmul {
                 plan.a,
                 ops.b.addr() as *const c_void,
                 plan.b,
-                ops.d.addr() as *const c_void,
-                plan.d,
+                c.addr() as *const c_void,
+                c_layout,
                 ops.d.addr() as *mut c_void,
                 plan.d,
                 &plan.algo,
@@ -457,6 +484,7 @@ impl LtMatmul {
             a: std::ptr::null_mut(),
             b: std::ptr::null_mut(),
             d: std::ptr::null_mut(),
+            c: std::ptr::null_mut(),
             algo: cublasLtMatmulAlgo_t { data: [0; 8] },
         };
         let (m, n, k) = (key.m, key.n, key.k);
@@ -474,7 +502,13 @@ impl LtMatmul {
             layout(a_t, m, k, m)?
         };
         plan.b = layout(b_t, k, n, k)?;
-        plan.d = layout(elem_t, m, n, m)?;
+        match key.output {
+            Some(format) => {
+                plan.d = layout(fp8_type(format), m, n, m)?;
+                plan.c = layout(elem_t, m, n, m)?;
+            }
+            None => plan.d = layout(elem_t, m, n, m)?,
+        }
         let trans_a: i32 = trans_a as i32; // CUBLAS_OP_T or CUBLAS_OP_N
         let trans_b: i32 = 0; // CUBLAS_OP_N
         let epilogue = key.epilogue.value();
@@ -508,6 +542,19 @@ impl LtMatmul {
                 .map_err(lt_err("aux leading dimension"))?;
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux)?;
             }
+            if let Some((_, [scale, amax])) = ops.output {
+                // Beside an FP8 D, the bias and the auxiliary matrix keep the activation type.
+                for (attr, what) in [
+                    (Attr::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, "bias type"),
+                    (Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, "aux type"),
+                ] {
+                    let size = std::mem::size_of::<cudaDataType>();
+                    lt::set_matmul_desc_attribute(plan.desc, attr, &elem_t as *const cudaDataType as *const c_void, size)
+                        .map_err(lt_err(what))?;
+                }
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, scale)?;
+                set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax)?;
+            }
             let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
             let ws = self.workspace_bytes as u64;
             let set = |attr, value: *const c_void, size| lt::set_matmul_pref_attribute(pref, attr, value, size);
@@ -524,7 +571,8 @@ impl LtMatmul {
             let found = if !ok {
                 None
             } else {
-                lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref)
+                let c = if plan.c.is_null() { plan.d } else { plan.c };
+                lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, c, plan.d, pref)
                     .ok()
                     .map(|h| h.algo)
             };
@@ -591,5 +639,6 @@ fn fp8_operands(
         bias,
         aux,
         scales: Some([dy, dx]),
+        output: None,
     }
 }

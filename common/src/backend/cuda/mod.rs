@@ -54,6 +54,9 @@ pub struct CudaBackend {
     tickets: CudaBuffer<i32>,
     /// (MAX_REDUCE_BLOCKS) partial sums of `sum_squares`.
     reduce_partials: CudaBuffer,
+    /// An FP8 product output's scale and amax where cuBLASLt reads and sets them, at words 0
+    /// and 4 (16-byte aligned; `fp8_stage_scale_kernel`).
+    fp8_staged: CudaBuffer,
     /// Attention's intermediates; grown to the largest call seen, then reused.
     scratch: Mutex<Option<CudaBuffer>>,
     /// Counts the scratch buffer's replacements (`Backend::memory_epoch`).
@@ -168,6 +171,7 @@ impl CudaBackend {
         )?;
         let lt = LtMatmul::new(precision, blas_workspace.ptr(), BLAS_WORKSPACE_BYTES)?;
         let reduce_partials = memory.alloc(MAX_REDUCE_BLOCKS)?;
+        let fp8_staged = memory.alloc(8)?;
         let fp8 = (major, minor) >= (8, 9) && precision == Precision::Bf16 && lt.is_some();
         Ok(CudaBackend {
             kernels,
@@ -176,6 +180,7 @@ impl CudaBackend {
             blas_workspace,
             tickets,
             reduce_partials,
+            fp8_staged,
             scratch: Mutex::new(None),
             scratch_epoch: Default::default(),
             error: Mutex::new(None),

@@ -520,7 +520,8 @@ impl Backend for CudaBackend {
     fn matmul_fp8_gelu(
         &self,
         pre: Span<Act>,
-        out: Span<Act>,
+        scratch: Span<Act>,
+        out: Fp8Out,
         x: Span<u8>,
         y: Span<u8>,
         bias: Option<Span<Act>>,
@@ -528,17 +529,28 @@ impl Backend for CudaBackend {
         shape: [usize; 3],
     ) {
         assert!(self.fp8, "matmul_fp8_gelu: {} has no FP8 (Backend::fp8)", self.name);
-        let spans = (pre, out, x, y, bias, dequant);
-        let ([pre_, out_], x_, y_, bias_, dq) =
-            contract::matmul_fp8_gelu(self.act(), pre, out, x, y, bias, dequant, shape);
+        let ([pre_, _], [dst, x_, y_], bias_, dq, [scale, amax]) =
+            contract::matmul_fp8_gelu(self.act(), pre, scratch, out, x, y, bias, dequant, shape);
         let lt = self.lt.as_ref().expect("an FP8 backend has cuBLASLt");
+        // The epilogue's scale and amax at aligned words: the slot's scale staged there first,
+        // the amax raised into the slot's after.
+        let staged = self.fp8_staged.ptr();
+        let staged_amax = staged.add(4);
+        // SAFETY: one thread; `staged` holds 8 words, `scale` one (the contract).
+        unsafe { self.launch("fp8_stage_scale_kernel", (1, 1, 1), (1, 1, 1), args![staged, scale]) };
         // SAFETY: the contract checked every extent and overlap.
-        if self.fused_epilogue(|| unsafe { lt.matmul_fp8_gelu(self.stream(), pre_, out_, x_, y_, bias_, dq, shape) }) {
+        let fused = self.fused_epilogue(|| unsafe {
+            lt.matmul_fp8_gelu(self.stream(), pre_, dst, [staged, staged_amax], x_, y_, bias_, dq, shape)
+        });
+        if fused {
+            // SAFETY: one thread; `amax` one word (the contract), `staged` 8.
+            unsafe { self.launch("fp8_fold_amax_kernel", (1, 1, 1), (1, 1, 1), args![amax, staged]) };
             return;
-        } // else the epilogue cannot run here: the product, then the GELU kernel
-        let (pre, out, x, y, bias, dequant) = spans;
+        } // else the epilogue cannot run here: the product, GELU, the quantization
+        let n = shape[0] * shape[1];
         self.matmul_fp8(pre, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
-        self.gelu_forward(out, pre, shape[0] * shape[1]);
+        self.gelu_forward(scratch, pre, n);
+        self.quantize_fp8(out.dst, out.amax, scratch, out.scale, n, out.format);
     }
 
     fn quantize_fp8_transposed(
@@ -1286,13 +1298,18 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn gelu_backward_quantize(&self, d: Span<Act>, inp: Span<Act>, quantized: Fp8Out, n: usize) {
+    fn gelu_backward_quantize(&self, d: Span<Act>, inp: Span<Act>, quantized: Fp8Out, act: Option<Span<Act>>, n: usize) {
         let q = quantized;
         // One pass where eight values a thread line up (every FP8 model's hidden layer), else
-        // the two kernels.
-        let aligned = [d.ptr().addr(), inp.ptr().addr()].iter().all(|a| a % 16 == 0);
+        // the separate kernels.
+        let mut addrs = vec![d.ptr().addr(), inp.ptr().addr()];
+        addrs.extend(act.map(|a| a.ptr().addr()));
+        let aligned = addrs.iter().all(|a| a % 16 == 0);
         let vec = n.is_multiple_of(8) && aligned && q.dst.ptr().addr().is_multiple_of(8);
         if !(vec && self.act() == ActType::Bf16) {
+            if let Some(act) = act {
+                self.gelu_forward(act, inp, n);
+            }
             self.gelu_backward_in_place(d, inp, n);
             return self.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);
         }
@@ -1303,10 +1320,14 @@ impl Backend for CudaBackend {
         );
         let (d_, inp_) = contract::gelu_backward_in_place(self.act(), d, inp, n);
         let (dst, amax, _, scale) = contract::quantize_fp8(self.act(), q.dst, q.amax, d, q.scale, n);
+        let act_ = match act {
+            Some(act) => contract::unary("gelu_backward_quantize", self.act(), act, inp, n).0,
+            None => DevPtr::default(), // none
+        };
         let e5m2 = (q.format == Fp8::E5M2) as usize;
-        let args = args![d_, inp_, dst, amax, scale, n, e5m2];
+        let args = args![d_, inp_, dst, amax, scale, act_, n, e5m2];
         // SAFETY: the contracts checked every extent and overlap (d is read and written by
-        // the same thread, as the in-place kernel does).
+        // the same thread, as the in-place kernel does; act apart from inp).
         unsafe { self.launch_quantize("gelu_backward_quantize_kernel", n, args) };
     }
 

@@ -105,6 +105,22 @@ extern "C" __global__ void quantize_fp8_transposed_vec_kernel(unsigned char* dst
     amax_atomic(amax, top, warp_top);
 }
 
+// cuBLASLt's FP8 output (the MLP's first product writing gelu(pre) in E4M3) reads its scale and
+// sets, rather than raises, its amax, each at a 16-byte aligned word, which a slot's scale and
+// amax are not. Before the product: the slot's scale into staged[0], staged[4] cleared for the
+// amax. One thread.
+extern "C" __global__ void fp8_stage_scale_kernel(float* staged, const float* scale) {
+    staged[0] = scale[0];
+    staged[4] = 0.0f;
+}
+
+// After it: the product's amax (staged[4]) raised into the slot's, compared as bits as
+// amax_atomic does. One thread.
+extern "C" __global__ void fp8_fold_amax_kernel(float* amax, const float* staged) {
+    unsigned* a = reinterpret_cast<unsigned*>(amax);
+    *a = max(*a, __float_as_uint(staged[4]));
+}
+
 // Delayed scaling's step, one thread a slot [dequant, scale, amax, max] with its history of
 // `len` amax values (newest first): fp8_rescale_slot in backend/mod.rs, bit for bit.
 extern "C" __global__ void fp8_rescale_kernel(float* slots, float* history, int n, int len) {

@@ -43,10 +43,12 @@ extern "C" __global__ void gelu_backward_in_place_vec4_kernel(act_t* d, const ac
 
 // gelu_backward_in_place then quantize_fp8 of its result, in one pass (FP8's d(pre)): d =
 // gelu'(inp) * d rounded to act_t, and dst = fp8(d * scale[0]) of the rounded values, with
-// amax as quantize_fp8_kernel's: the two kernels' bits. Eight values a step of a grid-stride
-// loop; n a multiple of 8, d and inp aligned to 8 elements, dst to 8 bytes.
+// amax as quantize_fp8_kernel's: the two kernels' bits. Where `act` is not null, also
+// gelu_forward_kernel's act = gelu(inp) (the hidden activation, which FP8's forward keeps only
+// in FP8, rebuilt for the weight gradient). Eight values a step of a grid-stride loop; n a
+// multiple of 8, d, inp and act aligned to 8 elements, dst to 8 bytes.
 extern "C" __global__ void gelu_backward_quantize_kernel(act_t* d, const act_t* inp, unsigned char* dst, float* amax,
-                                                         const float* scale, int n, int e5m2) {
+                                                         const float* scale, act_t* act, int n, int e5m2) {
     __shared__ unsigned warp_top[32];
     float s = scale[0];
     unsigned top = 0;
@@ -59,6 +61,11 @@ extern "C" __global__ void gelu_backward_quantize_kernel(act_t* d, const act_t* 
         for (int k = 0; k < 8; k++) g[k] = to_f(from_f(gelu_grad(x[k]) * g[k]));
         store8(d + i, g);
         *reinterpret_cast<uint2*>(dst + i) = fp8x8(g, s, e5m2, top);
+        if (act) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[k] = gelu(x[k]);
+            store8(act + i, x);
+        }
     }
     amax_atomic(amax, top, warp_top);
 }
