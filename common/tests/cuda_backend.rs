@@ -255,8 +255,15 @@ fn fp8_matches_cpu() {
     // CPU). gelu(pre) exists only as its E4M3 copy, which the GPU takes of the product in f32
     // and the CPU of pre rounded: a value may round to the neighbouring E4M3 step (2^-3 of
     // the largest at most). At 2^12 most values saturate: still no NaN, the format's largest.
-    for (shape, out_scale) in [([256, 3072, 768], 16.0), ([128, 768, 3072], 16.0), ([128, 768, 3072], 4096.0)] {
-        let (want, got) = (fp8_gelu_case(&cpu(), shape, out_scale), fp8_gelu_case(&be, shape, out_scale));
+    for (shape, out_scale) in [
+        ([256, 3072, 768], 16.0),
+        ([128, 768, 3072], 16.0),
+        ([128, 768, 3072], 4096.0),
+    ] {
+        let (want, got) = (
+            fp8_gelu_case(&cpu(), shape, out_scale),
+            fp8_gelu_case(&be, shape, out_scale),
+        );
         let what = format!("fp8 gelu {shape:?} at {out_scale}");
         check(&what, &["pre", "dpre", "act"], &got[..3], &want[..3], 2f32.powi(-7));
         check(&what, &["out (E4M3)", "its amax"], &got[3..], &want[3..], 2f32.powi(-3));

@@ -348,7 +348,17 @@ impl<'a, B: Backend> Graph<'a, B> {
                     let (p, dpre_q) = (self.span(pre), self.grad_fp8_out(fc, r * h)?);
                     let dequant = proj.grad_dequant();
                     let rebuilt = Some(self.scratch_written(act));
-                    be.matmul_fp8_dgelu(dpre, dq, proj.weight_t, p, dequant, [r, h, c], GRAD_FORMATS, dpre_q, rebuilt);
+                    be.matmul_fp8_dgelu(
+                        dpre,
+                        dq,
+                        proj.weight_t,
+                        p,
+                        dequant,
+                        [r, h, c],
+                        GRAD_FORMATS,
+                        dpre_q,
+                        rebuilt,
+                    );
                     let ((dw, dw_first), dbias) = (
                         self.param_grad_or_first(w_proj)?,
                         self.output_bias_grad(node.out, b_proj)?,

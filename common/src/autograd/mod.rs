@@ -924,7 +924,10 @@ impl<'a, B: Backend> Graph<'a, B> {
         // where the weight gradient reads it.
         let words = |n: usize| self.act().words(n);
         let act = if fp8.is_some() {
-            assert_ne!(h, c, "mlp_fp8: the FP8 copies of the input and the hidden layer share scratch by size");
+            assert_ne!(
+                h, c,
+                "mlp_fp8: the FP8 copies of the input and the hidden layer share scratch by size"
+            );
             self.activation_unkept([r, h], Rebuild::Gelu { inp: pre })?
         } else if self.values[inp.0].rebuild.is_some() && words(r * c) == words(r * h) {
             self.activation([r, h])?

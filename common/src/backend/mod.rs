@@ -718,7 +718,14 @@ pub trait Backend {
     /// # Operands
     /// `d`, `inp`, `quantized.dst`, `act`: `n` elements each, `act` apart from the others;
     /// `quantized.amax`, `.scale`: 1.
-    fn gelu_backward_quantize(&self, d: Span<Act>, inp: Span<Act>, quantized: Fp8Out, act: Option<Span<Act>>, n: usize) {
+    fn gelu_backward_quantize(
+        &self,
+        d: Span<Act>,
+        inp: Span<Act>,
+        quantized: Fp8Out,
+        act: Option<Span<Act>>,
+        n: usize,
+    ) {
         if let Some(act) = act {
             self.gelu_forward(act, inp, n);
         }

@@ -549,8 +549,13 @@ impl LtMatmul {
                     (Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, "aux type"),
                 ] {
                     let size = std::mem::size_of::<cudaDataType>();
-                    lt::set_matmul_desc_attribute(plan.desc, attr, &elem_t as *const cudaDataType as *const c_void, size)
-                        .map_err(lt_err(what))?;
+                    lt::set_matmul_desc_attribute(
+                        plan.desc,
+                        attr,
+                        &elem_t as *const cudaDataType as *const c_void,
+                        size,
+                    )
+                    .map_err(lt_err(what))?;
                 }
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, scale)?;
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax)?;

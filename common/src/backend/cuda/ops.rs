@@ -540,7 +540,17 @@ impl Backend for CudaBackend {
         unsafe { self.launch("fp8_stage_scale_kernel", (1, 1, 1), (1, 1, 1), args![staged, scale]) };
         // SAFETY: the contract checked every extent and overlap.
         let fused = self.fused_epilogue(|| unsafe {
-            lt.matmul_fp8_gelu(self.stream(), pre_, dst, [staged, staged_amax], x_, y_, bias_, dq, shape)
+            lt.matmul_fp8_gelu(
+                self.stream(),
+                pre_,
+                dst,
+                [staged, staged_amax],
+                x_,
+                y_,
+                bias_,
+                dq,
+                shape,
+            )
         });
         if fused {
             // SAFETY: one thread; `amax` one word (the contract), `staged` 8.
@@ -1298,7 +1308,14 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn gelu_backward_quantize(&self, d: Span<Act>, inp: Span<Act>, quantized: Fp8Out, act: Option<Span<Act>>, n: usize) {
+    fn gelu_backward_quantize(
+        &self,
+        d: Span<Act>,
+        inp: Span<Act>,
+        quantized: Fp8Out,
+        act: Option<Span<Act>>,
+        n: usize,
+    ) {
         let q = quantized;
         // One pass where eight values a thread line up (every FP8 model's hidden layer), else
         // the separate kernels.
