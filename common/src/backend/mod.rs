@@ -349,6 +349,45 @@ pub struct Fp8Out<'a> {
 /// optimiser skips, is not), `amax` is cleared, and where the history's largest value `m` is
 /// above 0 the scale becomes the power of two 2^e with e = ⌊log₂(max / m)⌋ (clamped to ±126),
 /// so that m · scale lands in [max/2, max] and `dequant` = 2^-e is exact. The GPU's kernel
+/// [`Backend::matmul_fp8_gelu`] as separate ops: the product into `pre`, GELU into `scratch`,
+/// then its quantization into `out` (the default, and a backend's fallback where its fused form
+/// cannot run).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_fp8_gelu_apart<B: Backend + ?Sized>(
+    be: &B,
+    pre: Span<Act>,
+    scratch: Span<Act>,
+    out: Fp8Out,
+    x: Span<u8>,
+    y: Span<u8>,
+    bias: Option<Span<Act>>,
+    dequant: [Span; 2],
+    shape: [usize; 3],
+) {
+    let n = shape[0] * shape[1];
+    be.matmul_fp8(pre, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
+    be.gelu_forward(scratch, pre, n);
+    be.quantize_fp8(out.dst, out.amax, scratch, out.scale, n, out.format);
+}
+
+/// [`Backend::gelu_backward_quantize`] as separate ops (the default, and a backend's fallback
+/// where its one pass cannot run).
+pub fn gelu_backward_quantize_apart<B: Backend + ?Sized>(
+    be: &B,
+    d: Span<Act>,
+    inp: Span<Act>,
+    quantized: Fp8Out,
+    act: Option<Span<Act>>,
+    n: usize,
+) {
+    if let Some(act) = act {
+        be.gelu_forward(act, inp, n);
+    }
+    be.gelu_backward_in_place(d, inp, n);
+    let q = quantized;
+    be.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);
+}
+
 /// (`fp8_rescale_kernel`) computes the same bits.
 pub fn fp8_rescale_slot(slot: &mut [f32], history: &mut [f32]) {
     let amax = slot[Fp8Slot::AMAX];
@@ -679,10 +718,7 @@ pub trait Backend {
         dequant: [Span; 2],
         shape: [usize; 3],
     ) {
-        let n = shape[0] * shape[1];
-        self.matmul_fp8(pre, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
-        self.gelu_forward(scratch, pre, n);
-        self.quantize_fp8(out.dst, out.amax, scratch, out.scale, n, out.format);
+        matmul_fp8_gelu_apart(self, pre, scratch, out, x, y, bias, dequant, shape);
     }
     /// [`Backend::matmul_fp8`] into the MLP's hidden layer through gelu': `dpre = gelu'(pre) ⊙
     /// (x · yᵀ · dequant)`, written (x the output gradient, y the second weight's transposed
@@ -726,12 +762,7 @@ pub trait Backend {
         act: Option<Span<Act>>,
         n: usize,
     ) {
-        if let Some(act) = act {
-            self.gelu_forward(act, inp, n);
-        }
-        self.gelu_backward_in_place(d, inp, n);
-        let q = quantized;
-        self.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);
+        gelu_backward_quantize_apart(self, d, inp, quantized, act, n);
     }
     /// [`Backend::quantize_fp8`] into the transpose: `dst (cols,rows) = fp8(src (rows,cols)ᵀ ·
     /// scale[0])`, with `amax` as there. A weight's FP8 copy for the input gradient's product

@@ -14,8 +14,8 @@ use crate::backend::contract;
 /// Rows a block of `quantize_fp8_transposed_kernel` covers (kernels/fp8.cu's FP8_T_ROWS).
 const FP8_T_ROWS: usize = 32;
 use crate::backend::{
-    bf16, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer, DeviceStream, Elem, Fp8, Fp8Out, FusedMlp,
-    Overwrite, Precision, SgdHyper, Snapshot, Span,
+    bf16, gelu_backward_quantize_apart, matmul_fp8_gelu_apart, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer,
+    DeviceStream, Elem, Fp8, Fp8Out, FusedMlp, Overwrite, Precision, SgdHyper, Snapshot, Span,
 };
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -557,10 +557,7 @@ impl Backend for CudaBackend {
             unsafe { self.launch("fp8_fold_amax_kernel", (1, 1, 1), (1, 1, 1), args![amax, staged]) };
             return;
         } // else the epilogue cannot run here: the product, GELU, the quantization
-        let n = shape[0] * shape[1];
-        self.matmul_fp8(pre, x, y, bias, dequant, shape, [Fp8::E4M3; 2]);
-        self.gelu_forward(scratch, pre, n);
-        self.quantize_fp8(out.dst, out.amax, scratch, out.scale, n, out.format);
+        matmul_fp8_gelu_apart(self, pre, scratch, out, x, y, bias, dequant, shape);
     }
 
     fn quantize_fp8_transposed(
@@ -1319,16 +1316,13 @@ impl Backend for CudaBackend {
         let q = quantized;
         // One pass where eight values a thread line up (every FP8 model's hidden layer), else
         // the separate kernels.
-        let mut addrs = vec![d.ptr().addr(), inp.ptr().addr()];
-        addrs.extend(act.map(|a| a.ptr().addr()));
-        let aligned = addrs.iter().all(|a| a % 16 == 0);
+        let aligned = [Some(d), Some(inp), act]
+            .iter()
+            .flatten()
+            .all(|a| a.ptr().addr().is_multiple_of(16));
         let vec = n.is_multiple_of(8) && aligned && q.dst.ptr().addr().is_multiple_of(8);
         if !(vec && self.act() == ActType::Bf16) {
-            if let Some(act) = act {
-                self.gelu_forward(act, inp, n);
-            }
-            self.gelu_backward_in_place(d, inp, n);
-            return self.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);
+            return gelu_backward_quantize_apart(self, d, inp, q, act, n);
         }
         assert!(
             self.fp8,
