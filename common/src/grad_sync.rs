@@ -492,10 +492,10 @@ impl GradSync {
         assert!(grads.len() >= self.total, "gradient buffer smaller than the layout");
         let wire = self.wire_buffer::<B>(wire, comm.size())?;
         let words = self.gathered(model);
-        let whole = [0..self.total];
+        let whole = 0..self.total;
         let ranges: Vec<&Range<usize>> = match self.mode {
             SyncMode::Overlapped { .. } => self.buckets.iter().chain(&self.outside).collect(),
-            _ => whole.iter().collect(),
+            _ => vec![&whole],
         };
         be.synchronize()?;
         let started = Instant::now();
