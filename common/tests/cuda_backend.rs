@@ -281,6 +281,16 @@ fn fp8_matches_cpu() {
             "gelu_backward_quantize, {n} values"
         );
     }
+    // Attention's backward with dqkv's E5M2 copy (the qkv product's output gradient): the
+    // two ops' bits, on the GPU, with the bias sums and without, at shapes whose last tile is
+    // whole and cut.
+    for (b, t, c, nh) in [(2, 256, 768, 12), (1, 200, 128, 2)] {
+        for with_bias in [true, false] {
+            let fused = attention_quantize_case(&be, [b, t, c, nh], with_bias, true);
+            let apart = attention_quantize_case(&be, [b, t, c, nh], with_bias, false);
+            assert!(fused == apart, "attention_backward_quantize B={b} T={t} C={c} bias {with_bias}");
+        }
+    }
     // The layernorm that writes the next product's FP8 input: the two ops' bits, on the GPU.
     for shape in [[256, 768], [40, 20], [24, 18]] {
         let fused = add_layernorm_quantize_case(&be, shape, true);
@@ -411,6 +421,42 @@ fn gelu_quantize_case<B: Backend>(be: &B, n: usize, fused: bool) -> Vec<Vec<u32>
         bytes.iter().map(|&v| v as u32).collect(),
         vec![download(be, &amax)[0].to_bits()],
         download_act(be, &rebuilt, n).iter().map(|x| x.to_bits()).collect(),
+    ]
+}
+
+/// `attention_backward_quantize` on `be` (`fused`), or its two ops there: dqkv's bits, the bias
+/// gradient's, the E5M2 copy's, the amax's.
+fn attention_quantize_case<B: Backend>(be: &B, [b, t, c, nh]: [usize; 4], with_bias: bool, fused: bool) -> Vec<Vec<u32>> {
+    let n = b * t * 3 * c;
+    let qkv = upload_act(be, &rnd(Inputs::Bf16, n, 81, 1.0));
+    let out = alloc_act(be, b * t * c);
+    let saved = be.alloc::<f32>(be.attention_saved_len(b, t, nh)).unwrap();
+    let dout = upload_act(be, &rnd(Inputs::Bf16, b * t * c, 82, 1.0));
+    let dqkv = upload_act(be, &rnd(Inputs::Bf16, n, 83, 100.0));
+    let dbias = upload(be, &rnd(Inputs::Bf16, 3 * c, 84, 1.0));
+    let (dst, scale, amax) = (be.alloc::<u8>(n).expect("alloc"), upload(be, &[4096.0]), upload(be, &[0.0]));
+    let copy = Fp8Out {
+        dst: dst.span(),
+        amax: amax.span(),
+        scale: scale.span(),
+        format: Fp8::E5M2,
+    };
+    be.attention_forward(act(be, &out), saved.span(), act(be, &qkv), b, t, c, nh);
+    let bias = with_bias.then(|| dbias.span());
+    let (dq, o, s) = (act(be, &dqkv), act(be, &out), saved.span());
+    if fused {
+        be.attention_backward_quantize(dq, bias, act(be, &dout), act(be, &qkv), o, s, b, t, c, nh, copy);
+    } else {
+        be.attention_backward(true, dq, bias, act(be, &dout), act(be, &qkv), o, s, b, t, c, nh);
+        be.quantize_fp8(dst.span(), amax.span(), dq, scale.span(), n, Fp8::E5M2);
+    }
+    let mut bytes = vec![0u8; n];
+    be.read(&dst, 0, &mut bytes).expect("read");
+    vec![
+        download_act(be, &dqkv, n).iter().map(|x| x.to_bits()).collect(),
+        download(be, &dbias).iter().map(|x| x.to_bits()).collect(),
+        bytes.iter().map(|&v| v as u32).collect(),
+        vec![download(be, &amax)[0].to_bits()],
     ]
 }
 

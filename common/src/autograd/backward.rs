@@ -303,7 +303,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                 match fp8 {
                     None => be.matmul_backward(overwrite, dinp, dw, dbias, dout(), x, self.span(w), r, ic, c),
                     Some(site) => {
-                        let dq = self.quantize_grad(site, dout(), r * c)?;
+                        let dq = self.quantize_grad(site, node.out, dout(), r * c)?;
                         self.input_grad_fp8(site, dinp, dinp_first, dq, [r, ic, c])?;
                         be.matmul_weight_backward(dw_first, dw, dbias, dout(), x, r, ic, c);
                     }
@@ -321,7 +321,15 @@ impl<'a, B: Backend> Graph<'a, B> {
                 let dbias = self.take_output_bias(tape, node, qkv)?;
                 let (dqkv, first) = self.act_grad_or_first(qkv)?;
                 let out = self.span(node.out);
-                be.attention_backward(first, dqkv, dbias, dout(), x, out, saved, b, t, c, nh);
+                // Under FP8, the qkv product's E5M2 output gradient with it, for that product.
+                match fp8_site(tape, qkv).filter(|_| first) {
+                    Some(site) => {
+                        let q = self.grad_fp8_out(site, r * 3 * c)?;
+                        be.attention_backward_quantize(dqkv, dbias, dout(), x, out, saved, b, t, c, nh, q);
+                        self.fp8_copies.insert(qkv.0, (q.dst, site.grad.ptr()));
+                    }
+                    None => be.attention_backward(first, dqkv, dbias, dout(), x, out, saved, b, t, c, nh),
+                }
             }
             Op::Gelu { inp } => {
                 let dinp = self.act_grad(inp)?;
@@ -343,7 +351,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                     // FP8: d(pre) = gelu'(pre) ⊙ (dout · w_proj) from the E5M2 gradient and the
                     // weight's transposed copy, act = gelu(pre) rebuilt in the same pass (the
                     // forward kept it only in FP8), then each weight gradient as bf16's.
-                    let dq = self.quantize_grad(proj, dout(), r * c)?;
+                    let dq = self.quantize_grad(proj, node.out, dout(), r * c)?;
                     let dpre = self.act_grad_overwritten(pre)?;
                     let (p, dpre_q) = (self.span(pre), self.grad_fp8_out(fc, r * h)?);
                     let dequant = proj.grad_dequant();
@@ -577,8 +585,14 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.fp8_out(site.grad, Fp8::E5M2, n)
     }
 
-    /// An FP8 product's output gradient `dout` (n values) quantized ([`Graph::grad_fp8_out`]).
-    fn quantize_grad(&mut self, site: Fp8Site<'a>, dout: Span<'a, Act>, n: usize) -> Result<Span<'a, u8>> {
+    /// An FP8 product's output gradient `dout` (n values) in E5M2, the product's output being
+    /// `out`: the copy the op reading `out` wrote with it (attention's backward), else quantized
+    /// now ([`Graph::grad_fp8_out`]).
+    fn quantize_grad(&mut self, site: Fp8Site<'a>, out: Tensor, dout: Span<'a, Act>, n: usize) -> Result<Span<'a, u8>> {
+        match self.fp8_copies.remove(&out.0) {
+            Some((copy, slot)) if slot == site.grad.ptr() => return Ok(copy),
+            _ => {}
+        }
         let q = self.grad_fp8_out(site, n)?;
         self.be.quantize_fp8(q.dst, q.amax, dout, q.scale, n, q.format);
         Ok(q.dst)
@@ -624,6 +638,14 @@ fn param_writes(op: &Op) -> Vec<(Tensor, bool)> {
         | Op::Add { .. }
         | Op::CrossEntropy { .. }
         | Op::Mark { .. } => Vec::new(),
+    }
+}
+
+/// The FP8 site of the product whose output is `x` (`Op::Matmul` under `--precision fp8`).
+fn fp8_site<'a>(tape: &[Node<'a>], x: Tensor) -> Option<Fp8Site<'a>> {
+    match tape.iter().find(|n| n.out == x)?.op {
+        Op::Matmul { fp8, .. } => fp8,
+        _ => None,
     }
 }
 

@@ -1079,6 +1079,31 @@ pub trait Backend {
         c: usize,
         nh: usize,
     );
+    /// [`Backend::attention_backward`] overwriting dqkv (qkv's first and only gradient), then
+    /// dqkv quantized into `quantized` as [`Backend::quantize_fp8`] does: under FP8 the qkv
+    /// product's output gradient. By default the two ops; CUDA's Hopper kernels write an E5M2
+    /// copy as they store dqkv's tiles (the same bits).
+    /// # Operands
+    /// As `attention_backward`; `quantized.dst`: B·T·3C bytes, `.amax`, `.scale`: 1.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward_quantize(
+        &self,
+        dqkv: Span<Act>,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        qkv: Span<Act>,
+        out: Span<Act>,
+        saved: Span,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+        quantized: Fp8Out,
+    ) {
+        self.attention_backward(true, dqkv, dbias, dout, qkv, out, saved, b, t, c, nh);
+        let q = quantized;
+        self.quantize_fp8(q.dst, q.amax, dqkv, q.scale, b * t * 3 * c, q.format);
+    }
 
     /// Causal attention of `t` new positions of one sequence against a key/value cache (text
     /// generation): writes the new keys and values of qkv (T,3C) into rows `pos..pos + T` of

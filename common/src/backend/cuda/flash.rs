@@ -10,7 +10,7 @@
 //! rather than adding into a zeroed one. `docs/kernels.md` describes both.
 
 use super::memory::device_err;
-use super::{args, blocks, CudaBackend};
+use super::{args, blocks, Arg, CudaBackend};
 use crate::backend::Precision;
 use crate::backend::{Act, Backend as _, DevPtr, Span};
 use crate::error::{Error, Result};
@@ -97,7 +97,7 @@ fn pipe_shared_bytes(stages: usize, dkdv: bool) -> u32 {
 /// they take past the default 48 KiB: once, when the kernels are loaded (not between launches,
 /// which a CUDA graph being recorded would refuse).
 pub(super) fn allow_shared_memory(kernels: &super::nvrtc::Kernels) -> Result<()> {
-    for suffix in ["wgmma", "wgmma_store", "wgmma_store_bias"] {
+    for suffix in ["wgmma", "wgmma_store", "wgmma_store_bias", "wgmma_store_fp8"] {
         for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
             let name = format!("flash_backward_{kernel}_d64_{suffix}");
             let Some(function) = kernels.get(&name) else { continue };
@@ -114,6 +114,16 @@ pub(super) fn allow_shared_memory(kernels: &super::nvrtc::Kernels) -> Result<()>
         }
     }
     Ok(())
+}
+
+/// dqkv's E5M2 copy that the Hopper backward kernels write as they store its tiles (FP8's qkv
+/// output gradient; `Fp8Copy` in flash_wgmma.cuh): where it goes (laid out as dqkv), its amax
+/// word, its scale word.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Fp8Copy {
+    pub dst: DevPtr<u8>,
+    pub amax: DevPtr,
+    pub scale: DevPtr,
 }
 
 impl CudaBackend {
@@ -187,14 +197,15 @@ impl CudaBackend {
         nh: usize,
         overwrite: bool,
         dbias: Option<DevPtr>,
-    ) -> Result<()> {
+        fp8: Option<Fp8Copy>,
+    ) -> Result<bool> {
         assert!(
-            overwrite || dbias.is_none(),
-            "a bias gradient from an overwritten dqkv only"
+            overwrite || (dbias.is_none() && fp8.is_none()),
+            "a bias gradient or an FP8 copy from an overwritten dqkv only"
         );
         let hs = super::attention::head_size(c, nh)?;
         if b * t == 0 {
-            return Ok(());
+            return Ok(fp8.is_some());
         }
         let v = variant(hs, self.precision, self.wgmma_fits(hs, &[qkv, dout, dqkv]))?;
         let hopper = v.suffix == "d64_wgmma";
@@ -226,20 +237,33 @@ impl CudaBackend {
         let grid = self.flash_grid(b, t, nh, ROWS_PER_BLOCK)?;
         let vec = vectorizable(hs, &[qkv, dout], v.vector);
         let bwd_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec];
+        let fused_fp8 = fp8.filter(|_| store);
         if hopper {
-            let suffix = match (store, fused_bias) {
-                (true, Some(_)) => "d64_wgmma_store_bias",
-                (true, None) => "d64_wgmma_store",
-                (false, _) => "d64_wgmma",
+            let suffix = match (store, fused_bias, fused_fp8) {
+                (true, _, Some(_)) => "d64_wgmma_store_fp8",
+                (true, Some(_), None) => "d64_wgmma_store_bias",
+                (true, None, None) => "d64_wgmma_store",
+                (false, _, _) => "d64_wgmma",
             };
             let bias_args = args![dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec, part];
+            let bias_part = if fused_bias.is_some() { part } else { DevPtr::default() }; // none
+            let copy = fused_fp8.unwrap_or_default();
+            let fp8_args = args![
+                dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec, bias_part, copy.dst, copy.amax,
+                copy.scale
+            ];
             for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
+                let args: &[Arg] = match (fused_fp8, fused_bias) {
+                    (Some(_), _) => fp8_args,
+                    (None, Some(_)) => bias_args,
+                    (None, None) => bwd_args,
+                };
                 self.try_launch_shared(
                     &format!("flash_backward_{kernel}_{suffix}"),
                     grid,
                     (THREADS, 1, 1),
                     pipe_shared_bytes(PIPE_STAGES, dkdv),
-                    if fused_bias.is_some() { bias_args } else { bwd_args },
+                    args,
                 )?;
             }
         } else {
@@ -257,6 +281,6 @@ impl CudaBackend {
             (None, Some(dbias)) => self.column_sums(dbias, dqkv, b * t, 3 * c),
             (None, None) => {}
         }
-        Ok(())
+        Ok(fused_fp8.is_some())
     }
 }

@@ -78,18 +78,17 @@ fn flash_source(d: usize, act: ActType) -> String {
                     { FLASH_WGMMA_BODY(flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec)); }\n";
             // The backward adding into dqkv (`_wgmma`) and overwriting it (`_wgmma_store`, the
             // model's call; `_wgmma_store_bias` also writes its tiles' column sums for the qkv
-            // product's bias gradient), two loop tiles in flight (flash.rs `PIPE_STAGES`). dK/dV
-            // is held to 168 registers, so that three blocks (12 warps) fit a multiprocessor
-            // instead of two (176 unbounded; a few bytes spill).
-            for (suffix, accumulate, part) in [
-                ("wgmma", true, None),
-                ("wgmma_store", false, None),
-                ("wgmma_store_bias", false, Some(", float* bias_part")),
+            // product's bias gradient, `_wgmma_store_fp8` those where bias_part is not null and
+            // dqkv's E5M2 copy, FP8's qkv output gradient), two loop tiles in flight (flash.rs
+            // `PIPE_STAGES`). dK/dV is held to 168 registers, so that three blocks (12 warps) fit
+            // a multiprocessor instead of two (176 unbounded; a few bytes spill).
+            let fp8_params = ", float* bias_part, unsigned char* q8, float* amax, const float* q8_scale";
+            for (suffix, accumulate, param, arg) in [
+                ("wgmma", true, "", "nullptr, nullptr, nullptr, nullptr"),
+                ("wgmma_store", false, "", "nullptr, nullptr, nullptr, nullptr"),
+                ("wgmma_store_bias", false, ", float* bias_part", "bias_part, nullptr, nullptr, nullptr"),
+                ("wgmma_store_fp8", false, fp8_params, "bias_part, q8, amax, q8_scale"),
             ] {
-                let (param, arg) = match part {
-                    Some(param) => (param, "bias_part"),
-                    None => ("", "nullptr"),
-                };
                 for (kernel, bounds) in [("dkdv", "__launch_bounds__(128, 3) "), ("dq", "")] {
                     src += &format!(
                         "extern \"C\" {bounds}__global__ void flash_backward_{kernel}_d64_{suffix}(BWD_PARAMS{param}) \

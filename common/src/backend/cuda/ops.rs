@@ -1198,9 +1198,9 @@ impl Backend for CudaBackend {
         // SAFETY: the contract checked every extent and overlap.
         let queued = unsafe {
             match self.attention {
-                AttentionPath::Flash => {
-                    self.attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, overwrite, dbias)
-                }
+                AttentionPath::Flash => self
+                    .attention_backward_flash(dqkv, dout, qkv, out, saved, b, t, c, nh, overwrite, dbias, None)
+                    .map(|_| ()),
                 AttentionPath::Gemm => {
                     // Accumulates only: a written gradient is zeroed first, its bias summed after.
                     if overwrite {
@@ -1216,6 +1216,63 @@ impl Backend for CudaBackend {
         };
         if let Err(e) = queued {
             self.fail(e);
+        }
+    }
+
+    fn attention_backward_quantize(
+        &self,
+        dqkv: Span<Act>,
+        dbias: Option<Span>,
+        dout: Span<Act>,
+        qkv: Span<Act>,
+        out: Span<Act>,
+        saved: Span,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+        quantized: Fp8Out,
+    ) {
+        let n = b * t * 3 * c;
+        let q = quantized;
+        let (dst, amax, _, scale) = contract::quantize_fp8(self.act(), q.dst, q.amax, dqkv, q.scale, n);
+        let saved_len = self.attention_saved_len(b, t, nh);
+        let (dqkv_, dbias_, dout_, qkv_, out_, saved_) =
+            contract::attention_backward(self.act(), dqkv, dbias, dout, qkv, out, saved, saved_len, b, t, c, nh);
+        // The Hopper kernels write the E5M2 copy as they store dqkv (the same bits as quantizing
+        // it after); elsewhere the two ops.
+        let copy = (self.attention == AttentionPath::Flash && q.format == Fp8::E5M2).then_some(super::flash::Fp8Copy {
+            dst,
+            amax,
+            scale,
+        });
+        // SAFETY: the contracts checked every extent and overlap.
+        let written = unsafe {
+            match copy {
+                Some(copy) => self.attention_backward_flash(
+                    dqkv_,
+                    dout_,
+                    qkv_,
+                    out_,
+                    saved_,
+                    b,
+                    t,
+                    c,
+                    nh,
+                    true,
+                    dbias_,
+                    Some(copy),
+                ),
+                None => {
+                    self.attention_backward(true, dqkv, dbias, dout, qkv, out, saved, b, t, c, nh);
+                    Ok(false)
+                }
+            }
+        };
+        match written {
+            Ok(true) => {}
+            Ok(false) => self.quantize_fp8(q.dst, q.amax, dqkv, q.scale, n, q.format),
+            Err(e) => self.fail(e),
         }
     }
 

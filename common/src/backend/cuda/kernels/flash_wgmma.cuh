@@ -297,6 +297,16 @@ __device__ __forceinline__ void wg_issue_ss_nt(float (&d)[8][4], const bf16_t* a
     for (int kk = 0; kk < 4; kk++) wgmma64_ss<0>(d, wg_desc(a_tile + kk * 16), wg_desc(tile + kk * 16), kk > 0);
 }
 
+// The FP8 copy that a backward kernel writes of the dqkv tiles it stores (`_wgmma_store_fp8`:
+// the qkv product's E5M2 output gradient under --precision fp8): the copy laid out as dqkv, a
+// byte a value; its scale; and the largest magnitude of the values stored so far by this thread
+// (as amax_atomic takes it, which the kernel calls once at its end).
+struct Fp8Copy {
+    unsigned char* base;
+    float scale;
+    unsigned top;
+};
+
 // Rows [row0, row0 + 64) (those below T) x 64 columns of a (T, stride) bf16 matrix set to (or,
 // with ACCUMULATE, added to) mul · acc (the block's 64x64 accumulator tile, 16 rows a warp),
 // rounded once: through `stage` (64 rows of 72 floats: 8 of padding keep the float2 writes at
@@ -305,10 +315,11 @@ __device__ __forceinline__ void wg_issue_ss_nt(float (&d)[8][4], const bf16_t* a
 // part[0..64): a bias gradient's partial sums (the product whose output is qkv). Starts and ends
 // with a barrier (the stage is shared memory the loop used; it is free for the next call after;
 // the column sums' last step reads `col` after the closing barrier, and the next call writes it
-// only past its own barriers).
+// only past its own barriers). With `fp8` (not with ACCUMULATE), also the values as stored in
+// E5M2 at fp8->base (the tile's offset from `base` in bytes as in elements), their amax taken.
 template <bool ACCUMULATE>
 __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const float (&acc)[8][4], float* stage,
-                                           int row0, int T, float mul, float* part) {
+                                           int row0, int T, float mul, float* part, Fp8Copy* fp8) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
     int lr = warp * 16 + g;
     __syncthreads();
@@ -337,9 +348,18 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
                 load8(p, old);
 #pragma unroll
                 for (int k = 0; k < 8; k++) v[k] = old[k] + v[k];
-            } else if (sums) {
+            } else if (sums || fp8) {
+                float stored[8];
 #pragma unroll
-                for (int k = 0; k < 8; k++) cs[k] += to_f(to_bf16(v[k]));  // as stored
+                for (int k = 0; k < 8; k++) stored[k] = to_f(to_bf16(v[k]));
+                if (sums) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) cs[k] += stored[k];
+                }
+                if (fp8) {
+                    size_t at = (size_t)(row0 + r) * stride + c * 8;
+                    *reinterpret_cast<uint2*>(fp8->base + at) = fp8x8(stored, fp8->scale, 1, fp8->top);
+                }
             }
             store8(p, v);
         }
@@ -367,7 +387,8 @@ template <int STAGES, bool ACCUMULATE>
 __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                            const float* lse, const float* delta, int T, int NH,
                                                            int HS, float scale, float scale_log2, int /*vec*/,
-                                                           float* bias_part) {
+                                                           float* bias_part, unsigned char* q8, float* amax,
+                                                           const float* q8_scale) {
     bf16_t* k_s = (bf16_t*)shared_1k();       // this block's keys, swizzled
     bf16_t* v_s = k_s + 64 * 64;              // and values
     bf16_t* qs = v_s + 64 * 64;               // [STAGES][64 * 64] query tiles, swizzled
@@ -445,8 +466,16 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
     bf16_t* dk_base = dqkv + (size_t)b * T * stride + C + (size_t)h * HS;
     float* stage = (float*)qs;  // the ring, free now (store_tile's first barrier)
     float* part = bias_part ? bias_part + ((size_t)b * gridDim.y + blockIdx.y) * stride + C + (size_t)h * HS : nullptr;
-    store_tile<ACCUMULATE>(dk_base, stride, dk, stage, k_start, T, scale, part);
-    store_tile<ACCUMULATE>(dk_base + C, stride, dv, stage, k_start, T, 1.0f, part ? part + C : nullptr);
+    size_t at = (size_t)b * T * stride + C + (size_t)h * HS;  // dk's offset in dqkv (and in q8)
+    Fp8Copy copy = {q8 ? q8 + at : nullptr, q8 ? q8_scale[0] : 0.0f, 0};
+    Fp8Copy* fp8 = q8 ? &copy : nullptr;
+    store_tile<ACCUMULATE>(dk_base, stride, dk, stage, k_start, T, scale, part, fp8);
+    if (fp8) copy.base += C;
+    store_tile<ACCUMULATE>(dk_base + C, stride, dv, stage, k_start, T, 1.0f, part ? part + C : nullptr, fp8);
+    if (fp8) {
+        __shared__ unsigned warp_top[FLASH_THREADS / 32];
+        amax_atomic(amax, copy.top, warp_top);
+    }
 }
 
 // dQ for one tile of 64 queries (16 per warp), over keys in tiles of 64.
@@ -455,7 +484,8 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
 template <int STAGES, bool ACCUMULATE>
 __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                          const float* lse, const float* delta, int T, int NH, int HS,
-                                                         float scale, float scale_log2, int /*vec*/, float* bias_part) {
+                                                         float scale, float scale_log2, int /*vec*/, float* bias_part,
+                                                         unsigned char* q8, float* amax, const float* q8_scale) {
     bf16_t* q_s = (bf16_t*)shared_1k();   // this block's queries, swizzled
     bf16_t* do_s = q_s + 64 * 64;         // and their output gradients
     bf16_t* ks = do_s + 64 * 64;          // [STAGES][64 * 64] key tiles, swizzled
@@ -520,8 +550,14 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
         wg_keep(da);
     }
     float* part = bias_part ? bias_part + ((size_t)b * gridDim.y + qt) * stride + (size_t)h * HS : nullptr;
-    store_tile<ACCUMULATE>(dqkv + (size_t)b * T * stride + (size_t)h * HS, stride, dq, (float*)ks, qt * 64, T,
-                           scale, part);
+    size_t at = (size_t)b * T * stride + (size_t)h * HS;  // dq's offset in dqkv (and in q8)
+    Fp8Copy copy = {q8 ? q8 + at : nullptr, q8 ? q8_scale[0] : 0.0f, 0};
+    Fp8Copy* fp8 = q8 ? &copy : nullptr;
+    store_tile<ACCUMULATE>(dqkv + at, stride, dq, (float*)ks, qt * 64, T, scale, part, fp8);
+    if (fp8) {
+        __shared__ unsigned warp_top[FLASH_THREADS / 32];
+        amax_atomic(amax, copy.top, warp_top);
+    }
 }
 
 #define FLASH_WGMMA_BODY(call) call
