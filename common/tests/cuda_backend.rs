@@ -288,7 +288,10 @@ fn fp8_matches_cpu() {
         for with_bias in [true, false] {
             let fused = attention_quantize_case(&be, [b, t, c, nh], with_bias, true);
             let apart = attention_quantize_case(&be, [b, t, c, nh], with_bias, false);
-            assert!(fused == apart, "attention_backward_quantize B={b} T={t} C={c} bias {with_bias}");
+            assert!(
+                fused == apart,
+                "attention_backward_quantize B={b} T={t} C={c} bias {with_bias}"
+            );
         }
     }
     // The layernorm that writes the next product's FP8 input: the two ops' bits, on the GPU.
@@ -426,7 +429,12 @@ fn gelu_quantize_case<B: Backend>(be: &B, n: usize, fused: bool) -> Vec<Vec<u32>
 
 /// `attention_backward_quantize` on `be` (`fused`), or its two ops there: dqkv's bits, the bias
 /// gradient's, the E5M2 copy's, the amax's.
-fn attention_quantize_case<B: Backend>(be: &B, [b, t, c, nh]: [usize; 4], with_bias: bool, fused: bool) -> Vec<Vec<u32>> {
+fn attention_quantize_case<B: Backend>(
+    be: &B,
+    [b, t, c, nh]: [usize; 4],
+    with_bias: bool,
+    fused: bool,
+) -> Vec<Vec<u32>> {
     let n = b * t * 3 * c;
     let qkv = upload_act(be, &rnd(Inputs::Bf16, n, 81, 1.0));
     let out = alloc_act(be, b * t * c);
@@ -434,7 +442,11 @@ fn attention_quantize_case<B: Backend>(be: &B, [b, t, c, nh]: [usize; 4], with_b
     let dout = upload_act(be, &rnd(Inputs::Bf16, b * t * c, 82, 1.0));
     let dqkv = upload_act(be, &rnd(Inputs::Bf16, n, 83, 100.0));
     let dbias = upload(be, &rnd(Inputs::Bf16, 3 * c, 84, 1.0));
-    let (dst, scale, amax) = (be.alloc::<u8>(n).expect("alloc"), upload(be, &[4096.0]), upload(be, &[0.0]));
+    let (dst, scale, amax) = (
+        be.alloc::<u8>(n).expect("alloc"),
+        upload(be, &[4096.0]),
+        upload(be, &[0.0]),
+    );
     let copy = Fp8Out {
         dst: dst.span(),
         amax: amax.span(),

@@ -86,7 +86,12 @@ fn flash_source(d: usize, act: ActType) -> String {
             for (suffix, accumulate, param, arg) in [
                 ("wgmma", true, "", "nullptr, nullptr, nullptr, nullptr"),
                 ("wgmma_store", false, "", "nullptr, nullptr, nullptr, nullptr"),
-                ("wgmma_store_bias", false, ", float* bias_part", "bias_part, nullptr, nullptr, nullptr"),
+                (
+                    "wgmma_store_bias",
+                    false,
+                    ", float* bias_part",
+                    "bias_part, nullptr, nullptr, nullptr",
+                ),
                 ("wgmma_store_fp8", false, fp8_params, "bias_part, q8, amax, q8_scale"),
             ] {
                 for (kernel, bounds) in [("dkdv", "__launch_bounds__(128, 3) "), ("dq", "")] {
