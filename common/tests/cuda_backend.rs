@@ -273,12 +273,22 @@ fn fp8_matches_cpu() {
             assert_eq!(top, 448.0 / out_scale, "{what}: saturated to the format's largest");
         }
     }
-    // gelu' with its E5M2 copy in one pass: the two ops' bits, on the GPU.
-    for n in [128 * 3072, 1000] {
-        let fused = gelu_quantize_case(&be, n, true);
+    // gelu' with its E5M2 copy in one pass, with the bias gradient and without: the separate
+    // ops' bits, on the GPU. The bias sums at a whole and a cut last chunk, into a gradient that
+    // takes float4 stores (finished in the same launch) and one that does not (a second pass),
+    // and at a width the one pass does not take.
+    for (shape, bias) in [
+        ([128, 3072], None),
+        ([40, 25], None),
+        ([128, 3072], Some(0)),
+        ([600, 768], Some(0)),
+        ([600, 768], Some(1)),
+        ([40, 25], Some(0)),
+    ] {
+        let fused = gelu_quantize_case(&be, shape, bias, true);
         assert!(
-            fused == gelu_quantize_case(&be, n, false),
-            "gelu_backward_quantize, {n} values"
+            fused == gelu_quantize_case(&be, shape, bias, false),
+            "gelu_backward_quantize {shape:?}, bias at {bias:?}"
         );
     }
     // Attention's backward with dqkv's E5M2 copy (the qkv product's output gradient): the
@@ -375,6 +385,7 @@ fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], out_scale: f32) -> V
         formats,
         copy,
         Some(act(be, &act_)),
+        None,
     );
     // dpre's FP8 copy is the quantization of dpre as written.
     let (_, bits, top) = quantized(be, &download_act(be, &dpre, r * s), 4096.0, Fp8::E5M2);
@@ -391,9 +402,11 @@ fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], out_scale: f32) -> V
     results
 }
 
-/// `gelu_backward_quantize` on `be` (`fused`), or its two ops there: d's bits, the FP8 copy's,
-/// the amax's.
-fn gelu_quantize_case<B: Backend>(be: &B, n: usize, fused: bool) -> Vec<Vec<u32>> {
+/// `gelu_backward_quantize` on `be` (`fused`), or its ops there, over R×C values, with the bias
+/// gradient (added to ones, at that offset into its buffer) or without: d's bits, the FP8
+/// copy's, the amax's, the rebuilt act's, the bias gradient's.
+fn gelu_quantize_case<B: Backend>(be: &B, [r, c]: [usize; 2], bias: Option<usize>, fused: bool) -> Vec<Vec<u32>> {
+    let n = r * c;
     let (d, pre) = (
         upload_act(be, &rnd(Inputs::Bf16, n, 71, 1e-2)),
         upload_act(be, &rnd(Inputs::Bf16, n, 72, 3.0)),
@@ -410,12 +423,19 @@ fn gelu_quantize_case<B: Backend>(be: &B, n: usize, fused: bool) -> Vec<Vec<u32>
         format: Fp8::E5M2,
     };
     let rebuilt = alloc_act(be, n);
+    let at = bias.unwrap_or(0);
+    let sums = upload(be, &vec![1.0; at + c]);
+    let dbias = bias.map(|at| sums.span().slice(at, c));
     if fused {
-        be.gelu_backward_quantize(act(be, &d), act(be, &pre), copy, Some(act(be, &rebuilt)), n);
+        let (d, pre, act_) = (act(be, &d), act(be, &pre), Some(act(be, &rebuilt)));
+        be.gelu_backward_quantize(d, pre, copy, act_, dbias, [r, c]);
     } else {
         be.gelu_forward(act(be, &rebuilt), act(be, &pre), n);
         be.gelu_backward_in_place(act(be, &d), act(be, &pre), n);
         be.quantize_fp8(dst.span(), amax.span(), act(be, &d), scale.span(), n, Fp8::E5M2);
+        if let Some(dbias) = dbias {
+            be.bias_backward(dbias, act(be, &d), r, c);
+        }
     }
     let mut bytes = vec![0u8; n];
     be.read(&dst, 0, &mut bytes).expect("read");
@@ -424,6 +444,7 @@ fn gelu_quantize_case<B: Backend>(be: &B, n: usize, fused: bool) -> Vec<Vec<u32>
         bytes.iter().map(|&v| v as u32).collect(),
         vec![download(be, &amax)[0].to_bits()],
         download_act(be, &rebuilt, n).iter().map(|x| x.to_bits()).collect(),
+        download(be, &sums).iter().map(|x| x.to_bits()).collect(),
     ]
 }
 

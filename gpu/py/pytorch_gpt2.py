@@ -316,9 +316,10 @@ def products(dev, timed):
     print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "add_layernorm_fwd_quantize", "shape": f"{r}x768",
                       "precision": "bf16", "ms": timed(add_ln_quantize)}))
     del x, y, w, b
-    # gelu_backward_quantize: d(pre), its E5M2 copy, and gelu(pre) rebuilt
+    # gelu_backward_quantize: d(pre), its E5M2 copy, gelu(pre) rebuilt and the bias gradient
     g, x = rand(r, 3072).bfloat16(), (rand(r, 3072) * 2).bfloat16()
-    ms = timed(lambda: (lambda d: ((d * one).to(e5), d.abs().amax(), F.gelu(x, approximate="tanh")))(
+    ms = timed(lambda: (lambda d: ((d * one).to(e5), d.abs().amax(), F.gelu(x, approximate="tanh"),
+                                   d.sum(0, dtype=torch.float32)))(
         torch.ops.aten.gelu_backward(g, x, approximate="tanh")))
     print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "gelu_backward_quantize", "shape": f"{r}x3072",
                       "precision": "bf16", "ms": ms}))

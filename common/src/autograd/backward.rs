@@ -350,12 +350,14 @@ impl<'a, B: Backend> Graph<'a, B> {
                 if let Some([fc, proj]) = fp8 {
                     // FP8: d(pre) = gelu'(pre) ⊙ (dout · w_proj) from the E5M2 gradient and the
                     // weight's transposed copy, act = gelu(pre) rebuilt in the same pass (the
-                    // forward kept it only in FP8), then each weight gradient as bf16's.
+                    // forward kept it only in FP8) and the first product's bias gradient summed
+                    // there too, then each weight gradient as bf16's.
                     let dq = self.quantize_grad(proj, node.out, dout(), r * c)?;
                     let dpre = self.act_grad_overwritten(pre)?;
                     let (p, dpre_q) = (self.span(pre), self.grad_fp8_out(fc, r * h)?);
                     let dequant = proj.grad_dequant();
                     let rebuilt = Some(self.scratch_written(act));
+                    let dpre_bias = b_fc.map(|b| self.param_grad(b)).transpose()?;
                     be.matmul_fp8_dgelu(
                         dpre,
                         dq,
@@ -366,6 +368,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                         GRAD_FORMATS,
                         dpre_q,
                         rebuilt,
+                        dpre_bias,
                     );
                     let ((dw, dw_first), dbias) = (
                         self.param_grad_or_first(w_proj)?,
@@ -373,12 +376,9 @@ impl<'a, B: Backend> Graph<'a, B> {
                     );
                     let a = self.data(act);
                     be.matmul_weight_backward(dw_first, dw, dbias, dout(), a, r, h, c);
-                    let ((dw, dw_first), dpre_bias) = (
-                        self.param_grad_or_first(w_fc)?,
-                        b_fc.map(|b| self.param_grad(b)).transpose()?,
-                    );
+                    let (dw, dw_first) = self.param_grad_or_first(w_fc)?;
                     let x = self.data(inp);
-                    be.matmul_weight_backward(dw_first, dw, dpre_bias, dpre, x, r, ic, h);
+                    be.matmul_weight_backward(dw_first, dw, None, dpre, x, r, ic, h);
                     let (dinp, dinp_first) = self.act_grad_or_first(inp)?;
                     self.input_grad_fp8(fc, dinp, dinp_first, dpre_q.dst, [r, ic, h])?;
                     if let Some(buf) = self.grads.remove(&pre.0) {

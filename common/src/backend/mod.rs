@@ -378,14 +378,19 @@ pub fn gelu_backward_quantize_apart<B: Backend + ?Sized>(
     inp: Span<Act>,
     quantized: Fp8Out,
     act: Option<Span<Act>>,
-    n: usize,
+    dbias: Option<Span>,
+    [rows, cols]: [usize; 2],
 ) {
+    let n = rows * cols;
     if let Some(act) = act {
         be.gelu_forward(act, inp, n);
     }
     be.gelu_backward_in_place(d, inp, n);
     let q = quantized;
     be.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);
+    if let Some(dbias) = dbias {
+        be.bias_backward(dbias, d, rows, cols);
+    }
 }
 
 /// (`fp8_rescale_kernel`) computes the same bits.
@@ -725,12 +730,12 @@ pub trait Backend {
     /// copy), and its FP8 copy `quantized` (the first product's output gradient, for its input
     /// gradient's product); with `act`, also gelu(pre) written there (the hidden activation,
     /// which the FP8 forward keeps only in FP8, for the second weight's gradient): the product,
-    /// then [`Backend::gelu_backward_quantize`]. (cuBLASLt's DGELU epilogue on FP8 inputs runs
-    /// as a separate pass, 3.5x slower than our gelu' kernel on an H200, so the CUDA backend does
-    /// not use it.)
+    /// then [`Backend::gelu_backward_quantize`] (with `dbias`, the first product's bias gradient
+    /// summed there). (cuBLASLt's DGELU epilogue on FP8 inputs runs as a separate pass, 3.5x
+    /// slower than our gelu' kernel on an H200, so the CUDA backend does not use it.)
     /// # Operands
-    /// As `matmul_fp8` without a bias, with `dpre`, `pre`: R·S each, distinct; `quantized` and
-    /// `act` as in `gelu_backward_quantize`.
+    /// As `matmul_fp8` without a bias, with `dpre`, `pre`: R·S each, distinct; `quantized`,
+    /// `act` and `dbias` (S) as in `gelu_backward_quantize`.
     #[allow(clippy::too_many_arguments)]
     fn matmul_fp8_dgelu(
         &self,
@@ -743,26 +748,30 @@ pub trait Backend {
         formats: [Fp8; 2],
         quantized: Fp8Out,
         act: Option<Span<Act>>,
+        dbias: Option<Span>,
     ) {
         self.matmul_fp8(dpre, x, y, None, dequant, shape, formats);
-        self.gelu_backward_quantize(dpre, pre, quantized, act, shape[0] * shape[1]);
+        self.gelu_backward_quantize(dpre, pre, quantized, act, dbias, [shape[0], shape[1]]);
     }
     /// [`Backend::gelu_backward_in_place`], then `d` quantized into `quantized` as
-    /// [`Backend::quantize_fp8`] does, and with `act` [`Backend::gelu_forward`] of `inp` there:
-    /// by default the separate ops; the CUDA backend runs them as one pass (the same bits).
-    /// Needs [`Backend::fp8`].
+    /// [`Backend::quantize_fp8`] does; with `act`, [`Backend::gelu_forward`] of `inp` there; with
+    /// `dbias`, [`Backend::bias_backward`] of the new `d` (the bias gradient of the product whose
+    /// output gradient it is): by default the separate ops; the CUDA backend runs them as one
+    /// pass (the same bits). Needs [`Backend::fp8`].
     /// # Operands
-    /// `d`, `inp`, `quantized.dst`, `act`: `n` elements each, `act` apart from the others;
-    /// `quantized.amax`, `.scale`: 1.
+    /// `d`, `inp`, `quantized.dst`, `act`: R·C elements each (`shape` = [R, C]), `act` apart
+    /// from the others; `quantized.amax`, `.scale`: 1; `dbias`: C.
+    #[allow(clippy::too_many_arguments)]
     fn gelu_backward_quantize(
         &self,
         d: Span<Act>,
         inp: Span<Act>,
         quantized: Fp8Out,
         act: Option<Span<Act>>,
-        n: usize,
+        dbias: Option<Span>,
+        shape: [usize; 2],
     ) {
-        gelu_backward_quantize_apart(self, d, inp, quantized, act, n);
+        gelu_backward_quantize_apart(self, d, inp, quantized, act, dbias, shape);
     }
     /// [`Backend::quantize_fp8`] into the transpose: `dst (cols,rows) = fp8(src (rows,cols)ᵀ ·
     /// scale[0])`, with `amax` as there. A weight's FP8 copy for the input gradient's product

@@ -685,13 +685,14 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             })?;
             row("ours-unfused", "add_layernorm_fwd_quantize", shape, apart, None, bytes);
         }
-        // gelu' with its E5M2 copy (the MLP's d(pre)) and gelu(pre) rebuilt, against the three
-        // kernels. d changes over the calls (gelu' applied again), not the work.
+        // gelu' with its E5M2 copy (the MLP's d(pre)), gelu(pre) rebuilt and the bias gradient
+        // summed, against the four kernels. d changes over the calls (gelu' applied again), not
+        // the work.
         {
             let n = tokens * 3072;
             let m = Arena::new(be);
             let (d, pre, dst) = (m.act(n, 1.0)?, m.act(n, 2.0)?, m.fp8(n, Fp8::E5M2)?);
-            let act = m.act(n, 1.0)?;
+            let (act, dbias) = (m.act(n, 1.0)?, m.f32s(3072, 0.0, Some(0.0))?);
             let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
             let copy = Fp8Out {
                 dst,
@@ -700,12 +701,15 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
                 format: Fp8::E5M2,
             };
             let (shape, bytes) = (format!("{tokens}x3072"), Some((4.0 * a + 1.0) * n as f64));
-            let fused = time_ms(be, 20, || be.gelu_backward_quantize(d, pre, copy, Some(act), n))?;
+            let fused = time_ms(be, 20, || {
+                be.gelu_backward_quantize(d, pre, copy, Some(act), Some(dbias), [tokens, 3072])
+            })?;
             row("ours", "gelu_backward_quantize", shape.clone(), fused, None, bytes);
             let apart = time_ms(be, 20, || {
                 be.gelu_forward(act, pre, n);
                 be.gelu_backward_in_place(d, pre, n);
                 be.quantize_fp8(dst, amax, d, scale, n, Fp8::E5M2);
+                be.bias_backward(dbias, d, tokens, 3072);
             })?;
             row("ours-unfused", "gelu_backward_quantize", shape, apart, None, bytes);
         }

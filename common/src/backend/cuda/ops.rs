@@ -268,27 +268,41 @@ impl CudaBackend {
             Err(e) => return self.fail(e),
         };
         match vec4 {
-            Some((grid, block)) => {
-                // The finishing pass in the same launch where the column tiles have tickets
-                // and dbias takes float4 stores (null tickets: the finishing kernel after it).
-                let one_launch = (grid.0 as usize) <= super::TICKETS && dbias.addr().is_multiple_of(16);
-                let tickets = if one_launch {
-                    self.tickets.ptr()
-                } else {
-                    DevPtr::default()
-                };
+            Some((grid, block)) => self.vec4_column_sums(dbias, part, chunks, grid, oc, |tickets| {
                 let args = args![dbias, part, tickets, dout, bt, oc, rows];
                 self.launch("bias_backward_vec4_kernel", grid, block, args);
-                if one_launch {
-                    return;
-                }
-            }
+            }),
             None => {
                 let (grid, block) = column_reduce_launch(bt, oc);
                 self.launch("bias_backward_kernel", grid, block, args![part, dout, bt, oc, rows]);
+                self.finish_column_sums(&[dbias], part, chunks, oc);
             }
         }
-        self.finish_column_sums(&[dbias], part, chunks, oc);
+    }
+
+    /// A float4 column reduction into dbias (OC) whose kernel ends in `column_sums_vec4_end`
+    /// (`launch`, given the tickets), over `chunks` chunks of partials at `part`: finished in
+    /// the same launch where the column tiles have tickets and dbias takes float4 stores, else
+    /// (null tickets) by the finishing kernel after it.
+    ///
+    /// # Safety
+    /// `dbias`: OC f32s; `part`: chunks·OC; `launch` queues a kernel that writes them so.
+    unsafe fn vec4_column_sums(
+        &self,
+        dbias: DevPtr,
+        part: DevPtr,
+        chunks: usize,
+        grid: (u32, u32, u32),
+        oc: usize,
+        launch: impl FnOnce(DevPtr<i32>),
+    ) {
+        let one_launch = (grid.0 as usize) <= super::TICKETS && dbias.addr().is_multiple_of(16);
+        if one_launch {
+            launch(self.tickets.ptr());
+        } else {
+            launch(DevPtr::default());
+            self.finish_column_sums(&[dbias], part, chunks, oc);
+        }
     }
 }
 
@@ -1368,18 +1382,22 @@ impl Backend for CudaBackend {
         inp: Span<Act>,
         quantized: Fp8Out,
         act: Option<Span<Act>>,
-        n: usize,
+        dbias: Option<Span>,
+        [rows, cols]: [usize; 2],
     ) {
-        let q = quantized;
-        // One pass where eight values a thread line up (every FP8 model's hidden layer), else
-        // the separate kernels.
-        let aligned = [Some(d), Some(inp), act]
-            .iter()
-            .flatten()
-            .all(|a| a.ptr().addr().is_multiple_of(16));
-        let vec = n.is_multiple_of(8) && aligned && q.dst.ptr().addr().is_multiple_of(8);
-        if !(vec && self.act() == ActType::Bf16) {
-            return gelu_backward_quantize_apart(self, d, inp, q, act, n);
+        let (q, n) = (quantized, rows * cols);
+        let aligned = |bytes: u64| {
+            let acts = [Some(d), Some(inp), act];
+            acts.iter().flatten().all(|a| a.ptr().addr().is_multiple_of(bytes))
+        };
+        // One pass where eight values a thread line up (every FP8 model's hidden layer); with
+        // the bias gradient, where a lane's four columns do; else the separate kernels.
+        let fused = match dbias {
+            None => n.is_multiple_of(8) && aligned(16) && q.dst.ptr().addr().is_multiple_of(8),
+            Some(_) => cols.is_multiple_of(4) && aligned(8) && q.dst.ptr().addr().is_multiple_of(4),
+        };
+        if !(fused && self.act() == ActType::Bf16) {
+            return gelu_backward_quantize_apart(self, d, inp, q, act, dbias, [rows, cols]);
         }
         assert!(
             self.fp8,
@@ -1393,10 +1411,44 @@ impl Backend for CudaBackend {
             None => DevPtr::default(), // none
         };
         let e5m2 = (q.format == Fp8::E5M2) as usize;
-        let args = args![d_, inp_, dst, amax, scale, act_, n, e5m2];
-        // SAFETY: the contracts checked every extent and overlap (d is read and written by
-        // the same thread, as the in-place kernel does; act apart from inp).
-        unsafe { self.launch_quantize("gelu_backward_quantize_kernel", n, args) };
+        let Some(dbias) = dbias else {
+            let args = args![d_, inp_, dst, amax, scale, act_, n, e5m2];
+            // SAFETY: the contracts checked every extent and overlap (d is read and written by
+            // the same thread, as the in-place kernel does; act apart from inp).
+            return unsafe { self.launch_quantize("gelu_backward_quantize_kernel", n, args) };
+        };
+        let (dbias, _) = contract::bias_backward(self.act(), dbias, d, rows, cols);
+        let (grid, block) = (
+            (cols.div_ceil(128) as u32, rows.div_ceil(VEC4_CHUNK_ROWS) as u32, 1),
+            (256, 1, 1),
+        );
+        let chunks = grid.1 as usize;
+        let part = match self.scratch(chunks * cols) {
+            Ok(part) => part,
+            Err(e) => return self.fail(e),
+        };
+        // SAFETY: as above, and the partials cover the chunks' column sums.
+        unsafe {
+            self.vec4_column_sums(dbias, part, chunks, grid, cols, |tickets| {
+                let (rows_per_block, e5m2) = (VEC4_CHUNK_ROWS, e5m2);
+                let args = args![
+                    d_,
+                    inp_,
+                    dst,
+                    amax,
+                    scale,
+                    act_,
+                    dbias,
+                    part,
+                    tickets,
+                    rows,
+                    cols,
+                    rows_per_block,
+                    e5m2
+                ];
+                self.launch("gelu_backward_quantize_sums_kernel", grid, block, args);
+            })
+        }
     }
 
     unsafe fn crossentropy_forward(

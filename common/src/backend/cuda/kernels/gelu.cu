@@ -70,6 +70,41 @@ extern "C" __global__ void gelu_backward_quantize_kernel(act_t* d, const act_t* 
     amax_atomic(amax, top, warp_top);
 }
 
+// gelu_backward_quantize_kernel with the bias gradient of the product whose output gradient the
+// new d is (the MLP's first): dbias (H) += its column sums over the N rows, as stored (rounded to
+// act_t), summed as bias_backward_vec4_kernel sums them (the same bits as that kernel after the
+// one-pass kernel). Its layout: grid (ceil(H/128), ceil(N/rows_per_block)), 256 threads, a lane's
+// 4 columns, warp w on rows w, w + 8, ... of the block's chunk; H a multiple of 4, d, inp and act
+// aligned to 4 elements, dst to 4 bytes; partials, tickets as there.
+extern "C" __global__ void gelu_backward_quantize_sums_kernel(act_t* d, const act_t* inp, unsigned char* dst,
+                                                              float* amax, const float* scale, act_t* act,
+                                                              float* dbias, float* partials, unsigned* tickets,
+                                                              int N, int H, int rows_per_block, int e5m2) {
+    __shared__ unsigned warp_top[8];
+    float s = scale[0];
+    unsigned top = 0;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int c = (blockIdx.x * 32 + lane) * 4;
+    int row_start = blockIdx.y * rows_per_block;
+    int row_end = min(row_start + rows_per_block, N);
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (c < H) {
+#pragma unroll 2
+        for (int row = row_start + warp; row < row_end; row += 8) {
+            size_t i = (size_t)row * H + c;
+            float4 x = load4(inp + i), g = load4(d + i);
+            g = make_float4(to_f(from_f(gelu_grad(x.x) * g.x)), to_f(from_f(gelu_grad(x.y) * g.y)),
+                            to_f(from_f(gelu_grad(x.z) * g.z)), to_f(from_f(gelu_grad(x.w) * g.w)));
+            store4(d + i, g);
+            sum = add4(sum, g);
+            *reinterpret_cast<unsigned*>(dst + i) = fp8x4(g, s, e5m2, top);
+            if (act) store4(act + i, make_float4(gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w)));
+        }
+    }
+    amax_atomic(amax, top, warp_top);
+    column_sums_vec4_end(sum, dbias, partials, tickets, H, c);
+}
+
 extern "C" __global__ void gelu_backward_in_place_kernel(act_t* d, const act_t* inp, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) d[i] = from_f(gelu_grad(to_f(inp[i])) * to_f(d[i]));

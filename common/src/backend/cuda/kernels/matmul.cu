@@ -33,18 +33,11 @@ extern "C" __global__ void bias_backward_kernel(float* partials, const act_t* do
 
 // bias_backward_kernel for OC a multiple of 4 and dout aligned to 4 elements: each lane owns 4
 // columns (one float4 per row, 512 bytes per warp), 8 warps take every 8th row of a chunk of
-// `rows_per_block` rows, then sum through shared memory into the chunk's partials.
-// With `tickets` (one zeroed word per column tile; null: the caller runs
-// column_sums_finish_kernel) the finishing pass runs in the same launch: each block takes a
-// ticket for its column tile once its partials are visible (a fence, then an integer count; no
-// float atomics), and the tile's last block adds the chunks into dbias in the finishing
-// kernel's order (row lane k: chunks k, k + 8, ...; then the lanes in order: the same bits),
-// then sets the ticket back to 0 for the next call.
+// `rows_per_block` rows, then column_sums_vec4_end (prelude) sums them into the chunk's
+// partials and, with `tickets`, finishes the reduction into dbias in the same launch.
 // Grid (ceil(OC/128), ceil(N/rows_per_block)), 256 threads.
 extern "C" __global__ void bias_backward_vec4_kernel(float* dbias, float* partials, unsigned* tickets,
                                                      const act_t* dout, int N, int OC, int rows_per_block) {
-    __shared__ float4 part[8][32];
-    __shared__ bool last;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int c = (blockIdx.x * 32 + lane) * 4;
     int row_start = blockIdx.y * rows_per_block;
@@ -54,30 +47,5 @@ extern "C" __global__ void bias_backward_vec4_kernel(float* dbias, float* partia
 #pragma unroll 4
         for (int row = row_start + warp; row < row_end; row += 8) sum = add4(sum, load4(dout + (size_t)row * OC + c));
     }
-    part[warp][lane] = sum;
-    __syncthreads();
-    if (warp == 0 && c < OC) {
-        for (int k = 1; k < 8; k++) sum = add4(sum, part[k][lane]);
-        *reinterpret_cast<float4*>(partials + (size_t)blockIdx.y * OC + c) = sum;
-    }
-    if (!tickets) return;
-    __threadfence();  // this block's partials reach L2 before its ticket is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&tickets[blockIdx.x], 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    // The tile's last block: every chunk's partials are visible (read from L2, not L1).
-    float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (c < OC) {
-        for (int k = warp; k < gridDim.y; k += 8)
-            total = add4(total, __ldcg(reinterpret_cast<const float4*>(partials + (size_t)k * OC + c)));
-    }
-    part[warp][lane] = total;
-    __syncthreads();
-    if (warp == 0 && c < OC) {
-        for (int k = 1; k < 8; k++) total = add4(total, part[k][lane]);
-        float4* d = reinterpret_cast<float4*>(dbias + c);
-        *d = add4(*d, total);
-    }
-    if (threadIdx.x == 0) tickets[blockIdx.x] = 0;
+    column_sums_vec4_end(sum, dbias, partials, tickets, OC, c);
 }

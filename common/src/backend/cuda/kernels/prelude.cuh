@@ -188,6 +188,55 @@ __device__ __forceinline__ uint2 fp8x8(const float (&v)[8], float s, int e5m2, u
     return make_uint2(w[0], w[1]);
 }
 
+// Four values as four FP8 bytes (v.x in the lowest), each times `s`; `top` as in fp8x8.
+__device__ __forceinline__ unsigned fp8x4(float4 v, float s, int e5m2, unsigned& top) {
+    top = max(top, max(max(__float_as_uint(fabsf(v.x)), __float_as_uint(fabsf(v.y))),
+                       max(__float_as_uint(fabsf(v.z)), __float_as_uint(fabsf(v.w)))));
+    return (unsigned)fp8x2(v.x * s, v.y * s, e5m2) | ((unsigned)fp8x2(v.z * s, v.w * s, e5m2) << 16);
+}
+
+// ---- column sums -------------------------------------------------------------------------
+// The end of a float4 column reduction laid out as bias_backward_vec4_kernel's (matmul.cu):
+// 256 threads, a lane's 4 columns at c, warp w summing rows w, w + 8, ... of the block's chunk
+// (blockIdx.y) into `sum`. The warps' sums are added in order into the chunk's partials; with
+// `tickets` (one zeroed word per column tile; null: the caller runs column_sums_finish_kernel)
+// the finishing pass runs in the same launch: each block takes a ticket for its column tile
+// once its partials are visible (a fence, then an integer count; no float atomics), and the
+// tile's last block adds the chunks into dbias in the finishing kernel's order (row lane k:
+// chunks k, k + 8, ...; then the lanes in order: the same bits), then sets the ticket back to 0
+// for the next call. Every thread of the block calls it, last.
+__device__ void column_sums_vec4_end(float4 sum, float* dbias, float* partials, unsigned* tickets, int OC, int c) {
+    __shared__ float4 part[8][32];
+    __shared__ bool last;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    part[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && c < OC) {
+        for (int k = 1; k < 8; k++) sum = add4(sum, part[k][lane]);
+        *reinterpret_cast<float4*>(partials + (size_t)blockIdx.y * OC + c) = sum;
+    }
+    if (!tickets) return;
+    __threadfence();  // this block's partials reach L2 before its ticket is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&tickets[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    // The tile's last block: every chunk's partials are visible (read from L2, not L1).
+    float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (c < OC) {
+        for (int k = warp; k < gridDim.y; k += 8)
+            total = add4(total, __ldcg(reinterpret_cast<const float4*>(partials + (size_t)k * OC + c)));
+    }
+    part[warp][lane] = total;
+    __syncthreads();
+    if (warp == 0 && c < OC) {
+        for (int k = 1; k < 8; k++) total = add4(total, part[k][lane]);
+        float4* d = reinterpret_cast<float4*>(dbias + c);
+        *d = add4(*d, total);
+    }
+    if (threadIdx.x == 0) tickets[blockIdx.x] = 0;
+}
+
 // ---- the optimiser's per-step scalars ----------------------------------------------------
 // The layout of `StepState` in backend/mod.rs (adamw.cu's updates and mlp.cu's step read it).
 struct StepState {
