@@ -17,8 +17,8 @@ use common::backend::cpu::CpuBackend;
 use common::backend::cuda::{AttentionPath, CudaBackend};
 use common::backend::Precision;
 use common::backend::{
-    bf16, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Fp8, Fp8Out, Fp8Slot, Overwrite, SgdHyper, Span,
-    StepState,
+    bf16, gelu_backward_fp8_apart, token_order, Act, AdamWHyper, Backend, DeviceBuffer, Fp8, Fp8Out, Fp8Slot,
+    Overwrite, SgdHyper, Span, StepState,
 };
 
 const FP32_TOL: f32 = 1e-4;
@@ -199,6 +199,27 @@ fn fp8_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], formats: [Fp8; 2], with_b
     ]
 }
 
+/// `matmul_fp8_weight_grad` on `be`: dw (R,S) (+)= x (R,K) · yᵀ · dequant in f32, x E5M2 (an
+/// output gradient's transposed copy) and y E4M3 (an input's), quantized there from bf16-exact
+/// values, dw starting from values of its own.
+fn fp8_weight_grad_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], overwrite: bool) -> Vec<f32> {
+    let (x, _, _) = quantized(be, &rnd(Inputs::Bf16, r * k, 35, 1e-3), 65536.0, Fp8::E5M2);
+    let (y, _, _) = quantized(be, &rnd(Inputs::Bf16, s * k, 36, 2.0), 64.0, Fp8::E4M3);
+    let (dx, dy) = (upload(be, &[1.0 / 65536.0]), upload(be, &[1.0 / 64.0]));
+    let dw = upload(be, &rnd(Inputs::F32, r * s, 37, 0.1));
+    let formats = [Fp8::E5M2, Fp8::E4M3];
+    be.matmul_fp8_weight_grad(
+        overwrite,
+        dw.span(),
+        x.span(),
+        y.span(),
+        [dx.span(), dy.span()],
+        [r, s, k],
+        formats,
+    );
+    download(be, &dw)
+}
+
 /// The quantization is the CPU's bit for bit (the hardware's conversion is the encoding
 /// `Fp8::encode` implements), amax included; the product's f32 sums differ from the CPU's only
 /// in order, so the output is the CPU's within its bf16 rounding.
@@ -229,6 +250,21 @@ fn fp8_matches_cpu() {
             assert_eq!(got[i], want[i], "{what}: {name}");
         }
         check(&what, &["out"], &got[3..], &want[3..], 2f32.powi(-8));
+    }
+    // The weight gradient's product into f32, written and added to, at a batch's K: the CPU's
+    // sums, in another order and with the FP8 tensor cores' partial sums (fewer bits than f32
+    // between their promotions into f32).
+    for (shape, overwrite) in [
+        ([768, 3072, 4096], true),
+        ([256, 768, 1024], false),
+        ([48, 32, 64], false),
+    ] {
+        let what = format!("fp8 weight gradient {shape:?} overwrite={overwrite}");
+        let (want, got) = (
+            fp8_weight_grad_case(&cpu(), shape, overwrite),
+            fp8_weight_grad_case(&be, shape, overwrite),
+        );
+        check(&what, &["dw"], &[got], &[want], 2f32.powi(-10));
     }
     // A length the vector path does not take (not a multiple of 8).
     let odd = rnd(Inputs::Bf16, 1001, 34, 100.0);
@@ -265,30 +301,33 @@ fn fp8_matches_cpu() {
             fp8_gelu_case(&be, shape, out_scale),
         );
         let what = format!("fp8 gelu {shape:?} at {out_scale}");
-        check(&what, &["pre", "dpre", "act"], &got[..3], &want[..3], 2f32.powi(-7));
-        check(&what, &["out (E4M3)", "its amax"], &got[3..], &want[3..], 2f32.powi(-3));
+        // pre in bf16; d(pre) in E5M2 (two bits of mantissa: a bf16 step between the two
+        // backends may move a value across a rounding boundary) and the rest in E4M3.
+        check(&what, &["pre"], &got[..1], &want[..1], 2f32.powi(-7));
+        check(&what, &["dpre (E5M2)"], &got[1..2], &want[1..2], 2f32.powi(-2));
+        let names = ["act (E4M3)", "out (E4M3)", "its amax"];
+        check(&what, &names, &got[2..], &want[2..], 2f32.powi(-3));
         let top = got[3].iter().fold(0.0f32, |m, x| m.max(x.abs()));
         assert!(top <= 448.0 / out_scale, "{what}: {top} above the format's largest");
         if out_scale > 1000.0 {
             assert_eq!(top, 448.0 / out_scale, "{what}: saturated to the format's largest");
         }
     }
-    // gelu' with its E5M2 copy in one pass, with the bias gradient and without: the separate
-    // ops' bits, on the GPU. The bias sums at a whole and a cut last chunk, into a gradient that
-    // takes float4 stores (finished in the same launch) and one that does not (a second pass),
-    // and at a width the one pass does not take.
+    // FP8's gelu' in one pass, with the bias gradient and without: the separate ops' bits, on
+    // the GPU. The bias sums at a whole and a cut last chunk, into a gradient that takes float4
+    // stores (finished in the same launch) and one that does not (a second pass), and at a
+    // shape the one pass does not take.
     for (shape, bias) in [
         ([128, 3072], None),
-        ([40, 25], None),
         ([128, 3072], Some(0)),
-        ([600, 768], Some(0)),
-        ([600, 768], Some(1)),
-        ([40, 25], Some(0)),
+        ([544, 768], Some(0)),
+        ([544, 768], Some(1)),
+        ([40, 24], Some(0)),
     ] {
-        let fused = gelu_quantize_case(&be, shape, bias, true);
+        let fused = gelu_fp8_case(&be, shape, bias, true);
         assert!(
-            fused == gelu_quantize_case(&be, shape, bias, false),
-            "gelu_backward_quantize {shape:?}, bias at {bias:?}"
+            fused == gelu_fp8_case(&be, shape, bias, false),
+            "gelu_backward_fp8 {shape:?}, bias at {bias:?}"
         );
     }
     // Attention's backward with dqkv's E5M2 copy (the qkv product's output gradient): the
@@ -322,9 +361,10 @@ fn fp8_matches_cpu() {
     assert_eq!((slots, history), rescale_case(&cpu()), "fp8_rescale");
 }
 
-/// `matmul_fp8_gelu` (pre, and gelu(pre)'s E4M3 copy at `out_scale`) and `matmul_fp8_dgelu`
-/// (dpre from that pre, and gelu(pre) rebuilt) on `be`, the operands quantized there from
-/// bf16-exact values: pre, dpre, the rebuilt act, the copy's values (scaled back) and its amax.
+/// `matmul_fp8_gelu` (pre, and gelu(pre)'s E4M3 copy at `out_scale`), then an FP8 product into
+/// d(act) and `gelu_backward_fp8` from that pre, on `be`, the operands quantized there from
+/// bf16-exact values: pre, d(pre) (its E5M2 copy's values), the rebuilt act (its transposed
+/// E4M3 copy's values), the forward copy's values (each scaled back) and its amax.
 fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], out_scale: f32) -> Vec<Vec<f32>> {
     let (x, _, _) = quantized(be, &rnd(Inputs::Bf16, r * k, 51, 2.0), 64.0, Fp8::E4M3);
     let (y, _, _) = quantized(be, &rnd(Inputs::Bf16, s * k, 52, 0.05), 2048.0, Fp8::E4M3);
@@ -336,12 +376,7 @@ fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], out_scale: f32) -> V
         upload(be, &[1.0 / 2048.0]),
         upload(be, &[1.0 / 65536.0]),
     ];
-    let (pre, scratch, dpre, act_) = (
-        alloc_act(be, r * s),
-        alloc_act(be, r * s),
-        alloc_act(be, r * s),
-        alloc_act(be, r * s),
-    );
+    let (pre, scratch, dpre) = (alloc_act(be, r * s), alloc_act(be, r * s), alloc_act(be, r * s));
     // The output's slot words as a graph has them: the scale one word past an aligned address.
     let slot = upload(be, &[1.0 / out_scale, out_scale, 0.0, 448.0]);
     let out_q = be.alloc::<u8>(r * s).expect("alloc");
@@ -362,88 +397,119 @@ fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], out_scale: f32) -> V
         dq,
         [r, s, k],
     );
+    // d(act) = g · ytᵀ into dpre's buffer, then gelu' into d(pre)'s E5M2 copies and gelu(pre)'s
+    // transposed E4M3 one.
     let dq = [scales[2].span(), scales[1].span()];
-    let formats = [Fp8::E5M2, Fp8::E4M3];
-    let (q, qscale, qmax) = (
-        be.alloc::<u8>(r * s).expect("alloc"),
-        upload(be, &[4096.0]),
-        upload(be, &[0.0]),
-    );
-    let copy = Fp8Out {
-        dst: q.span(),
-        amax: qmax.span(),
-        scale: qscale.span(),
-        format: Fp8::E5M2,
-    };
-    be.matmul_fp8_dgelu(
+    be.matmul_fp8(
         act(be, &dpre),
         g.span(),
         yt.span(),
-        act(be, &pre),
+        None,
         dq,
         [r, s, k],
-        formats,
-        copy,
-        Some(act(be, &act_)),
-        None,
+        [Fp8::E5M2, Fp8::E4M3],
     );
-    // dpre's FP8 copy is the quantization of dpre as written.
-    let (_, bits, top) = quantized(be, &download_act(be, &dpre, r * s), 4096.0, Fp8::E5M2);
-    let mut got = vec![0u8; r * s];
-    be.read(&q, 0, &mut got).expect("read");
-    assert!(got == bits, "matmul_fp8_dgelu {:?}: dpre's FP8 copy", [r, s, k]);
-    assert_eq!(download(be, &qmax)[0].to_bits(), top.to_bits(), "and its amax");
+    let (q, qt, at) = (
+        be.alloc::<u8>(r * s).expect("alloc"),
+        be.alloc::<u8>(r * s).expect("alloc"),
+        be.alloc::<u8>(r * s).expect("alloc"),
+    );
+    let words = upload(be, &[4096.0, 0.0, 0.0, 0.0, 16.0, 0.0]);
+    let word = |at: usize| words.span().slice(at, 1);
+    let copies = [
+        Fp8Out {
+            dst: q.span(),
+            amax: word(1),
+            scale: word(0),
+            format: Fp8::E5M2,
+        },
+        Fp8Out {
+            dst: at.span(),
+            amax: word(5),
+            scale: word(4),
+            format: Fp8::E4M3,
+        },
+    ];
+    be.gelu_backward_fp8(act(be, &dpre), act(be, &pre), copies, qt.span(), None, [r, s]);
+    let bytes = |buf: &B::Buffer<u8>| {
+        let mut v = vec![0u8; r * s];
+        be.read(buf, 0, &mut v).expect("read");
+        v
+    };
+    let (q, qt, at) = (bytes(&q), bytes(&qt), bytes(&at));
+    // The transposed copy holds the stored one's bytes.
+    let transposed = (0..r * s).all(|i| qt[(i % s) * r + i / s] == q[i]);
+    assert!(
+        transposed,
+        "gelu_backward_fp8 {:?}: the transposed E5M2 copy",
+        [r, s, k]
+    );
+    let dpre_values = q.iter().map(|&b| Fp8::E5M2.decode(b) / 4096.0).collect();
+    let act_values = (0..r * s)
+        .map(|i| Fp8::E4M3.decode(at[(i % s) * r + i / s]) / 16.0)
+        .collect();
     let mut out_bits = vec![0u8; r * s];
     be.read(&out_q, 0, &mut out_bits).expect("read");
     let out_values = out_bits.iter().map(|&b| Fp8::E4M3.decode(b) / out_scale).collect();
-    let mut results: Vec<Vec<f32>> = [pre, dpre, act_].iter().map(|b| download_act(be, b, r * s)).collect();
-    results.push(out_values);
-    results.push(vec![download(be, &slot)[2]]);
-    results
+    vec![
+        download_act(be, &pre, r * s),
+        dpre_values,
+        act_values,
+        out_values,
+        vec![download(be, &slot)[2]],
+    ]
 }
 
-/// `gelu_backward_quantize` on `be` (`fused`), or its ops there, over R×C values, with the bias
-/// gradient (added to ones, at that offset into its buffer) or without: d's bits, the FP8
-/// copy's, the amax's, the rebuilt act's, the bias gradient's.
-fn gelu_quantize_case<B: Backend>(be: &B, [r, c]: [usize; 2], bias: Option<usize>, fused: bool) -> Vec<Vec<u32>> {
+/// `gelu_backward_fp8` on `be` (`fused`), or its separate ops there, over R×C values, with the
+/// bias gradient (added to ones, at that offset into its buffer) or without: the three FP8
+/// copies' bits, the two amaxes', the bias gradient's.
+fn gelu_fp8_case<B: Backend>(be: &B, [r, c]: [usize; 2], bias: Option<usize>, fused: bool) -> Vec<Vec<u32>> {
     let n = r * c;
     let (d, pre) = (
         upload_act(be, &rnd(Inputs::Bf16, n, 71, 1e-2)),
         upload_act(be, &rnd(Inputs::Bf16, n, 72, 3.0)),
     );
-    let (dst, scale, amax) = (
+    let (q, qt, at) = (
         be.alloc::<u8>(n).expect("alloc"),
-        upload(be, &[8192.0]),
-        upload(be, &[0.0]),
+        be.alloc::<u8>(n).expect("alloc"),
+        be.alloc::<u8>(n).expect("alloc"),
     );
-    let copy = Fp8Out {
-        dst: dst.span(),
-        amax: amax.span(),
-        scale: scale.span(),
-        format: Fp8::E5M2,
-    };
-    let rebuilt = alloc_act(be, n);
-    let at = bias.unwrap_or(0);
-    let sums = upload(be, &vec![1.0; at + c]);
+    // Each scale and amax at a word of its own: 8192 and 0 for d(pre), 64 and 0 for act.
+    let words = upload(be, &[8192.0, 0.0, 64.0, 0.0]);
+    let word = |at: usize| words.span().slice(at, 1);
+    let copies = [
+        Fp8Out {
+            dst: q.span(),
+            amax: word(1),
+            scale: word(0),
+            format: Fp8::E5M2,
+        },
+        Fp8Out {
+            dst: at.span(),
+            amax: word(3),
+            scale: word(2),
+            format: Fp8::E4M3,
+        },
+    ];
+    let at_ = bias.unwrap_or(0);
+    let sums = upload(be, &vec![1.0; at_ + c]);
     let dbias = bias.map(|at| sums.span().slice(at, c));
+    let (d, pre_) = (act(be, &d), act(be, &pre));
     if fused {
-        let (d, pre, act_) = (act(be, &d), act(be, &pre), Some(act(be, &rebuilt)));
-        be.gelu_backward_quantize(d, pre, copy, act_, dbias, [r, c]);
+        be.gelu_backward_fp8(d, pre_, copies, qt.span(), dbias, [r, c]);
     } else {
-        be.gelu_forward(act(be, &rebuilt), act(be, &pre), n);
-        be.gelu_backward_in_place(act(be, &d), act(be, &pre), n);
-        be.quantize_fp8(dst.span(), amax.span(), act(be, &d), scale.span(), n, Fp8::E5M2);
-        if let Some(dbias) = dbias {
-            be.bias_backward(dbias, act(be, &d), r, c);
-        }
+        gelu_backward_fp8_apart(be, d, pre_, copies, qt.span(), dbias, [r, c]);
     }
-    let mut bytes = vec![0u8; n];
-    be.read(&dst, 0, &mut bytes).expect("read");
+    let bytes = |buf: &B::Buffer<u8>| {
+        let mut v = vec![0u8; n];
+        be.read(buf, 0, &mut v).expect("read");
+        v.into_iter().map(u32::from).collect()
+    };
     vec![
-        download_act(be, &d, n).iter().map(|x| x.to_bits()).collect(),
-        bytes.iter().map(|&v| v as u32).collect(),
-        vec![download(be, &amax)[0].to_bits()],
-        download_act(be, &rebuilt, n).iter().map(|x| x.to_bits()).collect(),
+        bytes(&q),
+        bytes(&qt),
+        bytes(&at),
+        download(be, &words).iter().map(|x| x.to_bits()).collect(),
         download(be, &sums).iter().map(|x| x.to_bits()).collect(),
     ]
 }

@@ -258,7 +258,8 @@ PRODUCTS = [("qkv_fwd", "qkv_bwd", 768, 2304, True), ("attproj_fwd", "attproj_bw
 def products(dev, timed):
     """The rows of kind "matmul" beside ours: GPT-2 124M's products at 16384 rows and an 8192^3 ceiling, in bf16
     (F.linear forward; backward the input and the weight gradient) and, where torch._scaled_mm runs (compute
-    capability 8.9 or newer), in FP8: E4M3 by E4M3 forward, E5M2 gradients by E4M3 backward, unit scales, bf16 out."""
+    capability 8.9 or newer), in FP8: E4M3 by E4M3 forward, E5M2 gradients by E4M3 backward, unit scales, bf16 out
+    (the weight gradient f32, as training keeps it)."""
     def row(op, shape, precision, ms, flop):
         print(json.dumps({"kind": "matmul", "impl": "pytorch", "op": op, "shape": shape, "precision": precision,
                           "ms": ms, "flop": flop}))
@@ -278,8 +279,8 @@ def products(dev, timed):
         return
     e4, e5, one = torch.float8_e4m3fn, torch.float8_e5m2, torch.ones((), device=dev)
 
-    def mm(x, y, bias=None):  # x (R,K) · y (S,K)ᵀ: _scaled_mm takes its second operand column-major
-        return torch._scaled_mm(x, y.t(), scale_a=one, scale_b=one, bias=bias, out_dtype=torch.bfloat16)
+    def mm(x, y, bias=None, out_dtype=torch.bfloat16):  # x (R,K) · y (S,K)ᵀ: the second operand column-major
+        return torch._scaled_mm(x, y.t(), scale_a=one, scale_b=one, bias=bias, out_dtype=out_dtype)
 
     a, b = rand(n, n).to(e4), rand(n, n).to(e4)
     row("matmul_peak", f"{n}x{n}x{n}", "fp8", timed(lambda: mm(a, b)), 2 * n**3)
@@ -290,7 +291,7 @@ def products(dev, timed):
         shape, flop = f"{r}x{c}x{oc}", 2 * r * c * oc
         row(fwd, shape, "fp8", timed(lambda: mm(x, w, bias)), flop)
         dy, wt, dy_t, x_t = rand(r, oc).to(e5), rand(c, oc).to(e4), rand(oc, r).to(e5), rand(c, r).to(e4)
-        row(bwd, shape, "fp8", timed(lambda: (mm(dy, wt), mm(dy_t, x_t))), 2 * flop)
+        row(bwd, shape, "fp8", timed(lambda: (mm(dy, wt), mm(dy_t, x_t, out_dtype=torch.float32))), 2 * flop)
         del x, w, dy, wt, dy_t, x_t
     x, w, bias = rand(r, 768).to(e4), rand(3072, 768).to(e4), rand(3072).bfloat16()
     def fc_gelu():  # fc_gelu_fwd: pre = the product, gelu(pre) in E4M3 and its largest magnitude
@@ -316,13 +317,18 @@ def products(dev, timed):
     print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "add_layernorm_fwd_quantize", "shape": f"{r}x768",
                       "precision": "bf16", "ms": timed(add_ln_quantize)}))
     del x, y, w, b
-    # gelu_backward_quantize: d(pre), its E5M2 copy, gelu(pre) rebuilt and the bias gradient
+    # gelu_backward_fp8: d(pre) in E5M2 as stored and transposed, gelu(pre) in E4M3 transposed, their largest
+    # magnitudes and the bias gradient
     g, x = rand(r, 3072).bfloat16(), (rand(r, 3072) * 2).bfloat16()
-    ms = timed(lambda: (lambda d: ((d * one).to(e5), d.abs().amax(), F.gelu(x, approximate="tanh"),
-                                   d.sum(0, dtype=torch.float32)))(
-        torch.ops.aten.gelu_backward(g, x, approximate="tanh")))
-    print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "gelu_backward_quantize", "shape": f"{r}x3072",
-                      "precision": "bf16", "ms": ms}))
+
+    def gelu_fp8():
+        d = torch.ops.aten.gelu_backward(g, x, approximate="tanh")
+        a = F.gelu(x, approximate="tanh")
+        q = (d * one).to(e5)
+        return (q, q.t().contiguous(), d.abs().amax(), (a * one).to(e4).t().contiguous(), a.abs().amax(),
+                d.sum(0, dtype=torch.float32))
+    print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "gelu_backward_fp8", "shape": f"{r}x3072",
+                      "precision": "bf16", "ms": timed(gelu_fp8)}))
     del g, x
     for c in (768, 3072):  # quantize_fp8: the scaled E4M3 copy and the largest magnitude
         x = (rand(r, c) * 4).bfloat16()

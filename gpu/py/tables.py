@@ -531,7 +531,8 @@ def t_kernel_bench(rows, a):
         out += ["", "## GPT-2 124M's matrix products against the ceiling", "",
                 "The ceiling: an 8192^3 product on the same backend in the same process (`matmul_peak`). fp8: "
                 "`matmul_fp8` (cuBLASLt), E4M3 by E4M3 forward with the bias, and backward the input and weight "
-                "gradients' products, E5M2 gradients by E4M3, operands laid out K-major, bf16 out, the quantizations "
+                "gradients' products, E5M2 gradients by E4M3, operands laid out K-major, bf16 out (the weight gradient "
+                "f32, written, as training's), the quantizations "
                 "not counted (`quantize_fp8` below). PyTorch: F.linear and its two backward products in bf16, "
                 "torch._scaled_mm in fp8, same shapes and layouts.", "",
                 "| precision | product | shape | ms | TFLOP/s | of ceiling | PyTorch ms | ours vs PyTorch |",

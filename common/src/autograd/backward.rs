@@ -1,7 +1,7 @@
 //! Reverse mode: the tape walked backwards, each op's backward kernel accumulating into its
 //! inputs' gradients, activation gradients recycled as soon as they are consumed.
 
-use super::{Graph, Kind, Node, Op, Tensor};
+use super::{fp8_out_at, Graph, Kind, Node, Op, Tensor};
 use crate::backend::{Act, Backend, DeviceBuffer, Fp8, Fp8Out, Overwrite, Span};
 use crate::error::{Error, Result};
 use crate::model::Fp8Site;
@@ -303,9 +303,16 @@ impl<'a, B: Backend> Graph<'a, B> {
                 match fp8 {
                     None => be.matmul_backward(overwrite, dinp, dw, dbias, dout(), x, self.span(w), r, ic, c),
                     Some(site) => {
-                        let dq = self.quantize_grad(site, node.out, dout(), r * c)?;
+                        // Both gradients' products in FP8: the output gradient as stored for the
+                        // input's, both operands transposed for the weight's.
+                        let [dq, dq_t] = self.quantize_grad_both(site, node.out, dout(), [r, c])?;
                         self.input_grad_fp8(site, dinp, dinp_first, dq, [r, ic, c])?;
-                        be.matmul_weight_backward(dw_first, dw, dbias, dout(), x, r, ic, c);
+                        let x_t = self.quantize_input_transposed(site, inp, [r, ic])?;
+                        let dequant = site.weight_grad_dequant();
+                        be.matmul_fp8_weight_grad(dw_first, dw, dq_t, x_t, dequant, [c, ic, r], GRAD_FORMATS);
+                        if let Some(dbias) = dbias {
+                            be.bias_backward(dbias, dout(), r, c);
+                        }
                     }
                 }
             }
@@ -348,44 +355,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             } => {
                 let ([_, ic], [_, h]) = (self.shape(inp), self.shape(pre));
                 if let Some([fc, proj]) = fp8 {
-                    // FP8: d(pre) = gelu'(pre) ⊙ (dout · w_proj) from the E5M2 gradient and the
-                    // weight's transposed copy, act = gelu(pre) rebuilt in the same pass (the
-                    // forward kept it only in FP8) and the first product's bias gradient summed
-                    // there too, then each weight gradient as bf16's.
-                    let dq = self.quantize_grad(proj, node.out, dout(), r * c)?;
-                    let dpre = self.act_grad_overwritten(pre)?;
-                    let (p, dpre_q) = (self.span(pre), self.grad_fp8_out(fc, r * h)?);
-                    let dequant = proj.grad_dequant();
-                    let rebuilt = Some(self.scratch_written(act));
-                    let dpre_bias = b_fc.map(|b| self.param_grad(b)).transpose()?;
-                    be.matmul_fp8_dgelu(
-                        dpre,
-                        dq,
-                        proj.weight_t,
-                        p,
-                        dequant,
-                        [r, h, c],
-                        GRAD_FORMATS,
-                        dpre_q,
-                        rebuilt,
-                        dpre_bias,
-                    );
-                    let ((dw, dw_first), dbias) = (
-                        self.param_grad_or_first(w_proj)?,
-                        self.output_bias_grad(node.out, b_proj)?,
-                    );
-                    let a = self.data(act);
-                    be.matmul_weight_backward(dw_first, dw, dbias, dout(), a, r, h, c);
-                    let (dw, dw_first) = self.param_grad_or_first(w_fc)?;
-                    let x = self.data(inp);
-                    be.matmul_weight_backward(dw_first, dw, None, dpre, x, r, ic, h);
-                    let (dinp, dinp_first) = self.act_grad_or_first(inp)?;
-                    self.input_grad_fp8(fc, dinp, dinp_first, dpre_q.dst, [r, ic, h])?;
-                    if let Some(buf) = self.grads.remove(&pre.0) {
-                        self.pool.give(buf);
-                        self.values[pre.0].grad = None;
-                    }
-                    return Ok(());
+                    return self.mlp_backward_fp8(node, dout(), [inp, pre], [w_fc, w_proj], [b_fc, b_proj], [fc, proj]);
                 }
                 // The second product back to the hidden layer, through GELU, into pre's
                 // gradient, which lives for this op only: d(pre) = gelu'(pre) ⊙ (dout · w_proj).
@@ -585,17 +555,110 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.fp8_out(site.grad, Fp8::E5M2, n)
     }
 
-    /// An FP8 product's output gradient `dout` (n values) in E5M2, the product's output being
-    /// `out`: the copy the op reading `out` wrote with it (attention's backward), else quantized
-    /// now ([`Graph::grad_fp8_out`]).
-    fn quantize_grad(&mut self, site: Fp8Site<'a>, out: Tensor, dout: Span<'a, Act>, n: usize) -> Result<Span<'a, u8>> {
-        match self.fp8_copies.remove(&out.0) {
-            Some((copy, slot)) if slot == site.grad.ptr() => return Ok(copy),
-            _ => {}
+    /// [`Op::Mlp`]'s backward with every product in FP8, the weight gradients too (from
+    /// transposed copies: rows holding the batch's values, the layout FP8 products read):
+    /// dout in E5M2 as stored and transposed; d(act) = dout · w_proj from the weight's transposed
+    /// copy; gelu' into d(pre), kept only as its E5M2 copies, with act = gelu(pre) rebuilt as
+    /// its transposed E4M3 copy and the first product's bias gradient summed in the same pass
+    /// ([`Backend::gelu_backward_fp8`]); then the second weight's gradient doutᵀ · act, the
+    /// first's d(pre)ᵀ · x (x's transposed copy at its forward scale), and the input's.
+    #[allow(clippy::too_many_arguments)]
+    fn mlp_backward_fp8(
+        &mut self,
+        node: &Node<'a>,
+        dout: Span<'a, Act>,
+        [inp, pre]: [Tensor; 2],
+        [w_fc, w_proj]: [Tensor; 2],
+        [b_fc, b_proj]: [Option<Tensor>; 2],
+        [fc, proj]: [Fp8Site<'a>; 2],
+    ) -> Result<()> {
+        let be = self.be;
+        let ([r, c], [_, ic], [_, h]) = (self.shape(node.out), self.shape(inp), self.shape(pre));
+        let [dq, dq_t] = self.quantize_grad_both(proj, node.out, dout, [r, c])?;
+        let dact = self.act_grad_overwritten(pre)?; // d(act), in pre's gradient buffer
+        be.matmul_fp8(
+            dact,
+            dq,
+            proj.weight_t,
+            None,
+            proj.grad_dequant(),
+            [r, h, c],
+            GRAD_FORMATS,
+        );
+        let dpre_q = self.grad_fp8_out(fc, r * h)?;
+        let (dpre_t, act_t) = (self.fp8_scratch_t(r * h, 0)?, self.fp8_scratch_t(r * h, 1)?);
+        let act_q = fp8_out_at(act_t, proj.input, Fp8::E4M3);
+        let dpre_bias = b_fc.map(|b| self.param_grad(b)).transpose()?;
+        let p = self.span(pre);
+        be.gelu_backward_fp8(dact, p, [dpre_q, act_q], dpre_t, dpre_bias, [r, h]);
+        let (dw, dw_first) = self.param_grad_or_first(w_proj)?;
+        let dequant = proj.weight_grad_dequant();
+        be.matmul_fp8_weight_grad(dw_first, dw, dq_t, act_t, dequant, [c, h, r], GRAD_FORMATS);
+        if let Some(dbias) = self.output_bias_grad(node.out, b_proj)? {
+            be.bias_backward(dbias, dout, r, c);
         }
-        let q = self.grad_fp8_out(site, n)?;
-        self.be.quantize_fp8(q.dst, q.amax, dout, q.scale, n, q.format);
-        Ok(q.dst)
+        let x_t = self.quantize_input_transposed(fc, inp, [r, ic])?;
+        let (dw, dw_first) = self.param_grad_or_first(w_fc)?;
+        let dequant = fc.weight_grad_dequant();
+        be.matmul_fp8_weight_grad(dw_first, dw, dpre_t, x_t, dequant, [h, ic, r], GRAD_FORMATS);
+        let (dinp, dinp_first) = self.act_grad_or_first(inp)?;
+        self.input_grad_fp8(fc, dinp, dinp_first, dpre_q.dst, [r, ic, h])?;
+        if let Some(buf) = self.grads.remove(&pre.0) {
+            self.pool.give(buf);
+            self.values[pre.0].grad = None;
+        }
+        Ok(())
+    }
+
+    /// An FP8 product's output gradient `dout` (R,C) in E5M2 at its site's scale, the
+    /// product's output being `out`: as stored, for the input gradient's product (the copy the
+    /// op reading `out` wrote with it, [`Graph::take_fp8_copy`]), and transposed (C,R),
+    /// for the weight gradient's; the amax recorded (again, where the copy was made before: the
+    /// same values).
+    fn quantize_grad_both(
+        &mut self,
+        site: Fp8Site<'a>,
+        out: Tensor,
+        dout: Span<'a, Act>,
+        [r, c]: [usize; 2],
+    ) -> Result<[Span<'a, u8>; 2]> {
+        let t = self.fp8_scratch_t(r * c, 0)?;
+        if let Some(copy) = self.take_fp8_copy(site, out) {
+            let q = self.grad_fp8_out_at(site, t);
+            self.be
+                .quantize_fp8_transposed(t, q.amax, dout, q.scale, [r, c], q.format);
+            return Ok([copy, t]);
+        }
+        let q = self.grad_fp8_out(site, r * c)?;
+        self.be
+            .quantize_fp8_both([q.dst, t], q.amax, dout, q.scale, [r, c], q.format);
+        Ok([q.dst, t])
+    }
+
+    /// An FP8 product's input `x` (R,C) transposed (C,R) in E4M3 at the scale its forward
+    /// product took, for the weight gradient's product (its amax recorded again: the same
+    /// values).
+    fn quantize_input_transposed(&mut self, site: Fp8Site<'a>, x: Tensor, [r, c]: [usize; 2]) -> Result<Span<'a, u8>> {
+        // Place 1: beside the output gradient's transposed copy, which may have its size.
+        let q = fp8_out_at(self.fp8_scratch_t(r * c, 1)?, site.input, Fp8::E4M3);
+        let (t, data) = (q.dst, self.data(x));
+        self.be
+            .quantize_fp8_transposed(t, q.amax, data, q.scale, [r, c], q.format);
+        Ok(t)
+    }
+
+    /// The E5M2 copy of the product's output gradient that the op reading its output `out`
+    /// wrote at the site's scale (attention's backward), if there is one.
+    fn take_fp8_copy(&mut self, site: Fp8Site<'a>, out: Tensor) -> Option<Span<'a, u8>> {
+        match self.fp8_copies.remove(&out.0) {
+            Some((copy, slot)) if slot == site.grad.ptr() => Some(copy),
+            _ => None,
+        }
+    }
+
+    /// `dst` in E5M2 at the site's gradient scale, its amax recorded there.
+    fn grad_fp8_out_at(&self, site: Fp8Site<'a>, dst: Span<'a, u8>) -> Fp8Out<'a> {
+        fp8_out_at(dst, site.grad, Fp8::E5M2)
     }
 }
 

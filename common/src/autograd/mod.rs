@@ -231,6 +231,9 @@ pub struct Graph<'a, B: Backend> {
     scratch: HashMap<usize, (Span<'a>, Option<Tensor>)>,
     /// FP8 operands' scratch by size in bytes ([`Graph::matmul_fp8`]).
     fp8_scratch: HashMap<usize, Span<'a, u8>>,
+    /// Transposed FP8 operands' scratch (the weight gradients' products) by size in bytes and
+    /// place (two of one size may be alive at once).
+    fp8_scratch_t: HashMap<(usize, usize), Span<'a, u8>>,
     /// Tensors whose op also wrote their FP8 copy for the product that reads them next (in
     /// the scratch of its size, until another operand takes it), with the slot it was scaled
     /// by ([`Graph::add_layernorm`]).
@@ -344,6 +347,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             recompute: Recompute::None,
             scratch: HashMap::new(),
             fp8_scratch: HashMap::new(),
+            fp8_scratch_t: HashMap::new(),
             fp8_copies: HashMap::new(),
             staged: None,
             loss_seed: None,
@@ -796,6 +800,17 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(scratch)
     }
 
+    /// `n` bytes of scratch for a transposed FP8 operand at `place` (0 or 1: two of a size may
+    /// be alive at once), each read by the one weight-gradient product after it.
+    pub(super) fn fp8_scratch_t(&mut self, n: usize, place: usize) -> Result<Span<'a, u8>> {
+        if let Some(&scratch) = self.fp8_scratch_t.get(&(n, place)) {
+            return Ok(scratch);
+        }
+        let scratch = self.alloc_words(n.div_ceil(4))?.words_as_bytes().slice(0, n);
+        self.fp8_scratch_t.insert((n, place), scratch);
+        Ok(scratch)
+    }
+
     pub fn layernorm(&mut self, inp: Tensor, w: Tensor, b: Tensor) -> Result<Tensor> {
         let [r, c] = self.shape(inp);
         assert!(
@@ -920,8 +935,8 @@ impl<'a, B: Backend> Graph<'a, B> {
         }
         let pre = self.activation([r, h])?;
         // A recomputed input of the hidden layer's size would share act's scratch: keep act then.
-        // FP8 keeps act only as the second product's E4M3 input: backward rebuilds it from pre
-        // where the weight gradient reads it.
+        // FP8 keeps act only as the second product's E4M3 input: backward rebuilds its
+        // transposed E4M3 copy from pre for the weight gradient's product.
         let words = |n: usize| self.act().words(n);
         let act = if fp8.is_some() {
             assert_ne!(
@@ -996,13 +1011,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// `n` values in `format` at `slot`'s scale, their amax recorded there: the scratch of
     /// that size.
     pub(super) fn fp8_out(&mut self, slot: Span<'a>, format: Fp8, n: usize) -> Result<Fp8Out<'a>> {
-        let word = Fp8Site::word;
-        Ok(Fp8Out {
-            dst: self.fp8_scratch(n)?,
-            amax: word(slot, Fp8Slot::AMAX),
-            scale: word(slot, Fp8Slot::SCALE),
-            format,
-        })
+        Ok(fp8_out_at(self.fp8_scratch(n)?, slot, format))
     }
 
     /// max(x, 0), elementwise (the MLP workload's activation).
@@ -1265,5 +1274,16 @@ impl<B: Backend> Drop for Graph<'_, B> {
         for buf in self.held.drain(..).chain(self.grads.drain().map(|(_, b)| b)) {
             self.pool.give(buf);
         }
+    }
+}
+
+/// `dst` in `format` at `slot`'s scale, its amax recorded there.
+pub(super) fn fp8_out_at<'a>(dst: Span<'a, u8>, slot: Span<'a>, format: Fp8) -> Fp8Out<'a> {
+    let word = Fp8Site::word;
+    Fp8Out {
+        dst,
+        amax: word(slot, Fp8Slot::AMAX),
+        scale: word(slot, Fp8Slot::SCALE),
+        format,
     }
 }

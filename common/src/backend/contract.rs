@@ -84,6 +84,37 @@ pub fn quantize_fp8_transposed(
     (dst, amax, o.read("src", src, n), o.read("scale", scale, 1))
 }
 
+/// [`Backend::gelu_backward_fp8`](super::Backend::gelu_backward_fp8)'s: `d` and `inp` read
+/// (`d` left to the op), the three copies, their amaxes and `dbias` written.
+pub fn gelu_backward_fp8(
+    act: ActType,
+    d: Span<Act>,
+    inp: Span<Act>,
+    [plain, act_t]: [Fp8Out; 2],
+    transposed: Span<u8>,
+    dbias: Option<Span>,
+    [rows, cols]: [usize; 2],
+) -> ([A; 2], [DevPtr<u8>; 3], [F; 4], Option<F>) {
+    let mut o = ops("gelu_backward_fp8", act);
+    let n = rows * cols;
+    let dst = [
+        o.write("plain", plain.dst, n),
+        o.write("transposed", transposed, n),
+        o.write("act_t", act_t.dst, n),
+    ];
+    let amax = [
+        o.write("plain.amax", plain.amax, 1),
+        o.write("act_t.amax", act_t.amax, 1),
+    ];
+    let dbias = o.write_opt("dbias", dbias, cols);
+    let scale = [
+        o.read("plain.scale", plain.scale, 1),
+        o.read("act_t.scale", act_t.scale, 1),
+    ];
+    let (d, inp) = (o.read("d", d, n), o.read("inp", inp, n));
+    ([d, inp], dst, [amax[0], scale[0], amax[1], scale[1]], dbias)
+}
+
 pub fn fp8_rescale(slots: Span, history: Span, n: usize, len: usize) -> (F, F) {
     let mut o = ops("fp8_rescale", ActType::F32);
     (
@@ -108,6 +139,21 @@ pub fn matmul_fp8(
     let out = o.write("out", out, shape[0] * shape[1]);
     let (x, y, bias, dequant) = fp8_inputs(&mut o, x, y, bias, dequant, shape, formats);
     (out, x, y, bias, dequant)
+}
+
+/// [`matmul_fp8`]'s into an f32 weight gradient, `dw` written or added to.
+pub fn matmul_fp8_weight_grad(
+    dw: Span,
+    x: Span<u8>,
+    y: Span<u8>,
+    dequant: [Span; 2],
+    shape: [usize; 3],
+    formats: [Fp8; 2],
+) -> (F, DevPtr<u8>, DevPtr<u8>, [F; 2]) {
+    let mut o = ops("matmul_fp8_weight_grad", ActType::F32);
+    let dw = o.write("dw", dw, shape[0] * shape[1]);
+    let (x, y, _, dequant) = fp8_inputs(&mut o, x, y, None, dequant, shape, formats);
+    (dw, x, y, dequant)
 }
 
 /// [`matmul_fp8`]'s with GELU: `pre`, `scratch` and the FP8 copy `out` written, apart.

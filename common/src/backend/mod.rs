@@ -370,27 +370,29 @@ pub fn matmul_fp8_gelu_apart<B: Backend + ?Sized>(
     be.quantize_fp8(out.dst, out.amax, scratch, out.scale, n, out.format);
 }
 
-/// [`Backend::gelu_backward_quantize`] as separate ops (the default, and a backend's fallback
-/// where its one pass cannot run).
-pub fn gelu_backward_quantize_apart<B: Backend + ?Sized>(
+/// [`Backend::gelu_backward_fp8`] as separate ops (the default, and a backend's fallback
+/// where its one pass cannot run): d(pre) computed in place in `d`, its copies and bias sums
+/// taken from there, then gelu(pre) written over it for the activation's copy.
+#[allow(clippy::too_many_arguments)]
+pub fn gelu_backward_fp8_apart<B: Backend + ?Sized>(
     be: &B,
     d: Span<Act>,
     inp: Span<Act>,
-    quantized: Fp8Out,
-    act: Option<Span<Act>>,
+    [plain, act_t]: [Fp8Out; 2],
+    transposed: Span<u8>,
     dbias: Option<Span>,
     [rows, cols]: [usize; 2],
 ) {
     let n = rows * cols;
-    if let Some(act) = act {
-        be.gelu_forward(act, inp, n);
-    }
     be.gelu_backward_in_place(d, inp, n);
-    let q = quantized;
-    be.quantize_fp8(q.dst, q.amax, d, q.scale, n, q.format);
+    let q = plain;
+    be.quantize_fp8_both([q.dst, transposed], q.amax, d, q.scale, [rows, cols], q.format);
     if let Some(dbias) = dbias {
         be.bias_backward(dbias, d, rows, cols);
     }
+    be.gelu_forward(d, inp, n);
+    let a = act_t;
+    be.quantize_fp8_transposed(a.dst, a.amax, d, a.scale, [rows, cols], a.format);
 }
 
 /// (`fp8_rescale_kernel`) computes the same bits.
@@ -701,10 +703,28 @@ pub trait Backend {
         shape: [usize; 3],
         formats: [Fp8; 2],
     );
+    /// A weight gradient in FP8: dw (R,S) = (x (R,K) · yᵀ) · dequant\[0\] · dequant\[1\],
+    /// summed and written in f32 (where `overwrite`, else added to dw), with x the output
+    /// gradient's transposed copy (OC, BT) and y the input's (C, BT): rows holding a batch's K =
+    /// BT values, the layout the FP8 products read, so that dw is the weight's (OC, C).
+    /// Formats and rules as [`Backend::matmul_fp8`]'s. Needs [`Backend::fp8`].
+    /// # Operands
+    /// `dw`: R·S; `x`: R·K; `y`: S·K; each `dequant`: 1, 16-byte aligned.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_fp8_weight_grad(
+        &self,
+        overwrite: bool,
+        dw: Span,
+        x: Span<u8>,
+        y: Span<u8>,
+        dequant: [Span; 2],
+        shape: [usize; 3],
+        formats: [Fp8; 2],
+    );
     /// [`Backend::matmul_fp8`] through GELU, the MLP's first product in FP8: `pre = x · yᵀ ·
     /// dequant + bias` written, and `gelu(pre)` only as its FP8 copy `out` (E4M3, the second
     /// product's input; the bf16 activation is not kept: the backward rebuilds it, see
-    /// [`Backend::gelu_backward_quantize`]). By default the product, then GELU into `scratch`
+    /// [`Backend::gelu_backward_fp8`]). By default the product, then GELU into `scratch`
     /// and its quantization; the CUDA backend fuses GELU and the quantization into the product's
     /// epilogue where cuBLASLt has one (GELU then taken of the product in f32, before `pre` is
     /// rounded), leaving `scratch` alone.
@@ -725,53 +745,30 @@ pub trait Backend {
     ) {
         matmul_fp8_gelu_apart(self, pre, scratch, out, x, y, bias, dequant, shape);
     }
-    /// [`Backend::matmul_fp8`] into the MLP's hidden layer through gelu': `dpre = gelu'(pre) ⊙
-    /// (x · yᵀ · dequant)`, written (x the output gradient, y the second weight's transposed
-    /// copy), and its FP8 copy `quantized` (the first product's output gradient, for its input
-    /// gradient's product); with `act`, also gelu(pre) written there (the hidden activation,
-    /// which the FP8 forward keeps only in FP8, for the second weight's gradient): the product,
-    /// then [`Backend::gelu_backward_quantize`] (with `dbias`, the first product's bias gradient
-    /// summed there). (cuBLASLt's DGELU epilogue on FP8 inputs runs as a separate pass, 3.5x
-    /// slower than our gelu' kernel on an H200, so the CUDA backend does not use it.)
+    /// FP8's gelu', for the MLP whose weight gradients are FP8 products: from the output
+    /// gradient d(act) in `d` and `inp` = pre, d(pre) = gelu'(pre) ⊙ d(act) (rounded to the
+    /// activation type, as [`Backend::gelu_backward_in_place`] writes it) kept only as FP8: as
+    /// stored in `plain` ([`Backend::quantize_fp8`], its amax recorded) and transposed (C,R) in
+    /// `transposed` at the same scale, for the first product's input and weight gradients; act
+    /// = gelu(pre) (rounded, as [`Backend::gelu_forward`] writes it) transposed in `act_t`
+    /// ([`Backend::quantize_fp8_transposed`]), for the second's weight gradient; with `dbias`,
+    /// d(pre)'s column sums added there ([`Backend::bias_backward`]: the first product's bias
+    /// gradient). `d` is left unspecified. By default the separate ops
+    /// ([`gelu_backward_fp8_apart`]); the CUDA backend runs them as one pass (the same bits).
+    /// Needs [`Backend::fp8`].
     /// # Operands
-    /// As `matmul_fp8` without a bias, with `dpre`, `pre`: R·S each, distinct; `quantized`,
-    /// `act` and `dbias` (S) as in `gelu_backward_quantize`.
+    /// `d`, `inp`: R·C (`shape` = [R, C]); each copy R·C, apart; `dbias`: C; amaxes, scales: 1.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_fp8_dgelu(
-        &self,
-        dpre: Span<Act>,
-        x: Span<u8>,
-        y: Span<u8>,
-        pre: Span<Act>,
-        dequant: [Span; 2],
-        shape: [usize; 3],
-        formats: [Fp8; 2],
-        quantized: Fp8Out,
-        act: Option<Span<Act>>,
-        dbias: Option<Span>,
-    ) {
-        self.matmul_fp8(dpre, x, y, None, dequant, shape, formats);
-        self.gelu_backward_quantize(dpre, pre, quantized, act, dbias, [shape[0], shape[1]]);
-    }
-    /// [`Backend::gelu_backward_in_place`], then `d` quantized into `quantized` as
-    /// [`Backend::quantize_fp8`] does; with `act`, [`Backend::gelu_forward`] of `inp` there; with
-    /// `dbias`, [`Backend::bias_backward`] of the new `d` (the bias gradient of the product whose
-    /// output gradient it is): by default the separate ops; the CUDA backend runs them as one
-    /// pass (the same bits). Needs [`Backend::fp8`].
-    /// # Operands
-    /// `d`, `inp`, `quantized.dst`, `act`: R·C elements each (`shape` = [R, C]), `act` apart
-    /// from the others; `quantized.amax`, `.scale`: 1; `dbias`: C.
-    #[allow(clippy::too_many_arguments)]
-    fn gelu_backward_quantize(
+    fn gelu_backward_fp8(
         &self,
         d: Span<Act>,
         inp: Span<Act>,
-        quantized: Fp8Out,
-        act: Option<Span<Act>>,
+        copies: [Fp8Out; 2],
+        transposed: Span<u8>,
         dbias: Option<Span>,
         shape: [usize; 2],
     ) {
-        gelu_backward_quantize_apart(self, d, inp, quantized, act, dbias, shape);
+        gelu_backward_fp8_apart(self, d, inp, copies, transposed, dbias, shape);
     }
     /// [`Backend::quantize_fp8`] into the transpose: `dst (cols,rows) = fp8(src (rows,cols)ᵀ ·
     /// scale[0])`, with `amax` as there. A weight's FP8 copy for the input gradient's product

@@ -13,7 +13,9 @@
 //! against. Every row runs on [`KernelOpts::tokens`] rows (B·T): 16,384 on a GPU, fewer on
 //! the CPU, where the whole bench must stay near a minute on 2 cores (see [`KernelOpts`]).
 
-use crate::backend::{Act, ActType, AdamWHyper, Backend, DeviceBuffer, Fp8, Fp8Out, Overwrite, Span, StepState};
+use crate::backend::{
+    gelu_backward_fp8_apart, Act, ActType, AdamWHyper, Backend, DeviceBuffer, Fp8, Fp8Out, Overwrite, Span, StepState,
+};
 use crate::error::Result;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -261,9 +263,9 @@ fn matmul_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>)
 
 /// The same products in FP8 (`matmul_fp8`, precision "fp8"), on a GPU that has them: the
 /// square ceiling and the forward products in E4M3 (bias in the epilogue, bf16 out), and the
-/// backward's two products of each (the input gradient, K = OC, and the weight gradient,
-/// K = B·T) with E5M2 gradients by E4M3 operands, each operand laid out K-major as FP8 needs
-/// (bf16 out, where training keeps f32 weight gradients); the quantizations not included.
+/// backward's two products of each (the input gradient, K = OC, bf16 out, and the weight
+/// gradient, K = B·T, written in f32 as training's are) with E5M2 gradients by E4M3 operands,
+/// each operand laid out K-major as FP8 needs; the quantizations not included.
 fn fp8_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) -> Result<()> {
     let mut row = product_row(rows, "fp8");
     let (e4, e5) = (Fp8::E4M3, Fp8::E5M2);
@@ -295,10 +297,10 @@ fn fp8_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) ->
             m.fp8(oc * r, e5)?,
             m.fp8(c_in * r, e4)?,
         );
-        let (dinp, dw) = (m.act(r * c_in, 1.0)?, m.act(oc * c_in, 1.0)?);
+        let (dinp, dw) = (m.act(r * c_in, 1.0)?, m.f32s(oc * c_in, 0.0, Some(0.0))?);
         let ms = time_ms(be, 10, || {
             be.matmul_fp8(dinp, dout, wt, None, dequant, [r, c_in, oc], [e5, e4]);
-            be.matmul_fp8(dw, dout_t, inp_t, None, dequant, [oc, c_in, r], [e5, e4]);
+            be.matmul_fp8_weight_grad(true, dw, dout_t, inp_t, dequant, [oc, c_in, r], [e5, e4]);
         })?;
         row(bwd, shape, ms, 2.0 * flop);
     }
@@ -685,33 +687,34 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             })?;
             row("ours-unfused", "add_layernorm_fwd_quantize", shape, apart, None, bytes);
         }
-        // gelu' with its E5M2 copy (the MLP's d(pre)), gelu(pre) rebuilt and the bias gradient
-        // summed, against the four kernels. d changes over the calls (gelu' applied again), not
-        // the work.
+        // FP8's gelu' (the MLP's d(pre) as its E5M2 copies, as stored and transposed; gelu(pre)
+        // rebuilt as its transposed E4M3 copy; the bias gradient summed), against its five
+        // kernels. The separate kernels change d over the calls (in place), not the work.
         {
             let n = tokens * 3072;
             let m = Arena::new(be);
-            let (d, pre, dst) = (m.act(n, 1.0)?, m.act(n, 2.0)?, m.fp8(n, Fp8::E5M2)?);
-            let (act, dbias) = (m.act(n, 1.0)?, m.f32s(3072, 0.0, Some(0.0))?);
-            let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
-            let copy = Fp8Out {
-                dst,
-                amax,
-                scale,
-                format: Fp8::E5M2,
+            let (d, pre) = (m.act(n, 1.0)?, m.act(n, 2.0)?);
+            let (dst, dst_t, act_t) = (m.fp8(n, Fp8::E5M2)?, m.fp8(n, Fp8::E5M2)?, m.fp8(n, Fp8::E4M3)?);
+            let dbias = m.f32s(3072, 0.0, Some(0.0))?;
+            let copy = |dst, format| -> Result<Fp8Out> {
+                let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
+                Ok(Fp8Out {
+                    dst,
+                    amax,
+                    scale,
+                    format,
+                })
             };
-            let (shape, bytes) = (format!("{tokens}x3072"), Some((4.0 * a + 1.0) * n as f64));
+            let (q, at) = (copy(dst, Fp8::E5M2)?, copy(act_t, Fp8::E4M3)?);
+            let (shape, bytes) = (format!("{tokens}x3072"), Some((2.0 * a + 3.0) * n as f64));
             let fused = time_ms(be, 20, || {
-                be.gelu_backward_quantize(d, pre, copy, Some(act), Some(dbias), [tokens, 3072])
+                be.gelu_backward_fp8(d, pre, [q, at], dst_t, Some(dbias), [tokens, 3072])
             })?;
-            row("ours", "gelu_backward_quantize", shape.clone(), fused, None, bytes);
+            row("ours", "gelu_backward_fp8", shape.clone(), fused, None, bytes);
             let apart = time_ms(be, 20, || {
-                be.gelu_forward(act, pre, n);
-                be.gelu_backward_in_place(d, pre, n);
-                be.quantize_fp8(dst, amax, d, scale, n, Fp8::E5M2);
-                be.bias_backward(dbias, d, tokens, 3072);
+                gelu_backward_fp8_apart(be, d, pre, [q, at], dst_t, Some(dbias), [tokens, 3072])
             })?;
-            row("ours-unfused", "gelu_backward_quantize", shape, apart, None, bytes);
+            row("ours-unfused", "gelu_backward_fp8", shape, apart, None, bytes);
         }
         // Into the transpose: a weight's copy for the input gradient's product.
         for [rows_, cols] in [[2304usize, 768], [3072, 768], [768, 3072]] {

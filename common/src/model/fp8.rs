@@ -2,8 +2,8 @@
 //! (qkv, the attention's projection, the MLP's two) take their input and weight in E4M3 and
 //! their output gradient in E5M2, each tensor with a per-tensor scale from a history of its
 //! largest magnitudes (delayed scaling, as Transformer Engine does). The LM head, attention,
-//! layernorms and everything else stay bf16, as do the weight gradients' products; master
-//! weights, gradients and AdamW stay fp32.
+//! layernorms and everything else stay bf16, as do the attention's two weight gradients'
+//! products; master weights, gradients and AdamW stay fp32.
 //!
 //! Per product ("site") three scale slots ([`Fp8Slot`]): input, weight, output gradient; and
 //! the weight's two FP8 copies, as stored (OC,C) for the forward product and transposed (C,OC)
@@ -12,7 +12,9 @@
 //! 1. forward: each product quantizes its input with the input slot's scale (recording its
 //!    amax) and multiplies it with the weight's copy;
 //! 2. backward: each product quantizes its output gradient (E5M2) and multiplies it with the
-//!    transposed copy into the input gradient; the weight gradient is bf16's;
+//!    transposed copy into the input gradient; the MLP's two weight gradients are FP8 products
+//!    too, of the output gradient's and the input's transposed copies (rows holding the batch's
+//!    values), the others bf16's;
 //! 3. on several ranks, [`Fp8State::agree`]: each amax the largest over the ranks; then
 //!    [`Fp8State::rescale`]: every slot's amax onto its history, a new scale from it;
 //! 4. after the update, [`Fp8State::quantize_weights`]: the copies from the new weights.
@@ -68,6 +70,14 @@ impl<'a> Fp8Site<'a> {
         [
             Self::word(self.grad, Fp8Slot::DEQUANT),
             Self::word(self.weight_slot, Fp8Slot::DEQUANT),
+        ]
+    }
+
+    /// What the weight gradient's product is scaled back by: the gradient's, the input's.
+    pub fn weight_grad_dequant(&self) -> [Span<'a>; 2] {
+        [
+            Self::word(self.grad, Fp8Slot::DEQUANT),
+            Self::word(self.input, Fp8Slot::DEQUANT),
         ]
     }
 }

@@ -312,6 +312,34 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn matmul_fp8_weight_grad(
+        &self,
+        overwrite: bool,
+        dw: Span,
+        x: Span<u8>,
+        y: Span<u8>,
+        dequant: [Span; 2],
+        shape: [usize; 3],
+        formats: [Fp8; 2],
+    ) {
+        let (dw, x, y, dequant) = contract::matmul_fp8_weight_grad(dw, x, y, dequant, shape, formats);
+        let [r, s, k] = shape;
+        // SAFETY: the contract checked every extent and that `dw` overlaps no input.
+        unsafe {
+            let (dw, x, y) = (view_mut(dw, r * s), view(x, r * k), view(y, s * k));
+            let dequant = [view(dequant[0], 1)[0], view(dequant[1], 1)[0]];
+            self.run(|| {
+                if overwrite {
+                    fp8::matmul(dw, x, y, None, dequant, shape, formats, self.threads);
+                } else {
+                    let mut sum = vec![0.0f32; r * s];
+                    fp8::matmul(&mut sum, x, y, None, dequant, shape, formats, self.threads);
+                    dw.iter_mut().zip(&sum).for_each(|(d, s)| *d += s);
+                }
+            });
+        }
+    }
+
     fn quantize_fp8_transposed(
         &self,
         dst: Span<u8>,

@@ -91,13 +91,23 @@ fn fp8_type(format: Fp8) -> cudaDataType {
     }
 }
 
+/// D's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Output {
+    /// The activation type.
+    Act,
+    /// f32, C being D (a weight gradient, written or added to).
+    F32,
+    /// FP8, scaled, its amax taken.
+    Fp8(Fp8),
+}
+
 /// Epilogue, operand types, shape and operand alignments: what an algorithm choice depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     epilogue: Epilogue,
     inputs: Inputs,
-    /// D in FP8 (scaled, its amax taken), else in the activation type.
-    output: Option<Fp8>,
+    output: Output,
     m: usize,
     n: usize,
     k: usize,
@@ -117,6 +127,8 @@ struct Operands {
     /// FP8 output: its format, then D's scale (read) and its amax (set, not raised), one f32
     /// each, 16-byte aligned.
     output: Option<(Fp8, [DevPtr; 2])>,
+    /// D in f32 (`d` is an f32 pointer), and beta: 0 writes it, 1 adds to it.
+    f32_out: Option<f32>,
 }
 
 struct Plan {
@@ -223,6 +235,7 @@ impl LtMatmul {
             aux: None,
             scales: None,
             output: None,
+            f32_out: None,
         };
         let epilogue = if relu { Epilogue::ReluBias } else { Epilogue::Bias };
         self.run(stream, epilogue, Inputs::Act, (oc, bt, c), ops)
@@ -256,6 +269,30 @@ impl LtMatmul {
         };
         let ops = fp8_operands(out, None, [x, y], bias, [dx, dy]);
         self.run(stream, epilogue, Inputs::Fp8([fy, fx]), (s, r, k), ops)
+    }
+
+    /// [`LtMatmul::matmul_fp8`] into f32: out (R,S) = x·yᵀ·dequant, written, or with
+    /// `accumulate` added to out (a weight gradient: x the output gradient's transposed copy, y
+    /// the input's, K the rows of a batch). False (having queued nothing) when no algorithm
+    /// fits.
+    ///
+    /// # Safety
+    /// As `matmul_fp8`, with `out` R·S f32s.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul_fp8_f32(
+        &self,
+        stream: CUstream,
+        out: DevPtr,
+        accumulate: bool,
+        x: DevPtr<u8>,
+        y: DevPtr<u8>,
+        [dx, dy]: [DevPtr; 2],
+        [r, s, k]: [usize; 3],
+        [fx, fy]: [Fp8; 2],
+    ) -> Result<bool> {
+        let mut ops = fp8_operands(out.cast(), None, [x, y], None, [dx, dy]);
+        ops.f32_out = Some(if accumulate { 1.0 } else { 0.0 });
+        self.run(stream, Epilogue::Plain, Inputs::Fp8([fy, fx]), (s, r, k), ops)
     }
 
     /// [`LtMatmul::matmul_fp8`] through GELU: pre (R,S) = x·yᵀ·dequant (+ bias), and gelu(pre)
@@ -314,6 +351,7 @@ impl LtMatmul {
             aux: Some(pre),
             scales: None,
             output: None,
+            f32_out: None,
         };
         self.run(stream, epilogue, Inputs::Act, (oc, bt, c), ops)
     }
@@ -345,6 +383,7 @@ impl LtMatmul {
             aux: Some(pre),
             scales: None,
             output: None,
+            f32_out: None,
         };
         self.run(stream, Epilogue::DGelu, Inputs::Act, (c, bt, oc), ops)
     }
@@ -378,6 +417,7 @@ impl LtMatmul {
             || epilogue.has_aux() != ops.aux.is_some()
             || matches!(inputs, Inputs::Fp8(_)) != ops.scales.is_some()
             || (ops.output.is_some() && ops.scales.is_none())
+            || (ops.output.is_some() && ops.f32_out.is_some())
         {
             return Err(Error::Device(format!(
                 "cuBLASLt {epilogue:?}: operands do not fit the epilogue"
@@ -387,7 +427,11 @@ impl LtMatmul {
         let key = PlanKey {
             epilogue,
             inputs,
-            output: ops.output.map(|(format, _)| format),
+            output: match (ops.output, ops.f32_out) {
+                (Some((format, _)), _) => Output::Fp8(format),
+                (None, Some(_)) => Output::F32,
+                (None, None) => Output::Act,
+            },
             m,
             n,
             k,
@@ -417,7 +461,7 @@ impl LtMatmul {
         let Some(plan) = plan.as_ref() else {
             return Ok(false);
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, ops.f32_out.unwrap_or(0.0));
         // SAFETY: the plan's descriptors are live; pointers are device addresses sized by the
         // caller for these shapes; the workspace is ours and outlives the call.
         unsafe {
@@ -435,8 +479,9 @@ impl LtMatmul {
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, scale)?;
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax)?;
             }
-            // C is not read (beta = 0). Beside an FP8 D it has the activation type: the
-            // auxiliary matrix, of that type and D's shape, stands for it.
+            // C is D, read only where an f32 D is added to (beta = 1). Beside an FP8 D it has
+            // the activation type: the auxiliary matrix, of that type and D's shape, stands for
+            // it.
             let (c, c_layout) = match (ops.output, ops.aux) {
                 (Some(_), Some(aux)) => (aux, plan.c),
                 _ => (ops.d, plan.d),
@@ -503,11 +548,12 @@ impl LtMatmul {
         };
         plan.b = layout(b_t, k, n, k)?;
         match key.output {
-            Some(format) => {
+            Output::Fp8(format) => {
                 plan.d = layout(fp8_type(format), m, n, m)?;
                 plan.c = layout(elem_t, m, n, m)?;
             }
-            None => plan.d = layout(elem_t, m, n, m)?,
+            Output::F32 => plan.d = layout(f32_t, m, n, m)?,
+            Output::Act => plan.d = layout(elem_t, m, n, m)?,
         }
         let trans_a: i32 = trans_a as i32; // CUBLAS_OP_T or CUBLAS_OP_N
         let trans_b: i32 = 0; // CUBLAS_OP_N
@@ -645,5 +691,6 @@ fn fp8_operands(
         aux,
         scales: Some([dy, dx]),
         output: None,
+        f32_out: None,
     }
 }

@@ -14,7 +14,7 @@ use crate::backend::contract;
 /// Rows a block of `quantize_fp8_transposed_kernel` covers (kernels/fp8.cu's FP8_T_ROWS).
 const FP8_T_ROWS: usize = 32;
 use crate::backend::{
-    bf16, gelu_backward_quantize_apart, matmul_fp8_gelu_apart, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer,
+    bf16, gelu_backward_fp8_apart, matmul_fp8_gelu_apart, Act, ActType, AdamWHyper, Backend, DevPtr, DeviceBuffer,
     DeviceStream, Elem, Fp8, Fp8Out, FusedMlp, Overwrite, Precision, SgdHyper, Snapshot, Span,
 };
 use crate::error::{Error, Result};
@@ -653,6 +653,36 @@ impl Backend for CudaBackend {
             Ok(false) => self.fail(Error::Device(format!(
                 "cuBLASLt has no FP8 algorithm for {shape:?} ({formats:?}, bias {})",
                 bias.is_some()
+            ))),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn matmul_fp8_weight_grad(
+        &self,
+        overwrite: bool,
+        dw: Span,
+        x: Span<u8>,
+        y: Span<u8>,
+        dequant: [Span; 2],
+        shape: [usize; 3],
+        formats: [Fp8; 2],
+    ) {
+        assert!(
+            self.fp8,
+            "matmul_fp8_weight_grad: {} has no FP8 (Backend::fp8)",
+            self.name
+        );
+        let (dw, x, y, dequant) = contract::matmul_fp8_weight_grad(dw, x, y, dequant, shape, formats);
+        let lt = self.lt.as_ref().expect("an FP8 backend has cuBLASLt");
+        // SAFETY: the contract checked every extent and that `dw` overlaps no input.
+        let queued = self
+            .bind()
+            .and_then(|()| unsafe { lt.matmul_fp8_f32(self.stream(), dw, !overwrite, x, y, dequant, shape, formats) });
+        match queued {
+            Ok(true) => {}
+            Ok(false) => self.fail(Error::Device(format!(
+                "cuBLASLt has no FP8 weight-gradient algorithm for {shape:?} ({formats:?})"
             ))),
             Err(e) => self.fail(e),
         }
@@ -1376,79 +1406,70 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn gelu_backward_quantize(
+    fn gelu_backward_fp8(
         &self,
         d: Span<Act>,
         inp: Span<Act>,
-        quantized: Fp8Out,
-        act: Option<Span<Act>>,
+        copies: [Fp8Out; 2],
+        transposed: Span<u8>,
         dbias: Option<Span>,
         [rows, cols]: [usize; 2],
     ) {
-        let (q, n) = (quantized, rows * cols);
-        let aligned = |bytes: u64| {
-            let acts = [Some(d), Some(inp), act];
-            acts.iter().flatten().all(|a| a.ptr().addr().is_multiple_of(bytes))
-        };
-        // One pass where eight values a thread line up (every FP8 model's hidden layer); with
-        // the bias gradient, where a lane's four columns do; else the separate kernels.
-        let fused = match dbias {
-            None => n.is_multiple_of(8) && aligned(16) && q.dst.ptr().addr().is_multiple_of(8),
-            Some(_) => cols.is_multiple_of(4) && aligned(8) && q.dst.ptr().addr().is_multiple_of(4),
-        };
-        if !(fused && self.act() == ActType::Bf16) {
-            return gelu_backward_quantize_apart(self, d, inp, q, act, dbias, [rows, cols]);
+        let [q, a] = copies;
+        // One pass where its tiles line up (every FP8 model's hidden layer at a batch of whole
+        // 32-row groups), else the separate kernels.
+        let fits = rows.is_multiple_of(32)
+            && cols.is_multiple_of(4)
+            && [d, inp].iter().all(|x| x.ptr().addr().is_multiple_of(8))
+            && q.dst.ptr().addr().is_multiple_of(4)
+            && [transposed, a.dst].iter().all(|x| x.ptr().addr().is_multiple_of(16));
+        if !(fits && self.act() == ActType::Bf16) {
+            return gelu_backward_fp8_apart(self, d, inp, copies, transposed, dbias, [rows, cols]);
         }
-        assert!(
-            self.fp8,
-            "gelu_backward_quantize: {} has no FP8 (Backend::fp8)",
-            self.name
-        );
-        let (d_, inp_) = contract::gelu_backward_in_place(self.act(), d, inp, n);
-        let (dst, amax, _, scale) = contract::quantize_fp8(self.act(), q.dst, q.amax, d, q.scale, n);
-        let act_ = match act {
-            Some(act) => contract::unary("gelu_backward_quantize", self.act(), act, inp, n).0,
-            None => DevPtr::default(), // none
-        };
+        assert!(self.fp8, "gelu_backward_fp8: {} has no FP8 (Backend::fp8)", self.name);
+        let ([d_, inp_], [dst, dst_t, act_t], [amax, scale, act_amax, act_scale], dbias_) =
+            contract::gelu_backward_fp8(self.act(), d, inp, copies, transposed, dbias, [rows, cols]);
         let e5m2 = (q.format == Fp8::E5M2) as usize;
-        let Some(dbias) = dbias else {
-            let args = args![d_, inp_, dst, amax, scale, act_, n, e5m2];
-            // SAFETY: the contracts checked every extent and overlap (d is read and written by
-            // the same thread, as the in-place kernel does; act apart from inp).
-            return unsafe { self.launch_quantize("gelu_backward_quantize_kernel", n, args) };
-        };
-        let (dbias, _) = contract::bias_backward(self.act(), dbias, d, rows, cols);
+        let act_e5m2 = (a.format == Fp8::E5M2) as usize;
         let (grid, block) = (
             (cols.div_ceil(128) as u32, rows.div_ceil(VEC4_CHUNK_ROWS) as u32, 1),
             (256, 1, 1),
         );
         let chunks = grid.1 as usize;
+        let rows_per_block = VEC4_CHUNK_ROWS;
+        let launch = |dbias: DevPtr, part: DevPtr, tickets: DevPtr<i32>| {
+            let args = args![
+                d_,
+                inp_,
+                dst,
+                dst_t,
+                amax,
+                scale,
+                e5m2,
+                act_t,
+                act_amax,
+                act_scale,
+                act_e5m2,
+                dbias,
+                part,
+                tickets,
+                rows,
+                cols,
+                rows_per_block
+            ];
+            // SAFETY: the contract checked every extent and overlap; the partials (when the
+            // bias sums run) cover the chunks' column sums.
+            unsafe { self.launch("gelu_backward_fp8_kernel", grid, block, args) };
+        };
+        let Some(dbias) = dbias_ else {
+            return launch(DevPtr::default(), DevPtr::default(), DevPtr::default());
+        };
         let part = match self.scratch(chunks * cols) {
             Ok(part) => part,
             Err(e) => return self.fail(e),
         };
-        // SAFETY: as above, and the partials cover the chunks' column sums.
-        unsafe {
-            self.vec4_column_sums(dbias, part, chunks, grid, cols, |tickets| {
-                let (rows_per_block, e5m2) = (VEC4_CHUNK_ROWS, e5m2);
-                let args = args![
-                    d_,
-                    inp_,
-                    dst,
-                    amax,
-                    scale,
-                    act_,
-                    dbias,
-                    part,
-                    tickets,
-                    rows,
-                    cols,
-                    rows_per_block,
-                    e5m2
-                ];
-                self.launch("gelu_backward_quantize_sums_kernel", grid, block, args);
-            })
-        }
+        // SAFETY: as above.
+        unsafe { self.vec4_column_sums(dbias, part, chunks, grid, cols, |tickets| launch(dbias, part, tickets)) }
     }
 
     unsafe fn crossentropy_forward(

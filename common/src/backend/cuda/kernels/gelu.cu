@@ -41,68 +41,73 @@ extern "C" __global__ void gelu_backward_in_place_vec4_kernel(act_t* d, const ac
                                   gelu_grad(x.w) * g.w));
 }
 
-// gelu_backward_in_place then quantize_fp8 of its result, in one pass (FP8's d(pre)): d =
-// gelu'(inp) * d rounded to act_t, and dst = fp8(d * scale[0]) of the rounded values, with
-// amax as quantize_fp8_kernel's: the two kernels' bits. Where `act` is not null, also
-// gelu_forward_kernel's act = gelu(inp) (the hidden activation, which FP8's forward keeps only
-// in FP8, rebuilt for the weight gradient). Eight values a step of a grid-stride loop; n a
-// multiple of 8, d, inp and act aligned to 8 elements, dst to 8 bytes.
-extern "C" __global__ void gelu_backward_quantize_kernel(act_t* d, const act_t* inp, unsigned char* dst, float* amax,
-                                                         const float* scale, act_t* act, int n, int e5m2) {
-    __shared__ unsigned warp_top[32];
-    float s = scale[0];
-    unsigned top = 0;
-    long long stride = 8LL * gridDim.x * blockDim.x;
-    for (long long i = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += stride) {
-        float x[8], g[8];
-        load8(inp + i, x);
-        load8(d + i, g);
-#pragma unroll
-        for (int k = 0; k < 8; k++) g[k] = to_f(from_f(gelu_grad(x[k]) * g[k]));
-        store8(d + i, g);
-        *reinterpret_cast<uint2*>(dst + i) = fp8x8(g, s, e5m2, top);
-        if (act) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) x[k] = gelu(x[k]);
-            store8(act + i, x);
-        }
-    }
-    amax_atomic(amax, top, warp_top);
-}
-
-// gelu_backward_quantize_kernel with the bias gradient of the product whose output gradient the
-// new d is (the MLP's first): dbias (H) += its column sums over the N rows, as stored (rounded to
-// act_t), summed as bias_backward_vec4_kernel sums them (the same bits as that kernel after the
-// one-pass kernel). Its layout: grid (ceil(H/128), ceil(N/rows_per_block)), 256 threads, a lane's
-// 4 columns, warp w on rows w, w + 8, ... of the block's chunk; H a multiple of 4, d, inp and act
-// aligned to 4 elements, dst to 4 bytes; partials, tickets as there.
-extern "C" __global__ void gelu_backward_quantize_sums_kernel(act_t* d, const act_t* inp, unsigned char* dst,
-                                                              float* amax, const float* scale, act_t* act,
-                                                              float* dbias, float* partials, unsigned* tickets,
-                                                              int N, int H, int rows_per_block, int e5m2) {
-    __shared__ unsigned warp_top[8];
-    float s = scale[0];
-    unsigned top = 0;
+// FP8's gelu' when the MLP's weight gradients are FP8 products (Backend::gelu_backward_fp8):
+// from the output gradient d(act) in `d` and pre in `inp`, both (N, H), d(pre) = gelu'(pre) *
+// d(act) rounded to act_t (gelu_backward_in_place's values), written only in FP8: as stored in
+// `dst` and transposed (H, N) in `dst_t`, at scale[0], its amax into amax; act = gelu(pre)
+// rounded to act_t (gelu_forward's values) transposed into `act_t` at act_scale[0], its amax
+// into act_amax; where dbias is not null, d(pre)'s column sums added there as
+// bias_backward_vec4_kernel sums them (the same bits). The column sums' layout: grid
+// (ceil(H/128), ceil(N/rows_per_block)), 256 threads, a lane's 4 columns, warp w on rows w,
+// w + 8, ... of the block's chunk, taken 32 rows at a time: the transposed copies' bytes gather
+// in shared memory as [column][row] and leave as 32-byte runs along the copies' rows. N and
+// rows_per_block multiples of 32, H of 4; d and inp aligned to 4 elements, dst to 4 bytes,
+// dst_t and act_t to 16.
+extern "C" __global__ void gelu_backward_fp8_kernel(const act_t* d, const act_t* inp, unsigned char* dst,
+                                                    unsigned char* dst_t, float* amax, const float* scale, int e5m2,
+                                                    unsigned char* act_t, float* act_amax, const float* act_scale,
+                                                    int act_e5m2, float* dbias, float* partials, unsigned* tickets,
+                                                    int N, int H, int rows_per_block) {
+    __shared__ unsigned warp_top[2][8];
+    // The 32-row group's transposed bytes: [copy][column][row], rows 36 bytes apart (the 16-byte
+    // reads below stay 4-byte aligned; the byte stores meet at most four to a bank).
+    __shared__ __align__(16) unsigned char tile[2][128][36];
+    float s = scale[0], sa = act_scale[0];
+    unsigned top = 0, act_top = 0;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int c = (blockIdx.x * 32 + lane) * 4;
+    int c = (blockIdx.x * 32 + lane) * 4, col0 = blockIdx.x * 128;
     int row_start = blockIdx.y * rows_per_block;
     int row_end = min(row_start + rows_per_block, N);
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (c < H) {
-#pragma unroll 2
-        for (int row = row_start + warp; row < row_end; row += 8) {
-            size_t i = (size_t)row * H + c;
-            float4 x = load4(inp + i), g = load4(d + i);
-            g = make_float4(to_f(from_f(gelu_grad(x.x) * g.x)), to_f(from_f(gelu_grad(x.y) * g.y)),
-                            to_f(from_f(gelu_grad(x.z) * g.z)), to_f(from_f(gelu_grad(x.w) * g.w)));
-            store4(d + i, g);
-            sum = add4(sum, g);
-            *reinterpret_cast<unsigned*>(dst + i) = fp8x4(g, s, e5m2, top);
-            if (act) store4(act + i, make_float4(gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w)));
+    for (int r0 = row_start; r0 < row_end; r0 += 32) {
+        if (c < H) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int lr = warp + 8 * j;
+                size_t i = (size_t)(r0 + lr) * H + c;
+                float4 x = load4(inp + i), g = load4(d + i);
+                g = make_float4(to_f(from_f(gelu_grad(x.x) * g.x)), to_f(from_f(gelu_grad(x.y) * g.y)),
+                                to_f(from_f(gelu_grad(x.z) * g.z)), to_f(from_f(gelu_grad(x.w) * g.w)));
+                sum = add4(sum, g);
+                unsigned q = fp8x4(g, s, e5m2, top);
+                *reinterpret_cast<unsigned*>(dst + i) = q;
+                float4 a = make_float4(to_f(from_f(gelu(x.x))), to_f(from_f(gelu(x.y))), to_f(from_f(gelu(x.z))),
+                                       to_f(from_f(gelu(x.w))));
+                unsigned qa = fp8x4(a, sa, act_e5m2, act_top);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    tile[0][4 * lane + k][lr] = (unsigned char)(q >> (8 * k));
+                    tile[1][4 * lane + k][lr] = (unsigned char)(qa >> (8 * k));
+                }
+            }
         }
+        __syncthreads();
+        // Two copies x 128 columns x 32 rows: 16 bytes a thread, twice.
+#pragma unroll
+        for (int t = threadIdx.x; t < 512; t += 256) {
+            int which = t / 256, col = (t % 256) / 2, half = t % 2;
+            if (col0 + col < H) {
+                const unsigned* from = reinterpret_cast<const unsigned*>(&tile[which][col][16 * half]);
+                uint4 v = make_uint4(from[0], from[1], from[2], from[3]);
+                unsigned char* to = (which ? act_t : dst_t) + (size_t)(col0 + col) * N + r0 + 16 * half;
+                *reinterpret_cast<uint4*>(to) = v;
+            }
+        }
+        __syncthreads();
     }
-    amax_atomic(amax, top, warp_top);
-    column_sums_vec4_end(sum, dbias, partials, tickets, H, c);
+    amax_atomic(amax, top, warp_top[0]);
+    amax_atomic(act_amax, act_top, warp_top[1]);
+    if (dbias) column_sums_vec4_end(sum, dbias, partials, tickets, H, c);
 }
 
 extern "C" __global__ void gelu_backward_in_place_kernel(act_t* d, const act_t* inp, int n) {
