@@ -330,10 +330,11 @@ fn fp8_matches_cpu() {
             "gelu_backward_fp8 {shape:?}, bias at {bias:?}"
         );
     }
-    // Attention's backward with dqkv's E5M2 copy (the qkv product's output gradient): the
-    // two ops' bits, on the GPU, with the bias sums and without, at shapes whose last tile is
-    // whole and cut.
-    for (b, t, c, nh) in [(2, 256, 768, 12), (1, 200, 128, 2)] {
+    // Attention's backward with dqkv's E5M2 copies (the qkv product's output gradient, as
+    // stored and transposed): the two ops' bits, on the GPU, with the bias sums and without, at
+    // shapes whose last tile is whole and cut, and at a length the fused copies do not take (T
+    // not a multiple of 16).
+    for (b, t, c, nh) in [(2, 256, 768, 12), (1, 208, 128, 2), (1, 200, 128, 2)] {
         for with_bias in [true, false] {
             let fused = attention_quantize_case(&be, [b, t, c, nh], with_bias, true);
             let apart = attention_quantize_case(&be, [b, t, c, nh], with_bias, false);
@@ -515,7 +516,7 @@ fn gelu_fp8_case<B: Backend>(be: &B, [r, c]: [usize; 2], bias: Option<usize>, fu
 }
 
 /// `attention_backward_quantize` on `be` (`fused`), or its two ops there: dqkv's bits, the bias
-/// gradient's, the E5M2 copy's, the amax's.
+/// gradient's, the E5M2 copies' (as stored and transposed), the amax's.
 fn attention_quantize_case<B: Backend>(
     be: &B,
     [b, t, c, nh]: [usize; 4],
@@ -529,7 +530,8 @@ fn attention_quantize_case<B: Backend>(
     let dout = upload_act(be, &rnd(Inputs::Bf16, b * t * c, 82, 1.0));
     let dqkv = upload_act(be, &rnd(Inputs::Bf16, n, 83, 100.0));
     let dbias = upload(be, &rnd(Inputs::Bf16, 3 * c, 84, 1.0));
-    let (dst, scale, amax) = (
+    let (dst, dst_t, scale, amax) = (
+        be.alloc::<u8>(n).expect("alloc"),
         be.alloc::<u8>(n).expect("alloc"),
         upload(be, &[4096.0]),
         upload(be, &[0.0]),
@@ -544,17 +546,23 @@ fn attention_quantize_case<B: Backend>(
     let bias = with_bias.then(|| dbias.span());
     let (dq, o, s) = (act(be, &dqkv), act(be, &out), saved.span());
     if fused {
-        be.attention_backward_quantize(dq, bias, act(be, &dout), act(be, &qkv), o, s, b, t, c, nh, copy);
+        let (dout, qkv) = (act(be, &dout), act(be, &qkv));
+        be.attention_backward_quantize(dq, bias, dout, qkv, o, s, b, t, c, nh, copy, dst_t.span());
     } else {
         be.attention_backward(true, dq, bias, act(be, &dout), act(be, &qkv), o, s, b, t, c, nh);
-        be.quantize_fp8(dst.span(), amax.span(), dq, scale.span(), n, Fp8::E5M2);
+        let both = [dst.span(), dst_t.span()];
+        be.quantize_fp8_both(both, amax.span(), dq, scale.span(), [b * t, 3 * c], Fp8::E5M2);
     }
-    let mut bytes = vec![0u8; n];
-    be.read(&dst, 0, &mut bytes).expect("read");
+    let bytes = |buf: &B::Buffer<u8>| {
+        let mut v = vec![0u8; n];
+        be.read(buf, 0, &mut v).expect("read");
+        v.into_iter().map(u32::from).collect()
+    };
     vec![
         download_act(be, &dqkv, n).iter().map(|x| x.to_bits()).collect(),
         download(be, &dbias).iter().map(|x| x.to_bits()).collect(),
-        bytes.iter().map(|&v| v as u32).collect(),
+        bytes(&dst),
+        bytes(&dst_t),
         vec![download(be, &amax)[0].to_bits()],
     ]
 }

@@ -328,12 +328,13 @@ impl<'a, B: Backend> Graph<'a, B> {
                 let dbias = self.take_output_bias(tape, node, qkv)?;
                 let (dqkv, first) = self.act_grad_or_first(qkv)?;
                 let out = self.span(node.out);
-                // Under FP8, the qkv product's E5M2 output gradient with it, for that product.
+                // Under FP8, the qkv product's E5M2 output gradient with it, as stored and
+                // transposed, for that product's two gradients.
                 match fp8_site(tape, qkv).filter(|_| first) {
                     Some(site) => {
-                        let q = self.grad_fp8_out(site, r * 3 * c)?;
-                        be.attention_backward_quantize(dqkv, dbias, dout(), x, out, saved, b, t, c, nh, q);
-                        self.fp8_copies.insert(qkv.0, (q.dst, site.grad.ptr()));
+                        let (q, q_t) = (self.grad_fp8_out(site, r * 3 * c)?, self.fp8_scratch_t(r * 3 * c, 0)?);
+                        be.attention_backward_quantize(dqkv, dbias, dout(), x, out, saved, b, t, c, nh, q, q_t);
+                        self.fp8_copies.insert(qkv.0, (q.dst, Some(q_t), site.grad.ptr()));
                     }
                     None => be.attention_backward(first, dqkv, dbias, dout(), x, out, saved, b, t, c, nh),
                 }
@@ -623,11 +624,15 @@ impl<'a, B: Backend> Graph<'a, B> {
         [r, c]: [usize; 2],
     ) -> Result<[Span<'a, u8>; 2]> {
         let t = self.fp8_scratch_t(r * c, 0)?;
-        if let Some(copy) = self.take_fp8_copy(site, out) {
-            let q = self.grad_fp8_out_at(site, t);
-            self.be
-                .quantize_fp8_transposed(t, q.amax, dout, q.scale, [r, c], q.format);
-            return Ok([copy, t]);
+        match self.take_fp8_copy(site, out) {
+            Some((copy, Some(copy_t))) => return Ok([copy, copy_t]),
+            Some((copy, None)) => {
+                let q = self.grad_fp8_out_at(site, t);
+                self.be
+                    .quantize_fp8_transposed(t, q.amax, dout, q.scale, [r, c], q.format);
+                return Ok([copy, t]);
+            }
+            None => {}
         }
         let q = self.grad_fp8_out(site, r * c)?;
         self.be
@@ -647,11 +652,12 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(t)
     }
 
-    /// The E5M2 copy of the product's output gradient that the op reading its output `out`
-    /// wrote at the site's scale (attention's backward), if there is one.
-    fn take_fp8_copy(&mut self, site: Fp8Site<'a>, out: Tensor) -> Option<Span<'a, u8>> {
+    /// The E5M2 copy of the product's output gradient, and its transposed one if written, that
+    /// the op reading its output `out` wrote at the site's scale (attention's backward), if
+    /// there is one.
+    fn take_fp8_copy(&mut self, site: Fp8Site<'a>, out: Tensor) -> Option<(Span<'a, u8>, Option<Span<'a, u8>>)> {
         match self.fp8_copies.remove(&out.0) {
-            Some((copy, slot)) if slot == site.grad.ptr() => Some(copy),
+            Some((copy, copy_t, slot)) if slot == site.grad.ptr() => Some((copy, copy_t)),
             _ => None,
         }
     }

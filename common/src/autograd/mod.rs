@@ -235,9 +235,10 @@ pub struct Graph<'a, B: Backend> {
     /// place (two of one size may be alive at once).
     fp8_scratch_t: HashMap<(usize, usize), Span<'a, u8>>,
     /// Tensors whose op also wrote their FP8 copy for the product that reads them next (in
-    /// the scratch of its size, until another operand takes it), with the slot it was scaled
-    /// by ([`Graph::add_layernorm`]).
-    fp8_copies: HashMap<usize, (Span<'a, u8>, DevPtr)>,
+    /// the scratch of its size, until another operand takes it), its transposed copy where the
+    /// op wrote one too (a gradient, for the weight gradient's product), and the slot they were
+    /// scaled by ([`Graph::add_layernorm`], attention's backward).
+    fp8_copies: HashMap<usize, Fp8Copies<'a>>,
     /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
     staged: Option<&'a TokenStage<B>>,
     /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
@@ -791,7 +792,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// `n` bytes of FP8 scratch, shared by every FP8 operand of that size: each is read by the
     /// one product right after its quantization, in stream order.
     fn fp8_scratch(&mut self, n: usize) -> Result<Span<'a, u8>> {
-        self.fp8_copies.retain(|_, (copy, _)| copy.len() != n); // overwritten from now on
+        self.fp8_copies.retain(|_, (copy, _, _)| copy.len() != n); // overwritten from now on
         if let Some(&scratch) = self.fp8_scratch.get(&n) {
             return Ok(scratch);
         }
@@ -993,7 +994,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// of its size.
     fn quantize_input(&mut self, site: Fp8Site<'a>, inp: Tensor, n: usize) -> Result<Span<'a, u8>> {
         match self.fp8_copies.remove(&inp.0) {
-            Some((copy, slot)) if slot == site.input.ptr() => return Ok(copy),
+            Some((copy, _, slot)) if slot == site.input.ptr() => return Ok(copy),
             _ => {}
         }
         let q = self.input_fp8_out(site, n)?;
@@ -1099,7 +1100,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                 let q = self.input_fp8_out(site, r * c)?;
                 let be = self.be;
                 be.add_layernorm_forward_quantize([s, n], mean, rstd, [x, y], w, bias, [r, c], q);
-                self.fp8_copies.insert(normed.0, (q.dst, site.input.ptr()));
+                self.fp8_copies.insert(normed.0, (q.dst, None, site.input.ptr()));
             }
         }
         Ok((sum, normed))
@@ -1276,6 +1277,9 @@ impl<B: Backend> Drop for Graph<'_, B> {
         }
     }
 }
+
+/// A tensor's FP8 copy, its transposed one where written, and the scale slot of both.
+type Fp8Copies<'a> = (Span<'a, u8>, Option<Span<'a, u8>>, DevPtr);
 
 /// `dst` in `format` at `slot`'s scale, its amax recorded there.
 pub(super) fn fp8_out_at<'a>(dst: Span<'a, u8>, slot: Span<'a>, format: Fp8) -> Fp8Out<'a> {

@@ -1086,11 +1086,13 @@ pub trait Backend {
         nh: usize,
     );
     /// [`Backend::attention_backward`] overwriting dqkv (qkv's first and only gradient), then
-    /// dqkv quantized into `quantized` as [`Backend::quantize_fp8`] does: under FP8 the qkv
-    /// product's output gradient. By default the two ops; CUDA's Hopper kernels write an E5M2
-    /// copy as they store dqkv's tiles (the same bits).
+    /// dqkv quantized into `quantized` and, transposed (3C, B·T), into `transposed`, as
+    /// [`Backend::quantize_fp8_both`] does: under FP8 the qkv product's output gradient, for its
+    /// input and weight gradients. By default the two ops; CUDA's Hopper kernels write both
+    /// copies as they store dqkv's tiles (the same bits).
     /// # Operands
-    /// As `attention_backward`; `quantized.dst`: B·T·3C bytes, `.amax`, `.scale`: 1.
+    /// As `attention_backward`; `quantized.dst`, `transposed`: B·T·3C bytes, `.amax`, `.scale`:
+    /// 1.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward_quantize(
         &self,
@@ -1105,10 +1107,11 @@ pub trait Backend {
         c: usize,
         nh: usize,
         quantized: Fp8Out,
+        transposed: Span<u8>,
     ) {
         self.attention_backward(true, dqkv, dbias, dout, qkv, out, saved, b, t, c, nh);
         let q = quantized;
-        self.quantize_fp8(q.dst, q.amax, dqkv, q.scale, b * t * 3 * c, q.format);
+        self.quantize_fp8_both([q.dst, transposed], q.amax, dqkv, q.scale, [b * t, 3 * c], q.format);
     }
 
     /// Causal attention of `t` new positions of one sequence against a key/value cache (text

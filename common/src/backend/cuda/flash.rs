@@ -116,12 +116,13 @@ pub(super) fn allow_shared_memory(kernels: &super::nvrtc::Kernels) -> Result<()>
     Ok(())
 }
 
-/// dqkv's E5M2 copy that the Hopper backward kernels write as they store its tiles (FP8's qkv
-/// output gradient; `Fp8Copy` in flash_wgmma.cuh): where it goes (laid out as dqkv), its amax
-/// word, its scale word.
+/// dqkv's E5M2 copies that the Hopper backward kernels write as they store its tiles (FP8's
+/// qkv output gradient; `Fp8Copy` in flash_wgmma.cuh): where they go (laid out as dqkv, and
+/// transposed: (3C, B·T)), their amax word, their scale word.
 #[derive(Clone, Copy, Default)]
 pub(super) struct Fp8Copy {
     pub dst: DevPtr<u8>,
+    pub dst_t: DevPtr<u8>,
     pub amax: DevPtr,
     pub scale: DevPtr,
 }
@@ -249,8 +250,8 @@ impl CudaBackend {
             let bias_part = if fused_bias.is_some() { part } else { DevPtr::default() }; // none
             let copy = fused_fp8.unwrap_or_default();
             let fp8_args = args![
-                dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec, bias_part, copy.dst, copy.amax,
-                copy.scale
+                dqkv, dout, qkv, lse, delta, t, nh, hs, scale, scale_log2, vec, bias_part, copy.dst, copy.dst_t,
+                copy.amax, copy.scale
             ];
             for (kernel, dkdv) in [("dkdv", true), ("dq", false)] {
                 let args: &[Arg] = match (fused_fp8, fused_bias) {

@@ -82,17 +82,23 @@ fn flash_source(d: usize, act: ActType) -> String {
             // dqkv's E5M2 copy, FP8's qkv output gradient), two loop tiles in flight (flash.rs
             // `PIPE_STAGES`). dK/dV is held to 168 registers, so that three blocks (12 warps) fit
             // a multiprocessor instead of two (176 unbounded; a few bytes spill).
-            let fp8_params = ", float* bias_part, unsigned char* q8, float* amax, const float* q8_scale";
+            let fp8_params =
+                ", float* bias_part, unsigned char* q8, unsigned char* q8t, float* amax, const float* q8_scale";
             for (suffix, accumulate, param, arg) in [
-                ("wgmma", true, "", "nullptr, nullptr, nullptr, nullptr"),
-                ("wgmma_store", false, "", "nullptr, nullptr, nullptr, nullptr"),
+                ("wgmma", true, "", "nullptr, nullptr, nullptr, nullptr, nullptr"),
+                ("wgmma_store", false, "", "nullptr, nullptr, nullptr, nullptr, nullptr"),
                 (
                     "wgmma_store_bias",
                     false,
                     ", float* bias_part",
-                    "bias_part, nullptr, nullptr, nullptr",
+                    "bias_part, nullptr, nullptr, nullptr, nullptr",
                 ),
-                ("wgmma_store_fp8", false, fp8_params, "bias_part, q8, amax, q8_scale"),
+                (
+                    "wgmma_store_fp8",
+                    false,
+                    fp8_params,
+                    "bias_part, q8, q8t, amax, q8_scale",
+                ),
             ] {
                 for (kernel, bounds) in [("dkdv", "__launch_bounds__(128, 3) "), ("dq", "")] {
                     src += &format!(

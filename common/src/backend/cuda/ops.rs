@@ -1276,17 +1276,22 @@ impl Backend for CudaBackend {
         c: usize,
         nh: usize,
         quantized: Fp8Out,
+        transposed: Span<u8>,
     ) {
-        let n = b * t * 3 * c;
         let q = quantized;
-        let (dst, amax, _, scale) = contract::quantize_fp8(self.act(), q.dst, q.amax, dqkv, q.scale, n);
+        let shape = [b * t, 3 * c];
+        let ([dst, dst_t], amax, _, scale) =
+            contract::quantize_fp8_both(self.act(), [q.dst, transposed], q.amax, dqkv, q.scale, shape);
         let saved_len = self.attention_saved_len(b, t, nh);
         let (dqkv_, dbias_, dout_, qkv_, out_, saved_) =
             contract::attention_backward(self.act(), dqkv, dbias, dout, qkv, out, saved, saved_len, b, t, c, nh);
-        // The Hopper kernels write the E5M2 copy as they store dqkv (the same bits as quantizing
-        // it after); elsewhere the two ops.
-        let copy = (self.attention == AttentionPath::Flash && q.format == Fp8::E5M2).then_some(super::flash::Fp8Copy {
+        // The Hopper kernels write the E5M2 copies as they store dqkv (the same bits as quantizing
+        // it after; the transposed one in 16-byte runs, so T a multiple of 16); elsewhere the two
+        // ops.
+        let fits = self.attention == AttentionPath::Flash && q.format == Fp8::E5M2 && t.is_multiple_of(16);
+        let copy = fits.then_some(super::flash::Fp8Copy {
             dst,
+            dst_t,
             amax,
             scale,
         });
@@ -1315,7 +1320,7 @@ impl Backend for CudaBackend {
         };
         match written {
             Ok(true) => {}
-            Ok(false) => self.quantize_fp8(q.dst, q.amax, dqkv, q.scale, n, q.format),
+            Ok(false) => self.quantize_fp8_both([q.dst, transposed], q.amax, dqkv, q.scale, shape, q.format),
             Err(e) => self.fail(e),
         }
     }

@@ -297,12 +297,16 @@ __device__ __forceinline__ void wg_issue_ss_nt(float (&d)[8][4], const bf16_t* a
     for (int kk = 0; kk < 4; kk++) wgmma64_ss<0>(d, wg_desc(a_tile + kk * 16), wg_desc(tile + kk * 16), kk > 0);
 }
 
-// The FP8 copy that a backward kernel writes of the dqkv tiles it stores (`_wgmma_store_fp8`:
+// The FP8 copies that a backward kernel writes of the dqkv tiles it stores (`_wgmma_store_fp8`:
 // the qkv product's E5M2 output gradient under --precision fp8): the copy laid out as dqkv, a
-// byte a value; its scale; and the largest magnitude of the values stored so far by this thread
-// (as amax_atomic takes it, which the kernel calls once at its end).
+// byte a value; the transposed one, (3C, B·T), at the tile's first column and its batch's first
+// row (`base_t`; rows `rows` = B·T bytes long); their scale; and the largest magnitude of the
+// values stored so far by this thread (as amax_atomic takes it, which the kernel calls once at
+// its end).
 struct Fp8Copy {
     unsigned char* base;
+    unsigned char* base_t;
+    size_t rows;
     float scale;
     unsigned top;
 };
@@ -316,7 +320,9 @@ struct Fp8Copy {
 // with a barrier (the stage is shared memory the loop used; it is free for the next call after;
 // the column sums' last step reads `col` after the closing barrier, and the next call writes it
 // only past its own barriers). With `fp8` (not with ACCUMULATE), also the values as stored in
-// E5M2 at fp8->base (the tile's offset from `base` in bytes as in elements), their amax taken.
+// E5M2 at fp8->base (the tile's offset from `base` in bytes as in elements), their amax taken,
+// and transposed at fp8->base_t: column j's rows as 16-byte runs, a warp reading 32 neighbouring
+// columns of a stage row (no bank conflicts); T a multiple of 16.
 template <bool ACCUMULATE>
 __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const float (&acc)[8][4], float* stage,
                                            int row0, int T, float mul, float* part, Fp8Copy* fp8) {
@@ -364,6 +370,25 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
             store8(p, v);
         }
     }
+    if (!ACCUMULATE && fp8) {
+        unsigned seen = 0;  // the plain copy took these values' amax
+#pragma unroll
+        for (int i = threadIdx.x; i < 64 * 4; i += FLASH_THREADS) {
+            int j = i % 64, r = 16 * (i / 64);
+            if (row0 + r < T) {
+                unsigned w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float* s = &stage[(r + 4 * q) * 72 + j];
+                    float4 v = make_float4(to_f(to_bf16(s[0])), to_f(to_bf16(s[72])), to_f(to_bf16(s[144])),
+                                           to_f(to_bf16(s[216])));
+                    w[q] = fp8x4(v, fp8->scale, 1, seen);
+                }
+                *reinterpret_cast<uint4*>(fp8->base_t + (size_t)j * fp8->rows + row0 + r) =
+                    make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+    }
     if (sums) {
 #pragma unroll
         for (int k = 0; k < 8; k++) {
@@ -387,8 +412,8 @@ template <int STAGES, bool ACCUMULATE>
 __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                            const float* lse, const float* delta, int T, int NH,
                                                            int HS, float scale, float scale_log2, int /*vec*/,
-                                                           float* bias_part, unsigned char* q8, float* amax,
-                                                           const float* q8_scale) {
+                                                           float* bias_part, unsigned char* q8, unsigned char* q8t,
+                                                           float* amax, const float* q8_scale) {
     bf16_t* k_s = (bf16_t*)shared_1k();       // this block's keys, swizzled
     bf16_t* v_s = k_s + 64 * 64;              // and values
     bf16_t* qs = v_s + 64 * 64;               // [STAGES][64 * 64] query tiles, swizzled
@@ -467,10 +492,15 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
     float* stage = (float*)qs;  // the ring, free now (store_tile's first barrier)
     float* part = bias_part ? bias_part + ((size_t)b * gridDim.y + blockIdx.y) * stride + C + (size_t)h * HS : nullptr;
     size_t at = (size_t)b * T * stride + C + (size_t)h * HS;  // dk's offset in dqkv (and in q8)
-    Fp8Copy copy = {q8 ? q8 + at : nullptr, q8 ? q8_scale[0] : 0.0f, 0};
+    size_t rows = (size_t)gridDim.x / NH * T;                 // q8t's rows: B·T
+    size_t at_t = (C + (size_t)h * HS) * rows + (size_t)b * T;
+    Fp8Copy copy = {q8 ? q8 + at : nullptr, q8 ? q8t + at_t : nullptr, rows, q8 ? q8_scale[0] : 0.0f, 0};
     Fp8Copy* fp8 = q8 ? &copy : nullptr;
     store_tile<ACCUMULATE>(dk_base, stride, dk, stage, k_start, T, scale, part, fp8);
-    if (fp8) copy.base += C;
+    if (fp8) {
+        copy.base += C;
+        copy.base_t += C * rows;
+    }
     store_tile<ACCUMULATE>(dk_base + C, stride, dv, stage, k_start, T, 1.0f, part ? part + C : nullptr, fp8);
     if (fp8) {
         __shared__ unsigned warp_top[FLASH_THREADS / 32];
@@ -485,7 +515,8 @@ template <int STAGES, bool ACCUMULATE>
 __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                          const float* lse, const float* delta, int T, int NH, int HS,
                                                          float scale, float scale_log2, int /*vec*/, float* bias_part,
-                                                         unsigned char* q8, float* amax, const float* q8_scale) {
+                                                         unsigned char* q8, unsigned char* q8t, float* amax,
+                                                         const float* q8_scale) {
     bf16_t* q_s = (bf16_t*)shared_1k();   // this block's queries, swizzled
     bf16_t* do_s = q_s + 64 * 64;         // and their output gradients
     bf16_t* ks = do_s + 64 * 64;          // [STAGES][64 * 64] key tiles, swizzled
@@ -551,7 +582,9 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
     }
     float* part = bias_part ? bias_part + ((size_t)b * gridDim.y + qt) * stride + (size_t)h * HS : nullptr;
     size_t at = (size_t)b * T * stride + (size_t)h * HS;  // dq's offset in dqkv (and in q8)
-    Fp8Copy copy = {q8 ? q8 + at : nullptr, q8 ? q8_scale[0] : 0.0f, 0};
+    size_t rows = (size_t)gridDim.x / NH * T;             // q8t's rows: B·T
+    size_t at_t = (size_t)h * HS * rows + (size_t)b * T;
+    Fp8Copy copy = {q8 ? q8 + at : nullptr, q8 ? q8t + at_t : nullptr, rows, q8 ? q8_scale[0] : 0.0f, 0};
     Fp8Copy* fp8 = q8 ? &copy : nullptr;
     store_tile<ACCUMULATE>(dqkv + at, stride, dq, (float*)ks, qt * 64, T, scale, part, fp8);
     if (fp8) {
