@@ -442,3 +442,20 @@ fn fp8_on_two_ranks_agrees_equals_two_micro_batches_and_resumes_exactly() {
     assert!(resumed[0].1 == runs[0].1 && resumed[1].1 == runs[1].1, "and weights");
     assert!(resumed[1].2 == runs[1].2, "and scales, on rank 1 too");
 }
+
+#[test]
+fn a_micro_batch_off_sixteen_tokens_is_refused_in_one_line() {
+    let be = CpuBackend::new(2).unwrap();
+    let mut trainer = Trainer::new(&be, &Single, tiny(), settings(true, 1)).unwrap();
+    trainer.init_weights(7).unwrap();
+    // 3 rows of 5 tokens: 15, where the FP8 weight gradients' products need a multiple of 16.
+    let ids: Vec<i32> = (0..16).map(|k| b"the cat sat on t"[k] as i32).collect();
+    let batch = Batch {
+        inputs: ids[..15].to_vec(),
+        targets: ids[1..].to_vec(),
+    };
+    let e = trainer.step(&batch, 3, 5, 0).err().expect("refused");
+    let line = e.to_string();
+    assert!(line.contains("15 tokens") && !line.contains('\n'), "{line}");
+    assert!(matches!(e, common::error::Error::Input(_)), "{e:?}");
+}

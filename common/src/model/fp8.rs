@@ -82,6 +82,17 @@ impl<'a> Fp8Site<'a> {
     }
 }
 
+/// Refused in one line unless a micro-batch's `tokens` are a multiple of 16: the weight
+/// gradients' FP8 products run along them (the tensor cores' FP8 rule).
+pub fn check_tokens(tokens: usize) -> Result<()> {
+    if tokens.is_multiple_of(16) {
+        return Ok(());
+    }
+    Err(Error::Input(format!(
+        "--precision fp8: a micro-batch of {tokens} tokens (batch rows per rank and micro-batch times          --seq-len); the FP8 weight gradients need a multiple of 16"
+    )))
+}
+
 /// One weight that has FP8 copies: where it is among the parameters, where its copies are.
 struct Weight {
     params: Range<usize>,

@@ -17,7 +17,7 @@ use crate::data::{
     ValSource,
 };
 use crate::error::{Error, Result};
-use crate::model::ModelConfig;
+use crate::model::{fp8, ModelConfig};
 use crate::optim::OptimConfig;
 use crate::report::log::LogState;
 use crate::tokenizer::{Tokenizer, TokenizerKind};
@@ -203,6 +203,9 @@ impl<'a, B: Backend> Run<'a, B> {
                 b / world
             ));
             return Err(e.on_every_rank()); // the same flags everywhere: every rank is here
+        }
+        if args.device.fp8() {
+            fp8::check_tokens(b / world / micro_batches * t).map_err(|e| e.on_every_rank())?;
         }
         let precision = match args.device.fp8() {
             true => "fp8",

@@ -12,7 +12,7 @@ use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::generate::{self, SampleOptions};
 use crate::grad_sync::{GradComm, GradSync, Shards, SyncMode};
-use crate::model::{Gpt2, ModelConfig};
+use crate::model::{fp8, Gpt2, ModelConfig};
 use crate::optim::{AdamW, OptimConfig, StepStats, HISTORY};
 use crate::tokenizer::Tokenizer;
 use std::ops::Range;
@@ -217,6 +217,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let (be, comm) = (self.be, self.comm);
         let k = self.micro_batches;
         let n = (b / k) * t; // tokens of a micro-batch
+        if self.model.fp8.is_some() {
+            fp8::check_tokens(n)?;
+        }
         let mut comm_s = 0.0;
         for micro in 0..k {
             let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);
