@@ -410,34 +410,16 @@ fn fp8_gelu_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], out_scale: f32) -> V
         [r, s, k],
         [Fp8::E5M2, Fp8::E4M3],
     );
-    let (q, qt, at) = (
-        be.alloc::<u8>(r * s).expect("alloc"),
-        be.alloc::<u8>(r * s).expect("alloc"),
-        be.alloc::<u8>(r * s).expect("alloc"),
+    let outs = GeluFp8Outputs::new(be, r * s, [4096.0, 16.0]);
+    be.gelu_backward_fp8(
+        act(be, &dpre),
+        act(be, &pre),
+        outs.copies(),
+        outs.qt.span(),
+        None,
+        [r, s],
     );
-    let words = upload(be, &[4096.0, 0.0, 0.0, 0.0, 16.0, 0.0]);
-    let word = |at: usize| words.span().slice(at, 1);
-    let copies = [
-        Fp8Out {
-            dst: q.span(),
-            amax: word(1),
-            scale: word(0),
-            format: Fp8::E5M2,
-        },
-        Fp8Out {
-            dst: at.span(),
-            amax: word(5),
-            scale: word(4),
-            format: Fp8::E4M3,
-        },
-    ];
-    be.gelu_backward_fp8(act(be, &dpre), act(be, &pre), copies, qt.span(), None, [r, s]);
-    let bytes = |buf: &B::Buffer<u8>| {
-        let mut v = vec![0u8; r * s];
-        be.read(buf, 0, &mut v).expect("read");
-        v
-    };
-    let (q, qt, at) = (bytes(&q), bytes(&qt), bytes(&at));
+    let [q, qt, at] = outs.bytes(be);
     // The transposed copy holds the stored one's bytes.
     let transposed = (0..r * s).all(|i| qt[(i % s) * r + i / s] == q[i]);
     assert!(
@@ -470,49 +452,66 @@ fn gelu_fp8_case<B: Backend>(be: &B, [r, c]: [usize; 2], bias: Option<usize>, fu
         upload_act(be, &rnd(Inputs::Bf16, n, 71, 1e-2)),
         upload_act(be, &rnd(Inputs::Bf16, n, 72, 3.0)),
     );
-    let (q, qt, at) = (
-        be.alloc::<u8>(n).expect("alloc"),
-        be.alloc::<u8>(n).expect("alloc"),
-        be.alloc::<u8>(n).expect("alloc"),
-    );
-    // Each scale and amax at a word of its own: 8192 and 0 for d(pre), 64 and 0 for act.
-    let words = upload(be, &[8192.0, 0.0, 64.0, 0.0]);
-    let word = |at: usize| words.span().slice(at, 1);
-    let copies = [
-        Fp8Out {
-            dst: q.span(),
-            amax: word(1),
-            scale: word(0),
-            format: Fp8::E5M2,
-        },
-        Fp8Out {
-            dst: at.span(),
-            amax: word(3),
-            scale: word(2),
-            format: Fp8::E4M3,
-        },
-    ];
+    let outs = GeluFp8Outputs::new(be, n, [8192.0, 64.0]);
+    let (copies, qt) = (outs.copies(), outs.qt.span());
     let at_ = bias.unwrap_or(0);
     let sums = upload(be, &vec![1.0; at_ + c]);
     let dbias = bias.map(|at| sums.span().slice(at, c));
     let (d, pre_) = (act(be, &d), act(be, &pre));
     if fused {
-        be.gelu_backward_fp8(d, pre_, copies, qt.span(), dbias, [r, c]);
+        be.gelu_backward_fp8(d, pre_, copies, qt, dbias, [r, c]);
     } else {
-        gelu_backward_fp8_apart(be, d, pre_, copies, qt.span(), dbias, [r, c]);
+        gelu_backward_fp8_apart(be, d, pre_, copies, qt, dbias, [r, c]);
     }
-    let bytes = |buf: &B::Buffer<u8>| {
-        let mut v = vec![0u8; n];
-        be.read(buf, 0, &mut v).expect("read");
-        v.into_iter().map(u32::from).collect()
-    };
-    vec![
-        bytes(&q),
-        bytes(&qt),
-        bytes(&at),
-        download(be, &words).iter().map(|x| x.to_bits()).collect(),
-        download(be, &sums).iter().map(|x| x.to_bits()).collect(),
-    ]
+    let mut got: Vec<Vec<u32>> = (outs.bytes(be).into_iter())
+        .map(|b| b.into_iter().map(u32::from).collect())
+        .collect();
+    got.push(download(be, &outs.words).iter().map(|x| x.to_bits()).collect());
+    got.push(download(be, &sums).iter().map(|x| x.to_bits()).collect());
+    got
+}
+
+/// `gelu_backward_fp8`'s outputs for n values on one backend: d(pre)'s E5M2 copy (`q`) and its
+/// transposed one (`qt`), gelu(pre)'s transposed E4M3 copy (`at`), and `words`: d(pre)'s scale
+/// and amax, then act's.
+struct GeluFp8Outputs<B: Backend> {
+    q: B::Buffer<u8>,
+    qt: B::Buffer<u8>,
+    at: B::Buffer<u8>,
+    words: B::Buffer<f32>,
+}
+
+impl<B: Backend> GeluFp8Outputs<B> {
+    fn new(be: &B, n: usize, [dpre_scale, act_scale]: [f32; 2]) -> Self {
+        let alloc = || be.alloc::<u8>(n).expect("alloc");
+        let words = upload(be, &[dpre_scale, 0.0, act_scale, 0.0]);
+        GeluFp8Outputs {
+            q: alloc(),
+            qt: alloc(),
+            at: alloc(),
+            words,
+        }
+    }
+
+    /// The two copies' `Fp8Out`s, as the op takes them.
+    fn copies(&self) -> [Fp8Out<'_>; 2] {
+        let words = self.words.span();
+        [(self.q.span(), 0, Fp8::E5M2), (self.at.span(), 2, Fp8::E4M3)].map(|(dst, at, format)| Fp8Out {
+            dst,
+            amax: words.slice(at + 1, 1),
+            scale: words.slice(at, 1),
+            format,
+        })
+    }
+
+    /// The three copies' bytes: q, qt, at.
+    fn bytes(&self, be: &B) -> [Vec<u8>; 3] {
+        [&self.q, &self.qt, &self.at].map(|buf| {
+            let mut v = vec![0u8; buf.len()];
+            be.read(buf, 0, &mut v).expect("read");
+            v
+        })
+    }
 }
 
 /// `attention_backward_quantize` on `be` (`fused`), or its two ops there: dqkv's bits, the bias
