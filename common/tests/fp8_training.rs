@@ -454,7 +454,7 @@ fn a_micro_batch_off_sixteen_tokens_is_refused_in_one_line() {
         inputs: ids[..15].to_vec(),
         targets: ids[1..].to_vec(),
     };
-    let e = trainer.step(&batch, 3, 5, 0).err().expect("refused");
+    let e = trainer.step(&batch, 3, 5, 0).expect_err("refused");
     let line = e.to_string();
     assert!(line.contains("15 tokens") && !line.contains('\n'), "{line}");
     assert!(matches!(e, common::error::Error::Input(_)), "{e:?}");
