@@ -344,13 +344,17 @@ fn fp8_matches_cpu() {
             );
         }
     }
-    // The layernorm that writes the next product's FP8 input: the two ops' bits, on the GPU.
-    for shape in [[256, 768], [40, 20], [24, 18]] {
-        let fused = add_layernorm_quantize_case(&be, shape, true);
-        assert!(
-            fused == add_layernorm_quantize_case(&be, shape, false),
-            "add_layernorm_forward_quantize {shape:?}"
-        );
+    // The layernorm that writes the next product's FP8 input, and with it that input
+    // transposed: the separate ops' bits, on the GPU (shapes of whole 32-row blocks take the
+    // transposed copy in the same pass, others not).
+    for shape in [[256, 768], [64, 1280], [40, 20], [24, 18]] {
+        for transposed in [false, true] {
+            let fused = add_layernorm_quantize_case(&be, shape, transposed, true);
+            assert!(
+                fused == add_layernorm_quantize_case(&be, shape, transposed, false),
+                "add_layernorm_forward_quantize {shape:?}, transposed {transposed}"
+            );
+        }
     }
     // The weight half of a product's backward: matmul_backward's dw and dbias, bit for bit.
     for overwrite in [false, true] {
@@ -566,9 +570,10 @@ fn attention_quantize_case<B: Backend>(
     ]
 }
 
-/// `add_layernorm_forward_quantize` on `be` (`fused`), or its two ops there: every output's
-/// bits (sum, out, mean, rstd, the FP8 copy, its amax).
-fn add_layernorm_quantize_case<B: Backend>(be: &B, [r, c]: [usize; 2], fused: bool) -> Vec<Vec<u32>> {
+/// `add_layernorm_forward_quantize` on `be` (`fused`), or its separate ops there, with the
+/// transposed copy or without: every output's bits (sum, out, mean, rstd, the FP8 copies, the
+/// amax).
+fn add_layernorm_quantize_case<B: Backend>(be: &B, [r, c]: [usize; 2], transposed: bool, fused: bool) -> Vec<Vec<u32>> {
     let q = Inputs::Bf16;
     let (a, b) = (
         upload_act(be, &rnd(q, r * c, 61, 2.0)),
@@ -577,7 +582,8 @@ fn add_layernorm_quantize_case<B: Backend>(be: &B, [r, c]: [usize; 2], fused: bo
     let (w, bias) = (upload_act(be, &rnd(q, c, 63, 1.0)), upload_act(be, &rnd(q, c, 64, 0.5)));
     let (sum, out) = (alloc_act(be, r * c), alloc_act(be, r * c));
     let (mean, rstd) = (upload(be, &vec![0.0; r]), upload(be, &vec![0.0; r]));
-    let (dst, scale, amax) = (
+    let (dst, dst_t, scale, amax) = (
+        be.alloc::<u8>(r * c).expect("alloc"),
         be.alloc::<u8>(r * c).expect("alloc"),
         upload(be, &[32.0]),
         upload(be, &[0.0]),
@@ -588,25 +594,36 @@ fn add_layernorm_quantize_case<B: Backend>(be: &B, [r, c]: [usize; 2], fused: bo
         scale: scale.span(),
         format: Fp8::E4M3,
     };
+    let t = transposed.then(|| dst_t.span());
     let (s, o, x, y) = (act(be, &sum), act(be, &out), act(be, &a), act(be, &b));
     let (w, bias) = (act(be, &w), act(be, &bias));
     if fused {
-        be.add_layernorm_forward_quantize([s, o], mean.span(), rstd.span(), [x, y], w, bias, [r, c], copy);
+        be.add_layernorm_forward_quantize([s, o], mean.span(), rstd.span(), [x, y], w, bias, [r, c], copy, t);
     } else {
         be.add_layernorm_forward(s, o, mean.span(), rstd.span(), x, y, w, bias, r, c);
         be.quantize_fp8(dst.span(), amax.span(), o, scale.span(), r * c, Fp8::E4M3);
+        if let Some(t) = t {
+            be.quantize_fp8_transposed(t, amax.span(), o, scale.span(), [r, c], Fp8::E4M3);
+        }
     }
-    let mut bytes = vec![0u8; r * c];
-    be.read(&dst, 0, &mut bytes).expect("read");
+    let bytes = |buf: &B::Buffer<u8>| {
+        let mut v = vec![0u8; r * c];
+        be.read(buf, 0, &mut v).expect("read");
+        v.into_iter().map(u32::from).collect::<Vec<u32>>()
+    };
     let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    vec![
+    let mut got = vec![
         bits(download_act(be, &sum, r * c)),
         bits(download_act(be, &out, r * c)),
         bits(download(be, &mean)),
         bits(download(be, &rstd)),
-        bytes.iter().map(|&v| v as u32).collect(),
+        bytes(&dst),
         bits(download(be, &amax)),
-    ]
+    ];
+    if transposed {
+        got.push(bytes(&dst_t));
+    }
+    got
 }
 
 /// dw and dbias from `matmul_backward`, then from `matmul_weight_backward`, on the same

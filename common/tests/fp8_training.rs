@@ -459,3 +459,23 @@ fn a_micro_batch_off_sixteen_tokens_is_refused_in_one_line() {
     assert!(line.contains("15 tokens") && !line.contains('\n'), "{line}");
     assert!(matches!(e, common::error::Error::Input(_)), "{e:?}");
 }
+
+#[test]
+fn fp8_training_under_recompute_is_the_same_run() {
+    let be = CpuBackend::new(2).unwrap();
+    let data = batches(4);
+    let train = |recompute: Recompute| {
+        let settings = TrainerSettings {
+            recompute,
+            ..settings(true, 4)
+        };
+        let mut trainer = Trainer::new(&be, &Single, tiny(), settings).unwrap();
+        trainer.init_weights(7).unwrap();
+        let losses = run(&mut trainer, &data, 0);
+        (losses, params(&be, &trainer))
+    };
+    let kept = train(Recompute::None);
+    for recompute in [Recompute::Layernorm, Recompute::All] {
+        assert!(train(recompute) == kept, "{recompute:?}: the run differs");
+    }
+}

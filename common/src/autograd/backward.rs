@@ -293,7 +293,6 @@ impl<'a, B: Backend> Graph<'a, B> {
                 let [_, ic] = self.shape(inp);
                 let ((dinp, dinp_first), (dw, dw_first)) = (self.act_grad_or_first(inp)?, self.param_grad_or_first(w)?);
                 let dbias = self.output_bias_grad(node.out, bias)?;
-                let x = self.data(inp);
                 // A first gradient (in GPT-2 the input's only one; the weight's in a step's first
                 // backward) is written by the product, not zeroed and added to.
                 let overwrite = Overwrite {
@@ -301,7 +300,10 @@ impl<'a, B: Backend> Graph<'a, B> {
                     dw: dw_first,
                 };
                 match fp8 {
-                    None => be.matmul_backward(overwrite, dinp, dw, dbias, dout(), x, self.span(w), r, ic, c),
+                    None => {
+                        let x = self.data(inp);
+                        be.matmul_backward(overwrite, dinp, dw, dbias, dout(), x, self.span(w), r, ic, c);
+                    }
                     Some(site) => {
                         // Both gradients' products in FP8: the output gradient as stored for the
                         // input's, both operands transposed for the weight's.
@@ -641,9 +643,14 @@ impl<'a, B: Backend> Graph<'a, B> {
     }
 
     /// An FP8 product's input `x` (R,C) transposed (C,R) in E4M3 at the scale its forward
-    /// product took, for the weight gradient's product (its amax recorded again: the same
+    /// product took, for the weight gradient's product: the copy the forward pass kept
+    /// ([`Graph::add_layernorm`]), else quantized now (its amax recorded again: the same
     /// values).
     fn quantize_input_transposed(&mut self, site: Fp8Site<'a>, x: Tensor, [r, c]: [usize; 2]) -> Result<Span<'a, u8>> {
+        match self.fp8_kept_t.get(&x.0) {
+            Some(&(kept, slot)) if slot == site.input.ptr() => return Ok(kept),
+            _ => {}
+        }
         // Place 1: beside the output gradient's transposed copy, which may have its size.
         let q = fp8_out_at(self.fp8_scratch_t(r * c, 1)?, site.input, Fp8::E4M3);
         let (t, data) = (q.dst, self.data(x));

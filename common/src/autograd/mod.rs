@@ -239,6 +239,9 @@ pub struct Graph<'a, B: Backend> {
     /// op wrote one too (a gradient, for the weight gradient's product), and the slot they were
     /// scaled by ([`Graph::add_layernorm`], attention's backward).
     fp8_copies: HashMap<usize, Fp8Copies<'a>>,
+    /// FP8 products' inputs whose transposed E4M3 copy the forward pass kept for the weight
+    /// gradient's product, with the slot it was scaled by ([`Graph::add_layernorm`]).
+    fp8_kept_t: HashMap<usize, (Span<'a, u8>, DevPtr)>,
     /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
     staged: Option<&'a TokenStage<B>>,
     /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
@@ -349,6 +352,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             scratch: HashMap::new(),
             fp8_scratch: HashMap::new(),
             fp8_scratch_t: HashMap::new(),
+            fp8_kept_t: HashMap::new(),
             fp8_copies: HashMap::new(),
             staged: None,
             loss_seed: None,
@@ -1048,7 +1052,9 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// `sum` with `layernorm_forward`. With `fp8` (the site of the FP8 product that reads
     /// `normed` next, in a training graph), the op also writes `normed`'s E4M3 copy at that
     /// site's input scale ([`Backend::add_layernorm_forward_quantize`]), which that product
-    /// reads instead of quantizing.
+    /// reads instead of quantizing, and its transposed copy, kept for that product's weight
+    /// gradient; `normed` itself is then not kept (as under `--recompute`), since nothing in
+    /// backward reads it.
     pub fn add_layernorm(
         &mut self,
         a: Tensor,
@@ -1080,16 +1086,21 @@ impl<'a, B: Backend> Graph<'a, B> {
             rstd,
         };
         // A recomputed input sits in the scratch of this size, which `normed` would take over.
+        let rebuild = Rebuild::LayerNorm {
+            inp: sum,
+            w,
+            b: bias,
+            mean,
+            rstd,
+        };
         let normed = if a_recomputed || b_recomputed {
             self.output(shape, op)?
+        } else if fp8.is_some() {
+            let out = self.activation_unkept(shape, rebuild)?;
+            self.scratch_written(out); // by the op, next
+            self.record_op(op, out);
+            out
         } else {
-            let rebuild = Rebuild::LayerNorm {
-                inp: sum,
-                w,
-                b: bias,
-                mean,
-                rstd,
-            };
             self.output_recomputed(shape, op, rebuild)?
         };
         let (x, y) = (self.data(a), self.data(b));
@@ -1098,9 +1109,11 @@ impl<'a, B: Backend> Graph<'a, B> {
             None => self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c),
             Some(site) => {
                 let q = self.input_fp8_out(site, r * c)?;
+                let t = self.alloc_words((r * c).div_ceil(4))?.words_as_bytes().slice(0, r * c);
                 let be = self.be;
-                be.add_layernorm_forward_quantize([s, n], mean, rstd, [x, y], w, bias, [r, c], q);
+                be.add_layernorm_forward_quantize([s, n], mean, rstd, [x, y], w, bias, [r, c], q, Some(t));
                 self.fp8_copies.insert(normed.0, (q.dst, None, site.input.ptr()));
+                self.fp8_kept_t.insert(normed.0, (t, site.input.ptr()));
             }
         }
         Ok((sum, normed))

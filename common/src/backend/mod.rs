@@ -985,10 +985,12 @@ pub trait Backend {
         self.layernorm_forward(out, mean, rstd, sum, w, bias, bt, c);
     }
     /// [`Backend::add_layernorm_forward`], and `out`'s FP8 copy `quantized` (the next FP8
-    /// product's input) as [`Backend::quantize_fp8`] makes it: by default the two ops; the
-    /// CUDA backend writes the copy in the same pass (the same bits). Needs [`Backend::fp8`].
+    /// product's input) as [`Backend::quantize_fp8`] makes it, and with `transposed` the copy
+    /// transposed (C, BT) too, as [`Backend::quantize_fp8_transposed`] makes it (that product's
+    /// weight gradient's operand): by default the separate ops; the CUDA backend writes the
+    /// copies in the same pass (the same bits). Needs [`Backend::fp8`].
     /// # Operands
-    /// As `add_layernorm_forward`; `quantized.dst`: BT·C, `.amax`, `.scale`: 1.
+    /// As `add_layernorm_forward`; `quantized.dst`, `transposed`: BT·C, `.amax`, `.scale`: 1.
     #[allow(clippy::too_many_arguments)]
     fn add_layernorm_forward_quantize(
         &self,
@@ -1000,10 +1002,14 @@ pub trait Backend {
         bias: Span<Act>,
         [bt, c]: [usize; 2],
         quantized: Fp8Out,
+        transposed: Option<Span<u8>>,
     ) {
         self.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, bt, c);
         let q = quantized;
         self.quantize_fp8(q.dst, q.amax, out, q.scale, bt * c, q.format);
+        if let Some(t) = transposed {
+            self.quantize_fp8_transposed(t, q.amax, out, q.scale, [bt, c], q.format);
+        }
     }
     /// Backward of `add_layernorm_forward` down to the residual stream: `dsum +=
     /// layernorm_backward(dout)` in place, after which `dsum` holds the whole gradient of the

@@ -660,14 +660,16 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
                 Some((a + 1.0) * n as f64),
             );
         }
-        // The residual add and layernorm that also write the next product's E4M3 input,
-        // against the two kernels. Floor: add_layernorm_fwd's and the copy's byte.
+        // The residual add and layernorm that also write the next product's E4M3 input, as
+        // stored and transposed, against the three kernels. Floor: add_layernorm_fwd's and the
+        // copies' two bytes.
         {
             let (r, c) = (tokens, 768usize);
             let n = r * c;
             let m = Arena::new(be);
             let (x, y, sum, out) = (m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?);
             let (w, b, dst) = (m.act(c, 1.0)?, m.act(c, 1.0)?, m.fp8(n, Fp8::E4M3)?);
+            let dst_t = m.fp8(n, Fp8::E4M3)?;
             let (mean, rstd) = (m.f32s(r, 1.0, None)?, m.f32s(r, 1.0, None)?);
             let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
             let copy = Fp8Out {
@@ -676,14 +678,15 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
                 scale,
                 format: Fp8::E4M3,
             };
-            let (shape, bytes) = (format!("{r}x{c}"), Some((4.0 * a + 1.0) * n as f64 + 8.0 * r as f64));
+            let (shape, bytes) = (format!("{r}x{c}"), Some((4.0 * a + 2.0) * n as f64 + 8.0 * r as f64));
             let fused = time_ms(be, 20, || {
-                be.add_layernorm_forward_quantize([sum, out], mean, rstd, [x, y], w, b, [r, c], copy)
+                be.add_layernorm_forward_quantize([sum, out], mean, rstd, [x, y], w, b, [r, c], copy, Some(dst_t))
             })?;
             row("ours", "add_layernorm_fwd_quantize", shape.clone(), fused, None, bytes);
             let apart = time_ms(be, 20, || {
                 be.add_layernorm_forward(sum, out, mean, rstd, x, y, w, b, r, c);
                 be.quantize_fp8(dst, amax, out, scale, n, Fp8::E4M3);
+                be.quantize_fp8_transposed(dst_t, amax, out, scale, [r, c], Fp8::E4M3);
             })?;
             row("ours-unfused", "add_layernorm_fwd_quantize", shape, apart, None, bytes);
         }

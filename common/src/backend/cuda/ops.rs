@@ -1134,15 +1134,23 @@ impl Backend for CudaBackend {
         bias: Span<Act>,
         [bt, c]: [usize; 2],
         quantized: Fp8Out,
+        transposed: Option<Span<u8>>,
     ) {
         let q = quantized;
         let (sum_, out_, mean_, rstd_, a_, b_, w_, bias_) =
             contract::add_layernorm_forward(self.act(), sum, out, mean, rstd, a, b, w, bias, bt, c);
-        // One kernel where add_layernorm_forward's is one and the copy takes 4-byte stores.
+        // One kernel where add_layernorm_forward's is one and the copy takes 4-byte stores; the
+        // transposed copy in it too where the rows come in whole blocks of 32 and it takes
+        // 16-byte stores.
         let one = vec4_rows(c, &[sum_, out_, a_, b_, w_, bias_], self.act()) && q.dst.ptr().addr().is_multiple_of(4);
-        if !(one && self.act() == ActType::Bf16) {
+        let with_t = transposed.filter(|t| bt.is_multiple_of(32) && t.ptr().addr().is_multiple_of(16));
+        if !(one && self.act() == ActType::Bf16) || transposed.is_some() != with_t.is_some() {
             self.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, bt, c);
-            return self.quantize_fp8(q.dst, q.amax, out, q.scale, bt * c, q.format);
+            self.quantize_fp8(q.dst, q.amax, out, q.scale, bt * c, q.format);
+            if let Some(t) = transposed {
+                self.quantize_fp8_transposed(t, q.amax, out, q.scale, [bt, c], q.format);
+            }
+            return;
         }
         assert!(
             self.fp8,
@@ -1151,16 +1159,22 @@ impl Backend for CudaBackend {
         );
         let (dst, amax, _, scale) = contract::quantize_fp8(self.act(), q.dst, q.amax, out, q.scale, bt * c);
         let e5m2 = (q.format == Fp8::E5M2) as usize;
-        let grid = blocks(bt, ROWS_PER_BLOCK);
-        let args = args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, amax, scale, bt, c, e5m2];
+        let block = (THREADS as u32, 1, 1);
         // SAFETY: the contracts checked every extent and overlap.
         unsafe {
-            self.launch(
-                "add_layernorm_forward_quantize_kernel",
-                grid,
-                (THREADS as u32, 1, 1),
-                args,
-            )
+            match with_t {
+                None => {
+                    let args = args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, amax, scale, bt, c, e5m2];
+                    let grid = blocks(bt, ROWS_PER_BLOCK);
+                    self.launch("add_layernorm_forward_quantize_kernel", grid, block, args)
+                }
+                Some(t) => {
+                    let (dst_t, ..) = contract::quantize_fp8_transposed(self.act(), t, q.amax, out, q.scale, [bt, c]);
+                    let args = args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, dst_t, amax, scale, bt, c, e5m2];
+                    let grid = blocks(bt, 32);
+                    self.launch("add_layernorm_forward_quantize_t_kernel", grid, block, args)
+                }
+            }
         };
     }
 

@@ -158,6 +158,38 @@ extern "C" __global__ void add_layernorm_forward_quantize_kernel(act_t* sum, act
     amax_atomic(amax, top, warp_top);
 }
 
+// add_layernorm_forward_quantize_kernel with the FP8 copy transposed too, dst_t (C, N) at the
+// same scale (the next product's weight-gradient operand): 32 rows a block, warp w on rows w,
+// w + 8, ...; then the block reads its rows' copy back (its own writes, visible past the
+// barrier) a column a thread, neighbouring lanes on neighbouring columns, and stores each
+// column's 32 bytes in two 16-byte stores along dst_t's row. N a multiple of 32, dst_t aligned
+// to 16 bytes.
+extern "C" __global__ void add_layernorm_forward_quantize_t_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
+                                                                   const act_t* a, const act_t* b, const act_t* w,
+                                                                   const act_t* bias, unsigned char* dst,
+                                                                   unsigned char* dst_t, float* amax,
+                                                                   const float* scale, int N, int C, int e5m2) {
+    __shared__ unsigned warp_top[32];
+    int r0 = blockIdx.x * 32;
+    unsigned top = 0;
+    for (int row = r0 + threadIdx.x / WARP_SIZE; row < r0 + 32; row += blockDim.x / WARP_SIZE)
+        add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C, dst, scale[0], e5m2, &top);
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const unsigned char* p = dst + (size_t)r0 * C + c;
+        unsigned v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const unsigned char* q = p + (size_t)4 * k * C;
+            v[k] = (unsigned)q[0] | ((unsigned)q[C] << 8) | ((unsigned)q[2 * C] << 16) | ((unsigned)q[3 * C] << 24);
+        }
+        uint4* to = reinterpret_cast<uint4*>(dst_t + (size_t)c * N + r0);
+        to[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        to[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    }
+    amax_atomic(amax, top, warp_top);
+}
+
 extern "C" __global__ void layernorm_backward_dinp_vec4_kernel(act_t* dinp, act_t* copy, const act_t* dout,
                                                                const act_t* inp, const act_t* w, const float* mean,
                                                                const float* rstd, int N, int C) {
