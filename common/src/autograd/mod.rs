@@ -765,8 +765,8 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// [`Graph::matmul`] with the product in FP8 (`--precision fp8`): the input quantized to
     /// E4M3 at its slot's scale (recording its amax), times the weight's E4M3 copy, both
     /// scaled back in the product. Backward: the output gradient in E5M2 times the weight's
-    /// transposed copy gives the input gradient; the weight gradient is the plain product's.
-    /// Training graphs only (R a multiple of 16).
+    /// transposed copy gives the input gradient; the output gradient's and the input's
+    /// transposed copies give the weight gradient. Training graphs only (R a multiple of 16).
     pub fn matmul_fp8(&mut self, inp: Tensor, w: Tensor, bias: Option<Tensor>, site: Fp8Site<'a>) -> Result<Tensor> {
         assert!(self.record, "matmul_fp8 is for training graphs");
         self.product(inp, w, bias, Some(site))
@@ -784,7 +784,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         match fp8 {
             None => self.be.matmul_forward(self.span(out), x, self.span(w), bias, r, c, oc),
             Some(site) => {
-                let xq = self.quantize_input(site, inp, r * c)?;
+                let xq = self.quantize_input(site, inp, [r, c])?;
                 let (dequant, formats) = (site.dequant(), [Fp8::E4M3; 2]);
                 self.be
                     .matmul_fp8(self.span(out), xq, site.weight, bias, dequant, [r, oc, c], formats);
@@ -975,7 +975,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                 .matmul_forward(self.span(out), act, self.span(w_proj), b_proj, r, h, oc);
             return Ok(out);
         };
-        let xq = self.quantize_input(fc, inp, r * c)?;
+        let xq = self.quantize_input(fc, inp, [r, c])?;
         let aq = self.input_fp8_out(proj, r * h)?;
         self.be
             .matmul_fp8_gelu(pre, act, aq, xq, fc.weight, b_fc, fc.dequant(), [r, h, c]);
@@ -993,18 +993,29 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(out)
     }
 
-    /// An FP8 product's input `inp` (n values) in E4M3 at its site's scale, its amax recorded:
-    /// the copy its op wrote ([`Graph::add_layernorm`]), else quantized now into the scratch
-    /// of its size.
-    fn quantize_input(&mut self, site: Fp8Site<'a>, inp: Tensor, n: usize) -> Result<Span<'a, u8>> {
+    /// An FP8 product's input `inp` (R,C) in E4M3 at its site's scale, its amax recorded: the
+    /// copy its op wrote ([`Graph::add_layernorm`]), else quantized now into the scratch of its
+    /// size, with its transposed copy kept for the weight gradient's product in the same pass.
+    fn quantize_input(&mut self, site: Fp8Site<'a>, inp: Tensor, [r, c]: [usize; 2]) -> Result<Span<'a, u8>> {
         match self.fp8_copies.remove(&inp.0) {
             Some((copy, _, slot)) if slot == site.input.ptr() => return Ok(copy),
             _ => {}
         }
-        let q = self.input_fp8_out(site, n)?;
+        let q = self.input_fp8_out(site, r * c)?;
+        let t = self.fp8_kept_t_buffer(inp, site, r * c)?;
         let x = self.data(inp);
-        self.be.quantize_fp8(q.dst, q.amax, x, q.scale, n, q.format);
+        self.be
+            .quantize_fp8_both([q.dst, t], q.amax, x, q.scale, [r, c], q.format);
         Ok(q.dst)
+    }
+
+    /// A buffer, held for the graph's lifetime, for the transposed E4M3 copy (n bytes) of FP8
+    /// product input `x`, which that product's weight gradient reads in backward
+    /// (`Graph::quantize_input_transposed`).
+    fn fp8_kept_t_buffer(&mut self, x: Tensor, site: Fp8Site<'a>, n: usize) -> Result<Span<'a, u8>> {
+        let t = self.alloc_words(n.div_ceil(4))?.words_as_bytes().slice(0, n);
+        self.fp8_kept_t.insert(x.0, (t, site.input.ptr()));
+        Ok(t)
     }
 
     /// Where an FP8 product's input (n values) goes in E4M3, at its site's scale, its amax
@@ -1109,11 +1120,10 @@ impl<'a, B: Backend> Graph<'a, B> {
             None => self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c),
             Some(site) => {
                 let q = self.input_fp8_out(site, r * c)?;
-                let t = self.alloc_words((r * c).div_ceil(4))?.words_as_bytes().slice(0, r * c);
+                let t = self.fp8_kept_t_buffer(normed, site, r * c)?;
                 let be = self.be;
                 be.add_layernorm_forward_quantize([s, n], mean, rstd, [x, y], w, bias, [r, c], q, Some(t));
                 self.fp8_copies.insert(normed.0, (q.dst, None, site.input.ptr()));
-                self.fp8_kept_t.insert(normed.0, (t, site.input.ptr()));
             }
         }
         Ok((sum, normed))
