@@ -590,7 +590,12 @@ impl<'a, B: Backend> Graph<'a, B> {
         );
         let dpre_q = self.grad_fp8_out(fc, r * h)?;
         let (dpre_t, act_t) = (self.fp8_scratch_t(r * h, 0)?, self.fp8_scratch_t(r * h, 1)?);
-        let act_q = fp8_out_at(act_t, proj.input, Fp8::E4M3);
+        // At the second product's input scale; its amax (of gelu(pre) from the rounded pre, not
+        // the forward's product) is not recorded.
+        let act_q = Fp8Out {
+            amax: self.fp8_discard()?,
+            ..fp8_out_at(act_t, proj.input, Fp8::E4M3)
+        };
         let dpre_bias = b_fc.map(|b| self.param_grad(b)).transpose()?;
         let p = self.span(pre);
         be.gelu_backward_fp8(dact, p, [dpre_q, act_q], dpre_t, dpre_bias, [r, h]);

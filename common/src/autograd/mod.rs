@@ -242,6 +242,8 @@ pub struct Graph<'a, B: Backend> {
     /// FP8 products' inputs whose transposed E4M3 copy the forward pass kept for the weight
     /// gradient's product, with the slot it was scaled by ([`Graph::add_layernorm`]).
     fp8_kept_t: HashMap<usize, (Span<'a, u8>, DevPtr)>,
+    /// A word for an amax that no slot takes (`Graph::fp8_discard`), once asked for.
+    fp8_discard: Option<Span<'a>>,
     /// Token ids uploaded before the step, when it is recorded ([`Graph::with_tokens`]).
     staged: Option<&'a TokenStage<B>>,
     /// The backward seed, when known before the forward pass ([`Graph::with_loss_seed`]).
@@ -353,6 +355,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             fp8_scratch: HashMap::new(),
             fp8_scratch_t: HashMap::new(),
             fp8_kept_t: HashMap::new(),
+            fp8_discard: None,
             fp8_copies: HashMap::new(),
             staged: None,
             loss_seed: None,
@@ -803,6 +806,18 @@ impl<'a, B: Backend> Graph<'a, B> {
         let scratch = self.alloc_words(n.div_ceil(4))?.words_as_bytes().slice(0, n);
         self.fp8_scratch.insert(n, scratch);
         Ok(scratch)
+    }
+
+    /// A word that an FP8 copy's amax may go to where no slot should take it: a copy of values
+    /// that its slot has already seen in another rounding (the hidden activation rebuilt from
+    /// the rounded pre-activation).
+    pub(super) fn fp8_discard(&mut self) -> Result<Span<'a>> {
+        if let Some(word) = self.fp8_discard {
+            return Ok(word);
+        }
+        let word = self.alloc_f32(1)?;
+        self.fp8_discard = Some(word);
+        Ok(word)
     }
 
     /// `n` bytes of scratch for a transposed FP8 operand at `place` (0 or 1: two of a size may

@@ -179,6 +179,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// (`Trainer::step_replayed`), with nothing read back until [`Trainer::flush`] (or a
     /// read now and then).
     pub fn step(&mut self, batch: &Batch, b: usize, t: usize, step: u64) -> Result<StepReport> {
+        if self.model.fp8.is_some() {
+            fp8::check_tokens(b / self.micro_batches * t)?; // before anything is queued
+        }
         let started = Instant::now();
         self.opt.begin_step(self.be, step)?; // the step's learning rate and bias corrections
         if self.replay.on {
@@ -217,9 +220,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let (be, comm) = (self.be, self.comm);
         let k = self.micro_batches;
         let n = (b / k) * t; // tokens of a micro-batch
-        if self.model.fp8.is_some() {
-            fp8::check_tokens(n)?;
-        }
         let mut comm_s = 0.0;
         for micro in 0..k {
             let (inputs, targets) = (&batch.inputs[micro * n..][..n], &batch.targets[micro * n..][..n]);

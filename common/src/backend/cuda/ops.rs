@@ -1300,9 +1300,13 @@ impl Backend for CudaBackend {
         let (dqkv_, dbias_, dout_, qkv_, out_, saved_) =
             contract::attention_backward(self.act(), dqkv, dbias, dout, qkv, out, saved, saved_len, b, t, c, nh);
         // The Hopper kernels write the E5M2 copies as they store dqkv (the same bits as quantizing
-        // it after; the transposed one in 16-byte runs, so T a multiple of 16); elsewhere the two
-        // ops.
-        let fits = self.attention == AttentionPath::Flash && q.format == Fp8::E5M2 && t.is_multiple_of(16);
+        // it after; the plain one in 8-byte stores, the transposed one in 16-byte runs, so T a
+        // multiple of 16); elsewhere the two ops.
+        let fits = self.attention == AttentionPath::Flash
+            && q.format == Fp8::E5M2
+            && t.is_multiple_of(16)
+            && q.dst.ptr().addr().is_multiple_of(8)
+            && transposed.ptr().addr().is_multiple_of(16);
         let copy = fits.then_some(super::flash::Fp8Copy {
             dst,
             dst_t,
