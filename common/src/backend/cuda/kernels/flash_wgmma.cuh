@@ -319,15 +319,16 @@ struct Fp8Copy {
 // part[0..64): a bias gradient's partial sums (the product whose output is qkv). Starts and ends
 // with a barrier (the stage is shared memory the loop used; it is free for the next call after;
 // the column sums' last step reads `col` after the closing barrier, and the next call writes it
-// only past its own barriers). With `fp8` (not with ACCUMULATE), also the values as stored in
-// E5M2 at fp8->base (the tile's offset from `base` in bytes as in elements), their amax taken,
-// and transposed at fp8->base_t: column j's rows as 16-byte runs, a warp reading 32 neighbouring
+// only past its own barriers). With fp8.base (not with ACCUMULATE), also the values as stored in
+// E5M2 at fp8.base (the tile's offset from `base` in bytes as in elements), their amax taken,
+// and transposed at fp8.base_t: column j's rows as 16-byte runs, a warp reading 32 neighbouring
 // columns of a stage row (no bank conflicts); T a multiple of 16.
 template <bool ACCUMULATE>
 __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const float (&acc)[8][4], float* stage,
-                                           int row0, int T, float mul, float* part, Fp8Copy* fp8) {
+                                           int row0, int T, float mul, float* part, Fp8Copy& fp8) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
     int lr = warp * 16 + g;
+    bool with8 = !ACCUMULATE && fp8.base != nullptr;
     __syncthreads();
 #pragma unroll
     for (int n = 0; n < 8; n++) {
@@ -354,7 +355,7 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
                 load8(p, old);
 #pragma unroll
                 for (int k = 0; k < 8; k++) v[k] = old[k] + v[k];
-            } else if (sums || fp8) {
+            } else if (sums || with8) {
                 float stored[8];
 #pragma unroll
                 for (int k = 0; k < 8; k++) stored[k] = to_f(to_bf16(v[k]));
@@ -362,15 +363,15 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
 #pragma unroll
                     for (int k = 0; k < 8; k++) cs[k] += stored[k];
                 }
-                if (fp8) {
+                if (with8) {
                     size_t at = (size_t)(row0 + r) * stride + c * 8;
-                    *reinterpret_cast<uint2*>(fp8->base + at) = fp8x8(stored, fp8->scale, 1, fp8->top);
+                    *reinterpret_cast<uint2*>(fp8.base + at) = fp8x8(stored, fp8.scale, 1, fp8.top);
                 }
             }
             store8(p, v);
         }
     }
-    if (!ACCUMULATE && fp8) {
+    if (with8) {
         unsigned seen = 0;  // the plain copy took these values' amax
 #pragma unroll
         for (int i = threadIdx.x; i < 64 * 4; i += FLASH_THREADS) {
@@ -382,9 +383,9 @@ __device__ __forceinline__ void store_tile(bf16_t* base, size_t stride, const fl
                     const float* s = &stage[(r + 4 * q) * 72 + j];
                     float4 v = make_float4(to_f(to_bf16(s[0])), to_f(to_bf16(s[72])), to_f(to_bf16(s[144])),
                                            to_f(to_bf16(s[216])));
-                    w[q] = fp8x4(v, fp8->scale, 1, seen);
+                    w[q] = fp8x4(v, fp8.scale, 1, seen);
                 }
-                *reinterpret_cast<uint4*>(fp8->base_t + (size_t)j * fp8->rows + row0 + r) =
+                *reinterpret_cast<uint4*>(fp8.base_t + (size_t)j * fp8.rows + row0 + r) =
                     make_uint4(w[0], w[1], w[2], w[3]);
             }
         }
@@ -495,14 +496,13 @@ __device__ __forceinline__ void flashwg_backward_dkdv(bf16_t* dqkv, const bf16_t
     size_t rows = (size_t)gridDim.x / NH * T;                 // q8t's rows: B·T
     size_t at_t = (C + (size_t)h * HS) * rows + (size_t)b * T;
     Fp8Copy copy = {q8 ? q8 + at : nullptr, q8 ? q8t + at_t : nullptr, rows, q8 ? q8_scale[0] : 0.0f, 0};
-    Fp8Copy* fp8 = q8 ? &copy : nullptr;
-    store_tile<ACCUMULATE>(dk_base, stride, dk, stage, k_start, T, scale, part, fp8);
-    if (fp8) {
+    store_tile<ACCUMULATE>(dk_base, stride, dk, stage, k_start, T, scale, part, copy);
+    if (q8) {
         copy.base += C;
         copy.base_t += C * rows;
     }
-    store_tile<ACCUMULATE>(dk_base + C, stride, dv, stage, k_start, T, 1.0f, part ? part + C : nullptr, fp8);
-    if (fp8) {
+    store_tile<ACCUMULATE>(dk_base + C, stride, dv, stage, k_start, T, 1.0f, part ? part + C : nullptr, copy);
+    if (q8) {
         __shared__ unsigned warp_top[FLASH_THREADS / 32];
         amax_atomic(amax, copy.top, warp_top);
     }
@@ -585,9 +585,8 @@ __device__ __forceinline__ void flashwg_backward_dq(bf16_t* dqkv, const bf16_t* 
     size_t rows = (size_t)gridDim.x / NH * T;             // q8t's rows: B·T
     size_t at_t = (size_t)h * HS * rows + (size_t)b * T;
     Fp8Copy copy = {q8 ? q8 + at : nullptr, q8 ? q8t + at_t : nullptr, rows, q8 ? q8_scale[0] : 0.0f, 0};
-    Fp8Copy* fp8 = q8 ? &copy : nullptr;
-    store_tile<ACCUMULATE>(dqkv + at, stride, dq, (float*)ks, qt * 64, T, scale, part, fp8);
-    if (fp8) {
+    store_tile<ACCUMULATE>(dqkv + at, stride, dq, (float*)ks, qt * 64, T, scale, part, copy);
+    if (q8) {
         __shared__ unsigned warp_top[FLASH_THREADS / 32];
         amax_atomic(amax, copy.top, warp_top);
     }

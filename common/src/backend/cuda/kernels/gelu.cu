@@ -49,61 +49,87 @@ extern "C" __global__ void gelu_backward_in_place_vec4_kernel(act_t* d, const ac
 // into act_amax; where dbias is not null, d(pre)'s column sums added there as
 // bias_backward_vec4_kernel sums them (the same bits). The column sums' layout: grid
 // (ceil(H/128), ceil(N/rows_per_block)), 256 threads, a lane's 4 columns, warp w on rows w,
-// w + 8, ... of the block's chunk, taken 32 rows at a time: the transposed copies' bytes gather
-// in shared memory as [column][row] and leave as 32-byte runs along the copies' rows. N and
-// rows_per_block multiples of 32, H of 4; d and inp aligned to 4 elements, dst to 4 bytes,
-// dst_t and act_t to 16.
+// w + 8, ... of the block's chunk, taken 32 rows at a time, the next group's rows loaded while
+// this one's are written: the transposed copies' bytes gather in shared memory as
+// [column][row] (two buffers, so one barrier a group) and leave as 32-byte runs along the
+// copies' rows. N and rows_per_block multiples of 32, H of 4; d and inp aligned to 4
+// elements, dst to 4 bytes, dst_t and act_t to 16.
 extern "C" __global__ void gelu_backward_fp8_kernel(const act_t* d, const act_t* inp, unsigned char* dst,
                                                     unsigned char* dst_t, float* amax, const float* scale, int e5m2,
                                                     unsigned char* act_t, float* act_amax, const float* act_scale,
                                                     int act_e5m2, float* dbias, float* partials, unsigned* tickets,
                                                     int N, int H, int rows_per_block) {
     __shared__ unsigned warp_top[2][8];
-    // The 32-row group's transposed bytes: [copy][column][row], rows 36 bytes apart (the 16-byte
-    // reads below stay 4-byte aligned; the byte stores meet at most four to a bank).
-    __shared__ __align__(16) unsigned char tile[2][128][36];
+    // A 32-row group's transposed bytes: [buffer][copy][column][row], rows 36 bytes apart (the
+    // 16-byte reads below stay 4-byte aligned; the byte stores meet at most four to a bank).
+    __shared__ __align__(16) unsigned char tile[2][2][128][36];
     float s = scale[0], sa = act_scale[0];
     unsigned top = 0, act_top = 0;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int c = (blockIdx.x * 32 + lane) * 4, col0 = blockIdx.x * 128;
     int row_start = blockIdx.y * rows_per_block;
     int row_end = min(row_start + rows_per_block, N);
+    bool mine = c < H;
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int r0 = row_start; r0 < row_end; r0 += 32) {
-        if (c < H) {
+    raw4_t xr[4], gr[4];
+    if (mine) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            size_t i = (size_t)(row_start + warp + 8 * j) * H + c;
+            xr[j] = load_raw4(inp + i);
+            gr[j] = load_raw4(d + i);
+        }
+    }
+    for (int r0 = row_start, buf = 0; r0 < row_end; r0 += 32, buf ^= 1) {
+        bool more = mine && r0 + 32 < row_end;
+        raw4_t xn[4], gn[4];
+        if (more) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                size_t i = (size_t)(r0 + 32 + warp + 8 * j) * H + c;
+                xn[j] = load_raw4(inp + i);
+                gn[j] = load_raw4(d + i);
+            }
+        }
+        if (mine) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int lr = warp + 8 * j;
-                size_t i = (size_t)(r0 + lr) * H + c;
-                float4 x = load4(inp + i), g = load4(d + i);
+                float4 x = unpack4(xr[j]), g = unpack4(gr[j]);
                 g = make_float4(to_f(from_f(gelu_grad(x.x) * g.x)), to_f(from_f(gelu_grad(x.y) * g.y)),
                                 to_f(from_f(gelu_grad(x.z) * g.z)), to_f(from_f(gelu_grad(x.w) * g.w)));
                 sum = add4(sum, g);
                 unsigned q = fp8x4(g, s, e5m2, top);
-                *reinterpret_cast<unsigned*>(dst + i) = q;
+                *reinterpret_cast<unsigned*>(dst + (size_t)(r0 + lr) * H + c) = q;
                 float4 a = make_float4(to_f(from_f(gelu(x.x))), to_f(from_f(gelu(x.y))), to_f(from_f(gelu(x.z))),
                                        to_f(from_f(gelu(x.w))));
                 unsigned qa = fp8x4(a, sa, act_e5m2, act_top);
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    tile[0][4 * lane + k][lr] = (unsigned char)(q >> (8 * k));
-                    tile[1][4 * lane + k][lr] = (unsigned char)(qa >> (8 * k));
+                    tile[buf][0][4 * lane + k][lr] = (unsigned char)(q >> (8 * k));
+                    tile[buf][1][4 * lane + k][lr] = (unsigned char)(qa >> (8 * k));
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // this buffer is whole; the other was last read before this barrier
         // Two copies x 128 columns x 32 rows: 16 bytes a thread, twice.
 #pragma unroll
         for (int t = threadIdx.x; t < 512; t += 256) {
             int which = t / 256, col = (t % 256) / 2, half = t % 2;
             if (col0 + col < H) {
-                const unsigned* from = reinterpret_cast<const unsigned*>(&tile[which][col][16 * half]);
+                const unsigned* from = reinterpret_cast<const unsigned*>(&tile[buf][which][col][16 * half]);
                 uint4 v = make_uint4(from[0], from[1], from[2], from[3]);
                 unsigned char* to = (which ? act_t : dst_t) + (size_t)(col0 + col) * N + r0 + 16 * half;
                 *reinterpret_cast<uint4*>(to) = v;
             }
         }
-        __syncthreads();
+        if (more) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                xr[j] = xn[j];
+                gr[j] = gn[j];
+            }
+        }
     }
     amax_atomic(amax, top, warp_top[0]);
     amax_atomic(act_amax, act_top, warp_top[1]);
