@@ -238,10 +238,7 @@ impl<'a, B: Backend> Graph<'a, B> {
             };
             self.backward_op(&tape, node, dout, seed)?;
             // The producer has consumed its output's gradient: recycle it.
-            if let Some(buf) = self.grads.remove(&node.out.0) {
-                self.pool.give(buf);
-                self.values[node.out.0].grad = None;
-            }
+            self.release_grad(node.out);
         }
         self.tape = tape;
         self.zero_unwritten(|_| true);
@@ -381,10 +378,7 @@ impl<'a, B: Backend> Graph<'a, B> {
                     dw: dw_first,
                 };
                 be.matmul_backward(overwrite, dinp, dw, None, dpre, x, self.span(w_fc), r, ic, h);
-                if let Some(buf) = self.grads.remove(&pre.0) {
-                    self.pool.give(buf);
-                    self.values[pre.0].grad = None;
-                }
+                self.release_grad(pre);
             }
             Op::Relu { inp } => {
                 let dinp = self.act_grad(inp)?;
@@ -518,10 +512,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         }
         if heir.is_none() {
             // No input took the sum's gradient over: it was read for the last time above.
-            if let Some(buf) = self.grads.remove(&sum.0) {
-                self.pool.give(buf);
-                self.values[sum.0].grad = None;
-            }
+            self.release_grad(sum);
         }
         Ok(())
     }
@@ -611,10 +602,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         be.matmul_fp8_weight_grad(dw_first, dw, dpre_t, x_t, dequant, [h, ic, r], GRAD_FORMATS);
         let (dinp, dinp_first) = self.act_grad_or_first(inp)?;
         self.input_grad_fp8(fc, dinp, dinp_first, dpre_q.dst, [r, ic, h])?;
-        if let Some(buf) = self.grads.remove(&pre.0) {
-            self.pool.give(buf);
-            self.values[pre.0].grad = None;
-        }
+        self.release_grad(pre);
         Ok(())
     }
 
@@ -671,6 +659,14 @@ impl<'a, B: Backend> Graph<'a, B> {
         match self.fp8_copies.remove(&out.0) {
             Some((copy, copy_t, slot)) if slot == site.grad.ptr() => Some((copy, copy_t)),
             _ => None,
+        }
+    }
+
+    /// `x`'s gradient buffer, if it has one, back to the pool: its last reader has run.
+    fn release_grad(&mut self, x: Tensor) {
+        if let Some(buf) = self.grads.remove(&x.0) {
+            self.pool.give(buf);
+            self.values[x.0].grad = None;
         }
     }
 

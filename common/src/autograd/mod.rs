@@ -580,6 +580,11 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(span)
     }
 
+    /// `n` bytes (FP8 copies), pooled in whole words, held for the graph's lifetime.
+    fn alloc_bytes(&mut self, n: usize) -> Result<Span<'a, u8>> {
+        Ok(self.alloc_words(n.div_ceil(4))?.words_as_bytes().slice(0, n))
+    }
+
     /// `n` f32 values (saved statistics, losses) for the graph's lifetime.
     fn alloc_f32(&mut self, n: usize) -> Result<Span<'a>> {
         self.alloc_words(n)
@@ -602,8 +607,13 @@ impl<'a, B: Backend> Graph<'a, B> {
         if !wanted {
             return self.activation(shape);
         }
+        self.activation_unkept_written(shape, rebuild)
+    }
+
+    /// [`Graph::activation_unkept`] whose producer writes it into the scratch next.
+    fn activation_unkept_written(&mut self, shape: [usize; 2], rebuild: Rebuild<'a>) -> Result<Tensor> {
         let out = self.activation_unkept(shape, rebuild)?;
-        self.scratch_written(out); // by its producer, next
+        self.scratch_written(out);
         Ok(out)
     }
 
@@ -803,7 +813,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         if let Some(&scratch) = self.fp8_scratch.get(&n) {
             return Ok(scratch);
         }
-        let scratch = self.alloc_words(n.div_ceil(4))?.words_as_bytes().slice(0, n);
+        let scratch = self.alloc_bytes(n)?;
         self.fp8_scratch.insert(n, scratch);
         Ok(scratch)
     }
@@ -826,7 +836,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         if let Some(&scratch) = self.fp8_scratch_t.get(&(n, place)) {
             return Ok(scratch);
         }
-        let scratch = self.alloc_words(n.div_ceil(4))?.words_as_bytes().slice(0, n);
+        let scratch = self.alloc_bytes(n)?;
         self.fp8_scratch_t.insert((n, place), scratch);
         Ok(scratch)
     }
@@ -1028,7 +1038,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     /// product input `x`, which that product's weight gradient reads in backward
     /// (`Graph::quantize_input_transposed`).
     fn fp8_kept_t_buffer(&mut self, x: Tensor, site: Fp8Site<'a>, n: usize) -> Result<Span<'a, u8>> {
-        let t = self.alloc_words(n.div_ceil(4))?.words_as_bytes().slice(0, n);
+        let t = self.alloc_bytes(n)?;
         self.fp8_kept_t.insert(x.0, (t, site.input.ptr()));
         Ok(t)
     }
@@ -1122,8 +1132,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         let normed = if a_recomputed || b_recomputed {
             self.output(shape, op)?
         } else if fp8.is_some() {
-            let out = self.activation_unkept(shape, rebuild)?;
-            self.scratch_written(out); // by the op, next
+            let out = self.activation_unkept_written(shape, rebuild)?;
             self.record_op(op, out);
             out
         } else {

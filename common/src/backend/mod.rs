@@ -344,11 +344,6 @@ pub struct Fp8Out<'a> {
     pub format: Fp8,
 }
 
-/// Delayed scaling, on one slot ([`Fp8Slot`]) and its amax history (newest first): a finite
-/// `amax` is pushed onto the history (the oldest falls off; a non-finite one, from a step the
-/// optimiser skips, is not), `amax` is cleared, and where the history's largest value `m` is
-/// above 0 the scale becomes the power of two 2^e with e = ⌊log₂(max / m)⌋ (clamped to ±126),
-/// so that m · scale lands in [max/2, max] and `dequant` = 2^-e is exact. The GPU's kernel
 /// [`Backend::matmul_fp8_gelu`] as separate ops: the product into `pre`, GELU into `scratch`,
 /// then its quantization into `out` (the default, and a backend's fallback where its fused form
 /// cannot run).
@@ -395,6 +390,11 @@ pub fn gelu_backward_fp8_apart<B: Backend + ?Sized>(
     be.quantize_fp8_transposed(a.dst, a.amax, d, a.scale, [rows, cols], a.format);
 }
 
+/// Delayed scaling, on one slot ([`Fp8Slot`]) and its amax history (newest first): a finite
+/// `amax` is pushed onto the history (the oldest falls off; a non-finite one, from a step the
+/// optimiser skips, is not), `amax` is cleared, and where the history's largest value `m` is
+/// above 0 the scale becomes the power of two 2^e with e = ⌊log₂(max / m)⌋ (clamped to ±126),
+/// so that m · scale lands in [max/2, max] and `dequant` = 2^-e is exact. The GPU's kernel
 /// (`fp8_rescale_kernel`) computes the same bits.
 pub fn fp8_rescale_slot(slot: &mut [f32], history: &mut [f32]) {
     let amax = slot[Fp8Slot::AMAX];

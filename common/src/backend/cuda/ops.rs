@@ -1454,10 +1454,7 @@ impl Backend for CudaBackend {
             contract::gelu_backward_fp8(self.act(), d, inp, copies, transposed, dbias, [rows, cols]);
         let e5m2 = (q.format == Fp8::E5M2) as usize;
         let act_e5m2 = (a.format == Fp8::E5M2) as usize;
-        let (grid, block) = (
-            (cols.div_ceil(128) as u32, rows.div_ceil(VEC4_CHUNK_ROWS) as u32, 1),
-            (256, 1, 1),
-        );
+        let (grid, block) = vec4_column_reduce(rows, cols, &[d_, inp_], self.act()).expect("aligned above");
         let chunks = grid.1 as usize;
         let rows_per_block = VEC4_CHUNK_ROWS;
         let launch = |dbias: DevPtr, part: DevPtr, tickets: DevPtr<i32>| {
