@@ -469,7 +469,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     #[allow(clippy::too_many_arguments)]
     fn add_layernorm_backward(
         &mut self,
-        (tape, node): (&[Node<'a>], &Node),
+        (tape, node): (&[Node], &Node),
         [a, b]: [Tensor; 2],
         sum: Tensor,
         [w, bias]: [Tensor; 2],
@@ -489,15 +489,6 @@ impl<'a, B: Backend> Graph<'a, B> {
                 dbias = self.take_output_bias(tape, node, b)?;
             }
         }
-        // Under FP8, such an input's product takes that gradient's E5M2 copies, as stored and
-        // transposed, written with it.
-        let fp8 = match dout {
-            Some(_) if a != b => [a, b].into_iter().find_map(|x| {
-                let first = !self.is_param(x) && self.values[x.0].grad.is_none() && !read_by_others(tape, x, node);
-                first.then(|| fp8_output_site(tape, x)).flatten().map(|site| (x, site))
-            }),
-            _ => None,
-        };
         let dsum = self.act_grad(sum)?;
         let heir = if a != b { self.hand_down(sum, [b, a]) } else { None };
         let other = heir.map(|h| if h == b { a } else { b });
@@ -508,15 +499,7 @@ impl<'a, B: Backend> Graph<'a, B> {
         if let Some(dout) = dout {
             let (dw, db) = (self.param_grad(w)?, self.param_grad(bias)?);
             let s = self.data(sum);
-            match fp8 {
-                Some((x, site)) => {
-                    let (q, q_t) = (self.grad_fp8_out(site, n)?, self.fp8_scratch_t(n, 0)?);
-                    let (w, stats) = (self.span(w), [mean, rstd]);
-                    be.add_layernorm_backward_quantize(dsum, copy, dbias, [dw, db], dout, s, w, stats, [r, c], q, q_t);
-                    self.fp8_copies.insert(x.0, (q.dst, Some(q_t), site.grad.ptr()));
-                }
-                None => be.add_layernorm_backward(dsum, copy, dbias, dw, db, dout, s, self.span(w), mean, rstd, r, c),
-            }
+            be.add_layernorm_backward(dsum, copy, dbias, dw, db, dout, s, self.span(w), mean, rstd, r, c);
         } else if let Some(copy) = copy {
             be.zero_act(copy, n);
             be.accumulate_act(copy, dsum, n);
@@ -739,16 +722,6 @@ fn param_writes(op: &Op) -> Vec<(Tensor, bool)> {
 fn fp8_site<'a>(tape: &[Node<'a>], x: Tensor) -> Option<Fp8Site<'a>> {
     match tape.iter().find(|n| n.out == x)?.op {
         Op::Matmul { fp8, .. } => fp8,
-        _ => None,
-    }
-}
-
-/// The FP8 site of the product whose output is `x`: `fp8_site`'s, or the second of an
-/// `Op::Mlp` under `--precision fp8`.
-fn fp8_output_site<'a>(tape: &[Node<'a>], x: Tensor) -> Option<Fp8Site<'a>> {
-    match tape.iter().find(|n| n.out == x)?.op {
-        Op::Matmul { fp8, .. } => fp8,
-        Op::Mlp { fp8, .. } => fp8.map(|[_, proj]| proj),
         _ => None,
     }
 }

@@ -1051,34 +1051,6 @@ pub trait Backend {
         }
     }
 
-    /// `add_layernorm_backward`, and the new `dsum` (the gradient of the product whose output is
-    /// `a` or `b`, under FP8 training) in `quantized`'s format at its scale, as stored and
-    /// `transposed` (C, BT) at the same scale, its amax raised into `quantized.amax`: that
-    /// product's two gradient operands. By default the two ops; a backend may write the copies
-    /// in the layernorm backward's pass (CUDA: the one-pass kernel, staging them in shared
-    /// memory).
-    /// # Operands
-    /// As `add_layernorm_backward`, and `quantize_fp8_both`'s with `dsum` for `src`.
-    #[allow(clippy::too_many_arguments)]
-    fn add_layernorm_backward_quantize(
-        &self,
-        dsum: Span<Act>,
-        copy: Option<Span<Act>>,
-        dbias: Option<Span>,
-        [dw, db]: [Span; 2],
-        dout: Span<Act>,
-        sum: Span<Act>,
-        w: Span<Act>,
-        [mean, rstd]: [Span; 2],
-        [bt, c]: [usize; 2],
-        quantized: Fp8Out,
-        transposed: Span<u8>,
-    ) {
-        self.add_layernorm_backward(dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c);
-        let q = quantized;
-        self.quantize_fp8_both([q.dst, transposed], q.amax, dsum, q.scale, [bt, c], q.format);
-    }
-
     /// Why this backend's attention cannot run heads of `head_size` values, if it cannot (a
     /// flash kernel's bound), so that the size is refused before anything is allocated.
     fn attention_refuses(&self, head_size: usize) -> Option<String> {

@@ -5,7 +5,6 @@
 use cudarc::driver::{result as driver, sys as driver_sys};
 
 use super::blas::Gemm;
-use super::flash::Fp8Copy;
 use super::memory::device_err;
 use super::Arg;
 use super::Recording;
@@ -49,19 +48,6 @@ fn fused_layernorm_width(c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> Option
         return None;
     }
     [6, 8, 10, 13].into_iter().find(|&k| c <= 128 * k)
-}
-
-/// Shared memory a block may stage an FP8 copy in (`store_fp8_rows` in kernels/layernorm.cu:
-/// rows of the copy, then out as they lie and transposed), under the 48 KiB a block has
-/// without asking, beside the kernels' own.
-const FP8_TILE_BYTES: usize = 40 << 10;
-
-/// Rows of an (bt, c) FP8 copy a block stages at a time: 32, or 16 where 32 rows do not fit
-/// FP8_TILE_BYTES, whole blocks of them in bt; `None` where no such rows fit.
-fn fp8_tile_rows(bt: usize, c: usize) -> Option<usize> {
-    [32, 16]
-        .into_iter()
-        .find(|&rows| rows * c <= FP8_TILE_BYTES && bt.is_multiple_of(rows))
 }
 
 /// A kernel launch's grid and block.
@@ -123,13 +109,11 @@ impl CudaBackend {
 
     /// `layernorm_backward`, and with `copy` the updated dinp also written there (OVERWRITTEN)
     /// by the same kernel: `add_layernorm_backward`'s second input gradient; with `dinp_sums`,
-    /// `dinp_sums += Σ_rows dinp` (its new value): `add_layernorm_backward`'s `dbias`; with
-    /// `fp8`, the new dinp's two E5M2 copies where the one-pass kernel can write them with the
-    /// sums (`add_layernorm_backward_quantize`). Returns whether it wrote them.
+    /// `dinp_sums += Σ_rows dinp` (its new value): `add_layernorm_backward`'s `dbias`.
     ///
     /// # Safety
     /// As `layernorm_backward`; `copy`: BT·C activations, overlapping no other operand;
-    /// `dinp_sums`: C f32s; `fp8`: BT·C bytes each, a word each, distinct from the rest.
+    /// `dinp_sums`: C f32s.
     #[allow(clippy::too_many_arguments)]
     unsafe fn layernorm_backward_with(
         &self,
@@ -145,10 +129,8 @@ impl CudaBackend {
         rstd: DevPtr,
         bt: usize,
         c: usize,
-        fp8: Option<Fp8Copy>,
-    ) -> bool {
+    ) {
         let copy = copy.unwrap_or_default(); // null: no copy
-        let mut written = false;
         if let Some(k) = fused_layernorm_width(c, &[dinp, copy, dout, inp, w], self.act()) {
             // One pass: dinp and the blocks' partial parameter sums (and dinp's own), then the
             // sums in order.
@@ -164,61 +146,29 @@ impl CudaBackend {
                         Some(_) => (format!("layernorm_backward_fused_k{k}_sum_kernel"), sums_part),
                         None => (format!("layernorm_backward_fused_k{k}_kernel"), DevPtr::default()),
                     };
-                    let args = args![
-                        dinp,
-                        copy,
-                        dw_part,
-                        db_part,
-                        sums_part,
-                        dout,
-                        inp,
-                        w,
-                        mean,
-                        rstd,
-                        bt,
-                        c,
-                        LN_FUSED_ROWS
-                    ];
-                    // dinp's E5M2 copies in the same pass: the sums' instances, in bf16, in whole
-                    // staged tiles, with 4- and 16-byte stores.
-                    let rows = fp8_tile_rows(bt, c).filter(|_| dinp_sums.is_some() && self.act() == ActType::Bf16);
-                    let fp8 = fp8.filter(|q| q.dst.addr().is_multiple_of(4) && q.dst_t.addr().is_multiple_of(16));
-                    match (fp8, rows) {
-                        (Some(q), Some(rows)) => {
-                            let name = format!("layernorm_backward_fused_k{k}_sum_fp8_kernel");
-                            let (q8, q8t, amax, scale) = (q.dst, q.dst_t, q.amax, q.scale);
-                            let args = args![
-                                dinp,
-                                copy,
-                                dw_part,
-                                db_part,
-                                sums_part,
-                                dout,
-                                inp,
-                                w,
-                                mean,
-                                rstd,
-                                bt,
-                                c,
-                                LN_FUSED_ROWS,
-                                q8,
-                                q8t,
-                                amax,
-                                scale,
-                                rows
-                            ];
-                            let grid = (chunks as u32, 1, 1);
-                            self.launch_shared(&name, grid, (256, 1, 1), (rows * c) as u32, args);
-                            written = true;
-                        }
-                        _ => self.launch(&name, (chunks as u32, 1, 1), (256, 1, 1), args),
-                    }
+                    self.launch(
+                        &name,
+                        (chunks as u32, 1, 1),
+                        (256, 1, 1),
+                        args![
+                            dinp,
+                            copy,
+                            dw_part,
+                            db_part,
+                            sums_part,
+                            dout,
+                            inp,
+                            w,
+                            mean,
+                            rstd,
+                            bt,
+                            c,
+                            LN_FUSED_ROWS
+                        ],
+                    );
                     self.finish_column_sums(outs, dw_part, chunks, c);
                 }
-                Err(e) => {
-                    self.fail(e);
-                    return false;
-                }
+                Err(e) => self.fail(e),
             }
         } else {
             let grid = blocks(bt, ROWS_PER_BLOCK);
@@ -249,17 +199,13 @@ impl CudaBackend {
                     );
                     self.finish_column_sums(&[dw, db], dw_part, chunks, c);
                 }
-                Err(e) => {
-                    self.fail(e);
-                    return false;
-                }
+                Err(e) => return self.fail(e),
             }
             if let Some(sums) = dinp_sums {
                 // A pass of its own over the new dinp, the column sums a product's backward runs.
                 self.column_sums(sums, dinp, bt, c);
             }
         }
-        written
     }
 
     /// Queues `g` on cuBLAS; a failure is latched for `synchronize`.
@@ -1146,7 +1092,7 @@ impl Backend for CudaBackend {
         let (dinp, dw, db, dout, inp, w, mean, rstd) =
             contract::layernorm_backward(self.act(), dinp, dw, db, dout, inp, w, mean, rstd, bt, c);
         // SAFETY: the contract checked every extent and overlap.
-        unsafe { self.layernorm_backward_with(dinp, None, None, dw, db, dout, inp, w, mean, rstd, bt, c, None) };
+        unsafe { self.layernorm_backward_with(dinp, None, None, dw, db, dout, inp, w, mean, rstd, bt, c) };
     }
 
     fn add_layernorm_forward(
@@ -1194,11 +1140,10 @@ impl Backend for CudaBackend {
         let (sum_, out_, mean_, rstd_, a_, b_, w_, bias_) =
             contract::add_layernorm_forward(self.act(), sum, out, mean, rstd, a, b, w, bias, bt, c);
         // One kernel where add_layernorm_forward's is one and the copy takes 4-byte stores; the
-        // transposed copy in it too where the rows come in whole staged tiles (`fp8_tile_rows`)
-        // and it takes 16-byte stores.
+        // transposed copy in it too where the rows come in whole blocks of 32 and it takes
+        // 16-byte stores.
         let one = vec4_rows(c, &[sum_, out_, a_, b_, w_, bias_], self.act()) && q.dst.ptr().addr().is_multiple_of(4);
-        let rows = fp8_tile_rows(bt, c);
-        let with_t = transposed.filter(|t| rows.is_some() && t.ptr().addr().is_multiple_of(16));
+        let with_t = transposed.filter(|t| bt.is_multiple_of(32) && t.ptr().addr().is_multiple_of(16));
         if !(one && self.act() == ActType::Bf16) || transposed.is_some() != with_t.is_some() {
             self.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, bt, c);
             self.quantize_fp8(q.dst, q.amax, out, q.scale, bt * c, q.format);
@@ -1225,11 +1170,9 @@ impl Backend for CudaBackend {
                 }
                 Some(t) => {
                     let (dst_t, ..) = contract::quantize_fp8_transposed(self.act(), t, q.amax, out, q.scale, [bt, c]);
-                    let rows = rows.expect("with_t has its rows");
-                    let args =
-                        args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, dst_t, amax, scale, bt, c, e5m2, rows];
-                    let (name, grid) = ("add_layernorm_forward_quantize_t_kernel", blocks(bt, rows));
-                    self.launch_shared(name, grid, block, (rows * c) as u32, args)
+                    let args = args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, dst_t, amax, scale, bt, c, e5m2];
+                    let grid = blocks(bt, 32);
+                    self.launch("add_layernorm_forward_quantize_t_kernel", grid, block, args)
                 }
             }
         };
@@ -1255,43 +1198,7 @@ impl Backend for CudaBackend {
         // The dinp kernel writes the copy beside dsum (no zero fill, no accumulate) and, in
         // one pass, sums dbias's columns from the same registers.
         // SAFETY: the contract checked every extent and overlap.
-        unsafe { self.layernorm_backward_with(dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c, None) };
-    }
-
-    fn add_layernorm_backward_quantize(
-        &self,
-        dsum: Span<Act>,
-        copy: Option<Span<Act>>,
-        dbias: Option<Span>,
-        [dw, db]: [Span; 2],
-        dout: Span<Act>,
-        sum: Span<Act>,
-        w: Span<Act>,
-        [mean, rstd]: [Span; 2],
-        [bt, c]: [usize; 2],
-        quantized: Fp8Out,
-        transposed: Span<u8>,
-    ) {
-        let q = quantized;
-        let ([dst, dst_t], amax, _, scale) =
-            contract::quantize_fp8_both(self.act(), [q.dst, transposed], q.amax, dsum, q.scale, [bt, c]);
-        let (dsum_, copy_, dbias_, dw_, db_, dout_, sum_, w_, mean_, rstd_) =
-            contract::add_layernorm_backward(self.act(), dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c);
-        let fp8 = (q.format == Fp8::E5M2).then_some(Fp8Copy {
-            dst,
-            dst_t,
-            amax,
-            scale,
-        });
-        // SAFETY: the contracts checked every extent and overlap.
-        let written = unsafe {
-            self.layernorm_backward_with(
-                dsum_, copy_, dbias_, dw_, db_, dout_, sum_, w_, mean_, rstd_, bt, c, fp8,
-            )
-        };
-        if !written {
-            self.quantize_fp8_both([q.dst, transposed], q.amax, dsum, q.scale, [bt, c], q.format);
-        }
+        unsafe { self.layernorm_backward_with(dsum, copy, dbias, dw, db, dout, sum, w, mean, rstd, bt, c) };
     }
 
     fn attention_refuses(&self, head_size: usize) -> Option<String> {
@@ -1400,7 +1307,7 @@ impl Backend for CudaBackend {
             && t.is_multiple_of(16)
             && q.dst.ptr().addr().is_multiple_of(8)
             && transposed.ptr().addr().is_multiple_of(16);
-        let copy = fits.then_some(Fp8Copy {
+        let copy = fits.then_some(super::flash::Fp8Copy {
             dst,
             dst_t,
             amax,

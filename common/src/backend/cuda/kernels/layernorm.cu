@@ -120,7 +120,7 @@ extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean
 // writes, from L2), where `add` then `layernorm_forward` read the sum back from memory in a
 // second kernel.
 // C a multiple of 4, rows aligned to 4 elements; one warp per row.
-// One row of it (`q` and after: layernorm_row_vec4's, `q` the row's own copy).
+// One row of it (`q` and after: layernorm_row_vec4's).
 __device__ __forceinline__ void add_layernorm_row_vec4(act_t* sum, act_t* out, float* mean, float* rstd,
                                                        const act_t* a, const act_t* b, const act_t* w,
                                                        const act_t* bias, int row, int C,
@@ -133,7 +133,7 @@ __device__ __forceinline__ void add_layernorm_row_vec4(act_t* sum, act_t* out, f
         float4 x = load4(a + off + c), y = load4(b + off + c);
         store4(s + c, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
     }
-    layernorm_row_vec4(out + off, mean + row, rstd + row, s, w, bias, lane, C, q, qs, e5m2, top);
+    layernorm_row_vec4(out + off, mean + row, rstd + row, s, w, bias, lane, C, q ? q + off : q, qs, e5m2, top);
 }
 
 extern "C" __global__ void add_layernorm_forward_vec4_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
@@ -154,64 +154,39 @@ extern "C" __global__ void add_layernorm_forward_quantize_kernel(act_t* sum, act
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     unsigned top = 0;
     // Every thread reaches the block's amax below.
-    if (row < N)
-        add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C, dst + (size_t)row * C, scale[0], e5m2, &top);
+    if (row < N) add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C, dst, scale[0], e5m2, &top);
     amax_atomic(amax, top, warp_top);
 }
 
-// The dynamic shared memory the kernels below stage an FP8 copy in (store_fp8_rows).
-extern __shared__ __align__(16) unsigned char ln_tile[];
-
-// The FP8 copy of `rows` (16 or 32) whole rows of an (N, C) matrix from shared memory (`tile`,
-// rows·C bytes, row-major), where a pass wrote it, stored twice by the block: as it lies at
-// `plain` (the first row's first byte), 16-byte pieces along the rows (4-byte ones where `plain`
-// is not 16-byte aligned), and transposed into dst_t (C, N) at column r0 (the first row's
-// index), a column a thread, neighbouring lanes on neighbouring columns (a warp reads 32
-// neighbouring bytes of a tile row: no bank conflicts), each column's `rows` bytes in 16-byte
-// stores along dst_t's row. C a multiple of 4; dst_t aligned to 16 bytes, N a multiple of 16.
-// No barrier: the caller's come before (the tile written) and after (before it is rewritten).
-__device__ __forceinline__ void store_fp8_rows(const unsigned char* tile, int rows, int C, unsigned char* plain,
-                                               unsigned char* dst_t, int N, int r0) {
-    if (reinterpret_cast<size_t>(plain) % 16 == 0) {
-        for (int i = threadIdx.x; i < rows * C / 16; i += blockDim.x)
-            reinterpret_cast<uint4*>(plain)[i] = reinterpret_cast<const uint4*>(tile)[i];
-    } else {
-        for (int i = threadIdx.x; i < rows * C / 4; i += blockDim.x)
-            reinterpret_cast<unsigned*>(plain)[i] = reinterpret_cast<const unsigned*>(tile)[i];
-    }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        for (int h = 0; h < rows; h += 16) {
-            const unsigned char* p = tile + (size_t)h * C + c;
-            unsigned v[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const unsigned char* q = p + (size_t)4 * k * C;
-                v[k] = (unsigned)q[0] | ((unsigned)q[C] << 8) | ((unsigned)q[2 * C] << 16) | ((unsigned)q[3 * C] << 24);
-            }
-            *reinterpret_cast<uint4*>(dst_t + (size_t)c * N + r0 + h) = make_uint4(v[0], v[1], v[2], v[3]);
-        }
-    }
-}
-
 // add_layernorm_forward_quantize_kernel with the FP8 copy transposed too, dst_t (C, N) at the
-// same scale (the next product's weight-gradient operand). A block takes `rows` rows (16 or
-// 32), warp w rows w, w + 8, ..., and puts their copy in shared memory (rows·C bytes, dynamic);
-// past the barrier it stores that copy as it lies and transposed (store_fp8_rows). N a multiple
-// of `rows`, dst aligned to 4 bytes, dst_t to 16.
+// same scale (the next product's weight-gradient operand): 32 rows a block, warp w on rows w,
+// w + 8, ...; then the block reads its rows' copy back (its own writes, visible past the
+// barrier) a column a thread, neighbouring lanes on neighbouring columns, and stores each
+// column's 32 bytes in two 16-byte stores along dst_t's row. N a multiple of 32, dst_t aligned
+// to 16 bytes.
 extern "C" __global__ void add_layernorm_forward_quantize_t_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
                                                                    const act_t* a, const act_t* b, const act_t* w,
                                                                    const act_t* bias, unsigned char* dst,
                                                                    unsigned char* dst_t, float* amax,
-                                                                   const float* scale, int N, int C, int e5m2,
-                                                                   int rows) {
+                                                                   const float* scale, int N, int C, int e5m2) {
     __shared__ unsigned warp_top[32];
-    int r0 = blockIdx.x * rows;
+    int r0 = blockIdx.x * 32;
     unsigned top = 0;
-    for (int i = threadIdx.x / WARP_SIZE; i < rows; i += blockDim.x / WARP_SIZE)
-        add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, r0 + i, C, ln_tile + (size_t)i * C, scale[0],
-                               e5m2, &top);
+    for (int row = r0 + threadIdx.x / WARP_SIZE; row < r0 + 32; row += blockDim.x / WARP_SIZE)
+        add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C, dst, scale[0], e5m2, &top);
     __syncthreads();
-    store_fp8_rows(ln_tile, rows, C, dst + (size_t)r0 * C, dst_t, N, r0);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const unsigned char* p = dst + (size_t)r0 * C + c;
+        unsigned v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const unsigned char* q = p + (size_t)4 * k * C;
+            v[k] = (unsigned)q[0] | ((unsigned)q[C] << 8) | ((unsigned)q[2 * C] << 16) | ((unsigned)q[3 * C] << 24);
+        }
+        uint4* to = reinterpret_cast<uint4*>(dst_t + (size_t)c * N + r0);
+        to[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        to[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    }
     amax_atomic(amax, top, warp_top);
 }
 
@@ -349,20 +324,12 @@ extern "C" __global__ void layernorm_backward_params_vec4_kernel(float* dw_parti
 // act_t), into dinp_partials[blockIdx.x, c]: the bias gradient of the product whose output
 // gradient dinp is (Backend::add_layernorm_backward's dbias), from the registers that write it.
 // Grid ceil(N / rows_per_block), 256 threads.
-// FP8 (the `_sum_fp8` instances, FP8 training: dinp is the output gradient of the product whose
-// output is the add's input): also dinp as stored in E5M2 at q8 (laid out as dinp) and
-// transposed at q8t (C, N), times q8_scale[0], its amax raised into amax (one atomic a block).
-// The copy of `q_rows` rows at a time (16 or 32; their warps' 2 or 4 rows each) goes to shared
-// memory (q_rows·C bytes, dynamic), then out past a barrier (store_fp8_rows). N a multiple of
-// q_rows, rows_per_block of 8, q8 aligned to 4 bytes, q8t to 16.
-template <int K, bool SUM_DINP, bool FP8 = false>
+template <int K, bool SUM_DINP>
 __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* copy, float* dw_partials,
                                                          float* db_partials, float* dinp_partials,
                                                          const act_t* dout, const act_t* inp, const act_t* w,
                                                          const float* mean, const float* rstd, int N, int C,
-                                                         int rows_per_block, unsigned char* q8 = nullptr,
-                                                         unsigned char* q8t = nullptr, float* amax = nullptr,
-                                                         const float* q8_scale = nullptr, int q_rows = 0) {
+                                                         int rows_per_block) {
     __shared__ float4 part[8][32];
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     float4 dw[K], db[K], dd[SUM_DINP ? K : 1];
@@ -370,10 +337,8 @@ __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* cop
     for (int k = 0; k < K; k++) dw[k] = db[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int k = 0; k < (SUM_DINP ? K : 1); k++) dd[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float qs = FP8 ? q8_scale[0] : 0.0f;
-    unsigned top = 0;
-    int row0 = blockIdx.x * rows_per_block, row_end = min(row0 + rows_per_block, N);
-    for (int row = row0 + warp; row < row_end; row += 8) {
+    int row_end = min((blockIdx.x + 1) * rows_per_block, N);
+    for (int row = blockIdx.x * rows_per_block + warp; row < row_end; row += 8) {
         size_t off = (size_t)row * C;
         act_t* d = dinp + off;
         // The row's input, its output gradient and dinp's old value, all loaded at once (one
@@ -428,31 +393,15 @@ __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* cop
                 float4 v = make_float4(ds[0], ds[1], ds[2], ds[3]);
                 store4(d + c, v);
                 if (copy) store4(copy + off + c, v);  // the same rounding as d's
-                // As stored: the values a column sum over dinp would read back.
-                float4 stored = make_float4(to_f(from_f(v.x)), to_f(from_f(v.y)), to_f(from_f(v.z)), to_f(from_f(v.w)));
                 if (SUM_DINP) {
-                    dd[k].x += stored.x;
-                    dd[k].y += stored.y;
-                    dd[k].z += stored.z;
-                    dd[k].w += stored.w;
+                    // As stored: the values a column sum over dinp would read back.
+                    dd[k].x += to_f(from_f(v.x));
+                    dd[k].y += to_f(from_f(v.y));
+                    dd[k].z += to_f(from_f(v.z));
+                    dd[k].w += to_f(from_f(v.w));
                 }
-                if (FP8)
-                    *reinterpret_cast<unsigned*>(ln_tile + (size_t)((row - row0) % q_rows) * C + c) =
-                        fp8x4(stored, qs, 1, top);
             }
         }
-        int done = row - warp - row0 + 8;  // the block's rows so far (every warp's loop alike)
-        if (FP8 && done % q_rows == 0) {
-            // The tile holds these q_rows rows, from r.
-            int r = row0 + done - q_rows;
-            __syncthreads();
-            store_fp8_rows(ln_tile, q_rows, C, q8 + (size_t)r * C, q8t, N, r);
-            __syncthreads();
-        }
-    }
-    if (FP8) {
-        __shared__ unsigned warp_top[32];
-        amax_atomic(amax, top, warp_top);
     }
 #pragma unroll
     for (int k = 0; k < K; k++) {
@@ -482,9 +431,6 @@ __device__ __forceinline__ void layernorm_backward_fused(act_t* dinp, act_t* cop
     act_t *dinp, act_t *copy, float *dw_partials, float *db_partials, float *dinp_partials, const act_t *dout,     \
         const act_t *inp, const act_t *w, const float *mean, const float *rstd, int N, int C, int rows_per_block
 #define LN_FUSED_ARGS dinp, copy, dw_partials, db_partials, dinp_partials, dout, inp, w, mean, rstd, N, C, rows_per_block
-#define LN_FP8_PARAMS                                                                                            \
-    LN_FUSED_PARAMS, unsigned char *q8, unsigned char *q8t, float *amax, const float *q8_scale, int q_rows
-#define LN_FP8_ARGS LN_FUSED_ARGS, q8, q8t, amax, q8_scale, q_rows
 // In bf16 the k6 instance without dinp's sums fits two blocks a multiprocessor (122 registers);
 // the sums' 24 registers more would leave one, so they are held to 128 (a few bytes spilled).
 // In fp32 (float4 loads held) neither fits two.
@@ -503,8 +449,3 @@ extern "C" __global__ void __launch_bounds__(256, LN_K6_SUM_BLOCKS) layernorm_ba
 extern "C" __global__ void layernorm_backward_fused_k8_sum_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<8, true>(LN_FUSED_ARGS); }
 extern "C" __global__ void layernorm_backward_fused_k10_sum_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<10, true>(LN_FUSED_ARGS); }
 extern "C" __global__ void layernorm_backward_fused_k13_sum_kernel(LN_FUSED_PARAMS) { layernorm_backward_fused<13, true>(LN_FUSED_ARGS); }
-// With the E5M2 copies (FP8 training; bf16 only, the sums' instances' bounds).
-extern "C" __global__ void __launch_bounds__(256, LN_K6_SUM_BLOCKS) layernorm_backward_fused_k6_sum_fp8_kernel(LN_FP8_PARAMS) { layernorm_backward_fused<6, true, true>(LN_FP8_ARGS); }
-extern "C" __global__ void layernorm_backward_fused_k8_sum_fp8_kernel(LN_FP8_PARAMS) { layernorm_backward_fused<8, true, true>(LN_FP8_ARGS); }
-extern "C" __global__ void layernorm_backward_fused_k10_sum_fp8_kernel(LN_FP8_PARAMS) { layernorm_backward_fused<10, true, true>(LN_FP8_ARGS); }
-extern "C" __global__ void layernorm_backward_fused_k13_sum_fp8_kernel(LN_FP8_PARAMS) { layernorm_backward_fused<13, true, true>(LN_FP8_ARGS); }
