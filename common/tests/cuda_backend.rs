@@ -222,7 +222,8 @@ fn fp8_weight_grad_case<B: Backend>(be: &B, [r, s, k]: [usize; 3], overwrite: bo
 
 /// The quantization is the CPU's bit for bit (the hardware's conversion is the encoding
 /// `Fp8::encode` implements), amax included; the product's f32 sums differ from the CPU's only
-/// in order, so the output is the CPU's within its bf16 rounding.
+/// in order, so the output is the CPU's within its bf16 rounding (the MLP's first product's
+/// apart: see its GELU case).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn fp8_matches_cpu() {
@@ -301,9 +302,11 @@ fn fp8_matches_cpu() {
             fp8_gelu_case(&be, shape, out_scale),
         );
         let what = format!("fp8 gelu {shape:?} at {out_scale}");
-        // pre in bf16; d(pre) in E5M2 (two bits of mantissa: a bf16 step between the two
-        // backends may move a value across a rounding boundary) and the rest in E4M3.
-        check(&what, &["pre"], &got[..1], &want[..1], 2f32.powi(-7));
+        // pre in bf16, its partial sums added in the tensor cores' precision (FAST_ACCUM: about
+        // 0.1% of the norm apart at K 768, more at single values); d(pre) in E5M2 (two bits of
+        // mantissa: a bf16 step between the two backends may move a value across a rounding
+        // boundary) and the rest in E4M3.
+        check(&what, &["pre"], &got[..1], &want[..1], 2f32.powi(-6));
         check(&what, &["dpre (E5M2)"], &got[1..2], &want[1..2], 2f32.powi(-2));
         let names = ["act (E4M3)", "out (E4M3)", "its amax"];
         check(&what, &names, &got[2..], &want[2..], 2f32.powi(-3));
@@ -346,8 +349,9 @@ fn fp8_matches_cpu() {
     }
     // The layernorm that writes the next product's FP8 input, and with it that input
     // transposed: the separate ops' bits, on the GPU (shapes of whole 32-row blocks take the
-    // transposed copy in the same pass, others not).
-    for shape in [[256, 768], [64, 1280], [40, 20], [24, 18]] {
+    // transposed copy in the same pass, and of 16-row ones where 32 rows do not fit the shared
+    // memory (C 1600); others not).
+    for shape in [[256, 768], [64, 1280], [48, 1600], [40, 20], [24, 18]] {
         for transposed in [false, true] {
             let fused = add_layernorm_quantize_case(&be, shape, transposed, true);
             assert!(

@@ -8,7 +8,8 @@
 //! algorithm is fixed. `Fp32` is CUBLAS_COMPUTE_32F (no TF32), `Tf32`
 //! CUBLAS_COMPUTE_32F_FAST_TF32. A, B, D, the bias and the auxiliary matrix have the
 //! activation type (the auxiliary matrix's type is left at its default, D's), except in the
-//! FP8 products (`matmul_fp8`), whose A and B are FP8 with a scale each, summed in f32.
+//! FP8 products (`matmul_fp8`), whose A and B are FP8 with a scale each, summed in f32 (the
+//! MLP's first, through GELU, in the tensor cores' own precision: FAST_ACCUM).
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::c_void;
@@ -575,6 +576,21 @@ impl LtMatmul {
                 std::mem::size_of::<cublasLtEpilogue_t>(),
             )
             .map_err(lt_err("epilogue"))?;
+            if matches!(key.epilogue, Epilogue::GeluAux { .. }) && key.inputs == Inputs::Fp8([Fp8::E4M3; 2]) {
+                // The MLP's first product in FP8 adds the tensor cores' partial sums in their
+                // own precision instead of promoting them to f32 every few blocks of K (its
+                // output goes through GELU into E4M3): 1.15x faster at GPT-2 124M's shape on an
+                // H100, an error of 0.12% of the output's norm. The other products keep the
+                // promotion.
+                let fast: i8 = 1;
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    Attr::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                    &fast as *const i8 as *const c_void,
+                    1,
+                )
+                .map_err(lt_err("fast accumulation"))?;
+            }
             if let Some(bias) = ops.bias {
                 set_pointer(plan.desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)?;
             }

@@ -50,6 +50,18 @@ fn fused_layernorm_width(c: usize, ptrs: &[DevPtr<Act>], act: ActType) -> Option
     [6, 8, 10, 13].into_iter().find(|&k| c <= 128 * k)
 }
 
+/// Shared memory a block may stage an FP8 copy in before storing it transposed
+/// (`add_layernorm_forward_quantize_t_kernel`), under the 48 KiB a block has without asking.
+const FP8_TILE_BYTES: usize = 40 << 10;
+
+/// Rows of an (bt, c) FP8 copy a block stages at a time: 32, or 16 where 32 rows do not fit
+/// FP8_TILE_BYTES, whole blocks of them in bt; `None` where no such rows fit.
+fn fp8_tile_rows(bt: usize, c: usize) -> Option<usize> {
+    [32, 16]
+        .into_iter()
+        .find(|&rows| rows * c <= FP8_TILE_BYTES && bt.is_multiple_of(rows))
+}
+
 /// A kernel launch's grid and block.
 type LaunchShape = ((u32, u32, u32), (u32, u32, u32));
 
@@ -1140,10 +1152,11 @@ impl Backend for CudaBackend {
         let (sum_, out_, mean_, rstd_, a_, b_, w_, bias_) =
             contract::add_layernorm_forward(self.act(), sum, out, mean, rstd, a, b, w, bias, bt, c);
         // One kernel where add_layernorm_forward's is one and the copy takes 4-byte stores; the
-        // transposed copy in it too where the rows come in whole blocks of 32 and it takes
-        // 16-byte stores.
+        // transposed copy in it too where the rows come in whole staged tiles (`fp8_tile_rows`)
+        // and it takes 16-byte stores.
         let one = vec4_rows(c, &[sum_, out_, a_, b_, w_, bias_], self.act()) && q.dst.ptr().addr().is_multiple_of(4);
-        let with_t = transposed.filter(|t| bt.is_multiple_of(32) && t.ptr().addr().is_multiple_of(16));
+        let rows = fp8_tile_rows(bt, c);
+        let with_t = transposed.filter(|t| rows.is_some() && t.ptr().addr().is_multiple_of(16));
         if !(one && self.act() == ActType::Bf16) || transposed.is_some() != with_t.is_some() {
             self.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, bt, c);
             self.quantize_fp8(q.dst, q.amax, out, q.scale, bt * c, q.format);
@@ -1170,9 +1183,11 @@ impl Backend for CudaBackend {
                 }
                 Some(t) => {
                     let (dst_t, ..) = contract::quantize_fp8_transposed(self.act(), t, q.amax, out, q.scale, [bt, c]);
-                    let args = args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, dst_t, amax, scale, bt, c, e5m2];
-                    let grid = blocks(bt, 32);
-                    self.launch("add_layernorm_forward_quantize_t_kernel", grid, block, args)
+                    let rows = rows.expect("with_t has its rows");
+                    let args =
+                        args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, dst_t, amax, scale, bt, c, e5m2, rows];
+                    let (name, grid) = ("add_layernorm_forward_quantize_t_kernel", blocks(bt, rows));
+                    self.launch_shared(name, grid, block, (rows * c) as u32, args)
                 }
             }
         };

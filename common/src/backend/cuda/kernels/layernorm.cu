@@ -67,11 +67,12 @@ extern "C" __global__ void layernorm_backward_dinp_kernel(act_t* dinp, act_t* co
 // add_layernorm_forward_vec4_kernel, so that the fused op's statistics and output are these,
 // bit for bit (`--recompute` computes its output again with layernorm_forward).
 // With `q` (FP8 training), the row's output also goes there in FP8, as quantize_fp8_kernel
-// writes it from the rounded output (times `qs`; `top` takes the magnitudes' largest).
+// writes it from the rounded output (times `qs`; `top` takes the magnitudes' largest), and with
+// `q_tile` there too (a row of a block's shared-memory tile).
 __device__ __forceinline__ void layernorm_row_vec4(act_t* o, float* mean, float* rstd, const act_t* x,
                                                    const act_t* w, const act_t* b, int lane, int C,
                                                    unsigned char* q = nullptr, float qs = 1.0f, int e5m2 = 0,
-                                                   unsigned* top = nullptr) {
+                                                   unsigned* top = nullptr, unsigned char* q_tile = nullptr) {
     float sum = 0.0f;
     for (int c = 4 * lane; c < C; c += 4 * WARP_SIZE) {
         float4 v = load4(x + c);
@@ -98,8 +99,10 @@ __device__ __forceinline__ void layernorm_row_vec4(act_t* o, float* mean, float*
             float r[4] = {to_f(from_f(y.x)), to_f(from_f(y.y)), to_f(from_f(y.z)), to_f(from_f(y.w))};
 #pragma unroll
             for (int k = 0; k < 4; k++) *top = max(*top, __float_as_uint(fabsf(r[k])));
-            *reinterpret_cast<unsigned*>(q + c) =
+            unsigned bytes =
                 (unsigned)fp8x2(r[0] * qs, r[1] * qs, e5m2) | ((unsigned)fp8x2(r[2] * qs, r[3] * qs, e5m2) << 16);
+            *reinterpret_cast<unsigned*>(q + c) = bytes;
+            if (q_tile) *reinterpret_cast<unsigned*>(q_tile + c) = bytes;
         }
     }
 }
@@ -120,12 +123,12 @@ extern "C" __global__ void layernorm_forward_vec4_kernel(act_t* out, float* mean
 // writes, from L2), where `add` then `layernorm_forward` read the sum back from memory in a
 // second kernel.
 // C a multiple of 4, rows aligned to 4 elements; one warp per row.
-// One row of it (`q` and after: layernorm_row_vec4's).
+// One row of it (`q` and after: layernorm_row_vec4's, `q` the row's own copy).
 __device__ __forceinline__ void add_layernorm_row_vec4(act_t* sum, act_t* out, float* mean, float* rstd,
                                                        const act_t* a, const act_t* b, const act_t* w,
                                                        const act_t* bias, int row, int C,
                                                        unsigned char* q = nullptr, float qs = 1.0f, int e5m2 = 0,
-                                                       unsigned* top = nullptr) {
+                                                       unsigned* top = nullptr, unsigned char* q_tile = nullptr) {
     int lane = threadIdx.x % WARP_SIZE;
     size_t off = (size_t)row * C;
     act_t* s = sum + off;
@@ -133,7 +136,7 @@ __device__ __forceinline__ void add_layernorm_row_vec4(act_t* sum, act_t* out, f
         float4 x = load4(a + off + c), y = load4(b + off + c);
         store4(s + c, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
     }
-    layernorm_row_vec4(out + off, mean + row, rstd + row, s, w, bias, lane, C, q ? q + off : q, qs, e5m2, top);
+    layernorm_row_vec4(out + off, mean + row, rstd + row, s, w, bias, lane, C, q, qs, e5m2, top, q_tile);
 }
 
 extern "C" __global__ void add_layernorm_forward_vec4_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
@@ -154,38 +157,47 @@ extern "C" __global__ void add_layernorm_forward_quantize_kernel(act_t* sum, act
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     unsigned top = 0;
     // Every thread reaches the block's amax below.
-    if (row < N) add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C, dst, scale[0], e5m2, &top);
+    if (row < N)
+        add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C, dst + (size_t)row * C, scale[0], e5m2, &top);
     amax_atomic(amax, top, warp_top);
 }
 
+// The dynamic shared memory add_layernorm_forward_quantize_t_kernel stages its copy in.
+extern __shared__ __align__(16) unsigned char ln_tile[];
+
 // add_layernorm_forward_quantize_kernel with the FP8 copy transposed too, dst_t (C, N) at the
-// same scale (the next product's weight-gradient operand): 32 rows a block, warp w on rows w,
-// w + 8, ...; then the block reads its rows' copy back (its own writes, visible past the
-// barrier) a column a thread, neighbouring lanes on neighbouring columns, and stores each
-// column's 32 bytes in two 16-byte stores along dst_t's row. N a multiple of 32, dst_t aligned
-// to 16 bytes.
+// same scale (the next product's weight-gradient operand). A block takes `rows` rows (16 or
+// 32), warp w rows w, w + 8, ...; each row's copy goes to dst as it is made and to shared
+// memory too (rows·C bytes, dynamic). Past the barrier the block stores the tile transposed, a
+// column a thread, neighbouring lanes on neighbouring columns (a warp reads 32 neighbouring
+// bytes of a tile row: no bank conflicts), each column's `rows` bytes in 16-byte stores along
+// dst_t's row. N a multiple of `rows`, dst aligned to 4 bytes, dst_t to 16.
 extern "C" __global__ void add_layernorm_forward_quantize_t_kernel(act_t* sum, act_t* out, float* mean, float* rstd,
                                                                    const act_t* a, const act_t* b, const act_t* w,
                                                                    const act_t* bias, unsigned char* dst,
                                                                    unsigned char* dst_t, float* amax,
-                                                                   const float* scale, int N, int C, int e5m2) {
+                                                                   const float* scale, int N, int C, int e5m2,
+                                                                   int rows) {
     __shared__ unsigned warp_top[32];
-    int r0 = blockIdx.x * 32;
+    int r0 = blockIdx.x * rows;
     unsigned top = 0;
-    for (int row = r0 + threadIdx.x / WARP_SIZE; row < r0 + 32; row += blockDim.x / WARP_SIZE)
-        add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, row, C, dst, scale[0], e5m2, &top);
+    for (int i = threadIdx.x / WARP_SIZE; i < rows; i += blockDim.x / WARP_SIZE) {
+        unsigned char* q = dst + (size_t)(r0 + i) * C;
+        add_layernorm_row_vec4(sum, out, mean, rstd, a, b, w, bias, r0 + i, C, q, scale[0], e5m2, &top,
+                               ln_tile + (size_t)i * C);
+    }
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        const unsigned char* p = dst + (size_t)r0 * C + c;
-        unsigned v[8];
+        for (int h = 0; h < rows; h += 16) {
+            const unsigned char* p = ln_tile + (size_t)h * C + c;
+            unsigned v[4];
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const unsigned char* q = p + (size_t)4 * k * C;
-            v[k] = (unsigned)q[0] | ((unsigned)q[C] << 8) | ((unsigned)q[2 * C] << 16) | ((unsigned)q[3 * C] << 24);
+            for (int k = 0; k < 4; k++) {
+                const unsigned char* q = p + (size_t)4 * k * C;
+                v[k] = (unsigned)q[0] | ((unsigned)q[C] << 8) | ((unsigned)q[2 * C] << 16) | ((unsigned)q[3 * C] << 24);
+            }
+            *reinterpret_cast<uint4*>(dst_t + (size_t)c * N + r0 + h) = make_uint4(v[0], v[1], v[2], v[3]);
         }
-        uint4* to = reinterpret_cast<uint4*>(dst_t + (size_t)c * N + r0);
-        to[0] = make_uint4(v[0], v[1], v[2], v[3]);
-        to[1] = make_uint4(v[4], v[5], v[6], v[7]);
     }
     amax_atomic(amax, top, warp_top);
 }
