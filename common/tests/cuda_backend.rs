@@ -302,11 +302,11 @@ fn fp8_matches_cpu() {
             fp8_gelu_case(&be, shape, out_scale),
         );
         let what = format!("fp8 gelu {shape:?} at {out_scale}");
-        // pre in bf16, its partial sums added in the tensor cores' precision (FAST_ACCUM: about
-        // 0.1% of the norm apart at K 768, more at single values); d(pre) in E5M2 (two bits of
+        // pre in bf16, its partial sums added in the tensor cores' precision (FAST_ACCUM: 0.3%
+        // to 0.4% of the largest value apart on an H200); d(pre) in E5M2 (two bits of
         // mantissa: a bf16 step between the two backends may move a value across a rounding
         // boundary) and the rest in E4M3.
-        check(&what, &["pre"], &got[..1], &want[..1], 2f32.powi(-6));
+        check(&what, &["pre"], &got[..1], &want[..1], 2f32.powi(-7));
         check(&what, &["dpre (E5M2)"], &got[1..2], &want[1..2], 2f32.powi(-2));
         let names = ["act (E4M3)", "out (E4M3)", "its amax"];
         check(&what, &names, &got[2..], &want[2..], 2f32.powi(-3));

@@ -580,8 +580,9 @@ impl LtMatmul {
                 // The MLP's first product in FP8 adds the tensor cores' partial sums in their
                 // own precision instead of promoting them to f32 every few blocks of K (its
                 // output goes through GELU into E4M3): 1.15x faster at GPT-2 124M's shape on an
-                // H100, an error of 0.12% of the output's norm. The other products keep the
-                // promotion.
+                // H100, an error of 0.12% of the output's norm; the 2000-step FP8 loss stays
+                // within 0.8% of bf16's. On every forward product it drifted past 1.8%, so the
+                // other products keep the promotion.
                 let fast: i8 = 1;
                 lt::set_matmul_desc_attribute(
                     plan.desc,
