@@ -1155,8 +1155,9 @@ impl Backend for CudaBackend {
         // transposed copy in it too where the rows come in whole staged tiles (`fp8_tile_rows`)
         // and it takes 16-byte stores.
         let one = vec4_rows(c, &[sum_, out_, a_, b_, w_, bias_], self.act()) && q.dst.ptr().addr().is_multiple_of(4);
-        let rows = fp8_tile_rows(bt, c);
-        let with_t = transposed.filter(|t| rows.is_some() && t.ptr().addr().is_multiple_of(16));
+        let with_t = transposed
+            .zip(fp8_tile_rows(bt, c))
+            .filter(|(t, _)| t.ptr().addr().is_multiple_of(16));
         if !(one && self.act() == ActType::Bf16) || transposed.is_some() != with_t.is_some() {
             self.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, bt, c);
             self.quantize_fp8(q.dst, q.amax, out, q.scale, bt * c, q.format);
@@ -1181,9 +1182,8 @@ impl Backend for CudaBackend {
                     let grid = blocks(bt, ROWS_PER_BLOCK);
                     self.launch("add_layernorm_forward_quantize_kernel", grid, block, args)
                 }
-                Some(t) => {
+                Some((t, rows)) => {
                     let (dst_t, ..) = contract::quantize_fp8_transposed(self.act(), t, q.amax, out, q.scale, [bt, c]);
-                    let rows = rows.expect("with_t has its rows");
                     let args =
                         args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, dst_t, amax, scale, bt, c, e5m2, rows];
                     let (name, grid) = ("add_layernorm_forward_quantize_t_kernel", blocks(bt, rows));
