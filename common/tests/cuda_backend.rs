@@ -347,6 +347,16 @@ fn fp8_matches_cpu() {
             );
         }
     }
+    // Attention's forward with out's E4M3 copies (the projection's input, as stored and
+    // transposed): the two ops' bits, on the GPU, at shapes whose last tile is whole and cut,
+    // and at a length the fused copies do not take (T not a multiple of 16).
+    for shape in [[2, 256, 768, 12], [1, 208, 128, 2], [1, 200, 128, 2]] {
+        let fused = attention_forward_quantize_case(&be, shape, true);
+        assert!(
+            fused == attention_forward_quantize_case(&be, shape, false),
+            "attention_forward_quantize {shape:?}"
+        );
+    }
     // The layernorm that writes the next product's FP8 input, and with it that input
     // transposed: the separate ops' bits, on the GPU (shapes of whole 32-row blocks take the
     // transposed copy in the same pass, and of 16-row ones where 32 rows do not fit the shared
@@ -568,6 +578,48 @@ fn attention_quantize_case<B: Backend>(
     vec![
         download_act(be, &dqkv, n).iter().map(|x| x.to_bits()).collect(),
         download(be, &dbias).iter().map(|x| x.to_bits()).collect(),
+        bytes(&dst),
+        bytes(&dst_t),
+        vec![download(be, &amax)[0].to_bits()],
+    ]
+}
+
+/// `attention_forward_quantize` on `be` (`fused`), or its two ops there: out's bits, the
+/// saved state's, the E4M3 copies' (as stored and transposed), the amax's.
+fn attention_forward_quantize_case<B: Backend>(be: &B, [b, t, c, nh]: [usize; 4], fused: bool) -> Vec<Vec<u32>> {
+    let n = b * t * c;
+    let qkv = upload_act(be, &rnd(Inputs::Bf16, 3 * n, 85, 1.0));
+    let out = alloc_act(be, n);
+    let saved_len = be.attention_saved_len(b, t, nh);
+    let saved = be.alloc::<f32>(saved_len).unwrap();
+    let (dst, dst_t, scale, amax) = (
+        be.alloc::<u8>(n).expect("alloc"),
+        be.alloc::<u8>(n).expect("alloc"),
+        upload(be, &[64.0]),
+        upload(be, &[0.0]),
+    );
+    let copy = Fp8Out {
+        dst: dst.span(),
+        amax: amax.span(),
+        scale: scale.span(),
+        format: Fp8::E4M3,
+    };
+    let (o, s, x) = (act(be, &out), saved.span(), act(be, &qkv));
+    if fused {
+        be.attention_forward_quantize(o, s, x, [b, t, c, nh], copy, dst_t.span());
+    } else {
+        be.attention_forward(o, s, x, b, t, c, nh);
+        let both = [dst.span(), dst_t.span()];
+        be.quantize_fp8_both(both, amax.span(), o, scale.span(), [b * t, c], Fp8::E4M3);
+    }
+    let bytes = |buf: &B::Buffer<u8>| {
+        let mut v = vec![0u8; n];
+        be.read(buf, 0, &mut v).expect("read");
+        v.into_iter().map(u32::from).collect()
+    };
+    vec![
+        download_act(be, &out, n).iter().map(|x| x.to_bits()).collect(),
+        download(be, &saved).iter().map(|x| x.to_bits()).collect(),
         bytes(&dst),
         bytes(&dst_t),
         vec![download(be, &amax)[0].to_bits()],

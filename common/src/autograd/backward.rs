@@ -637,8 +637,8 @@ impl<'a, B: Backend> Graph<'a, B> {
 
     /// An FP8 product's input `x` (R,C) transposed (C,R) in E4M3 at the scale its forward
     /// product took, for the weight gradient's product: the copy the forward pass kept
-    /// ([`Graph::add_layernorm`]), else quantized now (its amax recorded again: the same
-    /// values).
+    /// ([`Graph::add_layernorm`], [`Graph::attention`], [`Graph::matmul_fp8`]), else quantized
+    /// now (its amax recorded again: the same values).
     fn quantize_input_transposed(&mut self, site: Fp8Site<'a>, x: Tensor, [r, c]: [usize; 2]) -> Result<Span<'a, u8>> {
         match self.fp8_kept_t.get(&x.0) {
             Some(&(kept, slot)) if slot == site.input.ptr() => return Ok(kept),

@@ -237,10 +237,11 @@ pub struct Graph<'a, B: Backend> {
     /// Tensors whose op also wrote their FP8 copy for the product that reads them next (in
     /// the scratch of its size, until another operand takes it), its transposed copy where the
     /// op wrote one too (a gradient, for the weight gradient's product), and the slot they were
-    /// scaled by ([`Graph::add_layernorm`], attention's backward).
+    /// scaled by ([`Graph::add_layernorm`], [`Graph::attention`], attention's backward).
     fp8_copies: HashMap<usize, Fp8Copies<'a>>,
     /// FP8 products' inputs whose transposed E4M3 copy the forward pass kept for the weight
-    /// gradient's product, with the slot it was scaled by ([`Graph::add_layernorm`]).
+    /// gradient's product, with the slot it was scaled by ([`Graph::add_layernorm`],
+    /// [`Graph::attention`], [`Graph::matmul_fp8`]).
     fp8_kept_t: HashMap<usize, (Span<'a, u8>, DevPtr)>,
     /// A word for an amax that no slot takes (`Graph::fp8_discard`), once asked for.
     fp8_discard: Option<Span<'a>>,
@@ -856,8 +857,19 @@ impl<'a, B: Backend> Graph<'a, B> {
         Ok(out)
     }
 
-    /// Causal self-attention over qkv (B·T, 3C) with `nh` heads → (B·T, C).
-    pub fn attention(&mut self, qkv: Tensor, b: usize, t: usize, nh: usize) -> Result<Tensor> {
+    /// Causal self-attention over qkv (B·T, 3C) with `nh` heads → (B·T, C). With `fp8` (the
+    /// site of the FP8 product that reads the output next, in a training graph), the op also
+    /// writes the output's E4M3 copy at that site's input scale
+    /// ([`Backend::attention_forward_quantize`]), which that product reads instead of
+    /// quantizing, and its transposed copy, kept for that product's weight gradient.
+    pub fn attention(
+        &mut self,
+        qkv: Tensor,
+        b: usize,
+        t: usize,
+        nh: usize,
+        fp8: Option<Fp8Site<'a>>,
+    ) -> Result<Tensor> {
         let [r, c3] = self.shape(qkv);
         assert!(r == b * t && c3 % 3 == 0, "attention: qkv must be (B·T, 3C)");
         let c = c3 / 3;
@@ -865,7 +877,16 @@ impl<'a, B: Backend> Graph<'a, B> {
         let saved = self.alloc_f32(self.be.attention_saved_len(b, t, nh))?;
         let out = self.output([r, c], Op::Attention { qkv, saved, b, t, nh })?;
         let x = self.data(qkv);
-        self.be.attention_forward(self.span(out), saved, x, b, t, c, nh);
+        match fp8 {
+            None => self.be.attention_forward(self.span(out), saved, x, b, t, c, nh),
+            Some(site) => {
+                let q = self.input_fp8_out(site, r * c)?;
+                let kept_t = self.fp8_kept_t_buffer(out, site, r * c)?;
+                let be = self.be;
+                be.attention_forward_quantize(self.span(out), saved, x, [b, t, c, nh], q, kept_t);
+                self.fp8_copies.insert(out.0, (q.dst, None, site.input.ptr()));
+            }
+        }
         Ok(out)
     }
 
@@ -1019,7 +1040,7 @@ impl<'a, B: Backend> Graph<'a, B> {
     }
 
     /// An FP8 product's input `inp` (R,C) in E4M3 at its site's scale, its amax recorded: the
-    /// copy its op wrote ([`Graph::add_layernorm`]), else quantized now into the scratch of its
+    /// copy its op wrote ([`Graph::add_layernorm`], [`Graph::attention`]), else quantized now into the scratch of its
     /// size, with its transposed copy kept for the weight gradient's product in the same pass.
     fn quantize_input(&mut self, site: Fp8Site<'a>, inp: Tensor, [r, c]: [usize; 2]) -> Result<Span<'a, u8>> {
         match self.fp8_copies.remove(&inp.0) {

@@ -1066,6 +1066,27 @@ pub trait Backend {
     /// `out`: B·T·C; `saved`: `attention_saved_len(b, t, nh)`; `qkv`: B·T·3C; `nh` divides C.
     #[allow(clippy::too_many_arguments)]
     fn attention_forward(&self, out: Span<Act>, saved: Span, qkv: Span<Act>, b: usize, t: usize, c: usize, nh: usize);
+    /// [`Backend::attention_forward`], then out quantized into `quantized` and, transposed
+    /// (C, B·T), into `transposed`, as [`Backend::quantize_fp8_both`] does: under FP8 the
+    /// attention projection's input, for its product and its weight gradient's. By default
+    /// the two ops; CUDA's Hopper kernel writes both copies as it stores out's tiles (the same
+    /// bits).
+    /// # Operands
+    /// As `attention_forward`; `quantized.dst`, `transposed`: B·T·C bytes, `.amax`, `.scale`: 1.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_forward_quantize(
+        &self,
+        out: Span<Act>,
+        saved: Span,
+        qkv: Span<Act>,
+        [b, t, c, nh]: [usize; 4],
+        quantized: Fp8Out,
+        transposed: Span<u8>,
+    ) {
+        self.attention_forward(out, saved, qkv, b, t, c, nh);
+        let q = quantized;
+        self.quantize_fp8_both([q.dst, transposed], q.amax, out, q.scale, [b * t, c], q.format);
+    }
     /// The backward of `attention_forward`: `dqkv += ∂loss/∂qkv` from `dout`. With
     /// `overwrite`, dqkv's contents are ignored and OVERWRITTEN (qkv's first and only
     /// gradient): no zero fill first, and a backend may skip reading it (the Hopper kernels

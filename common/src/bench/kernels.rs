@@ -690,6 +690,35 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             })?;
             row("ours-unfused", "add_layernorm_fwd_quantize", shape, apart, None, bytes);
         }
+        // Attention that also writes its output as the projection's E4M3 input, as stored and
+        // transposed, against attention then quantize_fp8_both (T = 1024, or the tokens).
+        {
+            let (c, nh) = (768usize, 12usize);
+            let t = tokens.min(1024);
+            let b = tokens / t;
+            let n = b * t * c;
+            let m = Arena::new(be);
+            let (qkv, out) = (m.act(3 * n, 1.0)?, m.act(n, 1.0)?);
+            let lse = m.f32s(be.attention_saved_len(b, t, nh), 1.0, Some(0.0))?;
+            let (dst, dst_t) = (m.fp8(n, Fp8::E4M3)?, m.fp8(n, Fp8::E4M3)?);
+            let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
+            let copy = Fp8Out {
+                dst,
+                amax,
+                scale,
+                format: Fp8::E4M3,
+            };
+            let shape = format!("B={b} T={t} NH={nh} HS={}", c / nh);
+            let fused = time_ms(be, 10, || {
+                be.attention_forward_quantize(out, lse, qkv, [b, t, c, nh], copy, dst_t)
+            })?;
+            row("ours", "attention_fwd_quantize", shape.clone(), fused, None, None);
+            let apart = time_ms(be, 10, || {
+                be.attention_forward(out, lse, qkv, b, t, c, nh);
+                be.quantize_fp8_both([dst, dst_t], amax, out, scale, [b * t, c], Fp8::E4M3);
+            })?;
+            row("ours-unfused", "attention_fwd_quantize", shape, apart, None, None);
+        }
         // FP8's gelu' (the MLP's d(pre) as its E5M2 copies, as stored and transposed; gelu(pre)
         // rebuilt as its transposed E4M3 copy; the bias gradient summed), against its five
         // kernels. The separate kernels change d over the calls (in place), not the work.

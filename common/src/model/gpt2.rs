@@ -223,7 +223,8 @@ impl<B: Backend> Gpt2<B> {
             // attention sub-block: x = x + proj(attn(ln1(x))), with ln2(x) in the same op
             let qkv = product(g, h, l, (Param::QkvW, Param::QkvB))?; // (BT, 3C)
             let a = match attend {
-                Attend::Full => g.attention(qkv, b, t, cfg.n_head)?, // (BT, C)
+                // (BT, C); under FP8 with the projection's FP8 input
+                Attend::Full => g.attention(qkv, b, t, cfg.n_head, fp8.map(|f| f.site(l, Param::AttProjW)))?,
                 Attend::Cached { cache, .. } => {
                     let first = first.expect("set for cached attention above");
                     g.attention_cached(qkv, cache, l, first, cfg.n_head)?

@@ -116,9 +116,10 @@ pub(super) fn allow_shared_memory(kernels: &super::nvrtc::Kernels) -> Result<()>
     Ok(())
 }
 
-/// dqkv's E5M2 copies that the Hopper backward kernels write as they store its tiles (FP8's
-/// qkv output gradient; `Fp8Copy` in flash_wgmma.cuh): where they go (laid out as dqkv, and
-/// transposed: (3C, B·T)), their amax word, their scale word.
+/// The FP8 copies that the Hopper kernels write of a matrix as they store its tiles: dqkv's
+/// E5M2 ones in backward (the qkv product's output gradient; `Fp8Copy` in flash_wgmma.cuh),
+/// out's E4M3 ones in forward (the attention projection's input): where they go (laid out as
+/// the matrix, and transposed), their amax word, their scale word.
 #[derive(Clone, Copy, Default)]
 pub(super) struct Fp8Copy {
     pub dst: DevPtr<u8>,
@@ -145,8 +146,12 @@ impl CudaBackend {
         Ok((heads as u32, tiles as u32, 1))
     }
 
+    /// With `fp8`, out's E4M3 copies too where the Hopper kernel runs (T a multiple of 16, the
+    /// copies aligned: 8 bytes, 16 transposed): returns whether it wrote them.
+    ///
     /// # Safety
-    /// The contract of [`Backend::attention_forward`](crate::backend::Backend::attention_forward).
+    /// The contract of [`Backend::attention_forward`](crate::backend::Backend::attention_forward);
+    /// with `fp8`, that of `quantize_fp8_both` over out, (B·T, C).
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn attention_forward_flash(
         &self,
@@ -157,21 +162,37 @@ impl CudaBackend {
         t: usize,
         c: usize,
         nh: usize,
-    ) -> Result<()> {
+        fp8: Option<Fp8Copy>,
+    ) -> Result<bool> {
         let hs = super::attention::head_size(c, nh)?;
         if b * t == 0 {
-            return Ok(());
+            return Ok(fp8.is_some());
         }
         let v = variant(hs, self.precision, self.wgmma_fits(hs, &[qkv, out]))?;
-        let name = format!("flash_forward_{}", v.suffix);
         let scale_log2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
         let vec = vectorizable(hs, &[qkv], v.vector);
-        self.try_launch(
-            &name,
-            self.flash_grid(b, t, nh, v.forward_rows)?,
-            (THREADS, 1, 1),
-            args![out, lse, qkv, t, nh, hs, scale_log2, vec],
-        )
+        let grid = self.flash_grid(b, t, nh, v.forward_rows)?;
+        let fused = fp8.filter(|copy| {
+            v.suffix == "d64_wgmma"
+                && t.is_multiple_of(16)
+                && copy.dst.addr().is_multiple_of(8)
+                && copy.dst_t.addr().is_multiple_of(16)
+        });
+        match fused {
+            Some(q) => self.try_launch(
+                "flash_forward_d64_wgmma_fp8",
+                grid,
+                (THREADS, 1, 1),
+                args![out, lse, qkv, t, nh, hs, scale_log2, vec, q.dst, q.dst_t, q.amax, q.scale],
+            )?,
+            None => self.try_launch(
+                &format!("flash_forward_{}", v.suffix),
+                grid,
+                (THREADS, 1, 1),
+                args![out, lse, qkv, t, nh, hs, scale_log2, vec],
+            )?,
+        }
+        Ok(fused.is_some())
     }
 
     /// delta = rowsum(dout·out), then dK/dV per key tile and dQ per query tile, added into

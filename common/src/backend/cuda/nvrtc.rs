@@ -74,8 +74,14 @@ fn flash_source(d: usize, act: ActType) -> String {
         }
         if d == 64 {
             src += FLASH_WGMMA;
+            // The forward, and with its output's E4M3 copies (`_fp8`: FP8's attention projection
+            // input, as stored and transposed).
             src += "extern \"C\" __global__ void flash_forward_d64_wgmma(FWD_PARAMS) \
-                    { FLASH_WGMMA_BODY(flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec)); }\n";
+                    { FLASH_WGMMA_BODY(flashwg_forward(out, lse, qkv, T, NH, HS, scale_log2, vec, nullptr, nullptr, \
+                    nullptr, nullptr)); }\n";
+            src += "extern \"C\" __global__ void flash_forward_d64_wgmma_fp8(FWD_PARAMS, unsigned char* q8, \
+                    unsigned char* q8t, float* amax, const float* q8_scale) { FLASH_WGMMA_BODY(flashwg_forward(out, \
+                    lse, qkv, T, NH, HS, scale_log2, vec, q8, q8t, amax, q8_scale)); }\n";
             // The backward adding into dqkv (`_wgmma`) and overwriting it (`_wgmma_store`, the
             // model's call; `_wgmma_store_bias` also writes its tiles' column sums for the qkv
             // product's bias gradient, `_wgmma_store_fp8` those where bias_part is not null and

@@ -1241,12 +1241,52 @@ impl Backend for CudaBackend {
         // SAFETY: the contract checked every extent and overlap.
         let queued = unsafe {
             match self.attention {
-                AttentionPath::Flash => self.attention_forward_flash(out, saved, qkv, b, t, c, nh),
+                AttentionPath::Flash => self
+                    .attention_forward_flash(out, saved, qkv, b, t, c, nh, None)
+                    .map(|_| ()),
                 AttentionPath::Gemm => self.attention_forward_gemm(out.cast(), saved, qkv.cast(), b, t, c, nh),
             }
         };
         if let Err(e) = queued {
             self.fail(e);
+        }
+    }
+
+    fn attention_forward_quantize(
+        &self,
+        out: Span<Act>,
+        saved: Span,
+        qkv: Span<Act>,
+        [b, t, c, nh]: [usize; 4],
+        quantized: Fp8Out,
+        transposed: Span<u8>,
+    ) {
+        let q = quantized;
+        let shape = [b * t, c];
+        let ([dst, dst_t], amax, _, scale) =
+            contract::quantize_fp8_both(self.act(), [q.dst, transposed], q.amax, out, q.scale, shape);
+        let saved_len = self.attention_saved_len(b, t, nh);
+        let (out_, saved_, qkv_) = contract::attention_forward(self.act(), out, saved, saved_len, qkv, b, t, c, nh);
+        // The Hopper kernel writes the E4M3 copies as it stores out (the same bits as quantizing
+        // it after); elsewhere the two ops.
+        let copy = (self.attention == AttentionPath::Flash && q.format == Fp8::E4M3).then_some(super::flash::Fp8Copy {
+            dst,
+            dst_t,
+            amax,
+            scale,
+        });
+        // SAFETY: the contracts checked every extent and overlap.
+        let written = match copy {
+            Some(copy) => unsafe { self.attention_forward_flash(out_, saved_, qkv_, b, t, c, nh, Some(copy)) },
+            None => {
+                self.attention_forward(out, saved, qkv, b, t, c, nh);
+                Ok(false)
+            }
+        };
+        match written {
+            Ok(true) => {}
+            Ok(false) => self.quantize_fp8_both([q.dst, transposed], q.amax, out, q.scale, shape, q.format),
+            Err(e) => self.fail(e),
         }
     }
 

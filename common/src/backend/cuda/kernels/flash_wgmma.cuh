@@ -191,9 +191,15 @@ __device__ __forceinline__ void wg_product_nn(float (&d)[8][4], const float (&s)
 // in registers across the loop: see the top of this file. p·v accumulates into o itself (o is
 // rescaled by the softmax step before the product is issued, and wgmma.fence orders that write
 // before the product reads o): 94 registers, so five blocks a multiprocessor. The output goes
-// through shared memory and out in 16-byte stores.
+// through shared memory and out in 16-byte stores. With q8 (`_fp8`: the attention projection's
+// E4M3 input under --precision fp8), also the output as stored in E4M3 at q8_scale[0], laid out
+// as out (8-byte stores) with its amax taken into amax, and transposed, (C, B·T), at q8t: column
+// j's rows as 16-byte runs, a warp reading 32 neighbouring columns of a stage row; T a multiple
+// of 16.
 __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int HS,
-                                                float scale_log2, int /*vec: 16-byte rows, always here*/) {
+                                                float scale_log2, int /*vec: 16-byte rows, always here*/,
+                                                unsigned char* q8, unsigned char* q8t, float* amax,
+                                                const float* q8_scale) {
     __shared__ __align__(1024) bf16_t ks[2][64 * 64];
     __shared__ __align__(1024) bf16_t vs[2][64 * 64];
     __shared__ __align__(1024) bf16_t q_s[64 * 64];
@@ -244,11 +250,47 @@ __device__ __forceinline__ void flashwg_forward(bf16_t* out, float* lse, const b
         stage[(lr + 8) * 36 + n * 4 + t] = pack_bf16(o[n][2] * inv1, o[n][3] * inv1);
     }
     __syncthreads();
-    bf16_t* out_base = out + (size_t)b * T * C + (size_t)h * HS;
+    size_t at = (size_t)b * T * C + (size_t)h * HS;  // the head's offset in out (and in q8)
+    float s8 = q8 ? q8_scale[0] : 0.0f;
+    unsigned top = 0;  // the largest magnitude this thread quantized
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         int r = qt * 64 + (threadIdx.x >> 3) + 16 * j, c = threadIdx.x & 7;
-        if (r < T) *(uint4*)(out_base + (size_t)r * C + c * 8) = *(const uint4*)&stage[(r - qt * 64) * 36 + c * 4];
+        if (r < T) {
+            uint4 w = *(const uint4*)&stage[(r - qt * 64) * 36 + c * 4];
+            *(uint4*)(out + at + (size_t)r * C + c * 8) = w;
+            if (q8) {
+                unsigned u[4] = {w.x, w.y, w.z, w.w};
+                float v[8];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    v[2 * k] = __uint_as_float(u[k] << 16);
+                    v[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+                }
+                *reinterpret_cast<uint2*>(q8 + at + (size_t)r * C + c * 8) = fp8x8(v, s8, 0, top);
+            }
+        }
+    }
+    if (q8) {
+        const bf16_t* st = (const bf16_t*)stage;  // 72 values a row
+        size_t rows = (size_t)gridDim.x / NH * T;  // q8t's rows: B·T
+        unsigned seen = 0;                         // the plain copy took these values' amax
+#pragma unroll
+        for (int i = threadIdx.x; i < 64 * 4; i += FLASH_THREADS) {
+            int j = i % 64, r = 16 * (i / 64);
+            if (qt * 64 + r < T) {
+                unsigned w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const bf16_t* s = &st[(r + 4 * q) * 72 + j];
+                    w[q] = fp8x4(make_float4(to_f(s[0]), to_f(s[72]), to_f(s[144]), to_f(s[216])), s8, 0, seen);
+                }
+                *reinterpret_cast<uint4*>(q8t + ((size_t)h * HS + j) * rows + (size_t)b * T + qt * 64 + r) =
+                    make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+        __shared__ unsigned warp_top[FLASH_THREADS / 32];
+        amax_atomic(amax, top, warp_top);
     }
     if (t == 0) {
         float* lse_row = lse + (size_t)blockIdx.x * T;
