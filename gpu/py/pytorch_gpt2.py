@@ -318,6 +318,16 @@ def products(dev, timed):
     print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "add_layernorm_fwd_quantize", "shape": f"{r}x768",
                       "precision": "bf16", "ms": timed(add_ln_quantize)}))
     del x, y, w, b
+    b, t, nh, hs = r // 1024, 1024, 12, 64
+    q, k, v = (rand(b, nh, t, hs).bfloat16() for _ in range(3))
+
+    def attn_quantize():  # attention_fwd_quantize: the output as (B·T, C), in E4M3 and transposed, its amax
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b * t, nh * hs)
+        qo = (o * one).to(e4)
+        return o, qo, qo.t().contiguous(), o.abs().amax()
+    print(json.dumps({"kind": "kernel", "impl": "pytorch", "op": "attention_fwd_quantize",
+                      "shape": f"B={b} T={t} NH={nh} HS={hs}", "precision": "bf16", "ms": timed(attn_quantize)}))
+    del q, k, v
     # gelu_backward_fp8: d(pre) in E5M2 as stored and transposed, gelu(pre) in E4M3 transposed, their largest
     # magnitudes and the bias gradient
     g, x = rand(r, 3072).bfloat16(), (rand(r, 3072) * 2).bfloat16()

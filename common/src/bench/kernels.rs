@@ -708,16 +708,17 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
                 scale,
                 format: Fp8::E4M3,
             };
-            let shape = format!("B={b} T={t} NH={nh} HS={}", c / nh);
+            let (hs, flop) = (c / nh, Some(2.0 * (b * nh * t * t * (c / nh)) as f64)); // as attention_fwd's
+            let shape = format!("B={b} T={t} NH={nh} HS={hs}");
             let fused = time_ms(be, 10, || {
                 be.attention_forward_quantize(out, lse, qkv, [b, t, c, nh], copy, dst_t)
             })?;
-            row("ours", "attention_fwd_quantize", shape.clone(), fused, None, None);
+            row("ours", "attention_fwd_quantize", shape.clone(), fused, flop, None);
             let apart = time_ms(be, 10, || {
                 be.attention_forward(out, lse, qkv, b, t, c, nh);
                 be.quantize_fp8_both([dst, dst_t], amax, out, scale, [b * t, c], Fp8::E4M3);
             })?;
-            row("ours-unfused", "attention_fwd_quantize", shape, apart, None, None);
+            row("ours-unfused", "attention_fwd_quantize", shape, apart, flop, None);
         }
         // FP8's gelu' (the MLP's d(pre) as its E5M2 copies, as stored and transposed; gelu(pre)
         // rebuilt as its transposed E4M3 copy; the bias gradient summed), against its five
