@@ -547,41 +547,88 @@ fn attention_quantize_case<B: Backend>(
     let dout = upload_act(be, &rnd(Inputs::Bf16, b * t * c, 82, 1.0));
     let dqkv = upload_act(be, &rnd(Inputs::Bf16, n, 83, 100.0));
     let dbias = upload(be, &rnd(Inputs::Bf16, 3 * c, 84, 1.0));
-    let (dst, dst_t, scale, amax) = (
-        be.alloc::<u8>(n).expect("alloc"),
-        be.alloc::<u8>(n).expect("alloc"),
-        upload(be, &[4096.0]),
-        upload(be, &[0.0]),
-    );
-    let copy = Fp8Out {
-        dst: dst.span(),
-        amax: amax.span(),
-        scale: scale.span(),
-        format: Fp8::E5M2,
-    };
+    let copies = CopyBuffers::new(be, n, 4096.0, Fp8::E5M2);
     be.attention_forward(act(be, &out), saved.span(), act(be, &qkv), b, t, c, nh);
     let bias = with_bias.then(|| dbias.span());
     let (dq, o, s) = (act(be, &dqkv), act(be, &out), saved.span());
     if fused {
         let (dout, qkv) = (act(be, &dout), act(be, &qkv));
-        be.attention_backward_quantize(dq, bias, dout, qkv, o, s, b, t, c, nh, copy, dst_t.span());
+        be.attention_backward_quantize(
+            dq,
+            bias,
+            dout,
+            qkv,
+            o,
+            s,
+            b,
+            t,
+            c,
+            nh,
+            copies.out(),
+            copies.dst_t.span(),
+        );
     } else {
         be.attention_backward(true, dq, bias, act(be, &dout), act(be, &qkv), o, s, b, t, c, nh);
-        let both = [dst.span(), dst_t.span()];
-        be.quantize_fp8_both(both, amax.span(), dq, scale.span(), [b * t, 3 * c], Fp8::E5M2);
+        copies.quantize_apart(be, dq, [b * t, 3 * c]);
     }
-    let bytes = |buf: &B::Buffer<u8>| {
-        let mut v = vec![0u8; n];
-        be.read(buf, 0, &mut v).expect("read");
-        v.into_iter().map(u32::from).collect()
-    };
-    vec![
+    let mut got = vec![
         download_act(be, &dqkv, n).iter().map(|x| x.to_bits()).collect(),
         download(be, &dbias).iter().map(|x| x.to_bits()).collect(),
-        bytes(&dst),
-        bytes(&dst_t),
-        vec![download(be, &amax)[0].to_bits()],
-    ]
+    ];
+    got.extend(copies.bits(be));
+    got
+}
+
+/// An FP8 op's two copies under test, as stored and transposed, with their scale and amax.
+struct CopyBuffers<B: Backend> {
+    dst: B::Buffer<u8>,
+    dst_t: B::Buffer<u8>,
+    scale: B::Buffer<f32>,
+    amax: B::Buffer<f32>,
+    format: Fp8,
+}
+
+impl<B: Backend> CopyBuffers<B> {
+    /// `n` bytes each, at `scale`, the amax at 0.
+    fn new(be: &B, n: usize, scale: f32, format: Fp8) -> Self {
+        Self {
+            dst: be.alloc::<u8>(n).expect("alloc"),
+            dst_t: be.alloc::<u8>(n).expect("alloc"),
+            scale: upload(be, &[scale]),
+            amax: upload(be, &[0.0]),
+            format,
+        }
+    }
+
+    /// The copy as stored, as the fused ops take it.
+    fn out(&self) -> Fp8Out<'_> {
+        Fp8Out {
+            dst: self.dst.span(),
+            amax: self.amax.span(),
+            scale: self.scale.span(),
+            format: self.format,
+        }
+    }
+
+    /// Both copies of `src` (`shape`) by `quantize_fp8_both`: what a fused op replaces.
+    fn quantize_apart(&self, be: &B, src: Span<Act>, shape: [usize; 2]) {
+        let both = [self.dst.span(), self.dst_t.span()];
+        be.quantize_fp8_both(both, self.amax.span(), src, self.scale.span(), shape, self.format);
+    }
+
+    /// The two copies' bytes and the amax's bits.
+    fn bits(&self, be: &B) -> [Vec<u32>; 3] {
+        let bytes = |buf: &B::Buffer<u8>| {
+            let mut v = vec![0u8; buf.len()];
+            be.read(buf, 0, &mut v).expect("read");
+            v.into_iter().map(u32::from).collect()
+        };
+        [
+            bytes(&self.dst),
+            bytes(&self.dst_t),
+            vec![download(be, &self.amax)[0].to_bits()],
+        ]
+    }
 }
 
 /// `attention_forward_quantize` on `be` (`fused`), or its two ops there: out's bits, the
@@ -592,38 +639,20 @@ fn attention_forward_quantize_case<B: Backend>(be: &B, [b, t, c, nh]: [usize; 4]
     let out = alloc_act(be, n);
     let saved_len = be.attention_saved_len(b, t, nh);
     let saved = be.alloc::<f32>(saved_len).unwrap();
-    let (dst, dst_t, scale, amax) = (
-        be.alloc::<u8>(n).expect("alloc"),
-        be.alloc::<u8>(n).expect("alloc"),
-        upload(be, &[64.0]),
-        upload(be, &[0.0]),
-    );
-    let copy = Fp8Out {
-        dst: dst.span(),
-        amax: amax.span(),
-        scale: scale.span(),
-        format: Fp8::E4M3,
-    };
+    let copies = CopyBuffers::new(be, n, 64.0, Fp8::E4M3);
     let (o, s, x) = (act(be, &out), saved.span(), act(be, &qkv));
     if fused {
-        be.attention_forward_quantize(o, s, x, [b, t, c, nh], copy, dst_t.span());
+        be.attention_forward_quantize(o, s, x, [b, t, c, nh], copies.out(), copies.dst_t.span());
     } else {
         be.attention_forward(o, s, x, b, t, c, nh);
-        let both = [dst.span(), dst_t.span()];
-        be.quantize_fp8_both(both, amax.span(), o, scale.span(), [b * t, c], Fp8::E4M3);
+        copies.quantize_apart(be, o, [b * t, c]);
     }
-    let bytes = |buf: &B::Buffer<u8>| {
-        let mut v = vec![0u8; n];
-        be.read(buf, 0, &mut v).expect("read");
-        v.into_iter().map(u32::from).collect()
-    };
-    vec![
+    let mut got = vec![
         download_act(be, &out, n).iter().map(|x| x.to_bits()).collect(),
         download(be, &saved).iter().map(|x| x.to_bits()).collect(),
-        bytes(&dst),
-        bytes(&dst_t),
-        vec![download(be, &amax)[0].to_bits()],
-    ]
+    ];
+    got.extend(copies.bits(be));
+    got
 }
 
 /// `add_layernorm_forward_quantize` on `be` (`fused`), or its separate ops there, with the
