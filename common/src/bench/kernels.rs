@@ -194,6 +194,17 @@ impl<'a, B: Backend> Arena<'a, B> {
         self.held_bytes.borrow_mut().push(buf);
         Ok(span)
     }
+
+    /// Where an op writes `n` FP8 values of `format`: `n` bytes (as `fp8` makes them), scale 1,
+    /// amax 0.
+    fn fp8_out(&self, n: usize, format: Fp8) -> Result<Fp8Out<'_>> {
+        Ok(Fp8Out {
+            dst: self.fp8(n, format)?,
+            amax: self.f32s(1, 0.0, Some(0.0))?,
+            scale: self.f32s(1, 0.0, Some(1.0))?,
+            format,
+        })
+    }
 }
 
 /// Adds a product's row of `precision` (kind "matmul", ours): (op, shape, ms, FLOP).
@@ -310,14 +321,8 @@ fn fp8_rows<B: Backend>(be: &B, opts: &KernelOpts, rows: &mut Vec<KernelRow>) ->
         let (c_in, oc) = (768, 4 * 768);
         let m = Arena::new(be);
         let (inp, w, bias) = (m.fp8(r * c_in, e4)?, m.fp8(oc * c_in, e4)?, Some(m.act(oc, 0.1)?));
-        let (pre, scratch, dst) = (m.act(r * oc, 1.0)?, m.act(r * oc, 1.0)?, m.fp8(r * oc, e4)?);
+        let (pre, scratch, out) = (m.act(r * oc, 1.0)?, m.act(r * oc, 1.0)?, m.fp8_out(r * oc, e4)?);
         let dequant = [m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(1.0))?];
-        let out = Fp8Out {
-            dst,
-            amax: m.f32s(1, 0.0, Some(0.0))?,
-            scale: m.f32s(1, 0.0, Some(1.0))?,
-            format: e4,
-        };
         let ms = time_ms(be, 10, || {
             be.matmul_fp8_gelu(pre, scratch, out, inp, w, bias, dequant, [r, oc, c_in])
         })?;
@@ -668,16 +673,10 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             let n = r * c;
             let m = Arena::new(be);
             let (x, y, sum, out) = (m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?, m.act(n, 1.0)?);
-            let (w, b, dst) = (m.act(c, 1.0)?, m.act(c, 1.0)?, m.fp8(n, Fp8::E4M3)?);
-            let dst_t = m.fp8(n, Fp8::E4M3)?;
+            let (w, b) = (m.act(c, 1.0)?, m.act(c, 1.0)?);
+            let (copy, dst_t) = (m.fp8_out(n, Fp8::E4M3)?, m.fp8(n, Fp8::E4M3)?);
+            let Fp8Out { dst, amax, scale, .. } = copy;
             let (mean, rstd) = (m.f32s(r, 1.0, None)?, m.f32s(r, 1.0, None)?);
-            let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
-            let copy = Fp8Out {
-                dst,
-                amax,
-                scale,
-                format: Fp8::E4M3,
-            };
             let (shape, bytes) = (format!("{r}x{c}"), Some((4.0 * a + 2.0) * n as f64 + 8.0 * r as f64));
             let fused = time_ms(be, 20, || {
                 be.add_layernorm_forward_quantize([sum, out], mean, rstd, [x, y], w, b, [r, c], copy, Some(dst_t))
@@ -700,14 +699,8 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             let m = Arena::new(be);
             let (qkv, out) = (m.act(3 * n, 1.0)?, m.act(n, 1.0)?);
             let lse = m.f32s(be.attention_saved_len(b, t, nh), 1.0, Some(0.0))?;
-            let (dst, dst_t) = (m.fp8(n, Fp8::E4M3)?, m.fp8(n, Fp8::E4M3)?);
-            let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
-            let copy = Fp8Out {
-                dst,
-                amax,
-                scale,
-                format: Fp8::E4M3,
-            };
+            let (copy, dst_t) = (m.fp8_out(n, Fp8::E4M3)?, m.fp8(n, Fp8::E4M3)?);
+            let Fp8Out { dst, amax, scale, .. } = copy;
             let (hs, flop) = (c / nh, Some(2.0 * (b * nh * t * t * (c / nh)) as f64)); // as attention_fwd's
             let shape = format!("B={b} T={t} NH={nh} HS={hs}");
             let fused = time_ms(be, 10, || {
@@ -727,18 +720,8 @@ pub fn kernels<B: Backend>(be: &B, opts: &KernelOpts) -> Result<Vec<KernelRow>> 
             let n = tokens * 3072;
             let m = Arena::new(be);
             let (d, pre) = (m.act(n, 1.0)?, m.act(n, 2.0)?);
-            let (dst, dst_t, act_t) = (m.fp8(n, Fp8::E5M2)?, m.fp8(n, Fp8::E5M2)?, m.fp8(n, Fp8::E4M3)?);
+            let (q, dst_t, at) = (m.fp8_out(n, Fp8::E5M2)?, m.fp8(n, Fp8::E5M2)?, m.fp8_out(n, Fp8::E4M3)?);
             let dbias = m.f32s(3072, 0.0, Some(0.0))?;
-            let copy = |dst, format| -> Result<Fp8Out> {
-                let (scale, amax) = (m.f32s(1, 0.0, Some(1.0))?, m.f32s(1, 0.0, Some(0.0))?);
-                Ok(Fp8Out {
-                    dst,
-                    amax,
-                    scale,
-                    format,
-                })
-            };
-            let (q, at) = (copy(dst, Fp8::E5M2)?, copy(act_t, Fp8::E4M3)?);
             let (shape, bytes) = (format!("{tokens}x3072"), Some((2.0 * a + 3.0) * n as f64));
             let fused = time_ms(be, 20, || {
                 be.gelu_backward_fp8(d, pre, [q, at], dst_t, Some(dbias), [tokens, 3072])
