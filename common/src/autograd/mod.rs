@@ -880,11 +880,9 @@ impl<'a, B: Backend> Graph<'a, B> {
         match fp8 {
             None => self.be.attention_forward(self.span(out), saved, x, b, t, c, nh),
             Some(site) => {
-                let q = self.input_fp8_out(site, r * c)?;
-                let kept_t = self.fp8_kept_t_buffer(out, site, r * c)?;
+                let (q, kept_t) = self.written_input_fp8(out, site, r * c)?;
                 let be = self.be;
                 be.attention_forward_quantize(self.span(out), saved, x, [b, t, c, nh], q, kept_t);
-                self.fp8_copies.insert(out.0, (q.dst, None, site.input.ptr()));
             }
         }
         Ok(out)
@@ -1040,8 +1038,9 @@ impl<'a, B: Backend> Graph<'a, B> {
     }
 
     /// An FP8 product's input `inp` (R,C) in E4M3 at its site's scale, its amax recorded: the
-    /// copy its op wrote ([`Graph::add_layernorm`], [`Graph::attention`]), else quantized now into the scratch of its
-    /// size, with its transposed copy kept for the weight gradient's product in the same pass.
+    /// copy its op wrote ([`Graph::add_layernorm`], [`Graph::attention`]), else quantized now
+    /// into the scratch of its size, with its transposed copy kept for the weight gradient's
+    /// product in the same pass.
     fn quantize_input(&mut self, site: Fp8Site<'a>, inp: Tensor, [r, c]: [usize; 2]) -> Result<Span<'a, u8>> {
         match self.fp8_copies.remove(&inp.0) {
             Some((copy, _, slot)) if slot == site.input.ptr() => return Ok(copy),
@@ -1053,6 +1052,16 @@ impl<'a, B: Backend> Graph<'a, B> {
         self.be
             .quantize_fp8_both([q.dst, t], q.amax, x, q.scale, [r, c], q.format);
         Ok(q.dst)
+    }
+
+    /// Where the op that makes `x` (n values) writes its E4M3 copies for `site`'s product: the
+    /// copy as stored (the scratch of its size, which that product reads instead of quantizing)
+    /// and transposed (kept for the weight gradient's product), both recorded for them.
+    fn written_input_fp8(&mut self, x: Tensor, site: Fp8Site<'a>, n: usize) -> Result<(Fp8Out<'a>, Span<'a, u8>)> {
+        let q = self.input_fp8_out(site, n)?;
+        let t = self.fp8_kept_t_buffer(x, site, n)?;
+        self.fp8_copies.insert(x.0, (q.dst, None, site.input.ptr()));
+        Ok((q, t))
     }
 
     /// A buffer, held for the graph's lifetime, for the transposed E4M3 copy (n bytes) of FP8
@@ -1164,11 +1173,9 @@ impl<'a, B: Backend> Graph<'a, B> {
         match fp8 {
             None => self.be.add_layernorm_forward(s, n, mean, rstd, x, y, w, bias, r, c),
             Some(site) => {
-                let q = self.input_fp8_out(site, r * c)?;
-                let t = self.fp8_kept_t_buffer(normed, site, r * c)?;
+                let (q, t) = self.written_input_fp8(normed, site, r * c)?;
                 let be = self.be;
                 be.add_layernorm_forward_quantize([s, n], mean, rstd, [x, y], w, bias, [r, c], q, Some(t));
-                self.fp8_copies.insert(normed.0, (q.dst, None, site.input.ptr()));
             }
         }
         Ok((sum, normed))

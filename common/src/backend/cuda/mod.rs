@@ -272,24 +272,7 @@ impl CudaBackend {
     /// The arguments match the kernel's signature, and every pointer covers what the
     /// kernel reads and writes at this grid (the Backend contract of the calling op).
     unsafe fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) {
-        // SAFETY: the caller's contract.
-        unsafe { self.launch_shared(name, grid, block, 0, args) }
-    }
-
-    /// [`CudaBackend::launch`] with `shared` bytes of dynamic shared memory (at most 48 KiB, or
-    /// what the kernel was allowed when it was loaded).
-    ///
-    /// # Safety
-    /// As [`CudaBackend::launch`].
-    unsafe fn launch_shared(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared: u32,
-        args: &[Arg],
-    ) {
-        if let Err(e) = self.try_launch_shared(name, grid, block, shared, args) {
+        if let Err(e) = self.try_launch(name, grid, block, args) {
             self.fail(e);
         }
     }

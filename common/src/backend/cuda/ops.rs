@@ -1187,7 +1187,9 @@ impl Backend for CudaBackend {
                     let args =
                         args![sum_, out_, mean_, rstd_, a_, b_, w_, bias_, dst, dst_t, amax, scale, bt, c, e5m2, rows];
                     let (name, grid) = ("add_layernorm_forward_quantize_t_kernel", blocks(bt, rows));
-                    self.launch_shared(name, grid, block, (rows * c) as u32, args)
+                    if let Err(e) = self.try_launch_shared(name, grid, block, (rows * c) as u32, args) {
+                        self.fail(e);
+                    }
                 }
             }
         };
